@@ -1,0 +1,31 @@
+"""dr_dask: out-of-core, distributed nonlinear dimensionality reduction on Dask and Zarr."""
+
+import importlib
+import logging
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("dr-dask")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# Public names, imported lazily so that `import dr_dask` stays cheap (no sklearn/matplotlib
+# until a method is used) and each submodule is loaded only when asked for.
+_PUBLIC = {
+    "IKD": "dr_dask.methods.ikd",
+    "Isomap": "dr_dask.methods.isomap",
+    "LandmarkIsomap": "dr_dask.methods.isomap",
+    "GPIsomap": "dr_dask.methods.gp_isomap",
+    "LSDR": "dr_dask.methods.lsdr",
+    "open_dataset": "dr_dask.store",
+}
+
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'dr_dask' has no attribute {name!r}")

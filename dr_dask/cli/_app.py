@@ -1,0 +1,69 @@
+"""The ``dr-dask`` command groups. Subcommand modules attach their commands to these groups."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+import click
+
+from dr_dask import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dr-dask")
+@click.option(
+    "--scheduler",
+    envvar="DASK_SCHEDULER_ADDRESS",
+    default=None,
+    help="Address of an existing Dask scheduler (default: $DASK_SCHEDULER_ADDRESS, "
+    "else a LocalCluster sized to this machine).",
+)
+@click.option("--workers", type=int, default=None, help="Worker processes for the LocalCluster.")
+@click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
+@click.pass_context
+def main(ctx: click.Context, scheduler: str | None, workers: int | None, verbose: int) -> None:
+    """Out-of-core, distributed nonlinear dimensionality reduction on Dask and Zarr."""
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    # the application, not the library, configures logging
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    ctx.obj = {"scheduler": scheduler, "workers": workers}
+
+
+@contextlib.contextmanager
+def cluster(ctx: click.Context) -> Iterator:
+    """The client for a command: the ``--scheduler`` one, or a LocalCluster it closes after."""
+    from dr_dask.cluster import session
+
+    obj = ctx.find_root().obj or {}
+    with session(obj.get("scheduler"), obj.get("workers")) as client:
+        click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
+        yield client
+
+
+def fail(message: str) -> None:
+    """Print a clear error and exit non-zero (no traceback for user errors)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@main.group()
+def datasets() -> None:
+    """Generate the papers' datasets into Zarr stores."""
+
+
+@main.group()
+def embed() -> None:
+    """Fit a reduction on a stored dataset and write the embedding."""
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: medians, peak RSS and ratios against a baseline measured in the same run."""
+
+
+@main.group()
+def stream() -> None:
+    """Stream chunks through a GP-Isomap model with drift-triggered refits."""

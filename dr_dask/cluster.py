@@ -1,0 +1,119 @@
+"""One cluster abstraction: get a ``distributed.Client`` or fall back to dask's threads.
+
+Library functions take ``client=None``. They never start a cluster themselves: with no client
+they use the client already active in the process (``distributed.default_client``) if there is
+one, and otherwise dask's local threaded scheduler. Starting clusters is the application's job;
+the CLI does it through :func:`connect`, which honours ``--scheduler`` and
+``DASK_SCHEDULER_ADDRESS`` and otherwise starts a ``LocalCluster`` sized to the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import psutil
+from distributed import Client, LocalCluster
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+
+def active_client(client: Client | None = None) -> Client | None:
+    """Return ``client``, else the process's default distributed client, else ``None``."""
+    if client is not None:
+        return client
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except ValueError:
+        return None
+
+
+def local_cluster_kwargs(n_workers: int | None = None, memory_fraction: float = 0.8) -> dict:
+    """Keyword arguments for a ``LocalCluster`` sized to this machine.
+
+    One process per core with one thread each (our tasks are GEMM- and scipy-bound and release
+    the GIL, but BLAS already threads inside a task poorly at 2 cores), and a per-worker memory
+    limit so that the whole cluster stays within ``memory_fraction`` of physical RAM.
+    """
+    cores = os.cpu_count() or 1
+    n_workers = n_workers or cores
+    total = psutil.virtual_memory().total
+    return dict(
+        n_workers=n_workers,
+        threads_per_worker=max(1, cores // n_workers),
+        processes=True,
+        memory_limit=int(total * memory_fraction / n_workers),
+        dashboard_address=None,
+    )
+
+
+def connect(
+    scheduler: str | None = None, n_workers: int | None = None, processes: bool = True
+) -> Client:
+    """Connect to ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``), else start a LocalCluster.
+
+    Parameters
+    ----------
+    scheduler : str, optional
+        Address such as ``tcp://10.0.0.5:8786``.
+    n_workers : int, optional
+        Worker processes for a new LocalCluster (default: one per core).
+    processes : bool
+        ``False`` gives a threaded LocalCluster (useful in notebooks).
+    """
+    address = scheduler or os.environ.get(SCHEDULER_ENV)
+    if address:
+        logger.info("connecting to scheduler %s", address)
+        return Client(address)
+    kwargs = local_cluster_kwargs(n_workers)
+    kwargs["processes"] = processes
+    cluster = LocalCluster(**kwargs)
+    logger.info(
+        "started LocalCluster: %d workers, %.1f GB memory limit each",
+        kwargs["n_workers"],
+        kwargs["memory_limit"] / 1e9,
+    )
+    return Client(cluster)
+
+
+@contextlib.contextmanager
+def session(scheduler: str | None = None, n_workers: int | None = None) -> Iterator[Client]:
+    """Context manager around :func:`connect` that closes what it started."""
+    client = connect(scheduler, n_workers)
+    try:
+        yield client
+    finally:
+        cluster = client.cluster
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def compute(*collections: Any, client: Client | None = None, progress: bool = False) -> tuple:
+    """Compute dask collections on ``client`` (or the fallback) with an optional progress bar.
+
+    One call computes everything given, so shared inputs are read once (dask-ml's rule).
+    """
+    client = active_client(client)
+    if client is None:
+        if progress and sys.stderr.isatty():
+            from dask.diagnostics import ProgressBar
+
+            with ProgressBar(out=sys.stderr):
+                return dask.compute(*collections, scheduler="threads")
+        return dask.compute(*collections, scheduler="threads")
+    futures = client.compute(list(collections))
+    if progress and sys.stderr.isatty():
+        from distributed import progress as dprogress
+
+        dprogress(futures)
+    return tuple(client.gather(futures))
