@@ -19,7 +19,8 @@ from dr_dask import __version__
     envvar="DASK_SCHEDULER_ADDRESS",
     default=None,
     help="Address of an existing Dask scheduler (default: $DASK_SCHEDULER_ADDRESS, "
-    "else a LocalCluster sized to this machine).",
+    "else a LocalCluster sized to this machine); 'threads' runs in this process on dask's "
+    "threaded scheduler.",
 )
 @click.option("--workers", type=int, default=None, help="Worker processes for the LocalCluster.")
 @click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
@@ -34,10 +35,14 @@ def main(ctx: click.Context, scheduler: str | None, workers: int | None, verbose
 
 @contextlib.contextmanager
 def cluster(ctx: click.Context) -> Iterator:
-    """The client for a command: the ``--scheduler`` one, or a LocalCluster it closes after."""
+    """The client for a command: the ``--scheduler`` one, a LocalCluster it closes after, or
+    ``None`` (dask's threads) for ``--scheduler threads``."""
     from dr_dask.cluster import session
 
     obj = ctx.find_root().obj or {}
+    if obj.get("scheduler") == "threads":
+        yield None
+        return
     with session(obj.get("scheduler"), obj.get("workers")) as client:
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
         yield client

@@ -1,0 +1,44 @@
+"""Neighbour graphs, connectivity repair, distributed shortest paths and landmarks.
+
+One machinery shared by Isomap, Landmark Isomap, GP-Isomap and geodesic/blockwise IKD:
+
+* :func:`kneighbors` — the package's only exact kNN (blockwise, distributed);
+* :func:`kneighbors_graph` / :func:`graph_from_neighbors` — symmetric sparse graphs with any
+  edge weights;
+* :func:`connect_components` — explicit repair (or refusal) of disconnected graphs;
+* :func:`shortest_paths` / :class:`GeodesicRows` — Dijkstra over blocks of sources on the workers;
+* :func:`select_landmarks`, :func:`landmark_mds`, :func:`triangulate` — the landmark extension.
+"""
+
+
+class DisconnectedGraphWarning(UserWarning):
+    """A neighbour graph had several connected components and was bridged."""
+
+
+class DuplicatePointsWarning(UserWarning):
+    """Some points coincide exactly; their graph edges have zero length."""
+
+
+from dr_dask.graph.components import connect_components  # noqa: E402
+from dr_dask.graph.knn import graph_from_neighbors, kneighbors, kneighbors_graph  # noqa: E402
+from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate  # noqa: E402
+from dr_dask.graph.paths import (  # noqa: E402
+    GeodesicRows,
+    geodesics_via_neighbors,
+    shortest_paths,
+)
+
+__all__ = [
+    "DisconnectedGraphWarning",
+    "DuplicatePointsWarning",
+    "GeodesicRows",
+    "connect_components",
+    "geodesics_via_neighbors",
+    "graph_from_neighbors",
+    "kneighbors",
+    "kneighbors_graph",
+    "landmark_mds",
+    "select_landmarks",
+    "shortest_paths",
+    "triangulate",
+]

@@ -1,0 +1,3 @@
+from dr_dask.cli import main
+
+main()

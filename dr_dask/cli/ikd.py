@@ -1,0 +1,110 @@
+"""``dr-dask embed ikd``, ``dr-dask quickstart`` and ``dr-dask bench ikd``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from dr_dask.cli._app import bench, cluster, embed, fail, main
+from dr_dask.store import InputError
+
+
+def ikd_options(fn):
+    """Options shared by the commands that build an IKD estimator."""
+    options = [
+        click.option("-n", "--n-components", type=int, required=True, help="Latent dimension M."),
+        click.option("--kernel", default="se", show_default=True,
+                     help="se | rational_quadratic | gamma_exponential | matern"),
+        click.option("--alpha", type=float, default=1.0, show_default=True, help="RQ alpha."),
+        click.option("--gamma", type=float, default=1.0, show_default=True, help="gamma-exp gamma."),
+        click.option("--nu", type=float, default=1.5, show_default=True, help="Matérn nu."),
+        click.option("--similarity", type=click.Choice(["correlation", "covariance"]),
+                     default="correlation", show_default=True),
+        click.option("--reference", type=click.Choice(["min_max", "min_mean", "center"]),
+                     default=None, help="Reference point (default: per solver)."),
+        click.option("--solver", type=click.Choice(["full", "geodesic", "blockwise"]),
+                     default="full", show_default=True),
+        click.option("--n-neighbors", type=int, default=5, show_default=True,
+                     help="Geodesic solver: kNN graph size."),
+        click.option("--landmarks", "n_landmarks", type=int, default=None,
+                     help="Landmark IKD with this many landmarks (large T)."),
+        click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64",
+                     show_default=True),
+        click.option("--tile-size", type=int, default=4096, show_default=True),
+        click.option("--tile-cache", type=click.Choice(["auto", "memory", "disk"]), default="auto",
+                     show_default=True, help="Where distance tiles live between passes."),
+        click.option("--seed", "random_state", type=int, default=0, show_default=True),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def make_ikd(**kw):
+    from dr_dask.methods.ikd import IKD
+
+    return IKD(**kw)
+
+
+@embed.command("ikd")
+@click.option("--input", "source", required=True, help="STORE[:VAR], file.nc[:VAR] or file.npy.")
+@click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
+@click.option("--name", default=None, help="Run name (default: derived from parameters).")
+@click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
+@ikd_options
+@click.pass_context
+def embed_ikd(ctx, source, out, name, overwrite, **params):
+    """Fit IKD on a stored dataset and write the embedding into OUT."""
+    from dr_dask.runs import run_embedding
+
+    try:
+        with cluster(ctx) as client:
+            est = make_ikd(**params, client=client, progress=True)
+            run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite)
+    except (InputError, ValueError) as exc:
+        fail(str(exc))
+    click.echo(f"embedding written to {run.path} (array 'embedding')")
+    click.echo(json.dumps(run.group.attrs.get("summary", {}), indent=2))
+
+
+@main.command()
+@click.option("--out", default="dr_dask_quickstart", show_default=True,
+              help="Directory for the dataset, the run, the metrics and the plot.")
+@click.option("-T", "n_samples", type=int, default=1000, show_default=True)
+@click.option("-N", "n_features", type=int, default=500, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.pass_context
+def quickstart(ctx, out, n_samples, n_features, seed):
+    """Generate the paper's GP-mapping dataset, run IKD on a LocalCluster, report.
+
+    Writes OUT/data.zarr (X and the true latent), OUT/runs.zarr (the embedding), OUT/metrics.json
+    (R^2 against the latent for IKD and the PCA baseline) and OUT/embedding.png.
+    """
+    from dr_dask.bench.ikd import quickstart_run
+
+    os.makedirs(out, exist_ok=True)
+    with cluster(ctx) as client:
+        result = quickstart_run(out, n_samples, n_features, seed, client)
+    click.echo(json.dumps(result["metrics"], indent=2))
+    for label, path in result["paths"].items():
+        click.echo(f"{label:>10}: {path}")
+
+
+@bench.command("ikd")
+@click.option("--quick", is_flag=True, help="Small sizes (a smoke run, minutes -> seconds).")
+@click.option("--only", type=click.Choice(["gemm", "incore", "outofcore"]), multiple=True,
+              help="Run only these cases (default: all).")
+@click.option("--out-of-core-T", "ooc_T", type=int, default=60_000, show_default=True)
+@click.option("--workdir", default=None, help="Where the out-of-core tiles go (default: a temp dir).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@click.pass_context
+def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
+    """IKD: similarity throughput vs GEMM, in-core vs dense NumPy, out-of-core peak RSS."""
+    from dr_dask.bench.ikd import run_bench
+    from dr_dask.bench._common import write_report
+
+    with cluster(ctx) as client:
+        results = run_bench(client, quick=quick, only=set(only), ooc_T=ooc_T, workdir=workdir)
+    click.echo(write_report(results, json_path))

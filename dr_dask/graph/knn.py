@@ -1,0 +1,310 @@
+"""The one exact k-nearest-neighbour search of the package, blockwise and distributed.
+
+The data are split in row blocks. One task finds, for a block of query rows, the nearest rows of
+one data block (scikit-learn's ``NearestNeighbors``, which picks a KD-tree for low-dimensional
+data and brute-force GEMM otherwise); a merge task per query block keeps the k best candidates
+over all data blocks by a partial sort. Distances of the kept pairs are recomputed directly
+(``||q - x||``) so that they do not carry the cancellation error of the GEMM expansion.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+from sklearn.neighbors import NearestNeighbors
+
+from dr_dask.cluster import active_client, compute
+
+logger = logging.getLogger(__name__)
+
+#: Smallest positive float64: the weight given to zero-length edges so that sparse graph
+#: algorithms still see them as edges (an explicit 0 is dropped by sparse arithmetic).
+ZERO_EDGE = np.finfo(np.float64).tiny
+
+
+def _n_rows(X: Any) -> int:
+    return int(X.shape[0])
+
+
+def _check_2d(X: Any, name: str) -> Any:
+    if X is None:
+        return None
+    if not isinstance(X, da.Array):
+        X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
+    if X.shape[0] == 0:
+        raise ValueError(f"{name} has no rows")
+    return X
+
+
+def _default_block(n: int) -> int:
+    # four blocks give both workers work while each KD-tree is still large enough to be efficient
+    return max(5000, math.ceil(n / 4))
+
+
+def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[Any]]:
+    """Row offsets and blocks of X: dask delayed blocks, scattered futures or in-memory arrays."""
+    if isinstance(X, da.Array):
+        X = X.astype(np.float64).rechunk((block_size, -1))
+        offsets = [0, *np.cumsum(X.chunks[0]).tolist()]
+        return offsets, list(X.to_delayed().ravel())
+    n = X.shape[0]
+    offsets = [*range(0, n, block_size), n]
+    blocks = [X[s:e] for s, e in zip(offsets[:-1], offsets[1:])]
+    if client is not None:
+        blocks = client.scatter(blocks)
+    return offsets, blocks
+
+
+def _check_finite(block: np.ndarray, offset: int, name: str) -> None:
+    bad = ~np.isfinite(block).all(axis=1)
+    if bad.any():
+        rows = (np.flatnonzero(bad)[:10] + offset).tolist()
+        raise ValueError(f"{name} has NaN or infinite values in rows {rows} (first 10 shown)")
+
+
+def _exact_distances(query: np.ndarray, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``||query[i] - data[idx[i, j]]||`` in chunks that keep the temporary near 32 MB."""
+    out = np.empty(idx.shape, dtype=np.float64)
+    step = max(1, (1 << 22) // max(1, idx.shape[1] * data.shape[1]))
+    for s in range(0, query.shape[0], step):
+        diff = query[s : s + step, None, :] - data[idx[s : s + step]]
+        out[s : s + step] = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
+    return out
+
+
+def _block_knn(
+    query: np.ndarray, data: np.ndarray, k: int, q0: int, d0: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest rows of one data block for one query block, with global data indices."""
+    query = np.asarray(query, dtype=np.float64)
+    data = np.asarray(data, dtype=np.float64)
+    _check_finite(query, q0, "query")
+    _check_finite(data, d0, "X")
+    kk = min(k, data.shape[0])
+    _, idx = NearestNeighbors(n_neighbors=kk).fit(data).kneighbors(query)
+    return _exact_distances(query, data, idx), idx + d0
+
+
+def _merge(k: int, q0: int, exclude_self: bool, *parts: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the k best of all blocks' candidates, ordered by (distance, index)."""
+    dist = np.hstack([p[0] for p in parts])
+    idx = np.hstack([p[1] for p in parts])
+    if exclude_self:
+        own = np.arange(q0, q0 + dist.shape[0])[:, None]
+        dist = np.where(idx == own, np.inf, dist)
+    order = np.lexsort((idx, dist), axis=-1)[:, :k]
+    return np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
+
+
+def kneighbors(
+    X: Any,
+    n_neighbors: int,
+    *,
+    query: Any = None,
+    client: Any = None,
+    block_size: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact Euclidean k nearest neighbours, blockwise over rows, distributed on ``client``.
+
+    Parameters
+    ----------
+    X : ndarray or dask array of shape (T, N)
+        Data points (dask arrays are re-chunked to full rows).
+    n_neighbors : int
+        k. Without ``query`` a point is not its own neighbour, so k < T; with ``query`` k <= T.
+    query : ndarray or dask array of shape (Q, N), optional
+        Query points; default X itself (then each row's own index is excluded, while exact
+        duplicates of it are kept as neighbours at distance 0).
+    client : distributed.Client, optional
+        Resolved by :func:`dr_dask.cluster.active_client`; None means dask's threads.
+    block_size : int, optional
+        Rows per block (default ``max(5000, ceil(T / 4))``).
+
+    Returns
+    -------
+    distances : ndarray of shape (Q, k)
+        Ascending; ties are broken by the smaller index.
+    indices : ndarray of shape (Q, k)
+        Row indices into X.
+    """
+    X = _check_2d(X, "X")
+    exclude_self = query is None
+    query = X if exclude_self else _check_2d(query, "query")
+    if query.shape[1] != X.shape[1]:
+        raise ValueError(f"query has {query.shape[1]} features but X has {X.shape[1]}")
+    n = _n_rows(X)
+    k = int(n_neighbors)
+    k_max = n - 1 if exclude_self else n
+    if not 1 <= k <= k_max:
+        raise ValueError(
+            f"n_neighbors={n_neighbors} must be in [1, {k_max}] for X with {n} rows"
+            + (" (a point is not its own neighbour)" if exclude_self else "")
+        )
+    client = active_client(client)
+    bs = int(block_size or _default_block(n))
+    d_off, d_blocks = _row_blocks(X, bs, client)
+    if exclude_self:
+        q_off, q_blocks = d_off, d_blocks
+    else:
+        q_off, q_blocks = _row_blocks(query, int(block_size or _default_block(_n_rows(query))),
+                                      client)
+    kk = k + exclude_self
+    block_knn = dask.delayed(_block_knn, pure=True)
+    merge = dask.delayed(_merge, pure=True)
+    merged = []
+    for qi, qb in enumerate(q_blocks):
+        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di]) for di, db in enumerate(d_blocks)]
+        merged.append(merge(k, q_off[qi], exclude_self, *parts))
+    logger.debug("kneighbors: %d query x %d data blocks, k=%d", len(q_blocks), len(d_blocks), k)
+    results = compute(*merged, client=client)
+    return np.vstack([r[0] for r in results]), np.vstack([r[1] for r in results])
+
+
+def kneighbors_local(
+    X: np.ndarray, n_neighbors: int, query: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Single-process :func:`kneighbors` of new points (for use inside worker tasks)."""
+    X = np.asarray(X, dtype=np.float64)
+    query = _check_2d(query, "query")
+    if query.shape[1] != X.shape[1]:
+        raise ValueError(f"query has {query.shape[1]} features but the data have {X.shape[1]}")
+    return _merge(n_neighbors, 0, False, _block_knn(query, X, n_neighbors, 0, 0))
+
+
+def _symmetric_graph(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int) -> sp.csr_matrix:
+    """CSR graph with edges (i, j) and (j, i), duplicate edges merged by their maximum weight."""
+    keep = (cols >= 0) & (cols < n) & np.isfinite(w) & (rows != cols)
+    rows, cols, w = rows[keep], cols[keep], w[keep]
+    if np.any(w < 0):
+        raise ValueError("edge weights must be non-negative (Dijkstra needs them)")
+    # explicit zeros would vanish in sparse arithmetic and cut the graph: keep them as tiny edges
+    w = np.maximum(w.astype(np.float64), ZERO_EDGE)
+    key = np.concatenate([rows.astype(np.int64) * n + cols, cols.astype(np.int64) * n + rows])
+    w2 = np.concatenate([w, w])
+    order = np.argsort(key, kind="stable")
+    key, w2 = key[order], w2[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.array([], int)
+    wmax = np.maximum.reduceat(w2, starts) if key.size else w2
+    ukey = key[starts]
+    return sp.csr_matrix((wmax, (ukey // n, ukey % n)), shape=(n, n))
+
+
+def graph_from_neighbors(indices: np.ndarray, weights: np.ndarray, n: int) -> sp.csr_matrix:
+    """Symmetric sparse graph from neighbour lists with arbitrary non-negative edge weights.
+
+    Parameters
+    ----------
+    indices : ndarray of shape (m, k)
+        ``indices[i, j]`` is the j-th neighbour of node i (m <= n). Negative entries are padding.
+    weights : ndarray of shape (m, k)
+        Edge weights (e.g. Euclidean distances, or ``-log s`` for correlations); non-finite
+        entries are padding. Zero weights are kept as edges of weight ``ZERO_EDGE`` (~2e-308),
+        which leaves every path length unchanged in float64.
+    n : int
+        Number of nodes.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix of shape (n, n)
+        Symmetric: an edge listed in either direction is present in both, with the larger of the
+        listed weights. Self-loops are dropped.
+    """
+    indices = np.asarray(indices)
+    weights = np.asarray(weights, dtype=np.float64)
+    if indices.shape != weights.shape or indices.ndim != 2:
+        raise ValueError(f"indices {indices.shape} and weights {weights.shape} must be equal (m, k)")
+    if indices.shape[0] > n or (indices.size and indices.max() >= n):
+        raise ValueError(f"neighbour lists refer to nodes beyond n={n}")
+    rows = np.repeat(np.arange(indices.shape[0]), indices.shape[1])
+    return _symmetric_graph(rows, indices.ravel().astype(np.int64), weights.ravel(), int(n))
+
+
+def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d0: int):
+    query = np.asarray(query, dtype=np.float64)
+    data = np.asarray(data, dtype=np.float64)
+    _check_finite(data, d0, "X")
+    dist, idx = NearestNeighbors(radius=radius).fit(data).radius_neighbors(query)
+    counts = np.array([len(i) for i in idx])
+    rows = np.repeat(np.arange(query.shape[0]) + q0, counts)
+    cols = np.concatenate(idx).astype(np.int64) + d0 if counts.sum() else np.array([], np.int64)
+    d = np.concatenate(dist) if counts.sum() else np.array([], np.float64)
+    return rows, cols, d
+
+
+def _warn_duplicates(rows: np.ndarray, cols: np.ndarray, d: np.ndarray) -> None:
+    dup = (d == 0) & (rows != cols)
+    if dup.any():
+        i, j = int(rows[dup][0]), int(cols[dup][0])
+        from dr_dask.graph import DuplicatePointsWarning
+
+        msg = (
+            f"{int(np.unique(rows[dup]).size)} points have exact duplicates (e.g. rows {i} and "
+            f"{j}); they are joined by zero-length edges and get identical embeddings"
+        )
+        logger.warning(msg)
+        warnings.warn(msg, DuplicatePointsWarning, stacklevel=3)
+
+
+def kneighbors_graph(
+    X: Any,
+    n_neighbors: int | None,
+    *,
+    radius: float | None = None,
+    client: Any = None,
+    block_size: int | None = None,
+) -> sp.csr_matrix:
+    """Symmetric, Euclidean-distance-weighted neighbour graph (k rule or epsilon rule).
+
+    Parameters
+    ----------
+    X : ndarray or dask array of shape (T, N)
+    n_neighbors : int or None
+        k rule: each point is joined to its k nearest others (T*k directed edges, then
+        symmetrised by the maximum). Ignored when ``radius`` is given.
+    radius : float, optional
+        Epsilon rule: join every pair closer than ``radius``.
+    client : distributed.Client, optional
+    block_size : int, optional
+        Rows per block, see :func:`kneighbors`.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix of shape (T, T)
+
+    Warns
+    -----
+    DuplicatePointsWarning
+        When some points coincide: they are kept, joined by zero-length edges.
+    """
+    X = _check_2d(X, "X")
+    n = _n_rows(X)
+    if radius is None:
+        if n_neighbors is None:
+            raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
+        dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size)
+        rows = np.repeat(np.arange(n), idx.shape[1])
+        cols, d = idx.ravel(), dist.ravel()
+    else:
+        if not radius > 0:
+            raise ValueError(f"radius must be positive, got {radius}")
+        client = active_client(client)
+        bs = int(block_size or _default_block(n))
+        off, blocks = _row_blocks(X, bs, client)
+        task = dask.delayed(_block_radius, pure=True)
+        parts = compute(
+            *[task(qb, db, float(radius), off[qi], off[di])
+              for qi, qb in enumerate(blocks) for di, db in enumerate(blocks)],
+            client=client,
+        )
+        rows, cols, d = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    _warn_duplicates(rows, cols, d)
+    return _symmetric_graph(rows, cols, d, n)

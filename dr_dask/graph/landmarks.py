@@ -1,0 +1,168 @@
+"""Landmarks and the de Silva–Tenenbaum landmark extension (landmark MDS + triangulation).
+
+Generic over the dissimilarity: everything works on SQUARED distances, so the same extension
+serves Landmark Isomap (squared geodesics) and landmark IKD (squared kernel-induced distances).
+
+* :func:`landmark_mds`: classical MDS of the L x L squared distances, returning the landmark
+  coordinates and the pseudo-inverse transpose ``L# = [v_k / sqrt(lambda_k)]^T``.
+* :func:`triangulate`: ``x = -1/2 L# (delta_x - delta_mean)`` for any number of points. It is
+  linear in the landmark rows, so callers may sum it over row blocks of an L x T matrix.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import dijkstra
+from sklearn.utils import check_random_state
+
+from dr_dask.linalg.eigen import top_eigh
+
+logger = logging.getLogger(__name__)
+
+
+class LandmarkMDS(NamedTuple):
+    """Result of :func:`landmark_mds`.
+
+    Attributes
+    ----------
+    coords : ndarray of shape (L, d)
+        Landmark coordinates ``v_k sqrt(lambda_k)``.
+    pinv : ndarray of shape (d, L)
+        ``L#``: rows ``v_k^T / sqrt(lambda_k)``.
+    sq_mean : ndarray of shape (L,)
+        ``delta_mean``: mean squared distance from each landmark to the landmarks.
+    eigenvalues : ndarray of shape (d,)
+    """
+
+    coords: np.ndarray
+    pinv: np.ndarray
+    sq_mean: np.ndarray
+    eigenvalues: np.ndarray
+
+
+def select_landmarks(
+    X_or_graph: Any,
+    n_landmarks: int,
+    *,
+    method: str = "random",
+    random_state: int | np.random.RandomState | None = None,
+    client: Any = None,
+) -> np.ndarray:
+    """Choose landmark rows, seeded random or max-min (farthest-point) order.
+
+    Parameters
+    ----------
+    X_or_graph : ndarray of shape (T, N) or sparse matrix of shape (T, T)
+        Points (max-min on Euclidean distances, one O(T N) pass per landmark) or a graph
+        (max-min on geodesics, one Dijkstra per landmark: exact but sequential, for small T).
+    n_landmarks : int
+        L, with 1 <= L <= T.
+    method : {"random", "maxmin"}
+    random_state : int, RandomState or None
+        Seeds the random choice, or the first landmark of max-min.
+    client : distributed.Client, optional
+        Unused (selection is sequential by nature); accepted for a uniform API.
+
+    Returns
+    -------
+    ndarray of shape (L,)
+        Distinct row indices, in selection order.
+    """
+    is_graph = sp.issparse(X_or_graph)
+    data = sp.csr_matrix(X_or_graph) if is_graph else np.asarray(X_or_graph, dtype=np.float64)
+    T = data.shape[0]
+    L = int(n_landmarks)
+    if not 1 <= L <= T:
+        raise ValueError(f"n_landmarks={n_landmarks} must be in [1, {T}] (the number of points)")
+    rng = check_random_state(random_state)
+    if method == "random":
+        return rng.choice(T, L, replace=False)
+    if method != "maxmin":
+        raise ValueError(f"method must be 'random' or 'maxmin', got {method!r}")
+
+    def dist_from(i: int) -> np.ndarray:
+        if is_graph:
+            return dijkstra(data, directed=False, indices=i)
+        diff = data - data[i]
+        return np.sqrt(np.einsum("ij,ij->i", diff, diff))
+
+    chosen = np.empty(L, dtype=np.int64)
+    chosen[0] = rng.randint(T)
+    mind = dist_from(chosen[0])
+    mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates
+    for m in range(1, L):
+        nxt = int(np.argmax(mind))
+        chosen[m] = nxt
+        np.minimum(mind, dist_from(nxt), out=mind)
+        mind[chosen[: m + 1]] = -1.0
+    return chosen
+
+
+def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
+    """Classical MDS of landmarks from their squared distances.
+
+    Parameters
+    ----------
+    D2_LL : ndarray of shape (L, L)
+        Squared distances between landmarks (symmetrised here).
+    n_components : int
+        d < L.
+
+    Returns
+    -------
+    LandmarkMDS
+        Unpacks as ``coords, pinv, sq_mean, eigenvalues``.
+
+    Raises
+    ------
+    ValueError
+        If fewer than d eigenvalues of the centred matrix are positive.
+    """
+    D2 = np.asarray(D2_LL, dtype=np.float64)
+    L = D2.shape[0]
+    if D2.shape != (L, L):
+        raise ValueError(f"D2_LL must be square, got {D2.shape}")
+    if not 1 <= n_components < L:
+        raise ValueError(f"n_components={n_components} must be in [1, {L - 1}] for {L} landmarks")
+    D2 = (D2 + D2.T) / 2
+    sq_mean = D2.mean(axis=1)
+    # B = -1/2 H D2 H without forming H
+    B = -0.5 * (D2 - sq_mean[:, None] - sq_mean[None, :] + sq_mean.mean())
+    res = top_eigh(B, n_components, method="dense")
+    lam, V = res.values, res.vectors
+    if np.any(lam <= 0):
+        raise ValueError(
+            f"only {int((lam > 0).sum())} of the top {n_components} landmark MDS eigenvalues "
+            f"are positive ({lam}); use fewer components or more landmarks"
+        )
+    V = V * np.where(V[np.abs(V).argmax(axis=0), range(V.shape[1])] < 0, -1.0, 1.0)
+    root = np.sqrt(lam)
+    return LandmarkMDS(V * root, (V / root).T, sq_mean, lam)
+
+
+def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.ndarray:
+    """de Silva–Tenenbaum distance-based triangulation ``x = -1/2 L# (delta_x - delta_mean)``.
+
+    Parameters
+    ----------
+    pinv : ndarray of shape (d, L)
+        ``L#`` from :func:`landmark_mds` (or the matching rows-slice of it).
+    D2_LX : ndarray of shape (L, n)
+        Squared distances from the landmarks to n points (any float dtype).
+    D2_mean : ndarray of shape (L,)
+        ``delta_mean`` from :func:`landmark_mds` (or the matching slice).
+
+    Returns
+    -------
+    ndarray of shape (n, d)
+    """
+    D2_LX = np.asarray(D2_LX)
+    if D2_LX.shape[0] != pinv.shape[1] or D2_mean.shape != (pinv.shape[1],):
+        raise ValueError(f"shapes disagree: pinv {pinv.shape}, D2_LX {D2_LX.shape}, "
+                         f"D2_mean {D2_mean.shape}")
+    # pinv @ 1 = 0 in exact arithmetic; subtracting the mean keeps it exact in floating point
+    return (-0.5 * (pinv @ (D2_LX.astype(np.float64, copy=False) - D2_mean[:, None]))).T

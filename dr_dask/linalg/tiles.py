@@ -1,0 +1,229 @@
+"""Symmetric T x T matrices as grids of tiles: built from row blocks, never held whole.
+
+A :class:`TiledSymmetric` keeps only the upper-triangle tiles (i <= j) of a symmetric matrix,
+either in worker memory (futures, or arrays with the threaded scheduler) or in a Zarr array
+on disk. Products ``A @ V`` are one task per tile, each contributing ``A_ij V_j`` to block i and
+``A_ij^T V_i`` to block j, summed per row block on the workers; only the thin (T, b) result
+reaches the driver. Elementwise reductions over the whole matrix (norms, row maxima) are the
+same pattern with another per-tile function.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import numpy as np
+import zarr
+
+from dr_dask.cluster import active_client, compute
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """Row-block boundaries shared by both axes of a symmetric matrix."""
+
+    bounds: tuple[int, ...]
+
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[int]) -> TileGrid:
+        return cls(tuple(int(x) for x in np.concatenate([[0], np.cumsum(chunks)])))
+
+    @classmethod
+    def regular(cls, size: int, block: int) -> TileGrid:
+        """Blocks of ``block`` rows (the last may be shorter), aligned with Zarr chunks."""
+        return cls((*range(0, size, max(1, block)), size))
+
+    @property
+    def size(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.bounds) - 1
+
+    def block(self, i: int) -> slice:
+        return slice(self.bounds[i], self.bounds[i + 1])
+
+    def upper(self) -> list[tuple[int, int]]:
+        return [(i, j) for i in range(self.n_blocks) for j in range(i, self.n_blocks)]
+
+    @property
+    def max_block(self) -> int:
+        return int(np.diff(self.bounds).max())
+
+
+@dataclass(frozen=True)
+class ZarrTile:
+    """A reference to one tile of a Zarr array: pickles as a path and slices, loads on a worker."""
+
+    path: str
+    rows: slice
+    cols: slice
+
+    def load(self) -> np.ndarray:
+        arr = zarr.open_array(self.path, mode="r")
+        return np.asarray(arr[self.rows, self.cols])
+
+
+def _load(tile: Any) -> np.ndarray:
+    return tile.load() if isinstance(tile, ZarrTile) else tile
+
+
+def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool):
+    A = _load(tile)
+    dt = np.result_type(A.dtype, np.float32)
+    Vj = V[cols].astype(dt, copy=False)
+    top = A @ Vj
+    if diag:
+        return top, None
+    return top, A.T @ V[rows].astype(dt, copy=False)
+
+
+def _sum(*parts: np.ndarray) -> np.ndarray:
+    out = np.zeros(parts[0].shape, dtype=np.float64)
+    for p in parts:
+        out += p
+    return out
+
+
+def _tile_reduce(fn: Callable, tile: Any, rows: slice, cols: slice, diag: bool, args: tuple):
+    return fn(_load(tile), rows, cols, diag, *args)
+
+
+class TiledSymmetric:
+    """A symmetric (T, T) matrix given by its upper tiles; a :class:`SymmetricOperator`.
+
+    Parameters
+    ----------
+    grid : TileGrid
+    tiles : dict
+        ``(i, j) -> tile`` for every i <= j, where a tile is an ndarray, a distributed
+        Future or a :class:`ZarrTile`.
+    client : distributed.Client, optional
+    """
+
+    def __init__(self, grid: TileGrid, tiles: dict, client: Any = None):
+        self.grid, self.tiles, self.client = grid, tiles, client
+        self.shape = (grid.size, grid.size)
+        self.n_passes = 0
+
+    def _share(self, value: Any) -> Any:
+        """Send a small array to the workers once per pass rather than once per task."""
+        client = active_client(self.client)
+        if client is None or not isinstance(value, np.ndarray):
+            return value
+        return client.scatter(value, broadcast=True, hash=False)
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        """``A @ V`` for V of shape (T, b): one pass over the tiles."""
+        V = np.asarray(V)
+        Vs = self._share(V)
+        g = self.grid
+        parts: dict[int, list] = {i: [] for i in range(g.n_blocks)}
+        for (i, j), tile in self.tiles.items():
+            top, low = dask.delayed(_tile_matmat, nout=2, pure=False)(
+                tile, Vs, g.block(i), g.block(j), i == j
+            )
+            parts[i].append(top)
+            if i != j:
+                parts[j].append(low)
+        blocks = [dask.delayed(_sum, pure=False)(*parts[i]) for i in range(g.n_blocks)]
+        self.n_passes += 1
+        return np.concatenate(compute(*blocks, client=self.client), axis=0)
+
+    def reduce(self, fn: Callable, *args: Any) -> list:
+        """Apply ``fn(tile, rows, cols, is_diagonal, *args)`` to every upper tile.
+
+        Returns the list of results in ``grid.upper()`` order; ``args`` (small arrays) are
+        shared with the workers once.
+        """
+        shared = tuple(self._share(a) for a in args)
+        tasks = [
+            dask.delayed(_tile_reduce, pure=False)(
+                fn, self.tiles[(i, j)], self.grid.block(i), self.grid.block(j), i == j, shared
+            )
+            for (i, j) in self.grid.upper()
+        ]
+        return list(compute(*tasks, client=self.client))
+
+
+def build_tiles(
+    grid: TileGrid,
+    blocks: Sequence[Any],
+    tile_fn: Callable,
+    *,
+    fn_args: tuple = (),
+    store: str | None = None,
+    dtype: Any = np.float64,
+    client: Any = None,
+    progress: bool = False,
+) -> tuple[TiledSymmetric, list]:
+    """Compute every upper tile ``tile_fn(blocks[i], blocks[j], is_diagonal, *fn_args)``.
+
+    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (path of a Zarr array to create) each
+    task writes its tile there and only ``stats`` come back, so the matrix is on disk and no
+    process ever holds more than a tile; otherwise tiles stay in worker memory.
+
+    Returns
+    -------
+    (TiledSymmetric, list of stats in ``grid.upper()`` order)
+    """
+    client = active_client(client)
+    T = grid.size
+    if store is not None:
+        zarr.create_array(
+            store, shape=(T, T), chunks=(grid.max_block, grid.max_block), dtype=dtype,
+            compressors=None, fill_value=0, overwrite=True, dimension_names=("sample", "sample_"),
+        )
+        regular = all(b % grid.max_block == 0 for b in grid.bounds[:-1])
+        if not regular:
+            raise ValueError("tile grid must be regular to align tiles with Zarr chunks")
+    shared_args = tuple(client.scatter(a, broadcast=True, hash=False) if client else a
+                        for a in fn_args)
+    tasks = [
+        dask.delayed(_make_tile, pure=False)(
+            tile_fn, blocks[i], blocks[j], i == j, shared_args, store, grid.block(i), grid.block(j)
+        )
+        for (i, j) in grid.upper()
+    ]
+    if store is None and client is not None:
+        # keep tiles on the workers: futures of (tile, stats), tiles never gathered
+        futures = client.compute(tasks)
+        if progress:
+            from distributed import progress as dprogress
+
+            dprogress(futures)
+        tiles = {ij: client.submit(_first, f, pure=False) for ij, f in zip(grid.upper(), futures)}
+        stats = client.gather([client.submit(_second, f, pure=False) for f in futures])
+        del futures
+        return TiledSymmetric(grid, tiles, client), stats
+    results = compute(*tasks, client=client, progress=progress)
+    if store is not None:
+        tiles = {
+            ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()
+        }
+    else:
+        tiles = {ij: r[0] for ij, r in zip(grid.upper(), results)}
+    return TiledSymmetric(grid, tiles, client), [r[1] for r in results]
+
+
+def _first(pair: tuple) -> Any:
+    return pair[0]
+
+
+def _second(pair: tuple) -> Any:
+    return pair[1]
+
+
+def _make_tile(tile_fn, Xi, Xj, diag, args, store, rows, cols):
+    tile, stats = tile_fn(Xi, Xj, diag, *args)
+    if store is not None:
+        zarr.open_array(store, mode="r+")[rows, cols] = tile
+        return None, stats
+    return tile, stats

@@ -1,0 +1,364 @@
+"""Gaussian-process regression from geodesic distances to manifold coordinates (GP-Isomap).
+
+One :class:`ManifoldGP` per manifold. The paper's text gives three mutually inconsistent
+kernels (digest §3.2, FLAG K); all are offered, with signal variance fixed to 1 (paper §5.1):
+
+``geodesic_se`` (K3, default)
+    ``K_ij = exp(-g_ij^2 / 2l^2)``, ``k_*i = exp(-g_*i^2 / 2l^2)``, ``k_** = 1``: eq. 22 and the
+    authors' scripts; train and test kernels agree. Not guaranteed PSD: the PD check below
+    adds jitter when needed.
+``geodesic_se_cailliez`` (K3c)
+    The same on Cailliez-corrected distances ``g + c`` (off the diagonal): provably PSD.
+``spectral`` (K2)
+    Train kernel ``I + Q diag(exp(-lambda/2l^2) - 1) Q^T`` from the top-d eigenpairs of the
+    Cailliez-corrected B~ (eqs. 19-20, the kernel of Theorem 6.1); cross kernel from eq. 22.
+``literal_btilde`` (K1, ablation only)
+    Element-wise ``exp(-b~_ij / 2l^2)`` (eq. 18). Indefinite and undefined for new points in
+    the paper; here the new point's inner products come from the Law-Jain formula (eq. 3).
+
+Geodesics from a new point to the manifold's points are computed through its k_s nearest
+manifold points (``dr_dask.graph.paths.geodesics_via_neighbors``), the standard S-Isomap rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+import scipy.sparse.linalg
+
+logger = logging.getLogger(__name__)
+
+KERNELS = ("geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde")
+#: Hyper-parameter search box: noise variance (absolute, outputs are in geodesic units).
+NOISE_BOUNDS = (1e-6, 1.0)
+#: Length scale box relative to the manifold's largest geodesic distance.
+LENGTH_BOUNDS_REL = (0.05, 20.0)
+#: Rows of the query chunk processed at once in the geodesic min-plus step (memory bound:
+#: block * k_s * n_i doubles).
+QUERY_BLOCK = 512
+
+
+def _double_centre(S: np.ndarray) -> np.ndarray:
+    """``-1/2 H S H`` without forming H."""
+    S = S - S.mean(0, keepdims=True)
+    S = S - S.mean(1, keepdims=True)
+    return -0.5 * S
+
+
+def cailliez_constant(G: np.ndarray) -> float:
+    """Cailliez additive constant: largest real eigenvalue of ``[[0, 2B], [-I, -4P]]``.
+
+    ``B = -1/2 H G^2 H`` and ``P = -1/2 H G H``. Adding it to every off-diagonal distance makes
+    the distances Euclidean-embeddable (digest §3.2). The 2n x 2n matrix is non-symmetric and
+    only applied through products (ARPACK, ``which="LR"``).
+    """
+    n = G.shape[0]
+    B = _double_centre(G**2)
+    P = _double_centre(G)
+
+    def mv(v):
+        a, b = v[:n], v[n:]
+        return np.concatenate([2 * B @ b, -a - 4 * P @ b])
+
+    op = scipy.sparse.linalg.LinearOperator((2 * n, 2 * n), matvec=mv, dtype=np.float64)
+    # a fixed start vector keeps ARPACK deterministic
+    vals = scipy.sparse.linalg.eigs(op, k=1, which="LR", v0=np.ones(2 * n), return_eigenvectors=False)
+    return float(max(vals.real.max(), 0.0))
+
+
+def _offset(G: np.ndarray, c: float) -> np.ndarray:
+    """Distances with the constant c added off the diagonal."""
+    Gc = G + c
+    np.fill_diagonal(Gc, 0.0)
+    return Gc
+
+
+@dataclass
+class KernelSpec:
+    """What a kernel needs besides the length scale (fixed once per manifold)."""
+
+    kind: str
+    cailliez: float = 0.0
+    # spectral: top-d eigenpairs of B~
+    eigvals: np.ndarray | None = None
+    eigvecs: np.ndarray | None = None
+    # literal_btilde: row means of the squared corrected distances and their grand mean
+    row_means: np.ndarray | None = None
+    grand_mean: float = 0.0
+
+    @classmethod
+    def build(cls, kind: str, G: np.ndarray, n_components: int, random_state=None) -> KernelSpec:
+        if kind not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kind!r}")
+        if kind == "geodesic_se":
+            return cls(kind)
+        c = cailliez_constant(G)
+        if kind == "geodesic_se_cailliez":
+            return cls(kind, cailliez=c)
+        D2 = _offset(G, c) ** 2
+        if kind == "spectral":
+            from dr_dask.linalg.eigen import top_eigh
+
+            res = top_eigh(_double_centre(D2), n_components, random_state=random_state)
+            return cls(kind, cailliez=c, eigvals=res.values, eigvecs=res.vectors)
+        warnings.warn(
+            "kernel='literal_btilde' (element-wise exp of B~, eq. 18) is indefinite and is offered "
+            "for ablation only; use 'geodesic_se'",
+            UserWarning,
+            stacklevel=4,
+        )
+        rm = D2.mean(1)
+        return cls(kind, cailliez=c, row_means=rm, grand_mean=float(rm.mean()))
+
+    def train(self, G: np.ndarray, ell: float) -> np.ndarray:
+        """Train kernel matrix (n, n), signal variance 1."""
+        s = 2.0 * ell**2
+        if self.kind == "geodesic_se":
+            return np.exp(-(G**2) / s)
+        if self.kind == "geodesic_se_cailliez":
+            return np.exp(-(_offset(G, self.cailliez) ** 2) / s)
+        if self.kind == "spectral":
+            Q = self.eigvecs
+            return np.eye(G.shape[0]) + (Q * np.expm1(-self.eigvals / s)) @ Q.T
+        return np.exp(-_double_centre(_offset(G, self.cailliez) ** 2) / s)
+
+    def cross(self, g: np.ndarray, ell: float) -> tuple[np.ndarray, np.ndarray | float]:
+        """Cross kernel (m, n) from query geodesics g (m, n), and k_** per query (or scalar)."""
+        s = 2.0 * ell**2
+        if self.kind in ("geodesic_se", "spectral"):
+            return np.exp(-(g**2) / s), 1.0
+        gc2 = (g + self.cailliez) ** 2
+        if self.kind == "geodesic_se_cailliez":
+            return np.exp(-gc2 / s), 1.0
+        # Law-Jain inner products of the new point with the batch points (eq. 3)
+        m = gc2.mean(1, keepdims=True)
+        f = 0.5 * (self.row_means[None, :] - self.grand_mean + m - gc2)
+        kss = np.exp(-(m[:, 0] - 0.5 * self.grand_mean) / s)
+        return np.exp(-f / s), kss
+
+
+def _profile_nll(w: np.ndarray, Yt2: np.ndarray, d: int, noise_lo: float) -> tuple[float, float]:
+    """min over noise of the negative log marginal likelihood given eig(K) = w, (V^T Y)^2 = Yt2.
+
+    Summed over the d output dimensions (hyper-parameters shared, digest §3.3); returns
+    ``(nll, noise)``.
+    """
+    # the noise must make K + noise I positive definite (K3 can be mildly indefinite)
+    lo = max(noise_lo, -w.min() * 1.01 + 1e-12)
+    hi = max(NOISE_BOUNDS[1], lo * 10)
+    ysq = Yt2.sum(1)
+
+    def nll(log_noise):
+        ev = w + np.exp(log_noise)
+        return 0.5 * np.sum(ysq / ev) + 0.5 * d * np.sum(np.log(ev))
+
+    r = scipy.optimize.minimize_scalar(
+        nll, bounds=(np.log(lo), np.log(hi)), method="bounded", options={"xatol": 1e-3}
+    )
+    return float(r.fun), float(np.exp(r.x))
+
+
+def fit_hyperparameters(
+    G: np.ndarray,
+    Y: np.ndarray,
+    spec: KernelSpec,
+    *,
+    length_scale: float | None,
+    noise_variance: float | None,
+    max_points: int,
+    rng: np.random.RandomState,
+) -> tuple[float, float]:
+    """Maximum marginal likelihood length scale and noise variance (either may be fixed).
+
+    Profile likelihood: for each length scale one eigendecomposition of K makes the likelihood
+    a cheap function of the noise, maximised exactly by a bounded scalar search; the length
+    scale is chosen on a log grid and refined by a bounded search around the best grid point.
+    Manifolds larger than ``max_points`` are subsampled (seeded) for this step only.
+    """
+    if length_scale is not None and noise_variance is not None:
+        return float(length_scale), float(noise_variance)
+    n = G.shape[0]
+    if n > max_points and spec.kind in ("geodesic_se", "geodesic_se_cailliez"):
+        sub = np.sort(rng.choice(n, max_points, replace=False))
+        G, Y = G[np.ix_(sub, sub)], Y[sub]
+    Y = Y - 0.0  # zero-mean prior (paper §3.4): Isomap coordinates are already centred
+    d = Y.shape[1]
+
+    def profile(log_ell):
+        K = spec.train(G, float(np.exp(log_ell)))
+        w, V = scipy.linalg.eigh(K)
+        Yt2 = (V.T @ Y) ** 2
+        if noise_variance is not None:
+            ev = w + noise_variance
+            if ev.min() <= 0:
+                return np.inf, noise_variance
+            return 0.5 * np.sum(Yt2.sum(1) / ev) + 0.5 * d * np.sum(np.log(ev)), noise_variance
+        return _profile_nll(w, Yt2, d, NOISE_BOUNDS[0])
+
+    if length_scale is not None:
+        _, noise = profile(np.log(length_scale))
+        return float(length_scale), float(noise)
+    gmax = float(G.max())
+    lo, hi = np.log(LENGTH_BOUNDS_REL[0] * gmax), np.log(LENGTH_BOUNDS_REL[1] * gmax)
+    grid = np.linspace(lo, hi, 9)
+    vals = [profile(x)[0] for x in grid]
+    b = int(np.argmin(vals))
+    r = scipy.optimize.minimize_scalar(
+        lambda x: profile(x)[0],
+        bounds=(grid[max(b - 1, 0)], grid[min(b + 1, len(grid) - 1)]),
+        method="bounded",
+        options={"xatol": 0.02},
+    )
+    best = r.x if r.fun <= vals[b] else grid[b]
+    ell = float(np.exp(best))
+    _, noise = profile(best)
+    logger.debug("ML hyper-parameters: length_scale=%.4g noise_variance=%.3g", ell, noise)
+    return ell, float(noise)
+
+
+@dataclass
+class ManifoldGP:
+    """A fitted GP for one manifold: everything needed to map new points, all NumPy.
+
+    Attributes
+    ----------
+    points : ndarray of shape (n, D)
+        The manifold's batch points (neighbour search for new points).
+    geodesics : ndarray of shape (n, n)
+    spec : KernelSpec
+    length_scale, noise_variance : float
+        ``noise_variance`` includes any jitter the PD check had to add.
+    jitter : float
+    beta : ndarray of shape (n, d)
+        ``(K + noise I)^-1 Y`` (eq. 10).
+    chol : ndarray of shape (n, n) or None
+        Lower Cholesky factor of ``K + noise I`` (exact variance).
+    lowrank : ndarray of shape (n, r) or None
+        ``V_r diag(w_r)^-1/2`` from the top-r eigenpairs of ``K + noise I`` (low-rank variance,
+        an upper bound on the exact one: the dropped directions only reduce variance).
+    n_neighbors : int
+        k_s, neighbours linking a new point into the geodesic graph.
+    """
+
+    points: np.ndarray
+    geodesics: np.ndarray
+    spec: KernelSpec
+    length_scale: float
+    noise_variance: float
+    jitter: float
+    beta: np.ndarray
+    chol: np.ndarray | None
+    lowrank: np.ndarray | None
+    n_neighbors: int
+
+    @classmethod
+    def fit(
+        cls,
+        points: np.ndarray,
+        geodesics: np.ndarray,
+        coords: np.ndarray,
+        *,
+        kernel: str,
+        length_scale: float | None,
+        noise_variance: float | None,
+        n_neighbors: int,
+        variance_rank: int | None,
+        max_points: int,
+        rng: np.random.RandomState,
+    ) -> ManifoldGP:
+        spec = KernelSpec.build(kernel, geodesics, coords.shape[1], random_state=rng)
+        ell, noise = fit_hyperparameters(
+            geodesics, coords, spec, length_scale=length_scale, noise_variance=noise_variance,
+            max_points=max_points, rng=rng,
+        )
+        K = spec.train(geodesics, ell)
+        L, jitter = _chol_with_jitter(K, noise)
+        noise_eff = noise + jitter
+        beta = scipy.linalg.cho_solve((L, True), coords)
+        lowrank = None
+        if variance_rank is not None:
+            from dr_dask.linalg.eigen import top_eigh
+
+            r = int(min(variance_rank, K.shape[0] - 1))
+            K[np.diag_indices_from(K)] += noise_eff
+            res = top_eigh(K, r, random_state=rng)
+            lowrank = res.vectors / np.sqrt(res.values)
+            L = None
+        return cls(
+            np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise_eff,
+            jitter, beta, L, lowrank, int(n_neighbors),
+        )
+
+    @property
+    def n_points(self) -> int:
+        return self.points.shape[0]
+
+    def query_geodesics(self, X: np.ndarray) -> np.ndarray:
+        """Geodesic distances (m, n) from new points through their k_s nearest manifold points."""
+        from dr_dask.graph.knn import kneighbors_local
+        from dr_dask.graph.paths import geodesics_via_neighbors
+
+        k = min(self.n_neighbors, self.n_points)
+        dist, idx = kneighbors_local(self.points, k, X)
+        return geodesics_via_neighbors(dist, idx, self.geodesics)
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive mean (m, d) and variance (m,) (eq. 8, noise included) for new points."""
+        means, variances = [], []
+        for s in range(0, X.shape[0], QUERY_BLOCK):
+            g = self.query_geodesics(X[s : s + QUERY_BLOCK])
+            Ks, kss = self.spec.cross(g, self.length_scale)
+            means.append(Ks @ self.beta)
+            if self.chol is not None:
+                # one triangular solve for the whole block
+                Z = scipy.linalg.solve_triangular(self.chol, Ks.T, lower=True, check_finite=False)
+                q = np.einsum("ij,ij->j", Z, Z)
+            else:
+                Z = Ks @ self.lowrank
+                q = np.einsum("ij,ij->i", Z, Z)
+            # K3 is not PSD beyond the batch (digest §3.2), so k_** - q can come out negative
+            # for points far from the manifold; its magnitude is reported, never a variance
+            # below the noise floor (which would make such points look the most confident).
+            variances.append(np.abs(kss - q) + self.noise_variance)
+        return np.vstack(means), np.concatenate(variances)
+
+    def loo_variance(self) -> np.ndarray:
+        """Leave-one-out predictive variance of each batch point, ``1 / [(K + noise I)^-1]_ii``.
+
+        The held-out analogue of eq. 8 on the batch itself (Rasmussen & Williams eq. 5.12),
+        used to recalibrate the novelty threshold after refits when no hold-out set exists.
+        """
+        K = self.spec.train(self.geodesics, self.length_scale)
+        K[np.diag_indices_from(K)] += self.noise_variance
+        L = np.linalg.cholesky(K)
+        Linv = scipy.linalg.solve_triangular(L, np.eye(K.shape[0]), lower=True)
+        return 1.0 / np.einsum("ij,ij->j", Linv, Linv)
+
+
+def _chol_with_jitter(K: np.ndarray, noise: float) -> tuple[np.ndarray, float]:
+    """Cholesky of ``K + noise I``, adding jitter when it is not positive definite.
+
+    K3 (geodesic SE) is not guaranteed PSD (digest §3.2). On failure the smallest eigenvalue
+    of K sets the jitter (10% margin), which is logged and folded into the noise variance so
+    that the predictive variance stays consistent with the factor.
+    """
+    A = K.copy()
+    A[np.diag_indices_from(A)] += noise
+    try:
+        return np.linalg.cholesky(A), 0.0
+    except np.linalg.LinAlgError:
+        pass
+    w_min = float(scipy.linalg.eigvalsh(K, subset_by_index=[0, 0])[0])
+    jitter = max(-1.1 * w_min - noise, 0.0) + 1e-10 * max(float(np.mean(np.diag(K))), 1.0)
+    A[np.diag_indices_from(A)] += jitter
+    L = np.linalg.cholesky(A)
+    logger.warning(
+        "kernel matrix not positive definite (smallest eigenvalue %.3g) with noise %.3g: "
+        "added jitter %.3g", w_min, noise, jitter,
+    )
+    return L, jitter

@@ -1,0 +1,187 @@
+"""Multi-manifold bookkeeping of GP-Isomap (S-Isomap++ batch phase, digest §2.2).
+
+* :func:`tangent_clusters` -- split a batch into manifolds, their number inferred;
+* :func:`support_set` -- k nearest and l farthest point pairs between every pair of manifolds;
+* :func:`classical_mds` -- global coordinates of the support points;
+* :func:`ridge_stitch` -- the affine map of each manifold's local frame into the global one.
+
+The clusterer (the seed names S-Isomap++'s multi-scale-SVD tangent clustering without giving
+its formula) is deliberately simple:
+
+1. build the symmetric kNN graph of the batch (``dr_dask.graph.kneighbors_graph``);
+2. estimate each point's d-dimensional tangent plane by PCA of its k nearest neighbours;
+3. drop every graph edge whose two tangent planes disagree: similarity ``|det(U_i^T U_j)|``
+   (the product of the cosines of the principal angles) below ``tangent_threshold``;
+4. the manifolds are the connected components of what remains; components smaller than
+   ``min_cluster_size`` (sampling gaps, footnote 5 of the seed) join the manifold of their
+   nearest large-component point.
+
+Separated manifolds fall apart in step 1, intersecting or touching ones with different
+orientation in step 3.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+
+logger = logging.getLogger(__name__)
+
+
+def local_tangents(X: np.ndarray, nbr_idx: np.ndarray, dim: int) -> np.ndarray:
+    """Orthonormal tangent bases (n, D, dim) by PCA of each point with its neighbours."""
+    P = np.concatenate([X[:, None, :], X[nbr_idx]], axis=1)  # (n, k+1, D)
+    P = P - P.mean(1, keepdims=True)
+    _, _, Vt = np.linalg.svd(P, full_matrices=False)
+    return np.transpose(Vt[:, :dim, :], (0, 2, 1))
+
+
+def tangent_clusters(
+    X: np.ndarray,
+    n_neighbors: int,
+    dim: int,
+    *,
+    tangent_threshold: float = 0.5,
+    min_cluster_size: int | None = None,
+    client=None,
+) -> np.ndarray:
+    """Manifold labels for a batch; the number of manifolds is inferred.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, D)
+    n_neighbors : int
+        k of the kNN graph and of the tangent PCA.
+    dim : int
+        Intrinsic dimension of the tangent planes.
+    tangent_threshold : float in [0, 1]
+        Minimum tangent-plane similarity for an edge to be kept (0 disables step 3).
+    min_cluster_size : int, optional
+        Smaller components are merged into their nearest large one (default ``max(2k, 10)``).
+    client : distributed.Client, optional
+        Passed to the kNN search.
+
+    Returns
+    -------
+    labels : ndarray of shape (n,)
+        0..p-1, ordered by decreasing cluster size.
+    """
+    from dr_dask.graph.knn import kneighbors, kneighbors_local
+
+    n = X.shape[0]
+    k = min(n_neighbors, n - 1)
+    min_size = min_cluster_size or max(2 * k, 10)
+    dist, idx = kneighbors(X, k, client=client)
+    rows = np.repeat(np.arange(n), k)
+    cols = idx.ravel()
+    if tangent_threshold > 0 and dim < X.shape[1]:
+        U = local_tangents(X, idx, dim)
+        M = np.einsum("nDa,nDb->nab", U[rows], U[cols])
+        sim = np.abs(np.linalg.det(M))
+        keep = sim >= tangent_threshold
+        rows, cols = rows[keep], cols[keep]
+    A = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n))
+    _, comp = connected_components(A, directed=False)
+    sizes = np.bincount(comp)
+    big = np.flatnonzero(sizes >= min_size)
+    if big.size <= 1:
+        return np.zeros(n, dtype=np.int32)
+    order = big[np.argsort(-sizes[big], kind="stable")]
+    remap = np.full(sizes.size, -1)
+    remap[order] = np.arange(order.size)
+    labels = remap[comp]
+    small = labels < 0
+    if small.any():
+        anchor = np.flatnonzero(~small)
+        _, nn = kneighbors_local(X[anchor], 1, X[small])
+        labels[small] = labels[anchor[nn[:, 0]]]
+        logger.info("merged %d points of small components into their nearest manifold", small.sum())
+    logger.info("tangent clustering: %d manifolds of sizes %s", order.size,
+                np.bincount(labels).tolist())
+    return labels.astype(np.int32)
+
+
+def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    d = (A**2).sum(1)[:, None] + (B**2).sum(1)[None, :] - 2 * A @ B.T
+    return np.maximum(d, 0.0)
+
+
+def support_set(
+    X: np.ndarray, labels: np.ndarray, n_nearest: int = 16, n_farthest: int = 1
+) -> np.ndarray:
+    """Indices of the support points: k nearest and l farthest pairs per pair of manifolds.
+
+    Distances are ambient Euclidean (digest §2.2, item 3). Computed in row blocks so that the
+    cross-distance temporaries stay small.
+
+    Returns
+    -------
+    ndarray of shape (n_support,)
+        Sorted unique row indices into X.
+    """
+    p = int(labels.max()) + 1
+    members = [np.flatnonzero(labels == i) for i in range(p)]
+    chosen: list[np.ndarray] = []
+    for i in range(p):
+        for j in range(i + 1, p):
+            A, B = members[i], members[j]
+            best_d, best_pairs, far_d, far_pairs = [], [], [], []
+            step = max(1, (1 << 21) // max(len(B), 1))
+            for s in range(0, len(A), step):
+                D = _sq_dists(X[A[s : s + step]], X[B])
+                flat = D.ravel()
+                kk = min(n_nearest, flat.size)
+                near = np.argpartition(flat, kk - 1)[:kk] if kk else np.array([], int)
+                ll = min(n_farthest, flat.size)
+                far = np.argpartition(-flat, ll - 1)[:ll] if ll else np.array([], int)
+                for sel, dst, prs in ((near, best_d, best_pairs), (far, far_d, far_pairs)):
+                    r, c = np.unravel_index(sel, D.shape)
+                    dst.append(flat[sel])
+                    prs.append(np.column_stack([A[s + r], B[c]]))
+            bd, bp = np.concatenate(best_d), np.vstack(best_pairs)
+            fd, fp = np.concatenate(far_d), np.vstack(far_pairs)
+            chosen.append(bp[np.argsort(bd, kind="stable")[:n_nearest]].ravel())
+            if n_farthest:
+                chosen.append(fp[np.argsort(-fd, kind="stable")[:n_farthest]].ravel())
+    if not chosen:
+        return np.array([], dtype=np.int64)
+    return np.unique(np.concatenate(chosen))
+
+
+def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
+    """Classical MDS of points from their ambient Euclidean distances, (m, n_components)."""
+    from dr_dask.linalg.eigen import top_eigh
+
+    D2 = _sq_dists(X, X)
+    B = D2 - D2.mean(0, keepdims=True)
+    B = -0.5 * (B - B.mean(1, keepdims=True))
+    k = min(n_components, X.shape[0] - 1)
+    res = top_eigh(B, k, random_state=random_state)
+    Y = res.vectors * np.sqrt(np.maximum(res.values, 0.0))
+    if k < n_components:
+        Y = np.pad(Y, ((0, 0), (0, n_components - k)))
+    return Y
+
+
+def ridge_stitch(local: np.ndarray, target: np.ndarray, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    """Affine map of local coordinates onto global ones by ridge regression (Alg. 1, l. 14-18).
+
+    ``[R | t] = GE A^T (A A^T + lambda I)^-1`` with ``A = [local^T; 1^T]``.
+
+    Parameters
+    ----------
+    local : ndarray of shape (m, d_j)
+    target : ndarray of shape (m, d_g)
+    ridge : float
+
+    Returns
+    -------
+    R : ndarray of shape (d_g, d_j)
+    t : ndarray of shape (d_g,)
+    """
+    A = np.vstack([local.T, np.ones(local.shape[0])])
+    M = target.T @ A.T @ np.linalg.inv(A @ A.T + ridge * np.eye(A.shape[0]))
+    return M[:, :-1], M[:, -1]

@@ -1,0 +1,446 @@
+"""GP-Isomap (Mahapatra & Chandola 2020): streaming Isomap whose predictive variance flags drift.
+
+Batch phase (S-Isomap++, digest §2.2 and §3.4): split the batch into manifolds, run Isomap on
+each, stitch the local frames into one global frame through the support set, and fit one
+Gaussian process per manifold from geodesic distances to local coordinates. Mapping a point:
+geodesics to each manifold through its nearest manifold points, GP mean and variance per
+manifold, the manifold of least variance wins, its mean goes through the stitch.
+
+Decisions where the paper is silent or wrong are listed in the class docstring; the kernel
+variants are documented in :mod:`dr_dask.methods._gp`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from dr_dask.cluster import active_client
+from dr_dask.methods._gp import KERNELS, ManifoldGP
+from dr_dask.methods._manifolds import classical_mds, ridge_stitch, support_set, tangent_clusters
+
+logger = logging.getLogger(__name__)
+
+
+def _check_X(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"{name} has {X.shape[1]} features but the model was fitted on {n_features}")
+    bad = ~np.isfinite(X).all(axis=1)
+    if bad.any():
+        rows = np.flatnonzero(bad)[:10].tolist()
+        raise ValueError(f"{name} has NaN or infinite values in rows {rows} (first 10 shown)")
+    return X
+
+
+def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
+    """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
+    from dr_dask.methods.isomap import Isomap
+
+    iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
+    iso.fit(points)
+    coords = np.asarray(iso.embedding_, dtype=np.float64)
+    G = np.asarray(iso.dist_matrix_, dtype=np.float64)
+    gp = ManifoldGP.fit(
+        points, G, coords,
+        kernel=params["kernel"],
+        length_scale=params["length_scale"],
+        noise_variance=params["noise_variance"],
+        n_neighbors=params["stream_neighbors"],
+        variance_rank=params["variance_rank"],
+        max_points=params["hyper_max_points"],
+        rng=np.random.RandomState(seed),
+    )
+    return coords, gp
+
+
+class GPIsomap(TransformerMixin, BaseEstimator):
+    """GP-Isomap: multi-manifold streaming Isomap with predictive variance.
+
+    Parameters
+    ----------
+    n_neighbors : int, default=10
+        k of the Isomap graphs and of the clusterer's kNN graph.
+    n_components : int, default=2
+        Intrinsic dimension d_i of every manifold.
+    kernel : {"geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde"}
+        See :mod:`dr_dask.methods._gp`; ``literal_btilde`` warns (ablation only).
+    length_scale, noise_variance : float or None
+        Fixed GP hyper-parameters; ``None`` fits them by maximum marginal likelihood, shared
+        across output dimensions, per manifold (signal variance fixed to 1, paper §5.1).
+    clusterer : "tangent", "single", array-like of shape (n,) or callable, default="tangent"
+        ``tangent``: kNN-graph components refined by tangent similarity
+        (:func:`dr_dask.methods._manifolds.tangent_clusters`); ``single``: one manifold; an
+        array: one label per batch row; a callable ``f(X) -> labels``.
+    tangent_threshold : float, default=0.5
+        Minimum tangent-plane similarity of a kept graph edge in the clusterer.
+    min_cluster_size : int or None
+        Smaller clusters are merged into their nearest one (default ``max(2k, 10)``).
+    n_support_nearest, n_support_farthest : int, default=16, 1
+        k nearest and l farthest point pairs per pair of manifolds (paper defaults).
+    ridge_lambda : float, default=0.005
+        Ridge of the stitch (paper default).
+    global_dim : int or None
+        Dimension of the global frame (default ``n_components``; the roll's patches share one
+        2-D frame, so the seed's alternative sum of d_i would only add empty axes).
+    stream_neighbors : int or None
+        k_s: neighbours linking a new point into a manifold's geodesics (default n_neighbors).
+    variance_rank : int or None
+        ``None``: exact variance (one triangular solve per chunk). An int r: low-rank variance
+        from the top-r eigenpairs of ``K + noise I`` (O(n r) per point; never below the exact
+        variance, so it can only over-flag).
+    sigma_t : float or None
+        Novelty threshold on the variance. ``None`` calibrates it at fit time from the batch's
+        leave-one-out variances at ``threshold_quantile``; :meth:`calibrate_threshold` sets
+        it from held-out data (preferable: thresholds do not transfer between data sets).
+    threshold_quantile : float, default=0.99
+    hyper_max_points : int, default=800
+        Manifolds larger than this are subsampled for the hyper-parameter search only.
+    random_state : int, RandomState or None
+        Seeds the hyper-parameter subsamples and the eigensolvers.
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n,)
+        Manifold of each batch point.
+    n_manifolds_ : int
+    manifolds_ : list of ManifoldGP
+        Per manifold: points, geodesics, hyper-parameters, beta, Cholesky factor.
+    local_embedding_ : list of ndarray of shape (n_i, n_components)
+        Each manifold's Isomap coordinates.
+    stitch_rotation_ : ndarray of shape (p, global_dim, n_components)
+    stitch_translation_ : ndarray of shape (p, global_dim)
+    support_ : ndarray of shape (n_support,)
+        Batch rows of the support set.
+    embedding_ : ndarray of shape (n, global_dim)
+        Global coordinates of the batch.
+    sigma_t_ : float
+    threshold_source_ : {"manual", "loo", "holdout"}
+    n_features_in_ : int
+
+    Notes
+    -----
+    Decisions where the paper is silent (digest §3.4 FLAGs): the variance used everywhere is
+    eq. 8 with the noise term, one scalar per manifold (hyper-parameters shared across output
+    dimensions); a point goes to the manifold of least variance (ties: lowest index); the
+    S-Isomap scaling is 1/sqrt(lambda) (digest erratum, used by :class:`Isomap`).
+    """
+
+    def __init__(
+        self,
+        n_neighbors: int = 10,
+        n_components: int = 2,
+        *,
+        kernel: str = "geodesic_se",
+        length_scale: float | None = None,
+        noise_variance: float | None = None,
+        clusterer: str | np.ndarray | Callable = "tangent",
+        tangent_threshold: float = 0.5,
+        min_cluster_size: int | None = None,
+        n_support_nearest: int = 16,
+        n_support_farthest: int = 1,
+        ridge_lambda: float = 0.005,
+        global_dim: int | None = None,
+        stream_neighbors: int | None = None,
+        variance_rank: int | None = None,
+        sigma_t: float | None = None,
+        threshold_quantile: float = 0.99,
+        hyper_max_points: int = 800,
+        random_state: int | np.random.RandomState | None = None,
+    ):
+        self.n_neighbors = n_neighbors
+        self.n_components = n_components
+        self.kernel = kernel
+        self.length_scale = length_scale
+        self.noise_variance = noise_variance
+        self.clusterer = clusterer
+        self.tangent_threshold = tangent_threshold
+        self.min_cluster_size = min_cluster_size
+        self.n_support_nearest = n_support_nearest
+        self.n_support_farthest = n_support_farthest
+        self.ridge_lambda = ridge_lambda
+        self.global_dim = global_dim
+        self.stream_neighbors = stream_neighbors
+        self.variance_rank = variance_rank
+        self.sigma_t = sigma_t
+        self.threshold_quantile = threshold_quantile
+        self.hyper_max_points = hyper_max_points
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ fit
+    def _validate_params(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        for name in ("n_neighbors", "n_components"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("length_scale", "noise_variance", "sigma_t"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be positive or None, got {v}")
+        if not 0 < self.threshold_quantile <= 1:
+            raise ValueError(f"threshold_quantile must be in (0, 1], got {self.threshold_quantile}")
+        if self.ridge_lambda < 0:
+            raise ValueError(f"ridge_lambda must be >= 0, got {self.ridge_lambda}")
+
+    def _cluster(self, X: np.ndarray, client) -> np.ndarray:
+        c = self.clusterer
+        if isinstance(c, str):
+            if c == "single":
+                return np.zeros(len(X), dtype=np.int32)
+            if c == "tangent":
+                return tangent_clusters(
+                    X, self.n_neighbors, self.n_components,
+                    tangent_threshold=self.tangent_threshold,
+                    min_cluster_size=self.min_cluster_size, client=client,
+                )
+            raise ValueError(f"clusterer must be 'tangent', 'single', labels or a callable, got {c!r}")
+        labels = np.asarray(c(X) if callable(c) else c)
+        if labels.shape != (len(X),):
+            raise ValueError(f"clusterer labels have shape {labels.shape}, expected ({len(X)},)")
+        _, labels = np.unique(labels, return_inverse=True)
+        return labels.astype(np.int32)
+
+    def fit(self, X: Any, y: None = None, *, client: Any = None) -> GPIsomap:
+        """Run the batch phase.
+
+        Parameters
+        ----------
+        X : array-like of shape (n, D)
+            The batch (a dask array is computed: the batch phase is in-memory, O(n_i^2)).
+        y : ignored
+        client : distributed.Client, optional
+            Per-manifold Isomap + GP fits run as tasks on it; None means in-process.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        if hasattr(X, "compute"):
+            X = X.compute()
+        X = _check_X(X)
+        client = active_client(client)
+        rng = check_random_state(self.random_state)
+        labels = self._cluster(X, client)
+        min_size = max(self.n_neighbors + 2, self.n_components + 2)
+        sizes = np.bincount(labels)
+        if sizes.min() < min_size:
+            bad = np.flatnonzero(sizes < min_size).tolist()
+            raise ValueError(
+                f"manifolds {bad} have fewer than {min_size} points (sizes {sizes.tolist()}); "
+                "lower n_neighbors or raise min_cluster_size"
+            )
+        p = sizes.size
+        params = dict(
+            n_neighbors=int(self.n_neighbors), n_components=int(self.n_components),
+            kernel=self.kernel, length_scale=self.length_scale,
+            noise_variance=self.noise_variance,
+            stream_neighbors=int(self.stream_neighbors or self.n_neighbors),
+            variance_rank=self.variance_rank, hyper_max_points=int(self.hyper_max_points),
+        )
+        seeds = rng.randint(0, 2**31 - 1, size=p)
+        parts = [X[labels == i] for i in range(p)]
+        if client is not None:
+            futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
+                    for P, s in zip(parts, seeds)]
+            results = client.gather(futs)
+        else:
+            results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
+        self.local_embedding_ = [r[0] for r in results]
+        self.manifolds_ = [r[1] for r in results]
+        self.labels_ = labels
+        self.n_manifolds_ = p
+        self.n_features_in_ = X.shape[1]
+        self._stitch(X, labels, rng)
+        for i, gp in enumerate(self.manifolds_):
+            logger.info(
+                "manifold %d: %d points, length_scale %.3g, noise_variance %.3g, jitter %.2g",
+                i, gp.n_points, gp.length_scale, gp.noise_variance, gp.jitter,
+            )
+        if self.sigma_t is not None:
+            self.sigma_t_ = float(self.sigma_t)
+            self.threshold_source_ = "manual"
+        else:
+            self.sigma_t_ = float(np.quantile(self.loo_variance(), self.threshold_quantile))
+            self.threshold_source_ = "loo"
+        return self
+
+    def _stitch(self, X: np.ndarray, labels: np.ndarray, rng) -> None:
+        d = int(self.n_components)
+        dg = int(self.global_dim or d)
+        p = self.n_manifolds_
+        R = np.zeros((p, dg, d))
+        t = np.zeros((p, dg))
+        if p == 1:
+            R[0, : min(d, dg), : min(d, dg)] = np.eye(min(d, dg))
+            self.support_ = np.array([], dtype=np.int64)
+        else:
+            sup = support_set(X, labels, self.n_support_nearest, self.n_support_farthest)
+            GE = classical_mds(X[sup], dg, random_state=rng)
+            local_index = np.empty(len(X), dtype=np.int64)
+            for i in range(p):
+                local_index[labels == i] = np.arange(np.sum(labels == i))
+            for j in range(p):
+                mine = labels[sup] == j
+                loc = self.local_embedding_[j][local_index[sup[mine]]]
+                R[j], t[j] = ridge_stitch(loc, GE[mine], self.ridge_lambda)
+            self.support_ = sup
+        self.stitch_rotation_ = R
+        self.stitch_translation_ = t
+        emb = np.zeros((len(X), dg))
+        for j in range(p):
+            emb[labels == j] = self.local_embedding_[j] @ R[j].T + t[j]
+        self.embedding_ = emb
+
+    # ------------------------------------------------------------------ mapping
+    def _map(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global coordinates (m, d_g), least variance (m,), manifold (m,) of new points."""
+        m = X.shape[0]
+        means, variances = [], []
+        for gp in self.manifolds_:
+            mu, var = gp.predict(X)
+            means.append(mu)
+            variances.append(var)
+        V = np.column_stack(variances) if m else np.zeros((0, self.n_manifolds_))
+        j = np.argmin(V, axis=1) if m else np.zeros(0, dtype=np.int64)
+        emb = np.zeros((m, self.stitch_rotation_.shape[1]))
+        for i in range(self.n_manifolds_):
+            sel = j == i
+            if sel.any():
+                emb[sel] = means[i][sel] @ self.stitch_rotation_[i].T + self.stitch_translation_[i]
+        var = V[np.arange(m), j] if m else np.zeros(0)
+        return emb, var, j.astype(np.int32)
+
+    def map_points(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Map in-memory points: global coordinates, variance and manifold of each.
+
+        Parameters
+        ----------
+        X : array-like of shape (m, D)
+
+        Returns
+        -------
+        embedding : ndarray of shape (m, global_dim)
+        variance : ndarray of shape (m,)
+            Least predictive variance over the manifolds (eq. 8, noise included).
+        manifold : ndarray of shape (m,)
+            The manifold of least variance.
+        """
+        check_is_fitted(self, "manifolds_")
+        return self._map(_check_X(X, n_features=self.n_features_in_))
+
+    def transform(self, X: Any, return_variance: bool = False):
+        """Global coordinates of new points (and their predictive variance).
+
+        Parameters
+        ----------
+        X : array-like or dask array of shape (m, D)
+        return_variance : bool
+            Also return the variance, shape (m,).
+
+        Returns
+        -------
+        embedding : ndarray or dask array of shape (m, global_dim)
+            A dask input gives dask outputs with the same row chunks.
+        variance : ndarray or dask array of shape (m,), only with ``return_variance``
+        """
+        check_is_fitted(self, "manifolds_")
+        import dask.array as da
+
+        if isinstance(X, da.Array):
+            if X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has {X.shape[1]} features but the model was fitted on {self.n_features_in_}")
+            X = X.rechunk({1: -1})
+            dg = self.stitch_rotation_.shape[1]
+            out = X.map_blocks(
+                _transform_block, self, dtype=np.float64, chunks=(X.chunks[0], (dg + 1,)),
+            )
+            emb, var = out[:, :dg], out[:, dg]
+            return (emb, var) if return_variance else emb
+        emb, var, _ = self.map_points(X)
+        return (emb, var) if return_variance else emb
+
+    def predict_variance(self, X: Any) -> np.ndarray:
+        """Least predictive variance over manifolds, shape (m,)."""
+        return self.map_points(X)[1]
+
+    def is_novel(self, X: Any) -> np.ndarray:
+        """Boolean per point: variance above ``sigma_t_`` (not explained by any manifold)."""
+        return self.predict_variance(X) > self.sigma_t_
+
+    def loo_variance(self) -> np.ndarray:
+        """Leave-one-out predictive variance of every batch point in its own manifold, (n,)."""
+        check_is_fitted(self, "manifolds_")
+        out = np.empty(len(self.labels_))
+        for i, gp in enumerate(self.manifolds_):
+            out[self.labels_ == i] = gp.loo_variance()
+        return out
+
+    def calibrate_threshold(self, X_holdout: Any = None, quantile: float = 0.99) -> float:
+        """Set ``sigma_t_`` to a quantile of variances of held-out in-distribution points.
+
+        Parameters
+        ----------
+        X_holdout : array-like of shape (m, D) or None
+            Points from the batch's distribution not used for fitting. ``None`` uses the
+            batch's leave-one-out variances.
+        quantile : float in (0, 1]
+
+        Returns
+        -------
+        float
+            The new ``sigma_t_``.
+        """
+        check_is_fitted(self, "manifolds_")
+        if not 0 < quantile <= 1:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if X_holdout is None:
+            var, self.threshold_source_ = self.loo_variance(), "loo"
+        else:
+            var, self.threshold_source_ = self.predict_variance(X_holdout), "holdout"
+        self.sigma_t_ = float(np.quantile(var, quantile))
+        self.threshold_quantile_ = float(quantile)
+        return self.sigma_t_
+
+    # ------------------------------------------------------------------ frames
+    def align_to(self, reference: np.ndarray, rows: np.ndarray | slice | None = None):
+        """Move this model's global frame onto another frame by a Procrustes similarity.
+
+        Parameters
+        ----------
+        reference : ndarray of shape (m, global_dim)
+            Target coordinates of the batch rows ``rows`` (e.g. the previous model version's
+            ``embedding_`` of the points both versions were fitted on).
+        rows : index into the batch, default the first m rows
+
+        Returns
+        -------
+        dr_dask.linalg.align.Similarity
+            The map that was composed into the stitch.
+        """
+        from dr_dask.linalg.align import procrustes_fit
+
+        check_is_fitted(self, "manifolds_")
+        reference = np.asarray(reference, dtype=np.float64)
+        rows = slice(0, len(reference)) if rows is None else rows
+        sim = procrustes_fit(self.embedding_[rows], reference, scaling=True, reflection=True)
+        s, Q, tr = sim.scale, sim.rotation, sim.translation
+        # global' = s * (mu R^T + t) Q + tr, folded into each manifold's affine map
+        self.stitch_rotation_ = s * np.einsum("gh,pgd->phd", Q, self.stitch_rotation_)
+        self.stitch_translation_ = s * self.stitch_translation_ @ Q + tr
+        self.embedding_ = sim.apply(self.embedding_)
+        return sim
+
+
+def _transform_block(block: np.ndarray, model: GPIsomap) -> np.ndarray:
+    emb, var, _ = model._map(np.asarray(block, dtype=np.float64))
+    return np.column_stack([emb, var])

@@ -1,0 +1,535 @@
+"""Isomap and Landmark Isomap on the shared graph machinery (``dr_dask.graph``).
+
+Full Isomap: blockwise kNN graph -> explicit connectivity repair -> Dijkstra over blocks of
+sources on the workers, squared in the task -> top-d algebraic eigenpairs of
+``B = -1/2 H D2 H`` by block Lanczos. ``B`` is never formed: one product is
+``B V = -1/2 Hc(D2 Hc(V))`` with ``Hc`` the column-centring (rank-one corrections), and ``D2 V``
+runs where the row blocks of D2 live (worker memory, this process, or a Zarr store).
+
+Landmark Isomap (de Silva & Tenenbaum 2003): L landmarks, the L x T geodesics (float32, row
+blocks on the workers), classical MDS of the L x L block and distance-based triangulation of every
+point, summed over landmark row blocks on the workers, so the driver never holds L x T while
+fitting.
+
+Out-of-sample points (both): geodesics through their k nearest training points
+(:func:`dr_dask.graph.geodesics_via_neighbors`); full Isomap then projects the kernel-centred
+vector with ``x_k = q_k^T f / sqrt(lambda_k)`` (Law & Jain eq. 3 in full, as scikit-learn's
+``Isomap.transform``; seed-gpisomap.md §2.1 on the seed's sqrt(lambda) erratum), Landmark
+Isomap triangulates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.neighbors import NearestNeighbors
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from dr_dask.cluster import active_client
+from dr_dask.graph import (
+    GeodesicRows,
+    connect_components,
+    geodesics_via_neighbors,
+    kneighbors,
+    kneighbors_graph,
+    landmark_mds,
+    select_landmarks,
+    shortest_paths,
+    triangulate,
+)
+from dr_dask.graph.knn import kneighbors_local
+from dr_dask.graph.paths import _dijkstra_block
+from dr_dask.linalg.eigen import DENSE_MAX, top_eigh
+
+logger = logging.getLogger(__name__)
+
+#: Largest T for which the dense geodesic matrix is kept as ``dist_matrix_`` (800 MB float64).
+DIST_MATRIX_MAX = 10_000
+#: Bytes of one (queries x T) float64 temporary in ``transform``.
+_CHUNK_BYTES = 1 << 26
+
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def _as_training(X: Any) -> np.ndarray:
+    if isinstance(X, da.Array):
+        X = X.compute()
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
+    bad = ~np.isfinite(X).all(axis=1)
+    if bad.any():
+        raise ValueError(f"X has NaN or infinite values in rows {np.flatnonzero(bad)[:10].tolist()}")
+    return X
+
+
+def _neighbour_graph(X: np.ndarray, n_neighbors: int | None, radius: float | None,
+                     on_disconnected: str, client: Any) -> sp.csr_matrix:
+    T = X.shape[0]
+    if (n_neighbors is None) == (radius is None):
+        raise ValueError("give exactly one of n_neighbors (k rule) and radius (epsilon rule); "
+                         f"got n_neighbors={n_neighbors}, radius={radius}")
+    if n_neighbors is not None and not 1 <= n_neighbors < T:
+        raise ValueError(f"n_neighbors={n_neighbors} must be in [1, {T - 1}] for {T} samples "
+                         "(a point is not its own neighbour)")
+    graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client)
+    return connect_components(graph, X, on_disconnected=on_disconnected)
+
+
+def _fix_signs(V: np.ndarray) -> np.ndarray:
+    """Deterministic eigenvector signs: the largest-magnitude entry of each column is positive."""
+    signs = np.sign(V[np.abs(V).argmax(axis=0), np.arange(V.shape[1])])
+    return V * np.where(signs == 0, 1.0, signs)
+
+
+@dataclass
+class _Neighbours:
+    """Picklable view of what finding the training neighbours of new points needs."""
+
+    training: np.ndarray
+    n_neighbors: int | None
+    radius: float | None
+
+    def query(self, Xq: np.ndarray, client: Any = None, local: bool = False):
+        Xq = np.asarray(Xq, dtype=np.float64)
+        if Xq.ndim != 2 or Xq.shape[1] != self.training.shape[1]:
+            raise ValueError(f"X must have shape (n, {self.training.shape[1]}), got {Xq.shape}")
+        bad = ~np.isfinite(Xq).all(axis=1)
+        if bad.any():
+            raise ValueError(f"X has NaN or infinite values in rows {np.flatnonzero(bad)[:10]}")
+        if self.radius is None:
+            if local:
+                return kneighbors_local(self.training, self.n_neighbors, Xq)
+            return kneighbors(self.training, self.n_neighbors, query=Xq, client=client)
+        dist, idx = NearestNeighbors(radius=self.radius).fit(self.training).radius_neighbors(Xq)
+        counts = np.array([len(i) for i in idx])
+        if (counts == 0).any():
+            rows = np.flatnonzero(counts == 0)[:10].tolist()
+            raise ValueError(f"rows {rows} of X have no training point within radius="
+                             f"{self.radius}; their geodesics are undefined")
+        D = np.full((len(idx), counts.max()), np.inf)
+        I = np.full(D.shape, -1, dtype=np.int64)
+        for r, (d, i) in enumerate(zip(dist, idx)):
+            D[r, : len(d)], I[r, : len(i)] = d, i
+        return D, I
+
+
+def _chunked_transform(Xq: np.ndarray, nbrs: _Neighbours, rows_for, finish, n_cols: int,
+                       client: Any = None, local: bool = False) -> np.ndarray:
+    """Shared transform loop: neighbours, batch of geodesic rows, geodesics, finish(g)."""
+    dist, idx = nbrs.query(Xq, client=client, local=local)
+    step = max(1, _CHUNK_BYTES // (8 * n_cols))
+    out = []
+    for s in range(0, len(Xq), step):
+        d, i = dist[s : s + step], idx[s : s + step]
+        U, local_idx = np.unique(np.where(i < 0, 0, i), return_inverse=True)
+        local_idx = np.where(i < 0, -1, local_idx.reshape(i.shape))
+        g = geodesics_via_neighbors(d, local_idx, rows_for(U))
+        out.append(finish(g))
+    return np.vstack(out)
+
+
+def _transform_dask(X: da.Array, fn, n_out: int) -> da.Array:
+    """Apply ``fn(block)`` to every row block: a dask array with X's row chunks."""
+    X = X.rechunk({1: -1})
+    blocks = X.to_delayed().ravel()
+    # one graph key holds the projector, so its arrays are shipped once, not once per block
+    fn_key = dask.delayed(fn)
+    parts = [da.from_delayed(dask.delayed(_call)(fn_key, b), shape=(n, n_out), dtype=np.float64)
+             for b, n in zip(blocks, X.chunks[0])]
+    return da.concatenate(parts, axis=0)
+
+
+def _call(fn, block: np.ndarray) -> np.ndarray:
+    return fn(block)
+
+
+# ---------------------------------------------------------------------------------------------
+# full Isomap
+
+
+class _CentredSquaredGeodesics:
+    """``B = -1/2 H D2 H`` as an operator over row blocks of D2 (SymmetricOperator protocol)."""
+
+    def __init__(self, rows: GeodesicRows):
+        self.rows = rows
+        self.shape = rows.shape
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        Vc = V - V.mean(axis=0)
+        P = np.vstack(self.rows.map(_block_matmul, Vc))
+        return -0.5 * (P - P.mean(axis=0))
+
+
+def _block_matmul(block: np.ndarray, start: int, V: np.ndarray) -> np.ndarray:
+    return block @ V
+
+
+def _block_row_means(block: np.ndarray, start: int) -> np.ndarray:
+    return block.mean(axis=1, dtype=np.float64)
+
+
+def _centred_matrix(D2: np.ndarray, row_mean: np.ndarray) -> np.ndarray:
+    return -0.5 * (D2 - row_mean[:, None] - row_mean[None, :] + row_mean.mean())
+
+
+@dataclass
+class _IsomapProjector:
+    """Picklable out-of-sample map of a fitted Isomap (sent once per transform to the workers)."""
+
+    nbrs: _Neighbours
+    graph: sp.csr_matrix
+    dist_matrix: np.ndarray | None
+    store: Any
+    sq_row_mean: np.ndarray
+    vectors: np.ndarray
+    eigenvalues: np.ndarray
+
+    def rows(self, U: np.ndarray, client: Any = None, local: bool = False) -> np.ndarray:
+        if self.dist_matrix is not None:
+            return self.dist_matrix[U]
+        if self.store is not None:
+            # the store holds squared geodesics
+            return np.sqrt(self.store.get_orthogonal_selection((U, slice(None))))
+        if local:
+            return _dijkstra_block(self.graph, U, False, False, np.float64)
+        return shortest_paths(self.graph, U, client=client)
+
+    def project(self, g: np.ndarray) -> np.ndarray:
+        g2 = g * g
+        f = -0.5 * (g2 - self.sq_row_mean - g2.mean(axis=1, keepdims=True)
+                    + self.sq_row_mean.mean())
+        lam = self.eigenvalues
+        scale = np.where(lam > 0, 1.0 / np.sqrt(np.where(lam > 0, lam, 1.0)), 0.0)
+        return (f @ self.vectors) * scale
+
+    def __call__(self, Xq: np.ndarray, client: Any = None, local: bool = True) -> np.ndarray:
+        return _chunked_transform(
+            Xq, self.nbrs, lambda U: self.rows(U, client, local), self.project,
+            len(self.sq_row_mean), client=client, local=local,
+        )
+
+
+class Isomap(TransformerMixin, BaseEstimator):
+    """Isomap with distributed shortest paths and a matrix-free eigensolver.
+
+    Parameters
+    ----------
+    n_neighbors : int or None
+        k of the k-nearest-neighbour graph (None when ``radius`` is used).
+    radius : float, optional
+        Epsilon rule instead of the k rule.
+    n_components : int
+        Embedding dimension d.
+    eigen_solver : {"auto", "dense", "lanczos"}
+        ``auto``: dense LAPACK for T <= 1500, block Lanczos on the centred operator above.
+        ``dense`` needs T <= 10,000 (it forms B).
+    tol : float
+        Relative eigen-residual tolerance of the Lanczos solver.
+    max_iter : int, optional
+        Cap on operator products (passes over D2); default 100.
+    on_disconnected : {"bridge", "raise", "ignore"}
+        See :func:`dr_dask.graph.connect_components`.
+    random_state : int, RandomState or None
+        Seeds the Lanczos start block.
+    client : distributed.Client, optional
+    geodesic_store : str or zarr.Array, optional
+        Zarr array (or path) for the squared geodesics, for T too large for worker memory.
+    block_size : int
+        Dijkstra sources per task.
+
+    Attributes
+    ----------
+    embedding_ : ndarray of shape (T, d)
+    eigenvalues_ : ndarray of shape (d,)
+        Top algebraic eigenvalues of ``-1/2 H D2 H``.
+    eigenvectors_ : ndarray of shape (T, d)
+    eigen_residuals_ : ndarray of shape (d,)
+    training_data_ : ndarray of shape (T, N)
+    n_features_in_ : int
+    graph_ : scipy.sparse.csr_matrix of shape (T, T)
+        The (repaired) neighbour graph.
+    geodesic_sq_row_mean_ : ndarray of shape (T,)
+        Row means of the squared geodesic matrix.
+    dist_matrix_ : ndarray of shape (T, T)
+        Geodesic distances, kept only when T <= 10,000 (like scikit-learn's).
+    geodesic_store_ : zarr.Array or None
+        Squared geodesics when ``geodesic_store`` was given.
+    timings_ : dict
+        Wall seconds per stage of ``fit``.
+    """
+
+    def __init__(self, n_neighbors: int | None = 5, radius: float | None = None,
+                 n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
+                 max_iter: int | None = None, on_disconnected: str = "bridge",
+                 random_state: int | np.random.RandomState | None = None, client: Any = None,
+                 geodesic_store: Any = None, block_size: int = 256):
+        self.n_neighbors = n_neighbors
+        self.radius = radius
+        self.n_components = n_components
+        self.eigen_solver = eigen_solver
+        self.tol = tol
+        self.max_iter = max_iter
+        self.on_disconnected = on_disconnected
+        self.random_state = random_state
+        self.client = client
+        self.geodesic_store = geodesic_store
+        self.block_size = block_size
+
+    def fit(self, X: Any, y: Any = None) -> Isomap:
+        """Fit on X of shape (T, N) (ndarray or dask array). Returns self."""
+        X = _as_training(X)
+        T = X.shape[0]
+        d = int(self.n_components)
+        if not 1 <= d < T:
+            raise ValueError(f"n_components={self.n_components} must be in [1, {T - 1}]")
+        solver = self.eigen_solver
+        if solver not in ("auto", "dense", "lanczos"):
+            raise ValueError(f"eigen_solver must be 'auto', 'dense' or 'lanczos', got {solver!r}")
+        if solver == "auto":
+            solver = "dense" if T <= DENSE_MAX else "lanczos"
+        if solver == "dense" and T > DIST_MATRIX_MAX:
+            raise ValueError(f"eigen_solver='dense' forms a T x T matrix; T={T} > "
+                             f"{DIST_MATRIX_MAX}: use 'lanczos'")
+        client = active_client(self.client)
+        timings = {}
+        t0 = time.perf_counter()
+        self.graph_ = _neighbour_graph(X, self.n_neighbors, self.radius, self.on_disconnected,
+                                       client)
+        timings["graph"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rows = GeodesicRows.compute(self.graph_, client=client, block_size=self.block_size,
+                                    square=True, out=self.geodesic_store)
+        sq_mean = np.concatenate(rows.map(_block_row_means))
+        timings["shortest_paths"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        D2 = rows.gather(np.float64) if T <= DIST_MATRIX_MAX else None
+        if solver == "dense":
+            res = top_eigh(_centred_matrix(D2, sq_mean), d, method="dense")
+        else:
+            res = top_eigh(_CentredSquaredGeodesics(rows), d, method="lanczos", tol=self.tol,
+                           max_passes=self.max_iter or 100,
+                           random_state=check_random_state(self.random_state))
+        rows.release()
+        timings["eigen"] = time.perf_counter() - t0
+        lam, V = res.values, _fix_signs(res.vectors)
+        if np.any(lam <= 0):
+            warnings.warn(f"Isomap: eigenvalues {lam[lam <= 0]} are not positive; the matching "
+                          "embedding axes are set to zero", RuntimeWarning, stacklevel=2)
+        self.eigenvalues_ = lam
+        self.eigenvectors_ = V
+        self.eigen_residuals_ = res.residuals
+        self.embedding_ = V * np.sqrt(np.maximum(lam, 0.0))
+        self.geodesic_sq_row_mean_ = sq_mean
+        self.dist_matrix_ = np.sqrt(D2, out=D2) if D2 is not None else None
+        self.geodesic_store_ = rows.store
+        self.training_data_ = X
+        self.n_features_in_ = X.shape[1]
+        self.timings_ = timings
+        logger.info("Isomap fit: T=%d, eigenvalues %s, %d operator passes, timings %s",
+                    T, lam, res.n_passes, timings)
+        return self
+
+    def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:
+        """Fit and return ``embedding_`` of shape (T, d)."""
+        return self.fit(X).embedding_
+
+    def _projector(self) -> _IsomapProjector:
+        check_is_fitted(self, "embedding_")
+        return _IsomapProjector(
+            _Neighbours(self.training_data_, self.n_neighbors, self.radius), self.graph_,
+            self.dist_matrix_, self.geodesic_store_, self.geodesic_sq_row_mean_,
+            self.eigenvectors_, self.eigenvalues_,
+        )
+
+    def transform(self, X: Any) -> np.ndarray | da.Array:
+        """Embed new points of shape (n, N); a dask array in gives a dask array out.
+
+        Geodesics to the training points go through each point's ``n_neighbors`` nearest
+        training points; the kernel-centred vector is projected with ``1/sqrt(lambda)``.
+        """
+        proj = self._projector()
+        if isinstance(X, da.Array):
+            return _transform_dask(X, proj, self.embedding_.shape[1])
+        return proj(np.asarray(X, dtype=np.float64), client=active_client(self.client),
+                    local=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Landmark Isomap
+
+
+def _block_columns(block: np.ndarray, start: int, cols: np.ndarray) -> np.ndarray:
+    return block[:, cols]
+
+
+def _block_triangulate(block: np.ndarray, start: int, pinv: np.ndarray,
+                       sq_mean: np.ndarray) -> np.ndarray:
+    # triangulation is linear in the landmark rows: each block adds its share
+    s, e = start, start + block.shape[0]
+    D2 = block.astype(np.float64)
+    np.multiply(D2, D2, out=D2)
+    return triangulate(pinv[:, s:e], D2, sq_mean[s:e])
+
+
+@dataclass
+class _LandmarkProjector:
+    """Picklable out-of-sample map of a fitted Landmark Isomap."""
+
+    nbrs: _Neighbours
+    landmark_geodesics: Any  # (L, T) ndarray or zarr.Array
+    pinv: np.ndarray
+    sq_mean: np.ndarray
+
+    def rows(self, U: np.ndarray) -> np.ndarray:
+        G = self.landmark_geodesics
+        cols = G[:, U] if isinstance(G, np.ndarray) else G.get_orthogonal_selection(
+            (slice(None), U))
+        return np.asarray(cols, dtype=np.float64).T  # (|U|, L)
+
+    def finish(self, g: np.ndarray) -> np.ndarray:
+        return triangulate(self.pinv, (g * g).T, self.sq_mean)
+
+    def __call__(self, Xq: np.ndarray, client: Any = None, local: bool = True) -> np.ndarray:
+        return _chunked_transform(Xq, self.nbrs, self.rows, self.finish, len(self.sq_mean),
+                                  client=client, local=local)
+
+
+class LandmarkIsomap(TransformerMixin, BaseEstimator):
+    """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
+
+    Parameters
+    ----------
+    n_neighbors : int
+        k of the neighbour graph.
+    n_components : int
+        Embedding dimension d < L.
+    n_landmarks : int
+        L <= T.
+    landmark_method : {"maxmin", "random"}
+        Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data);
+        random is a seeded uniform choice.
+    on_disconnected : {"bridge", "raise", "ignore"}
+    random_state : int, RandomState or None
+        Seeds the landmark choice.
+    client : distributed.Client, optional
+    geodesic_store : str or zarr.Array, optional
+        Zarr array (or path) for the L x T geodesics (float32); otherwise they are kept in memory
+        as ``landmark_geodesics_``.
+    block_size : int
+        Landmark sources per Dijkstra task.
+
+    Attributes
+    ----------
+    embedding_ : ndarray of shape (T, d)
+    landmarks_ : ndarray of shape (L,)
+        Landmark row indices.
+    landmark_embedding_ : ndarray of shape (L, d)
+        Landmark MDS coordinates (equal to ``embedding_[landmarks_]``).
+    eigenvalues_ : ndarray of shape (d,)
+    landmark_pinv_ : ndarray of shape (d, L)
+    landmark_sq_mean_ : ndarray of shape (L,)
+    landmark_geodesics_ : ndarray of shape (L, T) float32, or zarr.Array
+    training_data_ : ndarray of shape (T, N)
+    n_features_in_ : int
+    graph_ : scipy.sparse.csr_matrix of shape (T, T)
+    timings_ : dict
+        Wall seconds per stage.
+    """
+
+    def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
+                 landmark_method: str = "maxmin", on_disconnected: str = "bridge",
+                 random_state: int | np.random.RandomState | None = None, client: Any = None,
+                 geodesic_store: Any = None, block_size: int = 256):
+        self.n_neighbors = n_neighbors
+        self.n_components = n_components
+        self.n_landmarks = n_landmarks
+        self.landmark_method = landmark_method
+        self.on_disconnected = on_disconnected
+        self.random_state = random_state
+        self.client = client
+        self.geodesic_store = geodesic_store
+        self.block_size = block_size
+
+    def fit(self, X: Any, y: Any = None) -> LandmarkIsomap:
+        """Fit on X of shape (T, N) (ndarray or dask array). Returns self."""
+        X = _as_training(X)
+        T = X.shape[0]
+        L, d = int(self.n_landmarks), int(self.n_components)
+        if not 1 <= L <= T:
+            raise ValueError(f"n_landmarks={self.n_landmarks} must be in [1, {T}] "
+                             f"(the number of samples)")
+        if not 1 <= d < L:
+            raise ValueError(f"n_components={self.n_components} must be in [1, {L - 1}] "
+                             f"for {L} landmarks")
+        client = active_client(self.client)
+        timings = {}
+        t0 = time.perf_counter()
+        self.graph_ = _neighbour_graph(X, self.n_neighbors, None, self.on_disconnected, client)
+        timings["graph"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
+                                           random_state=self.random_state)
+        timings["landmarks"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rows = GeodesicRows.compute(self.graph_, self.landmarks_, client=client,
+                                    block_size=self.block_size, dtype=np.float32,
+                                    out=self.geodesic_store)
+        timings["shortest_paths"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        D_LL = np.vstack(rows.map(_block_columns, self.landmarks_)).astype(np.float64)
+        mds = landmark_mds(D_LL * D_LL, d)
+        timings["landmark_mds"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.embedding_ = np.sum(rows.map(_block_triangulate, mds.pinv, mds.sq_mean), axis=0)
+        timings["triangulation"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.landmark_geodesics_ = rows.store if rows.store is not None else rows.gather()
+        rows.release()
+        timings["gather"] = time.perf_counter() - t0
+        self.landmark_embedding_ = mds.coords
+        self.landmark_pinv_ = mds.pinv
+        self.landmark_sq_mean_ = mds.sq_mean
+        self.eigenvalues_ = mds.eigenvalues
+        self.training_data_ = X
+        self.n_features_in_ = X.shape[1]
+        self.timings_ = timings
+        logger.info("LandmarkIsomap fit: T=%d L=%d timings %s", T, L, timings)
+        return self
+
+    def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:
+        """Fit and return ``embedding_`` of shape (T, d)."""
+        return self.fit(X).embedding_
+
+    def _projector(self) -> _LandmarkProjector:
+        check_is_fitted(self, "embedding_")
+        return _LandmarkProjector(_Neighbours(self.training_data_, self.n_neighbors, None),
+                                  self.landmark_geodesics_, self.landmark_pinv_,
+                                  self.landmark_sq_mean_)
+
+    def transform(self, X: Any) -> np.ndarray | da.Array:
+        """Embed new points of shape (n, N) by triangulation from their landmark geodesics."""
+        proj = self._projector()
+        if isinstance(X, da.Array):
+            return _transform_dask(X, proj, self.embedding_.shape[1])
+        return proj(np.asarray(X, dtype=np.float64), client=active_client(self.client),
+                    local=False)

@@ -1,0 +1,519 @@
+"""LSDR: Localized Skeletonization and Dimensionality Reduction (Roy 2021, Algorithm 1).
+
+Pipeline (digest ``seed-lsdr.md`` section 2.4, with its errata resolutions):
+
+1. Delaunay tessellation of the points; its edges, weighted by Euclidean length.
+2. Per-vertex Beta test on incident squared edge lengths with the text's null
+   ``Beta(p/2, (deg-1) p/2)`` at level ``alpha`` (erratum F6: not the pseudo-code's); edges of the
+   Euclidean minimum spanning tree are never removed, so the pruned graph stays connected.
+   Removal is in place (later vertices see earlier removals) or by simultaneous sweeps, repeated
+   until nothing changes (F7: a single simultaneous pass leaves short-circuit edges).
+3. Boundary: vertices of facets (p vertices) whose edges survive and that lie in at most one
+   surviving simplex (F8); ``d_B`` = graph distance to the boundary (one multi-source Dijkstra).
+4. Skeleton: local maxima of ``d_B`` over the k graph-nearest neighbours, ties kept (F9).
+5. Classical MDS of the skeleton's geodesics (Dijkstra from skeleton sources on the cluster,
+   :func:`dr_dask.graph.paths.shortest_paths`; top eigenpairs by
+   :func:`dr_dask.linalg.eigen.top_eigh` on the implicitly double-centred squared geodesics).
+6. Nadaraya-Watson average of the skeleton coordinates for every point with the Gaussian kernel
+   ``exp(-|x-x'|^2 / (2 sigma^2))`` and the thesis's bandwidth
+   ``sigma = max_{i in Sk} sqrt(d_B(i)^2 + min_{j in Sk, j != i} d_G(i, j)^2)`` (F11).
+
+``transform`` of new points uses the Theorem 2 estimator ``K(x)^T K^{-1} Y`` restricted to
+landmarks drawn from the skeleton (digest section 1.3), with the same kernel.
+
+Delaunay costs O(n^ceil(p/2)); above ``max_delaunay_dim`` (default 6) ``fit`` refuses with a
+message: reduce first (PCA), or use ``graph="knn"``, a labelled non-thesis candidate graph
+(kNN graph joined by bridging edges; boundary = vertices whose surviving edges point mostly
+one way, since a kNN graph has no simplices).
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.linalg
+from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
+from scipy.stats import beta as beta_dist
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils import check_random_state
+
+logger = logging.getLogger(__name__)
+
+#: Largest input dimension for which ``graph="delaunay"`` is attempted by default.
+MAX_DELAUNAY_DIM = 6
+#: graph="knn" boundary rule: a vertex is boundary when the mean of the unit vectors along its
+#: surviving edges is at least this long (about 0.3 inside a uniform 2-D sample with 10
+#: neighbours, 2/pi ~ 0.64 on a straight edge, 1 at the end of a curve). Not in the thesis.
+KNN_BOUNDARY_RESULTANT = 0.5
+#: Rows per block of the n x |skeleton| kernel matrix (bounds memory of the NW step).
+_ROW_BLOCK = 2048
+#: Cap of the passes over the vertices in removal (the fixed point is normally reached in < 10).
+_MAX_PASSES = 100
+
+
+def _duplicate_rows(X: np.ndarray) -> list[tuple[int, int]]:
+    _, first, inverse = np.unique(X, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    dup = np.nonzero(first[inverse] != np.arange(X.shape[0]))[0]
+    return [(int(first[inverse[i]]), int(i)) for i in dup]
+
+
+def _edge_ids(codes_sorted: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    return np.searchsorted(codes_sorted, lo.astype(np.int64) * n + hi)
+
+
+def _beta_quantiles(alpha: float, p: float, max_deg: int) -> np.ndarray:
+    """q[deg] = Beta(p/2, (deg-1) p/2).ppf(alpha) (the text's null, erratum F6); q[0..1] = inf."""
+    q = np.full(max_deg + 1, np.inf)
+    degs = np.arange(2, max_deg + 1)
+    q[2:] = beta_dist.ppf(alpha, p / 2.0, (degs - 1) * p / 2.0)
+    return q
+
+
+def prune_edges(
+    edges: np.ndarray, w: np.ndarray, protected: np.ndarray, n: int, alpha: float, null_dim: float,
+    removal: str = "in_place", max_passes: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """Per-vertex Beta pruning of graph edges (Algorithm 1, step 1).
+
+    Parameters
+    ----------
+    edges : ndarray of shape (m, 2)
+    w : ndarray of shape (m,)
+        Edge lengths.
+    protected : ndarray of shape (m,), bool
+        Edges never removed (the minimum spanning tree).
+    n : int
+        Number of vertices.
+    alpha : float
+        Level of the Beta quantile.
+    null_dim : float
+        p of the null ``Beta(p/2, (deg-1) p/2)``.
+    removal : {"in_place", "sweep"}
+        ``in_place``: vertices in index order, each seeing the removals of the previous ones
+        (the literal reading); ``sweep``: all vertices tested on the same graph, removals
+        applied together.
+    max_passes : int, optional
+        Passes over the vertices; default: repeat until no edge is removed.
+
+    Returns
+    -------
+    alive : ndarray of shape (m,), bool
+    n_passes : int
+    """
+    m = edges.shape[0]
+    alive = np.ones(m, dtype=bool)
+    w2 = w * w
+    cap = _MAX_PASSES if max_passes is None else int(max_passes)
+    deg0 = np.bincount(edges.ravel(), minlength=n)
+    q = _beta_quantiles(alpha, null_dim, int(deg0.max()))
+    # incidence lists: for vertex v, the edge ids inc[ptr[v]:ptr[v+1]]
+    ends = edges.ravel()
+    order = np.argsort(ends, kind="stable")
+    inc = order // 2
+    ptr = np.concatenate([[0], np.cumsum(deg0)])
+    n_passes = 0
+    for n_passes in range(1, cap + 1):
+        before = int(alive.sum())
+        if removal == "sweep":
+            live = np.nonzero(alive)[0]
+            a, b = edges[live, 0], edges[live, 1]
+            S = np.bincount(a, w2[live], n) + np.bincount(b, w2[live], n)
+            deg = np.bincount(a, minlength=n) + np.bincount(b, minlength=n)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cut = (w2[live] / S[a] > q[deg[a]]) | (w2[live] / S[b] > q[deg[b]])
+            alive[live[cut & ~protected[live]]] = False
+        else:
+            for v in range(n):
+                e = inc[ptr[v]:ptr[v + 1]]
+                e = e[alive[e]]
+                if e.size < 2:
+                    continue
+                t = w2[e] / w2[e].sum()
+                alive[e[(t > q[e.size]) & ~protected[e]]] = False
+        removed = before - int(alive.sum())
+        logger.debug("pruning pass %d removed %d edges", n_passes, removed)
+        if removed == 0:
+            break
+    else:
+        if max_passes is None:
+            logger.warning("edge pruning still changing after %d passes", cap)
+    return alive, n_passes
+
+
+class _CentredSquared:
+    """``B = -1/2 H (Q o Q) H`` as an operator (``Q2`` squared in place; no second r x r copy)."""
+
+    def __init__(self, Q2: np.ndarray):
+        self.Q2 = Q2
+        self.shape = Q2.shape
+        self.row_mean = Q2.mean(1)
+        self.mean = float(self.row_mean.mean())
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        s = V.sum(0)
+        out = self.Q2 @ V
+        out -= self.row_mean[:, None] * s[None, :]
+        out -= np.outer(np.ones(len(self.row_mean)), self.row_mean @ V)
+        out += self.mean * s[None, :]
+        return -0.5 * out
+
+
+def _sqdist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    D = (A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2.0 * (A @ B.T)
+    return np.maximum(D, 0.0, out=D)
+
+
+def _nw_block(Xb: np.ndarray, Xs: np.ndarray, Ys: np.ndarray, sigma: float) -> np.ndarray:
+    """Nadaraya-Watson average of ``Ys`` at ``Xb`` with a Gaussian kernel (stabilised)."""
+    D = _sqdist(Xb, Xs)
+    # subtracting each row's minimum cancels in the ratio and keeps the weights from underflowing
+    W = np.exp(-(D - D.min(1, keepdims=True)) / (2.0 * sigma**2))
+    return (W @ Ys) / W.sum(1, keepdims=True)
+
+
+def _interp_block(Xb: np.ndarray, XL: np.ndarray, coef: np.ndarray, sigma: float) -> np.ndarray:
+    """Theorem 2 estimator ``K(x, X_L) @ coef`` with the Gaussian kernel."""
+    return np.exp(-_sqdist(Xb, XL) / (2.0 * sigma**2)) @ coef
+
+
+class LSDR(TransformerMixin, BaseEstimator):
+    """Localized Skeletonization and Dimensionality Reduction (Roy 2021).
+
+    Parameters
+    ----------
+    n_components : int
+        Output dimension d.
+    alpha : float
+        Level of the per-vertex Beta edge test (thesis: 0.95; 0.9 also endorsed).
+    n_skeleton_neighbors : int
+        k of the skeleton's local-maximum test over graph-nearest neighbours (thesis: 3; 3-5).
+    bandwidth : float, optional
+        Gaussian kernel sigma; default the thesis's data-driven rule (module docstring).
+    removal : {"in_place", "sweep"}
+        Edge removal order, see :func:`prune_edges`.
+    max_passes : int, optional
+        Removal passes; default until nothing changes. ``1`` with ``removal="in_place"`` is the
+        literal Algorithm 1 (the digest found single passes fail on a noisy swiss roll).
+    graph : {"delaunay", "knn"}
+        ``delaunay`` is the thesis; ``knn`` (not in the thesis) replaces it by a kNN graph with
+        bridging edges so that higher p is feasible.
+    n_graph_neighbors : int
+        k of the candidate graph when ``graph="knn"``.
+    max_delaunay_dim : int
+        Refuse ``graph="delaunay"`` above this input dimension p (cost grows like n^(p/2)).
+    max_oos_landmarks : int
+        Skeleton points used by the Theorem 2 ``transform`` (random subset above this).
+    oos_ridge : float
+        Jitter added to the kernel matrix diagonal in ``transform``'s solve (numerical only).
+    random_state : int, RandomState or None
+        Seeds the eigensolver's start block and the landmark subset of ``transform``.
+    client : distributed.Client, optional
+        Cluster for the geodesic passes; default the active client, else local threads.
+
+    Attributes
+    ----------
+    embedding_ : ndarray of shape (n, d)
+    skeleton_indices_ : ndarray of shape (r,)
+    skeleton_embedding_ : ndarray of shape (r, d)
+        Classical MDS coordinates of the skeleton (before the kernel smoothing).
+    boundary_indices_ : ndarray of shape (b,)
+    d_boundary_ : ndarray of shape (n,)
+        Graph distance of every point to the boundary.
+    graph_ : scipy.sparse.csr_matrix of shape (n, n)
+        The pruned graph G_alpha (symmetric, Euclidean edge lengths).
+    mst_edges_ : ndarray of shape (n - 1, 2)
+    removed_edges_ : ndarray of shape (m_removed, 2)
+    n_passes_ : int
+    sigma_ : float
+    mds_eigenvalues_ : ndarray of shape (d,)
+    oos_landmarks_ : ndarray of shape (L,)
+        Training indices used by ``transform``.
+    oos_coef_ : ndarray of shape (L, d)
+        ``(K_LL + ridge I)^{-1} Y_L``.
+    n_features_in_ : int
+    """
+
+    def __init__(
+        self,
+        n_components: int = 2,
+        alpha: float = 0.95,
+        n_skeleton_neighbors: int = 3,
+        bandwidth: float | None = None,
+        removal: str = "in_place",
+        max_passes: int | None = None,
+        graph: str = "delaunay",
+        n_graph_neighbors: int = 10,
+        max_delaunay_dim: int = MAX_DELAUNAY_DIM,
+        max_oos_landmarks: int = 2000,
+        oos_ridge: float = 1e-6,
+        random_state: Any = None,
+        client: Any = None,
+    ):
+        self.n_components = n_components
+        self.alpha = alpha
+        self.n_skeleton_neighbors = n_skeleton_neighbors
+        self.bandwidth = bandwidth
+        self.removal = removal
+        self.max_passes = max_passes
+        self.graph = graph
+        self.n_graph_neighbors = n_graph_neighbors
+        self.max_delaunay_dim = max_delaunay_dim
+        self.max_oos_landmarks = max_oos_landmarks
+        self.oos_ridge = oos_ridge
+        self.random_state = random_state
+        self.client = client
+
+    # ----------------------------------------------------------------------------- validation
+    def _check_params(self) -> None:
+        if self.removal not in ("in_place", "sweep"):
+            raise ValueError(f"removal must be 'in_place' or 'sweep', got {self.removal!r}")
+        if self.graph not in ("delaunay", "knn"):
+            raise ValueError(f"graph must be 'delaunay' or 'knn', got {self.graph!r}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if int(self.n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {self.n_components}")
+        if int(self.n_skeleton_neighbors) < 1:
+            raise ValueError(f"n_skeleton_neighbors must be >= 1, got {self.n_skeleton_neighbors}")
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
+
+    def _check_X(self, X: Any) -> np.ndarray:
+        X = np.asarray(X.compute() if hasattr(X, "compute") else X, dtype=np.float64)
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
+        bad = np.nonzero(~np.isfinite(X).all(1))[0]
+        if bad.size:
+            raise ValueError(f"X has non-finite values in rows {bad[:10].tolist()}")
+        n, p = X.shape
+        if self.graph == "delaunay":
+            if p > self.max_delaunay_dim:
+                raise ValueError(
+                    f"LSDR's Delaunay tessellation costs O(n^ceil(p/2)) and p={p} exceeds "
+                    f"max_delaunay_dim={self.max_delaunay_dim}. Reduce the data first (e.g. PCA to "
+                    f"<= {self.max_delaunay_dim} dimensions), or use graph='knn' (a kNN candidate "
+                    "graph, not in the thesis)"
+                )
+            if p < 2:
+                raise ValueError("Delaunay needs p >= 2 features; 1-D data is its own embedding")
+            if n < p + 2:
+                raise ValueError(f"Delaunay in {p}-D needs at least {p + 2} points, got {n}")
+        dups = _duplicate_rows(X)
+        if dups:
+            shown = ", ".join(f"{b} duplicates {a}" for a, b in dups[:5])
+            raise ValueError(
+                f"X has {len(dups)} duplicate rows (row {shown}{' ...' if len(dups) > 5 else ''}); "
+                "LSDR needs distinct points: drop them first, e.g. np.unique(X, axis=0)"
+            )
+        return X
+
+    # ---------------------------------------------------------------------------- graph stage
+    def _delaunay(self, X: np.ndarray):
+        from scipy.spatial import Delaunay, QhullError
+
+        try:
+            tri = Delaunay(X)
+        except QhullError as exc:
+            raise ValueError(
+                "Delaunay tessellation failed: the points are affinely degenerate (they lie in a "
+                "lower-dimensional subspace). Reduce with PCA to the rank of the data first"
+            ) from exc
+        simplices = np.sort(tri.simplices, axis=1)
+        if len(tri.coplanar):
+            raise ValueError(f"qhull left rows {tri.coplanar[:10, 0].tolist()} out of the "
+                             "tessellation (nearly coincident points); remove near-duplicates")
+        pairs = np.vstack([simplices[:, [i, j]] for i, j in combinations(range(X.shape[1] + 1), 2)])
+        return simplices, pairs
+
+    def _knn_graph_edges(self, X: np.ndarray) -> np.ndarray:
+        from dr_dask.graph import connect_components, kneighbors_graph
+
+        G = kneighbors_graph(X, min(int(self.n_graph_neighbors), X.shape[0] - 1),
+                             client=self.client)
+        G = sp.triu(connect_components(G, X, on_disconnected="bridge"), 1).tocoo()
+        return np.column_stack([G.row, G.col])
+
+    def _build_graph(self, X: np.ndarray):
+        n, p = X.shape
+        simplices = None
+        if self.graph == "delaunay":
+            simplices, pairs = self._delaunay(X)
+        else:
+            pairs = self._knn_graph_edges(X)
+        lo, hi = np.minimum(pairs[:, 0], pairs[:, 1]), np.maximum(pairs[:, 0], pairs[:, 1])
+        codes = np.unique(lo.astype(np.int64) * n + hi)
+        edges = np.column_stack([codes // n, codes % n])
+        w = np.linalg.norm(X[edges[:, 0]] - X[edges[:, 1]], axis=1)
+        full = sp.coo_matrix((w, (edges[:, 0], edges[:, 1])), shape=(n, n))
+        mst = minimum_spanning_tree(full).tocoo()
+        protected = np.zeros(len(codes), dtype=bool)
+        protected[_edge_ids(codes, mst.row, mst.col, n)] = True
+        alive, n_passes = prune_edges(edges, w, protected, n, self.alpha, p, self.removal,
+                                      self.max_passes)
+        logger.info("LSDR graph: %d edges, %d removed in %d passes", len(w), (~alive).sum(),
+                    n_passes)
+        return simplices, codes, edges, w, alive, protected, n_passes
+
+    def _boundary(self, X, simplices, codes, edges, alive) -> np.ndarray:
+        n, p = X.shape
+        if simplices is None:  # knn graph: no simplices; resultant of unit edge directions
+            e = edges[alive]
+            u = X[e[:, 1]] - X[e[:, 0]]
+            u /= np.linalg.norm(u, axis=1, keepdims=True)
+            R = np.zeros_like(X)
+            np.add.at(R, e[:, 0], u)
+            np.add.at(R, e[:, 1], -u)
+            deg = np.bincount(e.ravel(), minlength=n)
+            return np.nonzero(np.linalg.norm(R, axis=1) / deg >= KNN_BOUNDARY_RESULTANT)[0]
+        s_alive = np.ones(len(simplices), dtype=bool)
+        for i, j in combinations(range(p + 1), 2):
+            s_alive &= alive[_edge_ids(codes, simplices[:, i], simplices[:, j], n)]
+        # facets: each simplex without one vertex (rows stay sorted)
+        facets = np.vstack([np.delete(simplices, v, axis=1) for v in range(p + 1)])
+        owner_alive = np.tile(s_alive, p + 1)
+        uniq, inv = np.unique(facets, axis=0, return_inverse=True)
+        inv = inv.ravel()
+        count = np.bincount(inv[owner_alive], minlength=len(uniq))
+        f_alive = np.ones(len(uniq), dtype=bool)
+        for i, j in combinations(range(p), 2):
+            f_alive &= alive[_edge_ids(codes, uniq[:, i], uniq[:, j], n)]
+        return np.unique(uniq[f_alive & (count <= 1)])
+
+    def _graph_knn(self, G: sp.csr_matrix, k: int) -> np.ndarray:
+        """k nearest graph (geodesic) neighbours of every vertex, excluding itself."""
+        n = G.shape[0]
+        deg = np.diff(G.indptr)
+        # the k-th nearest geodesic neighbour is no farther than the k-th shortest incident edge
+        kth = np.array([np.partition(G.data[G.indptr[v]:G.indptr[v + 1]], j)[j]
+                        for v, j in enumerate(np.minimum(k, deg) - 1)])
+        out = np.empty((n, k), dtype=np.int64)
+        block = max(1, min(n, (1 << 25) // max(n, 1)))
+        for s in range(0, n, block):
+            idx = np.arange(s, min(n, s + block))
+            D = dijkstra(G, directed=False, indices=idx, limit=float(kth[idx].max()) * (1 + 1e-9))
+            D[np.arange(len(idx)), idx] = np.inf
+            short = np.nonzero(np.isfinite(D).sum(1) < k)[0]  # vertices of degree < k
+            if short.size:
+                D[short] = dijkstra(G, directed=False, indices=idx[short])
+                D[short, idx[short]] = np.inf
+            out[idx] = np.argpartition(D, k - 1, axis=1)[:, :k]
+        return out
+
+    # --------------------------------------------------------------------------------- fit
+    def fit(self, X: Any, y: Any = None) -> LSDR:
+        """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
+        from dr_dask.graph.paths import shortest_paths
+        from dr_dask.linalg.eigen import top_eigh
+
+        self._check_params()
+        X = self._check_X(X)
+        n, p = X.shape
+        d, k = int(self.n_components), int(self.n_skeleton_neighbors)
+        rng = check_random_state(self.random_state)
+        simplices, codes, edges, w, alive, protected, n_passes = self._build_graph(X)
+        e = edges[alive]
+        G = sp.coo_matrix((np.r_[w[alive], w[alive]], (np.r_[e[:, 0], e[:, 1]],
+                                                        np.r_[e[:, 1], e[:, 0]])),
+                          shape=(n, n)).tocsr()
+        boundary = self._boundary(X, simplices, codes, edges, alive)
+        if boundary.size == 0:  # cannot happen for a Delaunay hull; guard the knn heuristic
+            logger.warning("LSDR found no boundary vertices; every point becomes skeletal")
+            d_b = np.zeros(n)
+        else:
+            d_b = dijkstra(G, directed=False, indices=boundary, min_only=True)
+        # skeleton: d_B local maxima over the k graph-nearest neighbours, ties kept (F9)
+        if k >= n:
+            raise ValueError(f"n_skeleton_neighbors={k} must be below the {n} points")
+        nbrs = self._graph_knn(G, k)
+        skeleton = np.nonzero(d_b >= d_b[nbrs].max(1))[0]
+        r = skeleton.size
+        if r <= d:
+            raise ValueError(f"the skeleton has {r} points, too few for n_components={d}; "
+                             "lower n_skeleton_neighbors or alpha")
+        logger.info("LSDR: %d boundary, %d skeletal of %d points", boundary.size, r, n)
+        Q = np.empty((r, r))
+        step = max(1, (1 << 27) // (8 * n))  # source blocks of ~128 MB of geodesic rows
+        for s in range(0, r, step):
+            rows = shortest_paths(G, skeleton[s:s + step], client=self.client)
+            Q[s:s + step] = rows[:, skeleton]
+        Q = (Q + Q.T) / 2  # Dijkstra is symmetric up to rounding
+        np.fill_diagonal(Q, np.inf)
+        nearest = Q.min(1)
+        np.fill_diagonal(Q, 0.0)
+        sigma = float(self.bandwidth or np.sqrt(d_b[skeleton] ** 2 + nearest**2).max())
+        np.multiply(Q, Q, out=Q)
+        res = top_eigh(_CentredSquared(Q) if r > 1500 else
+                       -0.5 * (Q - Q.mean(0) - Q.mean(1)[:, None] + Q.mean()), d,
+                       random_state=rng)
+        del Q
+        lam = res.values
+        if np.any(lam <= 0):
+            logger.warning("only %d of the top %d skeleton MDS eigenvalues are positive",
+                           int((lam > 0).sum()), d)
+        Ys = res.vectors * np.sqrt(np.maximum(lam, 0.0))
+        Xs = X[skeleton]
+        emb = np.vstack([_nw_block(X[s:s + _ROW_BLOCK], Xs, Ys, sigma)
+                         for s in range(0, n, _ROW_BLOCK)])
+
+        # Theorem 2 out-of-sample map on (a seeded subset of) the skeleton
+        L = skeleton if r <= self.max_oos_landmarks else np.sort(
+            rng.choice(skeleton, self.max_oos_landmarks, replace=False))
+        K = np.exp(-_sqdist(X[L], X[L]) / (2.0 * sigma**2))
+        K[np.diag_indices_from(K)] += self.oos_ridge
+        self.oos_coef_ = scipy.linalg.solve(K, emb[L], assume_a="pos")
+        self.oos_landmarks_ = L
+        self.oos_points_ = X[L]
+
+        self.embedding_ = emb
+        self.skeleton_indices_ = skeleton
+        self.skeleton_embedding_ = Ys
+        self.skeleton_points_ = Xs
+        self.boundary_indices_ = boundary
+        self.d_boundary_ = d_b
+        self.graph_ = G
+        self.mst_edges_ = edges[protected]
+        self.removed_edges_ = edges[~alive]
+        self.n_passes_ = n_passes
+        self.sigma_ = sigma
+        self.mds_eigenvalues_ = lam
+        self.n_features_in_ = p
+        return self
+
+    def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:
+        """Fit and return ``embedding_`` of shape (n_samples, n_components)."""
+        return self.fit(X).embedding_
+
+    def transform(self, X: Any) -> Any:
+        """Embed new points with the Theorem 2 estimator ``K(x, X_L) (K_LL + ridge I)^{-1} Y_L``.
+
+        Parameters
+        ----------
+        X : ndarray or dask array of shape (m, n_features)
+
+        Returns
+        -------
+        ndarray or dask array of shape (m, n_components)
+            A dask input gives a dask output with the same row chunks.
+        """
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self, "oos_coef_")
+        if hasattr(X, "map_blocks"):
+            if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+                raise ValueError(f"X must have shape (m, {self.n_features_in_}), got {X.shape}")
+            X = X.rechunk({1: -1}).astype(np.float64)
+            return X.map_blocks(_interp_block, self.oos_points_, self.oos_coef_, self.sigma_,
+                                chunks=(X.chunks[0], (self.oos_coef_.shape[1],)),
+                                dtype=np.float64)
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X must have shape (m, {self.n_features_in_}), got {X.shape}")
+        return np.vstack([_interp_block(X[s:s + _ROW_BLOCK], self.oos_points_, self.oos_coef_,
+                                        self.sigma_) for s in range(0, len(X), _ROW_BLOCK)]
+                         or [np.zeros((0, self.oos_coef_.shape[1]))])

@@ -1,0 +1,92 @@
+"""Run an estimator on a stored input into its own, resumable run group of an output store."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from dr_dask.store import InputData, RunGroup, check_output_path, open_dataset, run_name
+
+logger = logging.getLogger(__name__)
+
+#: Estimator parameters that say how to run, not what to compute: not part of a run's identity.
+_EXECUTION_PARAMS = {"client", "progress", "tile_cache", "tile_size"}
+
+
+def run_params(estimator: Any) -> dict:
+    return {
+        k: v for k, v in estimator.get_params().items()
+        if k not in _EXECUTION_PARAMS and not k.startswith("_")
+    }
+
+
+def run_embedding(
+    estimator: Any,
+    source: Any,
+    out: str,
+    *,
+    method: str,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> RunGroup:
+    """Fit ``estimator`` on ``source`` and write its embedding into a run group of ``out``.
+
+    The run group is named from the method, parameters and input identity, so rerunning the
+    same command after an interruption resumes it (estimators whose ``fit`` takes ``run=``
+    resume stage by stage) and rerunning a finished one returns at once.
+
+    Parameters
+    ----------
+    estimator : estimator with ``fit`` and ``embedding_``
+    source : str or array-like
+        Anything :func:`dr_dask.store.open_dataset` accepts, or an :class:`InputData`.
+    out : str
+        Output Zarr store (never the input).
+    method : str
+        Method label recorded in the run.
+    name : str, optional
+        Run group name (default: derived from method, parameters and input).
+    overwrite : bool
+        Discard an existing run of that name.
+
+    Returns
+    -------
+    RunGroup
+        Its ``embedding`` array has dims (sample, component) and a ``sample`` coordinate.
+    """
+    inp = source if isinstance(source, InputData) else open_dataset(source)
+    check_output_path(out, inp)
+    params = run_params(estimator)
+    run = RunGroup(
+        out,
+        name or run_name(method, params, inp.identity),
+        params={"method": method, **params},
+        identity=inp.identity,
+        overwrite=overwrite,
+    )
+    if run.complete:
+        logger.info("run %s is already complete", run.path)
+        return run
+    t0 = time.perf_counter()
+    if "run" in inspect.signature(estimator.fit).parameters:
+        estimator.fit(inp, run=run)
+    else:
+        estimator.fit(inp.data)
+    seconds = time.perf_counter() - t0
+    emb = np.asarray(estimator.embedding_)
+    ids = inp.sample_ids if inp.sample_ids is not None else np.arange(emb.shape[0])
+    run.write("sample", ids, ("sample",))
+    run.write("component", np.arange(emb.shape[1]), ("component",))
+    run.write("embedding", emb, ("sample", "component"), {"method": method})
+    summary: dict[str, Any] = {"method": method, "fit_seconds": seconds, "shape": emb.shape}
+    for attr in ("eigenvalues_", "explained_variance_ratio_", "reference_index_", "sigma2_"):
+        value = getattr(estimator, attr, None)
+        if value is not None:
+            summary[attr.rstrip("_")] = np.asarray(value).tolist()
+    run.mark_complete(**summary)
+    logger.info("run %s complete in %.1f s", run.path, seconds)
+    return run

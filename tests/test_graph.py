@@ -1,0 +1,218 @@
+"""Graph machinery: kNN, graphs, connectivity repair, shortest paths, landmarks."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import sklearn.neighbors as skn
+import zarr
+from scipy.sparse.csgraph import shortest_path
+from sklearn.datasets import make_swiss_roll
+
+from dr_dask.graph import (
+    DisconnectedGraphWarning,
+    DuplicatePointsWarning,
+    connect_components,
+    geodesics_via_neighbors,
+    graph_from_neighbors,
+    kneighbors,
+    kneighbors_graph,
+    landmark_mds,
+    select_landmarks,
+    shortest_paths,
+    triangulate,
+)
+from dr_dask.linalg.align import procrustes_disparity
+
+
+@pytest.fixture(scope="module")
+def roll():
+    X, _ = make_swiss_roll(1500, random_state=0)
+    return X
+
+
+def _two_blobs(n=60, gap=20.0, seed=0):
+    rng = np.random.RandomState(seed)
+    A = rng.normal(size=(n, 3))
+    B = rng.normal(size=(n // 2, 3)) + gap
+    return np.vstack([A, B])
+
+
+def test_kneighbors_matches_sklearn(roll):
+    ref_d, ref_i = skn.NearestNeighbors(n_neighbors=7).fit(roll).kneighbors()
+    d, i = kneighbors(roll, 7, block_size=400)  # 4 blocks: merging across blocks matters
+    np.testing.assert_array_equal(i, ref_i)
+    np.testing.assert_allclose(d, ref_d, rtol=0, atol=1e-12)
+    # dask input, explicit query
+    Q = roll[:123] + 0.01
+    ref_d, ref_i = skn.NearestNeighbors(n_neighbors=5).fit(roll).kneighbors(Q)
+    d, i = kneighbors(da.from_array(roll, chunks=(500, 3)), 5, query=Q)
+    np.testing.assert_array_equal(i, ref_i)
+    np.testing.assert_allclose(d, ref_d, atol=1e-12)
+
+
+def test_kneighbors_high_dimensional_brute_force():
+    X = np.random.RandomState(1).normal(size=(700, 60))  # sklearn picks brute force (GEMM)
+    ref_d, ref_i = skn.NearestNeighbors(n_neighbors=4, algorithm="kd_tree").fit(X).kneighbors()
+    d, i = kneighbors(X, 4, block_size=200)
+    np.testing.assert_array_equal(i, ref_i)
+    np.testing.assert_allclose(d, ref_d, atol=1e-12)
+
+
+def test_kneighbors_bad_input(roll):
+    with pytest.raises(ValueError, match=r"n_neighbors=1500 must be in \[1, 1499\]"):
+        kneighbors(roll, 1500)
+    bad = roll.copy()
+    bad[[3, 700]] = np.nan
+    with pytest.raises(ValueError, match=r"rows \[3\]|rows \[700\]|rows \[3, 700\]"):
+        kneighbors(bad, 3, block_size=800)
+    with pytest.raises(ValueError, match="query has 2 features"):
+        kneighbors(roll, 3, query=np.zeros((2, 2)))
+
+
+def test_kneighbors_graph_matches_sklearn(roll):
+    G = kneighbors_graph(roll, 6, block_size=500)
+    ref = skn.kneighbors_graph(roll, 6, mode="distance")
+    ref = ref.maximum(ref.T)
+    assert abs(G - ref).max() < 1e-12 and G.nnz == ref.nnz
+    assert abs(G - G.T).max() == 0
+    Ge = kneighbors_graph(roll, None, radius=1.2, block_size=500)
+    ref = skn.radius_neighbors_graph(roll, 1.2, mode="distance")
+    assert Ge.nnz == ref.nnz and abs(Ge - ref).max() < 1e-12
+
+
+def test_graph_from_neighbors_generic_weights():
+    idx = np.array([[1, 2], [0, -1], [1, 3]])
+    w = np.array([[0.5, 0.0], [0.7, np.inf], [3.0, 1.0]])
+    G = graph_from_neighbors(idx, w, 5).toarray()
+    assert G[0, 1] == G[1, 0] == 0.7  # listed as 0.5 and 0.7: the larger wins
+    assert G[1, 2] == G[2, 1] == 3.0
+    assert 0 < G[0, 2] < 1e-300 and G[2, 0] == G[0, 2]  # zero weight kept as an edge
+    assert G[2, 3] == G[3, 2] == 1.0
+    assert np.count_nonzero(G[1]) == 2 and G[4].sum() == 0  # padding ignored
+    with pytest.raises(ValueError, match="non-negative"):
+        graph_from_neighbors(idx, -w, 4)
+
+
+def test_shortest_paths_matches_scipy(roll, tmp_path):
+    G = kneighbors_graph(roll, 8)
+    ref = shortest_path(G, directed=False)
+    np.testing.assert_allclose(shortest_paths(G, block_size=300), ref, rtol=1e-13)
+    src = np.array([5, 17, 1400, 3])
+    out = shortest_paths(G, src, block_size=2, out=str(tmp_path / "g.zarr"), dtype=np.float32)
+    assert isinstance(out, zarr.Array) and out.shape == (4, 1500)
+    np.testing.assert_allclose(zarr.open_array(str(tmp_path / "g.zarr"))[:], ref[src],
+                               rtol=1e-6)
+
+
+def test_shortest_paths_refuses_disconnected_graph():
+    X = _two_blobs()
+    G = kneighbors_graph(X, 4)
+    with pytest.raises(ValueError, match="disconnected.*cannot reach"):
+        shortest_paths(G, [0, 1])
+
+
+def test_connect_components_bridge_and_raise():
+    X = _two_blobs()
+    G = kneighbors_graph(X, 4)
+    with pytest.raises(ValueError, match=r"2 connected components of sizes \[60, 30\]"):
+        connect_components(G, X, on_disconnected="raise")
+    with pytest.raises(ValueError, match="without the points X"):
+        connect_components(G, on_disconnected="bridge")
+    with pytest.warns(DisconnectedGraphWarning, match=r"2 connected components.*\[60, 30\]"):
+        H = connect_components(G, X)
+    extra = (H - G).tocoo()
+    assert extra.nnz == 2  # one bridge, both directions
+    i, j = extra.row[0], extra.col[0]
+    # the bridge is the closest pair between the blobs
+    cross = np.linalg.norm(X[:60, None] - X[None, 60:], axis=2)
+    assert extra.data[0] == pytest.approx(cross.min())
+    assert {i < 60, j < 60} == {True, False}
+    assert np.isfinite(shortest_paths(H, [0])).all()
+    assert connect_components(G, on_disconnected="ignore") is not None
+
+
+def test_connect_components_many_components():
+    rng = np.random.RandomState(3)
+    X = np.vstack([rng.normal(size=(10, 2)) * 0.1 + 5 * c for c in range(7)])
+    G = kneighbors_graph(X, 3)
+    with pytest.warns(DisconnectedGraphWarning, match="7 connected components"):
+        H = connect_components(G, X, bridge_weight=lambda d: 2 * d)
+    from scipy.sparse.csgraph import connected_components
+
+    assert connected_components(H, directed=False)[0] == 1
+    assert (H - G).nnz == 2 * 6  # a spanning tree over 7 components
+
+
+def test_duplicate_points_warn_and_keep_zero_length_edges():
+    X = np.random.RandomState(0).normal(size=(50, 3))
+    X[10] = X[20]
+    with pytest.warns(DuplicatePointsWarning, match="rows 10 and 20|rows 20 and 10"):
+        G = kneighbors_graph(X, 3)
+    D = shortest_paths(G, [10])
+    assert D[0, 20] == pytest.approx(0.0, abs=1e-300)
+
+
+def test_geodesics_via_neighbors_equals_loop():
+    rng = np.random.RandomState(0)
+    rows = rng.uniform(size=(6, 9))
+    dist = rng.uniform(size=(4, 3))
+    idx = rng.randint(0, 6, size=(4, 3))
+    dist[1, 2], idx[1, 2] = np.inf, -1  # padding
+    g = geodesics_via_neighbors(dist, idx, rows)
+    for q in range(4):
+        ref = np.min([dist[q, j] + rows[idx[q, j]] for j in range(3) if idx[q, j] >= 0], axis=0)
+        np.testing.assert_allclose(g[q], ref)
+
+
+def test_select_landmarks(roll):
+    a = select_landmarks(roll, 50, method="random", random_state=1)
+    assert len(np.unique(a)) == 50
+    np.testing.assert_array_equal(a, select_landmarks(roll, 50, random_state=1))
+    m = select_landmarks(roll, 30, method="maxmin", random_state=0)
+    assert len(np.unique(m)) == 30
+    # max-min: each new landmark is the farthest point from those before it
+    d = np.linalg.norm(roll[:, None] - roll[m[:10]][None], axis=2).min(axis=1)
+    assert d[m[10]] == pytest.approx(d.max())
+    G = kneighbors_graph(roll, 8)
+    mg = select_landmarks(G, 5, method="maxmin", random_state=0)
+    assert len(np.unique(mg)) == 5
+    dup = np.zeros((5, 2))
+    assert len(np.unique(select_landmarks(dup, 5, method="maxmin"))) == 5
+    with pytest.raises(ValueError, match=r"n_landmarks=1501 must be in \[1, 1500\]"):
+        select_landmarks(roll, 1501)
+
+
+def test_landmark_mds_and_triangulation_recover_euclidean_points():
+    rng = np.random.RandomState(0)
+    P = rng.normal(size=(200, 3))
+    L = P[:20]
+    D2 = ((L[:, None] - L[None]) ** 2).sum(-1)
+    coords, pinv, sq_mean, lam = landmark_mds(D2, 3)
+    assert procrustes_disparity(L, coords) < 1e-20
+    D2_LX = ((L[:, None] - P[None]) ** 2).sum(-1)
+    X = triangulate(pinv, D2_LX, sq_mean)
+    assert X.shape == (200, 3)
+    assert procrustes_disparity(P, X) < 1e-20  # exact for Euclidean distances
+    # linear in landmark rows: blockwise sums equal the whole
+    parts = triangulate(pinv[:, :7], D2_LX[:7], sq_mean[:7]) + triangulate(
+        pinv[:, 7:], D2_LX[7:], sq_mean[7:])
+    np.testing.assert_allclose(parts, X, atol=1e-10)
+    with pytest.raises(ValueError, match="n_components=20 must be in"):
+        landmark_mds(D2, 20)
+
+
+@pytest.mark.cluster
+def test_graph_on_cluster_equals_threaded(roll, cluster_client):
+    d0, i0 = kneighbors(roll, 6, block_size=500)
+    d1, i1 = kneighbors(roll, 6, block_size=500, client=cluster_client)
+    np.testing.assert_array_equal(i0, i1)
+    np.testing.assert_array_equal(d0, d1)
+    G = kneighbors_graph(roll, 6, client=cluster_client)
+    assert abs(G - kneighbors_graph(roll, 6)).max() == 0
+    src = np.arange(0, 1500, 7)
+    np.testing.assert_array_equal(shortest_paths(G, src, client=cluster_client, block_size=50),
+                                  shortest_paths(G, src))
+    assert sp.issparse(G)

@@ -1,0 +1,168 @@
+"""Isomap and Landmark Isomap against scikit-learn, each other, and the cluster."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import make_swiss_roll
+from sklearn.manifold import Isomap as SkIsomap
+
+from dr_dask.graph import DisconnectedGraphWarning, DuplicatePointsWarning
+from dr_dask.linalg.align import procrustes_disparity
+from dr_dask.methods.isomap import Isomap, LandmarkIsomap
+
+
+@pytest.fixture(scope="module")
+def roll2000():
+    X, _ = make_swiss_roll(2000, random_state=0)
+    Xnew, _ = make_swiss_roll(300, random_state=1)
+    return X, Xnew
+
+
+@pytest.fixture(scope="module")
+def sk_fit(roll2000):
+    X, _ = roll2000
+    return SkIsomap(n_neighbors=10, n_components=2).fit(X)
+
+
+@pytest.fixture(scope="module")
+def our_fit(roll2000):
+    X, _ = roll2000
+    return Isomap(n_neighbors=10, n_components=2, random_state=0).fit(X)
+
+
+def test_isomap_matches_sklearn(roll2000, sk_fit, our_fit):
+    assert procrustes_disparity(sk_fit.embedding_, our_fit.embedding_) <= 1e-6
+    np.testing.assert_allclose(our_fit.dist_matrix_, sk_fit.dist_matrix_, rtol=1e-12)
+    np.testing.assert_allclose(our_fit.eigenvalues_, sk_fit.kernel_pca_.eigenvalues_, rtol=1e-8)
+    np.testing.assert_allclose(our_fit.geodesic_sq_row_mean_,
+                               (sk_fit.dist_matrix_**2).mean(axis=1), rtol=1e-12)
+    assert our_fit.n_features_in_ == 3 and our_fit.embedding_.shape == (2000, 2)
+
+
+def test_isomap_transform_matches_sklearn(roll2000, sk_fit, our_fit):
+    _, Xnew = roll2000
+    ref = sk_fit.transform(Xnew)
+    ours = our_fit.transform(Xnew)
+    assert procrustes_disparity(ref, ours) <= 1e-6
+    # same axes up to sign: the 1/sqrt(lambda) scaling, not sqrt(lambda) (seed erratum)
+    np.testing.assert_allclose(np.abs(ours), np.abs(ref), atol=1e-6 * np.abs(ref).max())
+    lazy = our_fit.transform(da.from_array(Xnew, chunks=(100, 3)))
+    assert isinstance(lazy, da.Array) and lazy.chunks[0] == (100, 100, 100)
+    np.testing.assert_allclose(lazy.compute(), ours, atol=1e-10)
+
+
+def test_isomap_dense_lanczos_and_store_agree(roll2000, our_fit, tmp_path):
+    X, Xnew = roll2000
+    X, Xnew = X[:800], Xnew[:50]
+    dense = Isomap(n_neighbors=10, eigen_solver="dense").fit(X)
+    lanczos = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0).fit(X)
+    stored = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0,
+                    geodesic_store=str(tmp_path / "d2.zarr"), block_size=100).fit(X)
+    assert procrustes_disparity(dense.embedding_, lanczos.embedding_) < 1e-12
+    np.testing.assert_allclose(stored.embedding_, lanczos.embedding_, atol=1e-8)
+    assert stored.geodesic_store_.shape == (800, 800)
+    np.testing.assert_allclose(stored.transform(Xnew), lanczos.transform(Xnew), atol=1e-8)
+    # without a dense matrix or a store, transform runs Dijkstra from the neighbours
+    lanczos.dist_matrix_ = None
+    np.testing.assert_allclose(lanczos.transform(Xnew), dense.transform(Xnew), atol=1e-8)
+
+
+def test_isomap_epsilon_rule_matches_sklearn(roll2000):
+    X, Xnew = roll2000
+    X = X[:1000]
+    ref = SkIsomap(n_neighbors=None, radius=3.0).fit(X)
+    ours = Isomap(n_neighbors=None, radius=3.0).fit(X)
+    assert procrustes_disparity(ref.embedding_, ours.embedding_) <= 1e-6
+    assert procrustes_disparity(ref.transform(Xnew[:40]), ours.transform(Xnew[:40])) <= 1e-6
+
+
+def test_landmark_isomap_close_to_full_isomap():
+    X, _ = make_swiss_roll(5000, random_state=0)
+    Xnew, _ = make_swiss_roll(200, random_state=2)
+    full = Isomap(n_neighbors=10, random_state=0).fit(X)
+    lm = LandmarkIsomap(n_neighbors=10, n_landmarks=500, random_state=0).fit(X)
+    assert procrustes_disparity(full.embedding_, lm.embedding_) <= 1e-2
+    # landmarks are placed exactly at their MDS coordinates
+    np.testing.assert_allclose(lm.embedding_[lm.landmarks_], lm.landmark_embedding_, atol=1e-8)
+    assert lm.landmark_geodesics_.shape == (500, 5000)
+    assert lm.landmark_geodesics_.dtype == np.float32
+    assert procrustes_disparity(full.transform(Xnew), lm.transform(Xnew)) <= 1e-2
+    # transform of training points reproduces their embedding
+    sub = lm.transform(X[:100])
+    assert procrustes_disparity(lm.embedding_[:100], sub) < 1e-3
+    lazy = lm.transform(da.from_array(Xnew, chunks=(64, 3)))
+    np.testing.assert_allclose(lazy.compute(), lm.transform(Xnew), atol=1e-10)
+    assert set(lm.timings_) >= {"graph", "landmarks", "shortest_paths", "triangulation"}
+
+
+@pytest.mark.cluster
+def test_cluster_equals_threaded(cluster_client, roll2000):
+    X, Xnew = roll2000
+    X = X[:1200]
+    a = Isomap(n_neighbors=8, random_state=0).fit(X)
+    b = Isomap(n_neighbors=8, random_state=0, client=cluster_client).fit(X)
+    np.testing.assert_allclose(b.embedding_, a.embedding_, atol=1e-8)
+    np.testing.assert_allclose(b.transform(Xnew), a.transform(Xnew), atol=1e-8)
+    lazy = b.transform(da.from_array(Xnew, chunks=(100, 3)))
+    np.testing.assert_allclose(cluster_client.compute(lazy).result(), a.transform(Xnew),
+                               atol=1e-8)
+    la = LandmarkIsomap(n_neighbors=8, n_landmarks=100, random_state=0).fit(X)
+    lb = LandmarkIsomap(n_neighbors=8, n_landmarks=100, random_state=0,
+                        client=cluster_client).fit(X)
+    np.testing.assert_array_equal(la.landmarks_, lb.landmarks_)
+    np.testing.assert_allclose(lb.embedding_, la.embedding_, atol=1e-6)
+
+
+def test_bad_inputs(roll2000):
+    X, _ = roll2000
+    X = X[:300]
+    with pytest.raises(ValueError, match=r"n_neighbors=300 must be in \[1, 299\]"):
+        Isomap(n_neighbors=300).fit(X)
+    with pytest.raises(ValueError, match="exactly one of n_neighbors"):
+        Isomap(n_neighbors=5, radius=1.0).fit(X)
+    with pytest.raises(ValueError, match=r"n_landmarks=301 must be in \[1, 300\]"):
+        LandmarkIsomap(n_landmarks=301).fit(X)
+    with pytest.raises(ValueError, match="n_components=5 must be in"):
+        LandmarkIsomap(n_landmarks=5, n_components=5).fit(X)
+    bad = X.copy()
+    bad[17, 1] = np.nan
+    with pytest.raises(ValueError, match=r"rows \[17\]"):
+        Isomap().fit(bad)
+    fitted = Isomap(n_neighbors=8).fit(X)
+    with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
+        fitted.transform(np.zeros((2, 4)))
+    with pytest.raises(Exception, match="not fitted"):
+        Isomap().transform(X)
+
+
+def test_duplicates_and_disconnected_graphs():
+    rng = np.random.RandomState(0)
+    X = rng.uniform(size=(200, 3))
+    X[50] = X[51]
+    with pytest.warns(DuplicatePointsWarning):
+        m = Isomap(n_neighbors=6).fit(X)
+    np.testing.assert_allclose(m.embedding_[50], m.embedding_[51], atol=1e-9)
+    blobs = np.vstack([rng.normal(size=(80, 3)), rng.normal(size=(40, 3)) + 30])
+    with pytest.raises(ValueError, match=r"2 connected components of sizes \[80, 40\]"):
+        Isomap(n_neighbors=5, on_disconnected="raise").fit(blobs)
+    with pytest.warns(DisconnectedGraphWarning, match=r"sizes \[80, 40\]"):
+        emb = Isomap(n_neighbors=5).fit_transform(blobs)
+    assert np.isfinite(emb).all()
+    with pytest.raises(ValueError, match="disconnected"):
+        Isomap(n_neighbors=5, on_disconnected="ignore").fit(blobs)
+    with pytest.warns(DisconnectedGraphWarning):
+        LandmarkIsomap(n_neighbors=5, n_landmarks=30).fit(blobs)
+
+
+def test_estimator_api():
+    m = Isomap(n_neighbors=7, random_state=3)
+    c = clone(m)
+    assert c.get_params() == m.get_params()
+    X, _ = make_swiss_roll(300, random_state=0)
+    assert m.fit(X) is m
+    lm = LandmarkIsomap(n_landmarks=50, random_state=0)
+    assert lm.fit(da.from_array(X, chunks=100)) is lm
+    assert isinstance(lm.embedding_, np.ndarray) and lm.embedding_.shape == (300, 2)
