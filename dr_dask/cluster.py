@@ -52,7 +52,7 @@ def local_cluster_kwargs(n_workers: int | None = None, memory_fraction: float = 
         threads_per_worker=max(1, cores // n_workers),
         processes=True,
         memory_limit=int(total * memory_fraction / n_workers),
-        dashboard_address=None,
+        dashboard_address=":0",  # a free port: never collide with another cluster's dashboard
     )
 
 

@@ -277,7 +277,7 @@ def neighbourhood_scores(
     starts = list(range(0, T, b))
     blocks = [(s, nbr_x[s:s + b], nbr_y[s:s + b]) for s in starts]
     if client is not None:
-        Xf, Yf = client.scatter([Xn, Yn], broadcast=True)
+        Xf, Yf = client.scatter([Xn, Yn], broadcast=True, hash=False)
         futures = [client.submit(_block_neighbourhood, Xf, Yf, s, nx, ny, pure=False)
                    for s, nx, ny in blocks]
         parts = client.gather(futures)
@@ -528,7 +528,8 @@ def consistency_index(
     pairs = [(int(f // p), int(f % p)) for f in flat]
     client = active_client(client)
     if client is not None:
-        est, Xf, Xrf, Yf = client.scatter([estimator, Xn, Xr, Y0], broadcast=True)
+        est, Xf, Xrf, Yf = client.scatter([estimator, Xn, Xr, Y0], broadcast=True,
+                                            hash=False)
         futures = [client.submit(_tci_candidate, est, Xf, Xrf, Yf, i, j, gamma, deformation,
                                  epsilon, pure=False) for i, j in pairs]
         scores = client.gather(futures)

@@ -32,13 +32,15 @@ import shutil
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import xarray as xr
 import zarr
 
 from dr_dask.cluster import active_client
+
+if TYPE_CHECKING:  # xarray is only needed for in-memory results; workers never import it
+    import xarray as xr
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +238,8 @@ def _starts(n_samples: int, chunk_size: int) -> list[int]:
 
 
 def _to_memory(gen: Generator, chunk_size: int, dtype: str) -> xr.Dataset:
+    import xarray as xr
+
     latent = gen.latents()
     mapping = gen.mapping(latent)
     X = np.empty((gen.n_samples, gen.n_features), dtype=dtype)

@@ -162,12 +162,9 @@ class GeodesicRows:
                 blocks = [client.submit(_dijkstra_to_store, g, sources[s:e], directed, square,
                                         dtype, store, s)
                           for s, e in zip(bounds[:-1], bounds[1:])]
-            # surface a disconnected graph (or any failure) now, not at first use
-            from distributed import wait
-
-            wait(blocks)
+            # surface a disconnected graph (or any failure) now, not at first use; waits for all
             for f in blocks:
-                if f.status == "error":
+                if f.exception() is not None:
                     f.result()
             if store is not None:
                 blocks = client.gather(blocks)

@@ -38,6 +38,8 @@ KERNELS = ("geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde")
 NOISE_BOUNDS = (1e-6, 1.0)
 #: Length scale box relative to the manifold's largest geodesic distance.
 LENGTH_BOUNDS_REL = (0.05, 20.0)
+#: Admissible negative eigenvalue of K, relative to the noise variance, in the ML search.
+PSD_TOL = 0.1
 #: Rows of the query chunk processed at once in the geodesic min-plus step (memory bound:
 #: block * k_s * n_i doubles).
 QUERY_BLOCK = 512
@@ -189,9 +191,15 @@ def fit_hyperparameters(
     Y = Y - 0.0  # zero-mean prior (paper §3.4): Isomap coordinates are already centred
     d = Y.shape[1]
 
+    noise_floor = noise_variance if noise_variance is not None else NOISE_BOUNDS[0]
+
     def profile(log_ell):
         K = spec.train(G, float(np.exp(log_ell)))
         w, V = scipy.linalg.eigh(K)
+        if w.min() < -PSD_TOL * noise_floor:
+            # K3 turns indefinite at short length scales (digest §3.2); held-out variances are
+            # then meaningless (they even undercut the noise), so such scales are not admitted
+            return np.inf, noise_floor
         Yt2 = (V.T @ Y) ** 2
         if noise_variance is not None:
             ev = w + noise_variance
@@ -207,6 +215,9 @@ def fit_hyperparameters(
     lo, hi = np.log(LENGTH_BOUNDS_REL[0] * gmax), np.log(LENGTH_BOUNDS_REL[1] * gmax)
     grid = np.linspace(lo, hi, 9)
     vals = [profile(x)[0] for x in grid]
+    if not np.isfinite(vals).any():
+        logger.warning("kernel indefinite at every length scale up to %.3g; using it", np.exp(hi))
+        return float(np.exp(hi)), float(profile(hi)[1] if noise_variance is None else noise_variance)
     b = int(np.argmin(vals))
     r = scipy.optimize.minimize_scalar(
         lambda x: profile(x)[0],

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -240,6 +241,11 @@ class IKD(TransformerMixin, BaseEstimator):
         Row used as the reference point (None with ``center``).
     sigma2_ : float
     eigen_residuals_ : ndarray of shape (M,)
+        ``||G v - lambda v||`` of each returned pair.
+    eigen_passes_ : int
+        Passes over the tiles the eigensolver made.
+    stage_seconds_ : dict
+        Wall time of each stage.
     n_features_in_ : int
     """
 
@@ -410,7 +416,9 @@ class IKD(TransformerMixin, BaseEstimator):
             store = (
                 os.path.join(run.path if run else tmpdir, "distance") if on_disk else None
             )
+            t0 = time.perf_counter()
             D, rowmax, rowsum = self._distance_stage(grid, blocks, inverse, store, run)
+            seconds = {"distance": time.perf_counter() - t0}
             r = reference_index(rowmax, rowsum, self._reference)
             if r is None:
                 d_ref = None
@@ -420,9 +428,13 @@ class IKD(TransformerMixin, BaseEstimator):
                 d_ref = inverse(s_r[None, :].astype(np.float64))[0]
                 d_ref[r] = 0.0
             G = GramOperator(D, d_ref)
+            t0 = time.perf_counter()
             eig = self._eigen_stage(G, run)
+            seconds["eigen"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
             row_mean = rowsum / T
             frob = sum(D.reduce(_gram_frobenius_tile, d_ref, row_mean, row_mean.mean()))
+            seconds["explained_variance"] = time.perf_counter() - t0
         finally:
             if tmpdir:
                 shutil.rmtree(tmpdir, ignore_errors=True)
@@ -434,6 +446,8 @@ class IKD(TransformerMixin, BaseEstimator):
             "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / frob),
             "reference_index_": r,
             "sigma2_": sigma2,
+            "eigen_passes_": int(eig["n_passes"]),
+            "stage_seconds_": seconds,
         }
 
     def _distance_stage(self, grid, blocks, inverse, store, run):
@@ -466,7 +480,8 @@ class IKD(TransformerMixin, BaseEstimator):
     def _eigen_stage(self, G: GramOperator, run: RunGroup | None) -> dict:
         M = self.n_components
         if run is not None and run.is_done("eigen"):
-            return {n: run.read(f"eigen_{n}") for n in ("values", "vectors", "residuals")}
+            out = {n: run.read(f"eigen_{n}") for n in ("values", "vectors", "residuals")}
+            return {**out, "n_passes": run.stage_info("eigen").get("n_passes", 0)}
         method = self.eigen_solver
         if method == "auto":
             method = "lanczos"
@@ -483,4 +498,4 @@ class IKD(TransformerMixin, BaseEstimator):
             for n, v in out.items():
                 run.write(f"eigen_{n}", v, ("component",) if v.ndim == 1 else ("sample", "component"))
             run.mark_done("eigen", n_passes=res.n_passes, converged=res.converged)
-        return out
+        return {**out, "n_passes": res.n_passes}

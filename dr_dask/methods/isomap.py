@@ -317,7 +317,12 @@ class Isomap(TransformerMixin, BaseEstimator):
         timings["shortest_paths"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        D2 = rows.gather(np.float64) if T <= DIST_MATRIX_MAX else None
+        D2 = None
+        if T <= DIST_MATRIX_MAX:
+            # kept anyway for dist_matrix_: products on it in this process cost no round trips
+            D2 = rows.gather(np.float64)
+            rows.release()
+            rows = GeodesicRows((T, T), [0, T], [D2], None, rows.store)
         if solver == "dense":
             res = top_eigh(_centred_matrix(D2, sq_mean), d, method="dense")
         else:

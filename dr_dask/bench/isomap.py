@@ -1,0 +1,163 @@
+"""Isomap benchmarks (issue 3), each against a baseline measured in the same run.
+
+Cases (``CASES`` maps a name to ``fn(client, quick, workdir) -> dict``; the geodesic and
+blockwise IKD cases of the same issue are meant to be added to it):
+
+- ``isomap_full``: swiss roll T=20,000 (``--quick``: 3,000), scikit-learn's ``Isomap`` (dense
+  T x T float64 + KernelPCA/ARPACK, one process) vs ours (Dijkstra over source blocks on the
+  workers, matrix-free block Lanczos): median wall times, their ratio, Procrustes disparity
+  between the two embeddings and against the isometric ground truth, peak RSS of the process
+  tree for each.
+- ``landmark_isomap``: swiss roll T=200,000, L=2,000 (``--quick``: 20,000 and 500): wall time
+  per stage, peak RSS of the process tree (target <= 6 GB), disparity against the ground truth.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dr_dask.bench._common import PeakRSS, tree_rss
+
+logger = logging.getLogger(__name__)
+
+
+def swiss_roll(n: int, random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's swiss roll and its isometric ground truth (arc length, height).
+
+    The spiral ``(t cos t, t sin t)`` has arc length ``(t sqrt(1 + t^2) + asinh t) / 2``, so
+    ``(arc length, height)`` is an isometric parametrisation: an exact Isomap embedding of the
+    continuous roll, against which Procrustes disparity measures quality.
+    """
+    from sklearn.datasets import make_swiss_roll
+
+    X, t = make_swiss_roll(n, random_state=random_state)
+    arc = 0.5 * (t * np.sqrt(1 + t**2) + np.arcsinh(t))
+    return X, np.column_stack([arc, X[:, 1]])
+
+
+def _measure(fn: Callable[[], Any], repeats: int) -> tuple[float, float, Any]:
+    """Median wall time, peak process-tree RSS (GB, max over repeats) and the last result."""
+    times, peaks, result = [], [], None
+    for _ in range(repeats):
+        result = None
+        gc.collect()
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - t0)
+        peaks.append(mem.peak_gb)
+    return statistics.median(times), max(peaks), result
+
+
+def bench_isomap_full(client: Any, quick: bool, workdir: str, repeats: int | None = None,
+                      n_samples: int | None = None) -> dict:
+    from sklearn.manifold import Isomap as SkIsomap
+
+    from dr_dask.linalg.align import procrustes_disparity
+    from dr_dask.methods.isomap import Isomap
+
+    T = n_samples or (3000 if quick else 20_000)
+    repeats = repeats or (3 if quick else 1)
+    X, truth = swiss_roll(T)
+    idle_gb = tree_rss() / 1e9
+    # baseline first, so that memory our workers keep after a run cannot inflate its figure
+    sk_s, sk_gb, sk = _measure(lambda: SkIsomap(n_neighbors=10, n_components=2).fit(X), repeats)
+    sk_emb = sk.embedding_
+    del sk
+    gc.collect()
+    ours_s, ours_gb, ours = _measure(
+        lambda: Isomap(n_neighbors=10, n_components=2, random_state=0, client=client).fit(X),
+        repeats,
+    )
+    return {
+        "T": T,
+        "n_neighbors": 10,
+        "repeats": repeats,
+        "idle_process_tree_rss_gb": idle_gb,
+        "sklearn_seconds_median": sk_s,
+        "dr_dask_seconds_median": ours_s,
+        "speedup_vs_sklearn": sk_s / ours_s,
+        "target_speedup": 2.0,
+        "sklearn_peak_rss_gb": sk_gb,
+        "dr_dask_peak_rss_gb": ours_gb,
+        "disparity_vs_sklearn": procrustes_disparity(sk_emb, ours.embedding_),
+        "target_disparity": 1e-3,
+        "disparity_vs_truth_sklearn": procrustes_disparity(truth, sk_emb),
+        "disparity_vs_truth_dr_dask": procrustes_disparity(truth, ours.embedding_),
+        "dr_dask_stage_seconds": ours.timings_,
+    }
+
+
+def bench_landmark_isomap(client: Any, quick: bool, workdir: str, n_samples: int | None = None,
+                          n_landmarks: int | None = None) -> dict:
+    from dr_dask.linalg.align import procrustes_disparity
+    from dr_dask.methods.isomap import LandmarkIsomap
+
+    T = n_samples or (20_000 if quick else 200_000)
+    L = n_landmarks or (500 if quick else 2000)
+    X, truth = swiss_roll(T)
+    Xnew, truth_new = swiss_roll(2000, random_state=1)
+    gc.collect()
+    est = LandmarkIsomap(n_neighbors=10, n_components=2, n_landmarks=L, random_state=0,
+                         client=client)
+    seconds, peak_gb, _ = _measure(lambda: est.fit(X), 1)
+    t0 = time.perf_counter()
+    emb_new = est.transform(Xnew)
+    transform_s = time.perf_counter() - t0
+    return {
+        "T": T,
+        "n_landmarks": L,
+        "n_neighbors": 10,
+        "fit_seconds": seconds,
+        "stage_seconds": est.timings_,
+        "peak_rss_gb_process_tree": peak_gb,
+        "target_peak_rss_gb": 6.0,
+        "dense_float64_T_by_T_gb": 8 * T * T / 1e9,
+        "landmark_geodesics_gb": est.landmark_geodesics_.nbytes / 1e9,
+        "disparity_vs_truth": procrustes_disparity(truth, est.embedding_),
+        "transform_2000_points_seconds": transform_s,
+        "transform_disparity_vs_truth": procrustes_disparity(truth_new, emb_new),
+    }
+
+
+#: Named cases: ``fn(client, quick, workdir) -> dict``. Other Isomap-family cases (geodesic and
+#: blockwise IKD) are added here.
+CASES: dict[str, Callable[..., dict]] = {
+    "isomap_full": bench_isomap_full,
+    "landmark_isomap": bench_landmark_isomap,
+}
+
+
+def run_bench(client: Any, *, quick: bool = False, only: set | None = None,
+              workdir: str | None = None) -> dict:
+    """Run the selected cases (default all) and return their results keyed by case name."""
+    own_tmp = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_isomap_")
+    os.makedirs(workdir, exist_ok=True)
+    unknown = set(only or ()) - set(CASES)
+    if unknown:
+        raise ValueError(f"unknown benchmark cases {sorted(unknown)}; known: {sorted(CASES)}")
+    results: dict[str, Any] = {
+        "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
+        "quick": quick,
+    }
+    try:
+        for name, fn in CASES.items():
+            if only and name not in only:
+                continue
+            logger.info("benchmark case %s", name)
+            results[name] = fn(client, quick, workdir)
+    finally:
+        if own_tmp:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return results

@@ -1,0 +1,266 @@
+"""``dr-dask evaluate``, ``dr-dask compare`` and ``dr-dask bench metrics``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import click
+import numpy as np
+
+from dr_dask.cli._app import bench, cluster, fail, main
+
+logger = logging.getLogger(__name__)
+
+#: Methods ``compare`` knows, in display order.
+METHODS = ("ikd", "ikd-geodesic", "isomap", "pca", "lsdr", "umap", "tsne")
+#: LSDR inside ``compare``: inputs above this dimension are first reduced by PCA (Delaunay is
+#: exponential in p; the reduction is recorded in the report).
+LSDR_INPUT_DIM = 3
+
+
+# ------------------------------------------------------------------------------ input helpers
+def load_values(spec: str, default_store: str | None) -> np.ndarray:
+    """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
+    from dr_dask.store import InputError, parse_source
+
+    path, var = parse_source(spec)
+    if not os.path.exists(path):
+        if default_store is None:
+            raise InputError(f"{spec!r} is neither a path nor a variable of a known input store")
+        path, var = default_store, spec
+    if path.endswith(".npy"):
+        return np.load(path)
+    if path.endswith((".nc", ".nc4", ".netcdf", ".h5")):
+        import xarray as xr
+
+        with xr.open_dataset(path) as ds:
+            if var not in ds:
+                raise InputError(f"{path} has no variable {var!r} (has {sorted(ds.data_vars)})")
+            return ds[var].values
+    import zarr
+
+    try:
+        group = zarr.open_group(path, mode="r")
+    except Exception as exc:
+        raise InputError(f"cannot open {path} as a Zarr group: {exc}") from exc
+    if var is None or var not in group:
+        raise InputError(f"{path} has no array {var!r} (has {sorted(group.array_keys())})")
+    return np.asarray(group[var][...])
+
+
+def _open_input(source: str) -> tuple[Any, str | None]:
+    from dr_dask.store import open_dataset, parse_source
+
+    inp = open_dataset(source)
+    return inp, parse_source(source)[0]
+
+
+# ------------------------------------------------------------------------------- evaluate
+@main.command()
+@click.option("--store", required=True, help="Output store holding the run group.")
+@click.option("--embedding", "name", required=True, help="Run group name inside STORE.")
+@click.option("--input", "source", default=None,
+              help="Input data STORE[:VAR] (default: the input recorded in the run).")
+@click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
+@click.option("--latent", default=None, help="True latent: VAR of the input store, PATH:VAR or .npy.")
+@click.option("--out", default=None, help="Report directory (default: STORE/NAME.report).")
+@click.option("-k", "--n-neighbors", type=int, default=10, show_default=True,
+              help="k of trustworthiness/continuity/kNN preservation.")
+@click.pass_context
+def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
+    """Score a stored embedding: metrics JSON and a PNG (scatter + metric table)."""
+    import zarr
+
+    from dr_dask.metrics import evaluate_embedding
+    from dr_dask.report import plot_embedding, write_json
+    from dr_dask.store import InputError
+
+    try:
+        group = zarr.open_group(os.path.join(store, name), mode="r")
+        if "embedding" not in group:
+            raise InputError(f"{store}/{name} has no 'embedding' array")
+        emb = np.asarray(group["embedding"][...])
+        recorded = dict(group.attrs.get("input", {}))
+        if source is None and recorded.get("path"):
+            source = recorded["path"] + (f":{recorded['variable']}" if recorded.get("variable")
+                                         else "")
+        inp, in_store = _open_input(source) if source else (None, None)
+        lab = load_values(labels, in_store) if labels else None
+        lat = load_values(latent, in_store) if latent else None
+    except (InputError, FileNotFoundError, KeyError) as exc:
+        fail(str(exc))
+    out = out or os.path.join(store, f"{name}.report")
+    try:
+        with cluster(ctx) as client:
+            metrics = evaluate_embedding(emb, X=None if inp is None else inp.data, labels=lab,
+                                         latent=lat, n_neighbors=n_neighbors, client=client)
+    except ValueError as exc:
+        fail(str(exc))
+    result = {"store": store, "embedding": name, "input": source, "n_samples": emb.shape[0],
+              "n_components": emb.shape[1], "metrics": metrics}
+    write_json(result, os.path.join(out, "metrics.json"))
+    plot_embedding(emb, os.path.join(out, "embedding.png"), title=name, metrics=metrics,
+                   color=lab if lab is not None else lat)
+    for key, value in metrics.items():
+        click.echo(f"{key:>22}: {value:.4f}")
+    click.echo(f"report written to {out}")
+
+
+# -------------------------------------------------------------------------------- compare
+class MethodUnavailable(Exception):
+    """An optional method (package or module) is not installed."""
+
+
+def make_method(name: str, n_components: int, *, n_neighbors: int, seed: int, client: Any):
+    """Estimator for a ``compare`` method name; MethodUnavailable when it cannot be built."""
+    try:
+        if name in ("ikd", "ikd-geodesic"):
+            from dr_dask.methods.ikd import IKD
+
+            solver = "geodesic" if name == "ikd-geodesic" else "full"
+            return IKD(n_components, solver=solver, n_neighbors=n_neighbors, random_state=seed,
+                       client=client)
+        if name == "isomap":
+            from dr_dask.methods.isomap import Isomap
+
+            return Isomap(n_neighbors=n_neighbors, n_components=n_components, random_state=seed,
+                          client=client)
+        if name == "pca":
+            from sklearn.decomposition import PCA
+
+            return PCA(n_components, random_state=seed)
+        if name == "lsdr":
+            from dr_dask.methods.lsdr import LSDR
+
+            return LSDR(n_components, random_state=seed, client=client)
+        if name == "umap":
+            import umap
+
+            return umap.UMAP(n_components=n_components, n_neighbors=n_neighbors,
+                             random_state=seed)
+        if name == "tsne":
+            from sklearn.manifold import TSNE
+
+            return TSNE(n_components, random_state=seed, init="pca",
+                        method="barnes_hut" if n_components < 4 else "exact")
+    except ImportError as exc:
+        raise MethodUnavailable(f"{name} skipped: {exc.name or exc} is not installed") from exc
+    raise click.BadParameter(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+
+
+def _fit_lsdr(est: Any, X: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """LSDR on X after the reductions it needs: PCA above LSDR_INPUT_DIM, duplicates merged."""
+    note = []
+    if X.shape[1] > est.max_delaunay_dim:
+        from sklearn.decomposition import PCA
+
+        X = PCA(LSDR_INPUT_DIM, random_state=est.random_state).fit_transform(X)
+        note.append(f"input reduced by PCA to {LSDR_INPUT_DIM} dims first")
+    uniq, inverse = np.unique(X, axis=0, return_inverse=True)
+    if len(uniq) < len(X):
+        note.append(f"{len(X) - len(uniq)} duplicate rows share their twin's embedding")
+    return est.fit_transform(uniq)[inverse.ravel()], "; ".join(note) or None
+
+
+def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
+    """Fit one method, timing it and sampling the peak RSS of the process tree."""
+    from dr_dask.bench._common import PeakRSS, timed
+
+    note = None
+    with PeakRSS() as mem, timed() as t:
+        if name == "lsdr":
+            emb, note = _fit_lsdr(est, X)
+        elif name.startswith("ikd"):
+            emb = est.fit_transform(Xd)
+        else:
+            emb = est.fit_transform(X)
+    emb = np.asarray(emb.compute() if hasattr(emb, "compute") else emb, dtype=np.float64)
+    return {"embedding": emb, "seconds": t["seconds"], "peak_rss_gb": mem.peak_gb, "note": note}
+
+
+@main.command()
+@click.option("--input", "source", required=True, help="Input data STORE[:VAR], file.nc or .npy.")
+@click.option("-n", "--n-components", type=int, required=True, help="Output dimension.")
+@click.option("--methods", default="ikd,ikd-geodesic,isomap,pca,lsdr", show_default=True,
+              help=f"Comma-separated, from: {', '.join(METHODS)}.")
+@click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
+@click.option("--latent", default=None, help="True latent: VAR of the input store, PATH:VAR or .npy.")
+@click.option("--out", required=True, help="Output directory (compare.json, compare.png, .npz).")
+@click.option("-k", "--n-neighbors", type=int, default=10, show_default=True,
+              help="Graph k of the methods and k of the neighbourhood metrics.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.pass_context
+def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
+    """Run several methods on the same data; table and figure of their metrics side by side."""
+    from dr_dask.metrics import evaluate_embedding
+    from dr_dask.report import plot_comparison, write_json
+    from dr_dask.store import InputError
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        fail(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    try:
+        inp, in_store = _open_input(source)
+        lab = load_values(labels, in_store) if labels else None
+        lat = load_values(latent, in_store) if latent else None
+    except (InputError, FileNotFoundError) as exc:
+        fail(str(exc))
+    X = np.asarray(inp.data.compute(), dtype=np.float64)
+    for what, v in (("labels", lab), ("latent", lat)):
+        if v is not None and len(v) != X.shape[0]:
+            fail(f"{what} has {len(v)} rows but the input has {X.shape[0]} samples")
+    results: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    embeddings: dict[str, np.ndarray] = {}
+    with cluster(ctx) as client:
+        for name in names:
+            try:
+                est = make_method(name, n_components, n_neighbors=n_neighbors, seed=seed,
+                                  client=client)
+                run = run_method(name, est, X, inp.data)
+            except (MethodUnavailable, ImportError) as exc:  # optional or not yet available
+                skipped[name] = (str(exc) if isinstance(exc, MethodUnavailable)
+                                 else f"{name} skipped: {exc}")
+                click.echo(skipped[name], err=True)
+                continue
+            except (ValueError, RuntimeError, MemoryError) as exc:
+                skipped[name] = f"{name} failed: {exc}"
+                click.echo(skipped[name], err=True)
+                continue
+            emb = embeddings[name] = run.pop("embedding")
+            run["metrics"] = evaluate_embedding(emb, X=X, labels=lab, latent=lat,
+                                                n_neighbors=n_neighbors, client=client)
+            results[name] = run
+            click.echo(f"{name}: {run['seconds']:.2f} s, peak RSS {run['peak_rss_gb']:.2f} GB",
+                       err=True)
+    os.makedirs(out, exist_ok=True)
+    report = {"input": inp.name, "n_samples": X.shape[0], "n_features": X.shape[1],
+              "n_components": n_components, "methods": results, "skipped": skipped}
+    write_json(report, os.path.join(out, "compare.json"))
+    if embeddings:
+        np.savez(os.path.join(out, "embeddings.npz"), **embeddings)
+        table = {m: {"seconds": r["seconds"], "peak_rss_gb": r["peak_rss_gb"], **r["metrics"]}
+                 for m, r in results.items()}
+        plot_comparison(embeddings, os.path.join(out, "compare.png"), metrics=table,
+                        color=lab if lab is not None else lat, random_state=seed)
+    else:
+        fail(f"no method ran ({'; '.join(skipped.values())}); report written to {out}")
+    click.echo(f"comparison written to {out}")
+
+
+# ---------------------------------------------------------------------------- bench metrics
+@bench.command("metrics")
+@click.option("--quick", is_flag=True, help="Small sizes (a smoke run).")
+@click.option("--out", default=None, help="Write the JSON report here as well.")
+@click.pass_context
+def bench_metrics(ctx, quick, out):
+    """Blockwise trustworthiness at T=50,000 (peak RSS) and LSDR at n=20,000 in 2-D and 3-D."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.metrics import run_bench
+
+    with cluster(ctx) as client:
+        results = run_bench(client, quick=quick)
+    click.echo(write_report(results, out))

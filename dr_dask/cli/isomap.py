@@ -1,0 +1,77 @@
+"""``dr-dask embed isomap`` and ``dr-dask bench isomap``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from dr_dask.cli._app import bench, cluster, embed, fail
+from dr_dask.store import InputError
+
+
+@embed.command("isomap")
+@click.option("--input", "source", required=True, help="STORE[:VAR], file.nc[:VAR] or file.npy.")
+@click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
+@click.option("--name", default=None, help="Run name (default: derived from parameters).")
+@click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
+@click.option("-n", "--n-components", type=int, default=2, show_default=True)
+@click.option("-k", "--n-neighbors", type=int, default=10, show_default=True)
+@click.option("--radius", type=float, default=None, help="Epsilon rule instead of k (full only).")
+@click.option("--landmarks", "n_landmarks", type=int, default=None,
+              help="Landmark Isomap with this many landmarks (large T).")
+@click.option("--landmark-method", type=click.Choice(["maxmin", "random"]), default="maxmin",
+              show_default=True)
+@click.option("--on-disconnected", type=click.Choice(["bridge", "raise", "ignore"]),
+              default="bridge", show_default=True)
+@click.option("--geodesic-store", default=None,
+              help="Zarr path for the geodesic rows (T x T squared, or L x T) instead of memory.")
+@click.option("--seed", "random_state", type=int, default=0, show_default=True)
+@click.pass_context
+def embed_isomap(ctx, source, out, name, overwrite, n_components, n_neighbors, radius,
+                 n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state):
+    """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
+    from dr_dask.methods.isomap import Isomap, LandmarkIsomap
+    from dr_dask.runs import run_embedding
+
+    if n_landmarks is not None and radius is not None:
+        fail("--radius is only supported by full Isomap (drop --landmarks)")
+    try:
+        with cluster(ctx) as client:
+            if n_landmarks is None:
+                est = Isomap(n_neighbors=None if radius is not None else n_neighbors,
+                             radius=radius, n_components=n_components,
+                             on_disconnected=on_disconnected, random_state=random_state,
+                             client=client, geodesic_store=geodesic_store)
+                method = "isomap"
+            else:
+                est = LandmarkIsomap(n_neighbors=n_neighbors, n_components=n_components,
+                                     n_landmarks=n_landmarks, landmark_method=landmark_method,
+                                     on_disconnected=on_disconnected, random_state=random_state,
+                                     client=client, geodesic_store=geodesic_store)
+                method = "landmark_isomap"
+            run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite)
+    except (InputError, ValueError) as exc:
+        fail(str(exc))
+    click.echo(f"embedding written to {run.path} (array 'embedding')")
+    click.echo(json.dumps(run.group.attrs.get("summary", {}), indent=2))
+
+
+@bench.command("isomap")
+@click.option("--quick", is_flag=True, help="Small sizes (a smoke run).")
+@click.option("--only", multiple=True,
+              help="Run only these cases (default: all of dr_dask.bench.isomap.CASES).")
+@click.option("--workdir", default=None, help="Scratch directory (default: a temp dir).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@click.pass_context
+def bench_isomap(ctx, quick, only, workdir, json_path):
+    """Isomap vs scikit-learn at T=20,000; Landmark Isomap at T=200,000, L=2,000."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.isomap import CASES, run_bench
+
+    unknown = set(only) - set(CASES)
+    if unknown:
+        fail(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")
+    with cluster(ctx) as client:
+        results = run_bench(client, quick=quick, only=set(only), workdir=workdir)
+    click.echo(write_report(results, json_path))

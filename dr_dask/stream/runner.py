@@ -1,0 +1,447 @@
+"""The GP-Isomap stream runner: map chunks on workers, buffer the uncertain, refit, never lose a row.
+
+Per chunk: the chunk is validated (malformed ones are quarantined with their reason), mapped on
+a worker with the current model version (scattered to the workers once per version), and its
+rows are written to the output store: confident points (variance <= ``sigma_t_``) with status
+``confident``, uncertain ones with status ``buffered`` and appended to a durable buffer. Then
+the checkpoint (source offset, row count, buffer) is replaced atomically. Data first,
+checkpoint last: a runner killed at any moment restarts from the checkpoint, discards what was
+written after it, and re-reads the same source rows, so every input row ends up in the output
+exactly once.
+
+When the buffer holds ``n_s`` points, the batch phase is re-run on batch + buffer as a task on
+the cluster while mapping continues. The new version is Procrustes-aligned to the previous
+frame on the previous batch (which it contains), published (saved, then scattered), and the
+buffered points are re-mapped and rewritten with status ``remapped``.
+
+Semantics
+---------
+``strict_sequential=True`` reproduces Algorithm 1 point by point: one chunk in flight; the
+buffer is checked before every point; when it fills, the prefix is committed, the refit runs
+synchronously and the rest of the chunk is mapped by the new version.
+
+Parallel mode (default) bounds staleness as follows. A refit takes effect for chunks submitted
+after it is published, so points are mapped by the previous version for the refit's duration
+plus ``max_in_flight`` chunks. Staleness never hides drift: points the stale version found
+uncertain are re-evaluated by the newest version when committed or at publication, so only
+points that the *older* model already explained confidently keep a stale mapping (in a frame
+aligned to the new one). The buffer can therefore exceed ``n_s`` by the points that arrive
+during a refit; they are carried over to the next refit.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dr_dask.cluster import active_client
+from dr_dask.stream.sources import Chunk, open_source
+from dr_dask.stream.store import STATUS, StreamStore
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- worker tasks
+def map_chunk(model: Any, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Embedding, variance and manifold of a chunk (a worker task)."""
+    return model._map(np.asarray(X, dtype=np.float64))
+
+
+def refit_model(params: dict, batch: np.ndarray, reference: np.ndarray):
+    """Batch phase on ``batch`` (old batch first), aligned to ``reference`` (a worker task)."""
+    from dr_dask.methods.gp_isomap import GPIsomap
+
+    model = GPIsomap(**params).fit(batch)
+    model.align_to(reference)
+    return model
+
+
+def refit_params(model: Any) -> dict:
+    """Parameters for the next version: the same, except what only fitted the old batch."""
+    params = model.get_params()
+    if not (isinstance(params["clusterer"], str) or callable(params["clusterer"])):
+        params["clusterer"] = "tangent"  # user labels cover the old batch only
+    if getattr(model, "threshold_source_", "manual") != "manual":
+        # a calibrated threshold does not survive new hyper-parameters: recalibrate by
+        # leave-one-out on the new batch at the same quantile
+        params["sigma_t"] = None
+        params["threshold_quantile"] = getattr(model, "threshold_quantile_",
+                                               model.threshold_quantile)
+    else:
+        params["sigma_t"] = model.sigma_t_
+    return params
+
+
+def batch_of(model: Any) -> np.ndarray:
+    """The batch a fitted GPIsomap was trained on, in its original row order."""
+    X = np.empty((len(model.labels_), model.n_features_in_))
+    for i, gp in enumerate(model.manifolds_):
+        X[model.labels_ == i] = gp.points
+    return X
+
+
+class _Executor:
+    """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode."""
+
+    def __init__(self, client: Any, n_threads: int):
+        self.client = client
+        self.pool = ThreadPoolExecutor(n_threads) if client is None else None
+
+    def put_model(self, model: Any) -> Any:
+        if self.client is None:
+            return model
+        return self.client.scatter(model, broadcast=True, hash=False)
+
+    def submit(self, fn, *args):
+        if self.client is None:
+            return self.pool.submit(fn, *args)
+        return self.client.submit(fn, *args, pure=False)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _InFlight:
+    seq: int
+    chunk: Chunk
+    offset_before: Any
+    skip: int
+    data: np.ndarray | None
+    reason: str | None
+    future: Any
+    version: int
+
+
+@dataclass
+class _Refit:
+    future: Any
+    ids: list
+    batch: np.ndarray
+    trigger_row: int
+    started: float
+
+
+class StreamRunner:
+    """Run a stream through GP-Isomap into a durable output store.
+
+    Parameters
+    ----------
+    out : str
+        Output directory (created, or resumed when it holds a checkpoint).
+    source : str, source object or iterable
+        See :func:`dr_dask.stream.sources.open_source`.
+    model : GPIsomap, optional
+        Fitted model (version 0). Required for a new store; ignored on resume.
+    batch : ndarray of shape (n, D), optional
+        The model's batch (default: reassembled from the model).
+    n_s : int
+        Buffer size that triggers a refit.
+    chunk_size : int
+        Rows per chunk for Zarr sources.
+    strict_sequential : bool
+        Algorithm 1's point-by-point semantics (see module docstring).
+    max_in_flight : int
+        Chunks mapped concurrently in parallel mode.
+    follow : bool
+        Keep polling the source for new data instead of stopping at its end.
+    poll_interval : float
+        Seconds between polls of an idle source.
+    client : distributed.Client, optional
+        Resolved by :func:`dr_dask.cluster.active_client`; None maps on local threads.
+    handle_signals : bool
+        Install SIGTERM/SIGINT handlers (main thread only): finish the chunks in flight,
+        checkpoint, return.
+    """
+
+    def __init__(
+        self,
+        out: str,
+        source: Any,
+        model: Any = None,
+        batch: np.ndarray | None = None,
+        *,
+        n_s: int = 1000,
+        chunk_size: int = 1000,
+        strict_sequential: bool = False,
+        max_in_flight: int = 2,
+        follow: bool = False,
+        poll_interval: float = 0.5,
+        client: Any = None,
+        handle_signals: bool = True,
+    ):
+        if n_s < 1:
+            raise ValueError(f"n_s must be >= 1, got {n_s}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.store = StreamStore(out)
+        self.source = open_source(source, chunk_size=chunk_size, follow=follow)
+        self.n_s = int(n_s)
+        self.strict = bool(strict_sequential)
+        self.max_in_flight = 1 if self.strict else int(max_in_flight)
+        self.poll_interval = poll_interval
+        self.client = active_client(client)
+        self.handle_signals = handle_signals
+        self._init_model, self._init_batch = model, batch
+        self._stop = threading.Event()
+        self._refit: _Refit | None = None
+        self._refit_failures = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def request_stop(self) -> None:
+        """Finish the chunks in flight, checkpoint and return from :meth:`run`."""
+        self._stop.set()
+
+    def _setup(self) -> None:
+        if self.store.exists():
+            st = self.store.read_checkpoint()
+            self.store.open()
+            self.store.truncate(st)
+            self.model, self.batch = self.store.load_model(st["version"])
+            self.state = st
+            # a crash during a publication may have rewritten buffered rows: restore them
+            ids = st["pending"]
+            if ids:
+                pts, rows = self.store.buffer_entries(ids)
+                emb, var, man = self.model._map(pts)
+                self.store.update_rows(rows, emb, var, man, st["version"], STATUS["buffered"])
+            logger.info("resuming %s at row %d (model v%d, %d buffered)", self.store.path,
+                        st["n_rows"], st["version"], len(ids))
+            return
+        if self._init_model is None:
+            raise ValueError(f"{self.store.path} holds no stream yet: pass a fitted model")
+        model = self._init_model
+        if getattr(model, "sigma_t_", None) is None:
+            raise ValueError("the model has no sigma_t_: fit it, or call calibrate_threshold")
+        batch = batch_of(model) if self._init_batch is None else np.asarray(self._init_batch)
+        self.store.create(model.n_features_in_, model.embedding_.shape[1])
+        self.store.save_model(0, model, batch)
+        self.model, self.batch = model, batch
+        self.state = dict(
+            n_rows=0, source=self.source.initial_offset, skip=0, version=0, buffer_len=0,
+            pending=[], n_chunks=0, n_quarantined=0, refits=[], sigma_t=[model.sigma_t_],
+        )
+        self.store.write_checkpoint(self.state)
+
+    def run(self) -> dict:
+        """Process the stream until it ends (or a stop is requested); returns a summary."""
+        self._setup()
+        self.exec = _Executor(self.client, self.max_in_flight + 1)
+        self.model_handle = self.exec.put_model(self.model)
+        old = {}
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old[sig] = signal.signal(sig, lambda *_: self._stop.set())
+        try:
+            self._loop()
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            self.exec.close()
+        st = self.state
+        return dict(n_rows=st["n_rows"], n_chunks=st["n_chunks"], version=st["version"],
+                    n_refits=len(st["refits"]), n_quarantined=st["n_quarantined"],
+                    n_buffered=len(st["pending"]), stopped=self._stop.is_set())
+
+    # ------------------------------------------------------------------ main loop
+    def _loop(self) -> None:
+        st = self.state
+        offset, skip = st["source"], st["skip"]
+        in_flight: deque[_InFlight] = deque()
+        while True:
+            full = len(st["pending"]) >= self.n_s * (1 + self._refit_failures)
+            if self.strict and full and not self._stop.is_set():
+                self._refit_sync()  # Algorithm 1 checks the buffer before each point
+            while not self._stop.is_set() and len(in_flight) < self.max_in_flight:
+                ch = self.source.read(offset)
+                if ch is None:
+                    break
+                data, reason = self._validate(ch)
+                if data is not None and skip:
+                    data = data[skip:]
+                fut = None if reason else self.exec.submit(map_chunk, self.model_handle, data)
+                in_flight.append(_InFlight(st["n_chunks"] + len(in_flight), ch, offset, skip,
+                                           data, reason, fut, st["version"]))
+                offset, skip = ch.offset, 0
+            if not in_flight:
+                if self._stop.is_set() or self.source.exhausted(offset):
+                    break
+                self._poll_refit(wait=False)
+                self._stop.wait(self.poll_interval)
+                continue
+            self._commit(in_flight.popleft())
+            if not self.strict:
+                self._poll_refit(wait=False)
+        if self._refit is not None:
+            if self.source_done(offset) and not self._stop.is_set():
+                self._poll_refit(wait=True)  # the stream ended: let the last refit land
+            else:
+                logger.info("stopping: abandoning the refit in flight (the buffer is kept)")
+
+    def source_done(self, offset: Any) -> bool:
+        return self.source.exhausted(offset)
+
+    def _validate(self, ch: Chunk) -> tuple[np.ndarray | None, str | None]:
+        if ch.error:
+            return None, ch.error
+        data = ch.data
+        D = self.model.n_features_in_
+        if data.ndim != 2:
+            return data, f"expected a 2-D chunk (rows, {D}), got shape {data.shape}"
+        if data.shape[1] != D:
+            return data, f"wrong width: {data.shape[1]} columns, expected {D}"
+        if not np.issubdtype(data.dtype, np.number):
+            return data, f"non-numeric dtype {data.dtype}"
+        data = data.astype(np.float64, copy=False)
+        bad = ~np.isfinite(data).all(axis=1)
+        if bad.any():
+            return data, f"NaN or infinite values in rows {np.flatnonzero(bad)[:10].tolist()}"
+        return data, None
+
+    # ------------------------------------------------------------------ commits
+    def _write(self, data, emb, var, man, version: int, sigma_t: float) -> None:
+        """Append rows (and their uncertain points to the buffer); no checkpoint."""
+        st = self.state
+        unc = var > sigma_t
+        status = np.where(unc, STATUS["buffered"], STATUS["confident"]).astype(np.int8)
+        start = st["n_rows"]
+        st["n_rows"] = self.store.append_rows(
+            start, emb, var, man, np.full(len(var), version, np.int32), status)
+        rows = start + np.flatnonzero(unc)
+        b0 = st["buffer_len"]
+        st["buffer_len"] = self.store.append_buffer(b0, data[unc], rows)
+        st["pending"].extend(range(b0, st["buffer_len"]))
+
+    def _commit(self, job: _InFlight) -> None:
+        st = self.state
+        if job.reason:
+            self._quarantine(job)
+            return
+        emb, var, man = job.future.result()
+        version = job.version
+        if version != st["version"]:
+            # mapped by a superseded version: re-evaluate what it found uncertain
+            unc = np.flatnonzero(var > self.model.sigma_t_)
+            if unc.size:
+                e2, v2, m2 = self.model._map(job.data[unc])
+                emb, var, man = emb.copy(), var.copy(), man.copy()
+                emb[unc], var[unc], man[unc] = e2, v2, m2
+            version = st["version"]
+        data, done = job.data, 0
+        while True:
+            cut = len(data)
+            if self.strict:
+                room = self.n_s - len(st["pending"])
+                unc = np.flatnonzero(var > self.model.sigma_t_)
+                if room > 0 and unc.size >= room:
+                    cut = int(unc[room - 1]) + 1
+            self._write(data[:cut], emb[:cut], var[:cut], man[:cut], version, self.model.sigma_t_)
+            done += cut
+            if cut == len(data):
+                st["source"], st["skip"] = job.chunk.offset, 0
+                st["n_chunks"] = job.seq + 1
+                self.store.write_checkpoint(st)
+                return
+            # strict mode: the buffer is full mid-chunk; commit the prefix, refit, go on
+            st["source"], st["skip"] = job.offset_before, job.skip + done
+            self.store.write_checkpoint(st)
+            self._refit_sync()
+            data = data[cut:]
+            emb, var, man = self.exec.submit(map_chunk, self.model_handle, data).result()
+            version = st["version"]
+
+    def _quarantine(self, job: _InFlight) -> None:
+        st = self.state
+        data = job.data
+        m = data.shape[0] if (data is not None and data.ndim == 2) else 0
+        record = dict(seq=job.seq, name=job.chunk.name, reason=job.reason,
+                      first_row=st["n_rows"], n_rows=m)
+        logger.warning("quarantined chunk %s: %s", job.chunk.name, job.reason)
+        self.store.quarantine(job.seq, record, data)
+        dg = self.model.embedding_.shape[1]
+        st["n_rows"] = self.store.append_rows(
+            st["n_rows"], np.full((m, dg), np.nan), np.full(m, np.nan), np.full(m, -1, np.int32),
+            np.full(m, st["version"], np.int32), np.full(m, STATUS["quarantined"], np.int8))
+        st["source"], st["skip"] = job.chunk.offset, 0
+        st["n_chunks"] = job.seq + 1
+        st["n_quarantined"] += 1
+        self.store.write_checkpoint(st)
+
+    # ------------------------------------------------------------------ refits
+    def _start_refit(self) -> None:
+        st = self.state
+        ids = list(st["pending"])
+        pts, _ = self.store.buffer_entries(ids)
+        batch = np.vstack([self.batch, pts])
+        logger.info("refit: batch %d + buffer %d (model v%d)", len(self.batch), len(ids),
+                    st["version"])
+        fut = self.exec.submit(refit_model, refit_params(self.model), batch,
+                               self.model.embedding_)
+        self._refit = _Refit(fut, ids, batch, st["n_rows"], time.perf_counter())
+
+    def _poll_refit(self, wait: bool) -> None:
+        st = self.state
+        if self._refit is None:
+            if len(st["pending"]) >= self.n_s * (1 + self._refit_failures):
+                self._start_refit()
+            return
+        if not (wait or self._refit.future.done()):
+            return
+        r, self._refit = self._refit, None
+        try:
+            model = r.future.result()
+        except Exception:
+            self._refit_failures += 1
+            logger.exception("refit failed; retrying once the buffer holds %d points",
+                             self.n_s * (1 + self._refit_failures))
+            return
+        self._refit_failures = 0
+        self._publish(model, r)
+
+    def _refit_sync(self) -> None:
+        self._start_refit()
+        self._poll_refit(wait=True)
+
+    def _publish(self, model: Any, r: _Refit) -> None:
+        st = self.state
+        v = st["version"] + 1
+        self.store.save_model(v, model, r.batch)
+        pts, rows = self.store.buffer_entries(r.ids)
+        emb, var, man = model._map(pts)
+        self.store.update_rows(rows, emb, var, man, v, STATUS["remapped"])
+        taken = set(r.ids)
+        rest = [i for i in st["pending"] if i not in taken]
+        still = []
+        if rest:
+            # buffered while the refit ran: the new version decides whether they are explained
+            pts, rows = self.store.buffer_entries(rest)
+            emb, var, man = model._map(pts)
+            unc = var > model.sigma_t_
+            status = np.where(unc, STATUS["buffered"], STATUS["remapped"]).astype(np.int8)
+            self.store.update_rows(rows, emb, var, man, v, status)
+            still = [i for i, u in zip(rest, unc) if u]
+        seconds = time.perf_counter() - r.started
+        st["refits"].append(dict(version=v, trigger_row=r.trigger_row, publish_row=st["n_rows"],
+                                 n_batch=len(r.batch), n_buffer=len(r.ids), seconds=seconds))
+        st["pending"] = still
+        st["version"] = v
+        st["sigma_t"].append(model.sigma_t_)
+        self.store.write_checkpoint(st)
+        self.model, self.batch = model, r.batch
+        self.model_handle = self.exec.put_model(model)
+        logger.info("published model v%d (%d manifolds) after %.1f s; %d points remapped",
+                    v, model.n_manifolds_, seconds, len(r.ids) + len(rest) - len(still))
+
+
+def run_stream(out: str, source: Any, model: Any = None, **kwargs: Any) -> dict:
+    """Convenience wrapper: ``StreamRunner(out, source, model, **kwargs).run()``."""
+    return StreamRunner(out, source, model, **kwargs).run()

@@ -1,0 +1,209 @@
+"""The stream's durable state: output rows, the drift buffer, model versions, the checkpoint.
+
+Layout of the output directory (a Zarr v3 group plus plain files):
+
+``embedding (N, d_g)``, ``variance (N,)``, ``manifold (N,)``, ``version (N,)``, ``status (N,)``
+    One row per input row, row i = the i-th row of the stream (quarantined rows included).
+``buffer_points (M, D)``, ``buffer_rows (M,)``
+    Append-only log of every point that was ever buffered, with its output row.
+``models/v{k}.pkl``
+    Each published model version with the batch it was fitted on.
+``quarantine/{seq}.json`` (+ ``.npy``)
+    Malformed chunks with the reason.
+``checkpoint.json``
+    The committed state. Written last, atomically (write a temporary file, fsync, rename):
+    anything beyond it (rows past ``n_rows``, buffer entries past ``buffer_len``, models newer
+    than ``version``, quarantine records from chunk ``n_chunks`` on) is discarded on restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+import zarr
+
+logger = logging.getLogger(__name__)
+
+#: Final row statuses.
+STATUS = {"confident": 1, "buffered": 2, "remapped": 3, "quarantined": 4}
+STATUS_NAMES = {v: k for k, v in STATUS.items()}
+ROW_CHUNK = 4096
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class StreamStore:
+    """Reader/writer of a stream output directory (one writer: the runner)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.group = None
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.path, "checkpoint.json")
+
+    def exists(self) -> bool:
+        return os.path.exists(self.checkpoint_path)
+
+    def create(self, n_features: int, global_dim: int) -> None:
+        os.makedirs(os.path.join(self.path, "models"), exist_ok=True)
+        os.makedirs(os.path.join(self.path, "quarantine"), exist_ok=True)
+        g = zarr.open_group(self.path, mode="a")
+        spec = {
+            "embedding": ((0, global_dim), "f8", (ROW_CHUNK, global_dim), np.nan),
+            "variance": ((0,), "f8", (ROW_CHUNK,), np.nan),
+            "manifold": ((0,), "i4", (ROW_CHUNK,), -1),
+            "version": ((0,), "i4", (ROW_CHUNK,), -1),
+            "status": ((0,), "i1", (ROW_CHUNK,), 0),
+            "buffer_points": ((0, n_features), "f8", (1024, n_features), np.nan),
+            "buffer_rows": ((0,), "i8", (1024,), -1),
+        }
+        for name, (shape, dtype, chunks, fill) in spec.items():
+            g.create_array(name, shape=shape, dtype=dtype, chunks=chunks, fill_value=fill,
+                           overwrite=True)
+        g.attrs["status_codes"] = STATUS
+        self.group = g
+
+    def open(self) -> None:
+        self.group = zarr.open_group(self.path, mode="a")
+
+    def __getitem__(self, name: str) -> zarr.Array:
+        if self.group is None:
+            self.open()
+        return self.group[name]
+
+    # ------------------------------------------------------------------ checkpoint
+    def read_checkpoint(self) -> dict:
+        with open(self.checkpoint_path) as fh:
+            return json.load(fh)
+
+    def write_checkpoint(self, state: dict) -> None:
+        _atomic_write(self.checkpoint_path, json.dumps(state).encode())
+
+    def truncate(self, state: dict) -> None:
+        """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
+        n, b = state["n_rows"], state["buffer_len"]
+        for name in ("embedding", "variance", "manifold", "version", "status"):
+            arr = self[name]
+            if arr.shape[0] != n:
+                arr.resize((n, *arr.shape[1:]))
+        for name in ("buffer_points", "buffer_rows"):
+            arr = self[name]
+            if arr.shape[0] != b:
+                arr.resize((b, *arr.shape[1:]))
+        mdir = os.path.join(self.path, "models")
+        for f in os.listdir(mdir):
+            if f.startswith("v") and f.endswith(".pkl") and int(f[1:-4]) > state["version"]:
+                os.remove(os.path.join(mdir, f))
+        qdir = os.path.join(self.path, "quarantine")
+        for f in os.listdir(qdir):
+            if f.split(".")[0].isdigit() and int(f.split(".")[0]) >= state["n_chunks"]:
+                os.remove(os.path.join(qdir, f))
+
+    # ------------------------------------------------------------------ rows
+    def append_rows(self, start: int, emb, var, manifold, version, status) -> int:
+        """Write rows ``start..start+m`` (growing the arrays); returns the new row count."""
+        m = len(status)
+        end = start + m
+        for name, val in (("embedding", emb), ("variance", var), ("manifold", manifold),
+                          ("version", version), ("status", status)):
+            arr = self[name]
+            if arr.shape[0] < end:
+                arr.resize((end, *arr.shape[1:]))
+            if m:
+                arr[start:end] = val
+        return end
+
+    def update_rows(self, rows: np.ndarray, emb, var, manifold, version, status) -> None:
+        """Overwrite existing rows (buffered points re-mapped after a refit)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return
+        order = np.argsort(rows)
+        vals = {"embedding": np.asarray(emb)[order]}
+        for name, val in (("variance", var), ("manifold", manifold), ("version", version),
+                          ("status", status)):
+            vals[name] = np.broadcast_to(np.asarray(val), rows.shape)[order]
+        rows = rows[order]
+        for name, val in vals.items():
+            arr = self[name]
+            arr.set_orthogonal_selection((rows,) if arr.ndim == 1 else (rows, slice(None)), val)
+
+    def append_buffer(self, start: int, points: np.ndarray, rows: np.ndarray) -> int:
+        end = start + len(rows)
+        for name, val in (("buffer_points", points), ("buffer_rows", rows)):
+            arr = self[name]
+            if arr.shape[0] < end:
+                arr.resize((end, *arr.shape[1:]))
+            if len(rows):
+                arr[start:end] = val
+        return end
+
+    def buffer_entries(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Points (m, D) and output rows (m,) of buffer entries ``ids``."""
+        if not ids:
+            return np.zeros((0, self["buffer_points"].shape[1])), np.zeros(0, dtype=np.int64)
+        ids = np.asarray(ids)
+        pts = self["buffer_points"].get_orthogonal_selection((ids, slice(None)))
+        rows = self["buffer_rows"].get_orthogonal_selection((ids,))
+        return np.asarray(pts), np.asarray(rows)
+
+    # ------------------------------------------------------------------ models, quarantine
+    def save_model(self, version: int, model: Any, batch: np.ndarray) -> None:
+        path = os.path.join(self.path, "models", f"v{version}.pkl")
+        _atomic_write(path, pickle.dumps({"model": model, "batch": batch}, protocol=5))
+
+    def load_model(self, version: int) -> tuple[Any, np.ndarray]:
+        with open(os.path.join(self.path, "models", f"v{version}.pkl"), "rb") as fh:
+            rec = pickle.load(fh)
+        return rec["model"], rec["batch"]
+
+    def quarantine(self, seq: int, record: dict, data: np.ndarray | None) -> None:
+        qdir = os.path.join(self.path, "quarantine")
+        if data is not None:
+            try:
+                np.save(os.path.join(qdir, f"{seq:09d}.npy"), np.asarray(data))
+            except Exception:  # an object array or similar: the record alone must do
+                logger.debug("could not save quarantined chunk %d data", seq)
+        _atomic_write(os.path.join(qdir, f"{seq:09d}.json"), json.dumps(record).encode())
+
+    def quarantine_records(self) -> list[dict]:
+        qdir = os.path.join(self.path, "quarantine")
+        out = []
+        for f in sorted(os.listdir(qdir)):
+            if f.endswith(".json"):
+                with open(os.path.join(qdir, f)) as fh:
+                    out.append(json.load(fh))
+        return out
+
+
+def read_output(path: str) -> dict:
+    """The committed output of a stream store as NumPy arrays (rows up to the checkpoint).
+
+    Returns
+    -------
+    dict with ``embedding (N, d_g)``, ``variance``, ``manifold``, ``version``, ``status``
+    (all (N,)), ``checkpoint`` (dict) and ``quarantine`` (list of records).
+    """
+    store = StreamStore(path)
+    state = store.read_checkpoint()
+    n = state["n_rows"]
+    out = {name: np.asarray(store[name][:n])
+           for name in ("embedding", "variance", "manifold", "version", "status")}
+    out["checkpoint"] = state
+    out["quarantine"] = store.quarantine_records()
+    return out

@@ -1,0 +1,99 @@
+"""LSDR: latent recovery on the thesis's spiral and a swiss roll, out-of-sample map, bad input."""
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from dr_dask.methods.lsdr import LSDR, prune_edges
+
+
+def spiral(n, seed=0, noise=0.35):
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(1.5 * np.pi, 4.5 * np.pi, n)
+    X = np.c_[theta * np.cos(theta), theta * np.sin(theta)] + noise * rng.normal(size=(n, 2))
+    return X, theta
+
+
+def swiss_roll(n, seed=0, noise=0.3):
+    rng = np.random.default_rng(seed)
+    t = 1.5 * np.pi * (1 + 2 * rng.uniform(size=n))
+    h = 21 * rng.uniform(size=n)
+    X = np.c_[t * np.cos(t), h, t * np.sin(t)] + noise * rng.normal(size=(n, 3))
+    return X, t, h
+
+
+def best_rho(E, z):
+    return max(abs(spearmanr(E[:, j], z)[0]) for j in range(E.shape[1]))
+
+
+@pytest.mark.parametrize("removal", ["in_place", "sweep"])
+def test_spiral_recovers_angle(removal):
+    X, theta = spiral(800)
+    model = LSDR(n_components=1, removal=removal, random_state=0).fit(X)
+    assert best_rho(model.embedding_, theta) >= 0.99
+    # the graph keeps its spanning tree, so it is connected, and pruning removed cross-arm edges
+    from scipy.sparse.csgraph import connected_components
+
+    assert connected_components(model.graph_, directed=False)[0] == 1
+    assert len(model.removed_edges_) > 0 and len(model.mst_edges_) == len(X) - 1
+    assert 0 < len(model.skeleton_indices_) < len(X)
+    # out-of-sample points (Theorem 2 estimator) land in the right place along the spiral
+    Xn, theta_n = spiral(200, seed=5)
+    assert best_rho(model.transform(Xn), theta_n) >= 0.99
+
+
+def test_swiss_roll_recovers_both_coordinates():
+    X, t, h = swiss_roll(1500)
+    E = LSDR(n_components=2, random_state=0).fit_transform(X)
+    assert best_rho(E, t) >= 0.99
+    assert best_rho(E, h) >= 0.99
+
+
+def test_transform_dask_keeps_row_chunks_and_reproduces_landmarks(cluster_client):
+    import dask.array as da
+
+    X, _ = spiral(400, seed=1)
+    model = LSDR(n_components=1, random_state=0, client=cluster_client).fit(X)
+    Xd = da.from_array(X, chunks=(130, 2))
+    out = model.transform(Xd)
+    assert isinstance(out, da.Array) and out.chunks[0] == Xd.chunks[0]
+    got = cluster_client.compute(out).result()
+    np.testing.assert_allclose(got, model.transform(X))
+    L = model.oos_landmarks_
+    scale = np.ptp(model.embedding_)
+    assert np.abs(got[L] - model.embedding_[L]).max() < 1e-2 * scale
+
+
+def test_single_simultaneous_pass_leaves_more_edges():
+    """The digest's F7: one simultaneous pass removes fewer edges than the fixed point."""
+    X, _ = spiral(800)
+    from scipy.spatial import Delaunay
+
+    s = Delaunay(X).simplices
+    e = np.unique(np.sort(np.vstack([s[:, [0, 1]], s[:, [0, 2]], s[:, [1, 2]]]), 1), axis=0)
+    w = np.linalg.norm(X[e[:, 0]] - X[e[:, 1]], axis=1)
+    none = np.zeros(len(e), bool)
+    one, _ = prune_edges(e, w, none, len(X), 0.95, 2, "sweep", max_passes=1)
+    fixed, passes = prune_edges(e, w, none, len(X), 0.95, 2, "sweep")
+    assert passes > 1 and fixed.sum() < one.sum()
+
+
+def test_bad_input_errors():
+    X, _ = spiral(200)
+    with pytest.raises(ValueError, match="p=8 exceeds max_delaunay_dim=6.*PCA.*graph='knn'"):
+        LSDR().fit(np.random.default_rng(0).normal(size=(100, 8)))
+    dup = np.vstack([X, X[[3, 17]]])
+    with pytest.raises(ValueError, match="2 duplicate rows.*row 200 duplicates 3"):
+        LSDR().fit(dup)
+    with pytest.raises(ValueError, match="removal must be"):
+        LSDR(removal="later").fit(X)
+    with pytest.raises(ValueError, match="shape \\(m, 2\\)"):
+        LSDR(n_components=1).fit(X).transform(np.zeros((3, 3)))
+
+
+def test_knn_graph_option_handles_higher_p():
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3 * np.pi, 600)
+    X = np.c_[np.cos(t), np.sin(t), t / 3, np.zeros((600, 5))] + 0.02 * rng.normal(size=(600, 8))
+    E = LSDR(n_components=1, graph="knn", random_state=0).fit_transform(X)
+    assert best_rho(E, t) >= 0.99
