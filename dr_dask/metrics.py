@@ -302,6 +302,9 @@ def trustworthiness(X: Any, Y: Any, n_neighbors: int = 5, *, block_rows: int | N
                     client: Any = None) -> float:
     """Venna-Kaski trustworthiness (equal to ``sklearn.manifold.trustworthiness``), blockwise.
 
+    Tied input distances rank as the closer position (sklearn orders ties arbitrarily), so on
+    data with ties (e.g. integer pixels) the two can differ in the 4th decimal.
+
     See :func:`neighbourhood_scores` for parameters; X (T, N), Y (T, d).
     """
     return neighbourhood_scores(X, Y, n_neighbors, block_rows=block_rows,

@@ -65,6 +65,11 @@ def test_isomap_dense_lanczos_and_store_agree(roll2000, our_fit, tmp_path):
     np.testing.assert_allclose(stored.embedding_, lanczos.embedding_, atol=1e-8)
     assert stored.geodesic_store_.shape == (800, 800)
     np.testing.assert_allclose(stored.transform(Xnew), lanczos.transform(Xnew), atol=1e-8)
+    lm = LandmarkIsomap(n_neighbors=10, n_landmarks=60, random_state=0).fit(X)
+    lm_stored = LandmarkIsomap(n_neighbors=10, n_landmarks=60, random_state=0, block_size=16,
+                               geodesic_store=str(tmp_path / "lx.zarr")).fit(X)
+    np.testing.assert_allclose(lm_stored.embedding_, lm.embedding_, atol=1e-8)
+    np.testing.assert_allclose(lm_stored.transform(Xnew), lm.transform(Xnew), atol=1e-8)
     # without a dense matrix or a store, transform runs Dijkstra from the neighbours
     lanczos.dist_matrix_ = None
     np.testing.assert_allclose(lanczos.transform(Xnew), dense.transform(Xnew), atol=1e-8)
@@ -99,11 +104,17 @@ def test_landmark_isomap_close_to_full_isomap():
 
 
 @pytest.mark.cluster
-def test_cluster_equals_threaded(cluster_client, roll2000):
+def test_cluster_equals_threaded(cluster_client, roll2000, monkeypatch):
+    import dr_dask.methods.isomap as iso
+
     X, Xnew = roll2000
     X = X[:1200]
     a = Isomap(n_neighbors=8, random_state=0).fit(X)
+    # as for T > 10,000: D2 row blocks stay on the workers, Lanczos products run there, and
+    # transform runs Dijkstra from the new points' neighbours on the cluster
+    monkeypatch.setattr(iso, "DIST_MATRIX_MAX", 500)
     b = Isomap(n_neighbors=8, random_state=0, client=cluster_client).fit(X)
+    assert b.dist_matrix_ is None
     np.testing.assert_allclose(b.embedding_, a.embedding_, atol=1e-8)
     np.testing.assert_allclose(b.transform(Xnew), a.transform(Xnew), atol=1e-8)
     lazy = b.transform(da.from_array(Xnew, chunks=(100, 3)))

@@ -20,7 +20,8 @@ CASES = [
     ("matern", {"nu": 0.5}),
     ("matern", {"nu": 1.5}),
     ("matern", {"nu": 2.5}),
-    ("matern", {"nu": 0.3}),
+    ("matern", {"nu": 0.1}),
+    ("matern", {"nu": 1.0}),
     ("matern", {"nu": 3.7}),
 ]
 K_GRID = np.concatenate([np.linspace(1e-3, 1.0, 4001), 1.0 - np.logspace(-12, -3, 200)])
@@ -69,6 +70,14 @@ def test_general_matern_matches_bessel_formula():
         x = np.sqrt(2 * nu * d)
         expected = 2 ** (1 - nu) / special.gamma(nu) * x**nu * special.kv(nu, x)
         np.testing.assert_allclose(get_kernel("matern", nu=nu).f(d), expected, rtol=1e-12)
+
+
+def test_general_matern_table_matches_exact_root():
+    kernel = get_kernel("matern", nu=3.7)
+    k = np.array([1e-200, 1e-5, 0.2, 0.9, 1 - 1e-7])
+    exact = kernel._safeguarded_newton(-np.log(k)) ** 2 / (2 * 3.7)
+    # near k = 1 the reference itself is only accurate to ~1e-14 absolute (ln f via kve)
+    np.testing.assert_allclose(kernel.inverse(k), exact, rtol=1e-9, atol=1e-14)
 
 
 def test_gamma_exponential_is_seed_000_form():

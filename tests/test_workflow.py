@@ -19,7 +19,7 @@ def test_workflow_runs_steps_on_a_remote_scheduler(tmp_path, cluster_client):
     wf = _workflow(tmp_path, f"""
 [[steps]]
 name = "generate"
-args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", "300", "-N", "40"]
+args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", "300", "-N", "40", "--if-missing"]
 
 [[steps]]
 name = "embed"
@@ -32,6 +32,11 @@ args = ["embed", "ikd", "--input", "{data}:X", "--out", "{runs}", "-n", "1", "--
     assert run.attrs["complete"] and run["embedding"].shape == (300, 1)
     # the scheduler's workers did the work: the cluster saw tasks
     assert cluster_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.task_prefixes)) > 0
+    # a rerun of the finished job is a no-op that succeeds (resumable, idempotent steps)
+    before = run["embedding"][...]
+    res = CliRunner().invoke(main, ["--scheduler", address, "run", wf])
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+    assert (zarr.open_group(runs, mode="r")["nightly"]["embedding"][...] == before).all()
 
 
 def test_failing_step_stops_the_job_with_its_reason(tmp_path):

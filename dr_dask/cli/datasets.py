@@ -32,14 +32,21 @@ def _names() -> list[str]:
 @click.option("--chunk-size", type=int, default=5000, show_default=True, help="Rows per Zarr chunk.")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
+@click.option("--if-missing", is_flag=True,
+              help="Do nothing if OUT exists (stores appear only once complete): for resumable jobs.")
 @click.option("--parallel", is_flag=True, help="Generate chunks on the dask cluster (--scheduler or a LocalCluster).")
 @click.pass_context
 def make(ctx: click.Context, name: str, out: str, n_samples: int, n_features: int, n_components, noise,
          seed: int, length_scale, method, bump, chunk_size: int, dtype: str, overwrite: bool,
-         parallel: bool) -> None:
+         if_missing: bool, parallel: bool) -> None:
     """Generate dataset NAME (gp, sinusoidal, bump, ...) into the Zarr store OUT."""
+    import os
+
     from dr_dask.datasets import make_dataset
 
+    if if_missing and not overwrite and os.path.exists(out):
+        click.echo(f"{out} exists; nothing to do (--if-missing)")
+        return
     if name not in _names():
         fail(f"unknown dataset {name!r}; valid names: {', '.join(_names())}")
     # pass only what the user set, so each generator keeps its own defaults and an option

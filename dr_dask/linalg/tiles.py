@@ -11,6 +11,9 @@ same pattern with another per-tile function.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,9 +169,13 @@ def build_tiles(
 ) -> tuple[TiledSymmetric, list]:
     """Compute every upper tile ``tile_fn(blocks[i], blocks[j], is_diagonal, *fn_args)``.
 
-    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (path of a Zarr array to create) each
-    task writes its tile there and only ``stats`` come back, so the matrix is on disk and no
-    process ever holds more than a tile; otherwise tiles stay in worker memory.
+    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (path of a Zarr array) each task
+    writes its tile there and only ``stats`` come back, so the matrix is on disk and no process
+    ever holds more than a tile; otherwise tiles stay in worker memory.
+
+    On disk the stage resumes tile by tile: after writing its tile a task records its stats in
+    ``store + ".done"/i_j.pkl`` (atomically, so the record exists only for a fully written tile),
+    and a rerun recomputes only the tiles without a record.
 
     Returns
     -------
@@ -176,21 +183,21 @@ def build_tiles(
     """
     client = active_client(client)
     T = grid.size
+    done: dict = {}
     if store is not None:
-        zarr.create_array(
-            store, shape=(T, T), chunks=(grid.max_block, grid.max_block), dtype=dtype,
-            compressors=None, fill_value=0, overwrite=True, dimension_names=("sample", "sample_"),
-        )
-        regular = all(b % grid.max_block == 0 for b in grid.bounds[:-1])
-        if not regular:
+        if any(b % grid.max_block for b in grid.bounds[:-1]):
             raise ValueError("tile grid must be regular to align tiles with Zarr chunks")
+        done = _open_tile_store(store, grid, dtype)
     shared_args = tuple(client.scatter(a, broadcast=True, hash=False) if client else a
                         for a in fn_args)
+    todo = [ij for ij in grid.upper() if ij not in done]
+    if done:
+        logger.info("resuming tiles: %d of %d already written", len(done), len(grid.upper()))
     tasks = [
         dask.delayed(_make_tile, pure=False)(
-            tile_fn, blocks[i], blocks[j], i == j, shared_args, store, grid.block(i), grid.block(j)
+            tile_fn, blocks[i], blocks[j], i == j, shared_args, store, (i, j), grid
         )
-        for (i, j) in grid.upper()
+        for (i, j) in todo
     ]
     if store is None and client is not None:
         # keep tiles on the workers: futures of (tile, stats), tiles never gathered
@@ -203,14 +210,15 @@ def build_tiles(
         stats = client.gather([client.submit(_second, f, pure=False) for f in futures])
         del futures
         return TiledSymmetric(grid, tiles, client), stats
-    results = compute(*tasks, client=client, progress=progress)
+    results = dict(zip(todo, compute(*tasks, client=client, progress=progress)))
     if store is not None:
         tiles = {
             ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()
         }
-    else:
-        tiles = {ij: r[0] for ij, r in zip(grid.upper(), results)}
-    return TiledSymmetric(grid, tiles, client), [r[1] for r in results]
+        stats = [done[ij] if ij in done else results[ij][1] for ij in grid.upper()]
+        return TiledSymmetric(grid, tiles, client), stats
+    tiles = {ij: r[0] for ij, r in results.items()}
+    return TiledSymmetric(grid, tiles, client), [results[ij][1] for ij in grid.upper()]
 
 
 def _first(pair: tuple) -> Any:
@@ -221,9 +229,41 @@ def _second(pair: tuple) -> Any:
     return pair[1]
 
 
-def _make_tile(tile_fn, Xi, Xj, diag, args, store, rows, cols):
+def _done_path(store: str, ij: tuple[int, int]) -> str:
+    return os.path.join(store + ".done", f"{ij[0]}_{ij[1]}.pkl")
+
+
+def _open_tile_store(store: str, grid: TileGrid, dtype: Any) -> dict:
+    """Create the tile array, or reopen it with the stats of the tiles already written."""
+    shape, chunks = (grid.size, grid.size), (grid.max_block, grid.max_block)
+    try:
+        arr = zarr.open_array(store, mode="r")
+        if arr.shape != shape or arr.chunks != chunks or arr.dtype != np.dtype(dtype):
+            raise ValueError("tile array of another shape")
+    except Exception:  # absent or incompatible: start the stage afresh
+        shutil.rmtree(store + ".done", ignore_errors=True)
+        zarr.create_array(
+            store, shape=shape, chunks=chunks, dtype=dtype, compressors=None, fill_value=0,
+            overwrite=True, dimension_names=("sample", "sample_"),
+        )
+    os.makedirs(store + ".done", exist_ok=True)
+    done = {}
+    for ij in grid.upper():
+        try:
+            with open(_done_path(store, ij), "rb") as fh:
+                done[ij] = pickle.load(fh)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            pass
+    return done
+
+
+def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid):
     tile, stats = tile_fn(Xi, Xj, diag, *args)
-    if store is not None:
-        zarr.open_array(store, mode="r+")[rows, cols] = tile
-        return None, stats
-    return tile, stats
+    if store is None:
+        return tile, stats
+    zarr.open_array(store, mode="r+")[grid.block(ij[0]), grid.block(ij[1])] = tile
+    path = _done_path(store, ij)
+    with open(path + ".tmp", "wb") as fh:  # the record appears only once the tile is written
+        pickle.dump(stats, fh)
+    os.replace(path + ".tmp", path)
+    return None, stats

@@ -40,6 +40,8 @@ NOISE_BOUNDS = (1e-6, 1.0)
 LENGTH_BOUNDS_REL = (0.05, 20.0)
 #: Admissible negative eigenvalue of K, relative to the noise variance, in the ML search.
 PSD_TOL = 0.1
+#: Objective value of inadmissible length scales (finite: the bounded search does arithmetic).
+INADMISSIBLE = 1e30
 #: Rows of the query chunk processed at once in the geodesic min-plus step (memory bound:
 #: block * k_s * n_i doubles).
 QUERY_BLOCK = 512
@@ -199,12 +201,12 @@ def fit_hyperparameters(
         if w.min() < -PSD_TOL * noise_floor:
             # K3 turns indefinite at short length scales (digest §3.2); held-out variances are
             # then meaningless (they even undercut the noise), so such scales are not admitted
-            return np.inf, noise_floor
+            return INADMISSIBLE, noise_floor
         Yt2 = (V.T @ Y) ** 2
         if noise_variance is not None:
             ev = w + noise_variance
             if ev.min() <= 0:
-                return np.inf, noise_variance
+                return INADMISSIBLE, noise_variance
             return 0.5 * np.sum(Yt2.sum(1) / ev) + 0.5 * d * np.sum(np.log(ev)), noise_variance
         return _profile_nll(w, Yt2, d, NOISE_BOUNDS[0])
 
@@ -215,7 +217,7 @@ def fit_hyperparameters(
     lo, hi = np.log(LENGTH_BOUNDS_REL[0] * gmax), np.log(LENGTH_BOUNDS_REL[1] * gmax)
     grid = np.linspace(lo, hi, 9)
     vals = [profile(x)[0] for x in grid]
-    if not np.isfinite(vals).any():
+    if min(vals) >= INADMISSIBLE:
         logger.warning("kernel indefinite at every length scale up to %.3g; using it", np.exp(hi))
         return float(np.exp(hi)), float(profile(hi)[1] if noise_variance is None else noise_variance)
     b = int(np.argmin(vals))

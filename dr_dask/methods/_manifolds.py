@@ -8,13 +8,16 @@
 The clusterer (the seed names S-Isomap++'s multi-scale-SVD tangent clustering without giving
 its formula) is deliberately simple:
 
-1. build the symmetric kNN graph of the batch (``dr_dask.graph.kneighbors_graph``);
+1. build the kNN graph of the batch (``dr_dask.graph.kneighbors``), keeping an edge i -> j
+   only if ``d_ij <= edge_factor * r_j`` (r_j: j's k-th neighbour distance): a relaxed
+   mutual-kNN graph, so stray points do not bridge manifolds or hang on to them;
 2. estimate each point's d-dimensional tangent plane by PCA of its k nearest neighbours;
 3. drop every graph edge whose two tangent planes disagree: similarity ``|det(U_i^T U_j)|``
    (the product of the cosines of the principal angles) below ``tangent_threshold``;
 4. the manifolds are the connected components of what remains; components smaller than
    ``min_cluster_size`` (sampling gaps, footnote 5 of the seed) join the manifold of their
-   nearest large-component point.
+   nearest large-component point when they are within a neighbour distance of it, and are
+   outliers (label -1, excluded from every manifold) otherwise.
 
 Separated manifolds fall apart in step 1, intersecting or touching ones with different
 orientation in step 3.
@@ -46,6 +49,8 @@ def tangent_clusters(
     *,
     tangent_threshold: float = 0.5,
     min_cluster_size: int | None = None,
+    outlier_factor: float = 1.0,
+    edge_factor: float = 1.5,
     client=None,
 ) -> np.ndarray:
     """Manifold labels for a batch; the number of manifolds is inferred.
@@ -60,14 +65,20 @@ def tangent_clusters(
     tangent_threshold : float in [0, 1]
         Minimum tangent-plane similarity for an edge to be kept (0 disables step 3).
     min_cluster_size : int, optional
-        Smaller components are merged into their nearest large one (default ``max(2k, 10)``).
+        Smaller components are merged into their nearest large one (default ``max(2k, 10)``)
+        when within ``outlier_factor`` times the 95th percentile of k-th-neighbour distances
+        of it; farther ones are outliers.
+    outlier_factor : float, default=1.0
+    edge_factor : float, default=1.5
+        An edge i -> j is kept only when ``d_ij <= edge_factor * r_j`` (r_j: distance of j to
+        its k-th neighbour), a relaxed mutual-kNN rule.
     client : distributed.Client, optional
         Passed to the kNN search.
 
     Returns
     -------
     labels : ndarray of shape (n,)
-        0..p-1, ordered by decreasing cluster size.
+        0..p-1, ordered by decreasing cluster size; -1 for outliers.
     """
     from dr_dask.graph.knn import kneighbors, kneighbors_local
 
@@ -77,6 +88,10 @@ def tangent_clusters(
     dist, idx = kneighbors(X, k, client=client)
     rows = np.repeat(np.arange(n), k)
     cols = idx.ravel()
+    # near-mutual kNN: an edge i -> j survives only if i is about as close to j as j's own
+    # k-th neighbour, so isolated points do not hang on to a dense manifold through long edges
+    short = dist.ravel() <= edge_factor * dist[cols, -1]
+    rows, cols = rows[short], cols[short]
     if tangent_threshold > 0 and dim < X.shape[1]:
         U = local_tangents(X, idx, dim)
         M = np.einsum("nDa,nDb->nab", U[rows], U[cols])
@@ -96,11 +111,18 @@ def tangent_clusters(
     small = labels < 0
     if small.any():
         anchor = np.flatnonzero(~small)
-        _, nn = kneighbors_local(X[anchor], 1, X[small])
-        labels[small] = labels[anchor[nn[:, 0]]]
-        logger.info("merged %d points of small components into their nearest manifold", small.sum())
+        d_nn, nn = kneighbors_local(X[anchor], 1, X[small])
+        # a fragment joins its nearest manifold only if it is about as close to it as
+        # neighbours within a manifold are; farther ones are outliers (label -1): they would
+        # stretch that manifold's geodesics and pull its GP's low variance into empty space
+        reach = outlier_factor * np.quantile(dist[:, -1], 0.95)
+        near = d_nn[:, 0] <= reach
+        merged = np.flatnonzero(small)[near]
+        labels[merged] = labels[anchor[nn[near, 0]]]
+        logger.info("merged %d points of small components into their nearest manifold, "
+                    "%d outliers", near.sum(), (~near).sum())
     logger.info("tangent clustering: %d manifolds of sizes %s", order.size,
-                np.bincount(labels).tolist())
+                np.bincount(labels[labels >= 0]).tolist())
     return labels.astype(np.int32)
 
 

@@ -85,6 +85,7 @@ def batch_of(model: Any) -> np.ndarray:
     X = np.empty((len(model.labels_), model.n_features_in_))
     for i, gp in enumerate(model.manifolds_):
         X[model.labels_ == i] = gp.points
+    X[model.labels_ < 0] = model.outliers_
     return X
 
 

@@ -1,0 +1,142 @@
+"""``dr-dask stream ...``: scenarios, the runner, reports; and ``dr-dask bench stream``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+
+import click
+import numpy as np
+
+from dr_dask.cli._app import bench, cluster, fail, stream
+
+logger = logging.getLogger(__name__)
+
+
+@stream.command("make-scenario")
+@click.argument("out", type=click.Path())
+@click.option("--scenario", type=click.Choice(["shift", "drift"]), default="shift",
+              show_default=True)
+@click.option("--n-per-patch", type=int, default=1000, show_default=True,
+              help="shift: train and test points per patch (paper: 1000).")
+@click.option("--n-batch", type=int, default=1000, show_default=True, help="drift: batch size.")
+@click.option("--n-stream", type=int, default=3000, show_default=True, help="drift: stream size.")
+@click.option("--ambient-dim", type=int, default=3, show_default=True)
+@click.option("--kind", type=click.Choice(["npy-dir", "zarr"]), default="npy-dir",
+              show_default=True, help="Stream source format.")
+@click.option("--chunk-size", type=int, default=250, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def make_scenario(out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, kind, chunk_size,
+                  seed):
+    """Write the Euler swiss-roll SCENARIO (batch, stream source, ground truth) to OUT."""
+    from dr_dask.datasets.swiss_roll import drift_scenario, shift_scenario, write_scenario
+
+    if scenario == "shift":
+        sc = shift_scenario(n_per_patch, ambient_dim=ambient_dim, random_state=seed)
+    else:
+        sc = drift_scenario(n_batch, n_stream, ambient_dim=ambient_dim, random_state=seed)
+    meta = write_scenario(sc, out, kind=kind, chunk_size=chunk_size)
+    click.echo(json.dumps(meta, indent=2))
+
+
+def _load_batch(path: str) -> np.ndarray:
+    from dr_dask.store import InputError, open_dataset
+
+    try:
+        return np.asarray(open_dataset(path).data.compute(), dtype=np.float64)
+    except InputError as exc:
+        fail(str(exc))
+
+
+@stream.command("run")
+@click.argument("source")
+@click.option("--out", required=True, type=click.Path(), help="Output store (resumed if present).")
+@click.option("--model", "model_path", type=click.Path(exists=True),
+              help="A pickled fitted GPIsomap.")
+@click.option("--batch", help="Batch to fit the model on (Zarr/NetCDF/.npy), if no --model.")
+@click.option("--holdout", help="Held-out batch-distribution points to calibrate sigma_t.")
+@click.option("--sigma-t", type=float, default=None, help="Novelty threshold (overrides calibration).")
+@click.option("--n-s", type=int, default=1000, show_default=True, help="Buffer size triggering a refit.")
+@click.option("--chunk-size", type=int, default=1000, show_default=True, help="Rows per Zarr chunk.")
+@click.option("--strict", is_flag=True, help="Algorithm 1's point-by-point semantics.")
+@click.option("--max-in-flight", type=int, default=2, show_default=True)
+@click.option("--follow", is_flag=True, help="Keep polling the source for new data.")
+@click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between polls.")
+@click.option("--no-cluster", is_flag=True, help="Map on local threads instead of a Dask cluster.")
+@click.option("--n-neighbors", type=int, default=10, show_default=True)
+@click.option("--kernel", default="geodesic_se", show_default=True)
+@click.option("--length-scale", type=float, default=None)
+@click.option("--noise-variance", type=float, default=0.01, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.pass_context
+def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, strict,
+        max_in_flight, follow, poll, no_cluster, n_neighbors, kernel, length_scale,
+        noise_variance, seed):
+    """Stream SOURCE (directory of .npy chunks, Zarr array) through GP-Isomap into --out.
+
+    SIGTERM or Ctrl-C finishes the chunks in flight, checkpoints and exits 0; rerunning the
+    same command resumes.
+    """
+    from dr_dask.methods.gp_isomap import GPIsomap
+    from dr_dask.stream.runner import StreamRunner
+    from dr_dask.stream.store import StreamStore
+
+    if not os.path.exists(source):
+        fail(f"stream source {source!r} does not exist")
+    resuming = StreamStore(out).exists()
+    if not resuming and not (model_path or batch):
+        fail("a new stream needs --model or --batch")
+    with contextlib.ExitStack() as stack:
+        client = None if no_cluster else stack.enter_context(cluster(ctx))
+        model = None
+        if not resuming:
+            if model_path:
+                with open(model_path, "rb") as fh:
+                    model = pickle.load(fh)
+                if not isinstance(model, GPIsomap):
+                    fail(f"{model_path} does not hold a GPIsomap (found {type(model).__name__})")
+            else:
+                model = GPIsomap(
+                    n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,
+                    noise_variance=noise_variance, sigma_t=sigma_t, random_state=seed,
+                ).fit(_load_batch(batch), client=client)
+            if holdout and sigma_t is None:
+                model.calibrate_threshold(_load_batch(holdout))
+            elif sigma_t is not None:
+                model.sigma_t_, model.threshold_source_ = float(sigma_t), "manual"
+        runner = StreamRunner(
+            out, source, model, n_s=n_s, chunk_size=chunk_size, strict_sequential=strict,
+            max_in_flight=max_in_flight, follow=follow, poll_interval=poll, client=client,
+        )
+        summary = runner.run()
+    click.echo(json.dumps(summary))
+
+
+@stream.command("report")
+@click.argument("store", type=click.Path(exists=True))
+@click.option("--out", "out_png", default=None, help="PNG path (default STORE/report.png).")
+@click.option("--window", type=int, default=50, show_default=True, help="Running-mean window.")
+def report(store, out_png, window):
+    """Plot variance over stream time (running mean, refits) and the embedding by version."""
+    from dr_dask.stream.report import stream_report
+
+    from dr_dask.stream.store import StreamStore
+
+    if not StreamStore(store).exists():
+        fail(f"{store} is not a stream output store (no checkpoint.json)")
+    summary = stream_report(store, out_png or os.path.join(store, "report.png"), window)
+    click.echo(json.dumps(summary, indent=2))
+
+
+@bench.command("stream")
+@click.option("--quick", is_flag=True, help="Small sizes, one repeat (smoke run).")
+@click.option("--out", "out_json", default=None, help="Write the JSON report here.")
+@click.option("--workdir", default=None, help="Scratch directory (default: a temporary one).")
+def bench_stream(quick, out_json, workdir):
+    """Mapping throughput vs sklearn, refit latency, runner RSS, shift detection."""
+    from dr_dask.bench.stream import run_benchmarks
+
+    click.echo(run_benchmarks(quick=quick, out=out_json, workdir=workdir))

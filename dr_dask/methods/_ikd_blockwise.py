@@ -1,0 +1,365 @@
+"""Blockwise IKD (seed 002 §2.4, first bullet; digest seed-ikd.md §2).
+
+Small similarities carry large inverse-kernel errors, so blockwise IKD only trusts the graph
+``s_ij / sigma^2 > s0``: it finds maximal cliques of that graph (Bron–Kerbosch with pivoting,
+:mod:`dr_dask.graph.cliques`), solves IKD on each clique, and glues the clique embeddings
+together by rigid alignments on shared points, greedily merging the pair of cliques that
+shares most points first.
+
+How this runs:
+
+1. ``S`` (T x T) is computed on the cluster and gathered: the blockwise solver is for the small
+   T the method is meant for (the authors' code holds S too); the clique search needs all of it.
+2. The clique search and leftover rules follow the authors' code (digest §2): cliques of
+   fewer than M + 2 points are dropped; leftover points, if at most 5% of T, get a kNN
+   "clique" of ``M + max(floor(0.02 T), 2)`` most-similar points each; otherwise, with a user
+   s0 or s0 > 0.26, every point gets such a kNN clique and shared points are averaged; otherwise
+   s0 rises by 0.04 and the search reruns.
+3. The merge order depends only on the clique sets, so it is planned first (symbolically);
+   then every clique IKD the plan needs, and every bridging sub-problem, is solved in one
+   parallel batch on the workers; finally the merges (Procrustes on a handful of points) run
+   in order on the driver.
+
+Merges (authors' ``combine_two_eig``): the larger clique's frame is kept; with at least
+``min_overlap`` (M + 1) shared points the smaller one is aligned to it rigidly (rotation,
+reflection, translation; digest A12); with fewer, a bridging sub-problem of the M + 2 points
+of each side most similar to the closest pair (no shared point) or to a shared point (the one
+with the smallest alignment error) is solved and both sides are aligned to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import numpy as np
+
+from dr_dask.cluster import active_client, compute
+from dr_dask.graph.cliques import maximal_cliques
+from dr_dask.linalg.align import procrustes_fit
+from dr_dask.linalg.eigen import top_eigh
+from dr_dask.methods.ikd import (
+    InverseKernel,
+    embedding_from_eigenpairs,
+    gram_dense,
+    reference_index,
+)
+from dr_dask.store import InputData
+
+logger = logging.getLogger(__name__)
+
+#: Leftover points up to this fraction of T get kNN cliques (authors' code).
+LEFTOVER_FRACTION = 0.05
+#: Step and ceiling of the automatic threshold's retries (authors' code).
+THRESHOLD_STEP = 0.04
+THRESHOLD_CEIL = 0.26
+
+
+def threshold_rule(n_features: int) -> float:
+    """The authors' N-based s0: 0.3 if N <= 100, 0.1 if N >= 1000, else 0.7 - 0.2 log10 N."""
+    if n_features <= 100:
+        return 0.3
+    if n_features >= 1000:
+        return 0.1
+    return float(0.7 - 0.2 * np.log10(n_features))
+
+
+# --------------------------------------------------------------------------------------------
+# one clique's IKD (runs on the workers)
+
+
+def clique_ikd(
+    S: np.ndarray, idx: np.ndarray, inverse: InverseKernel, reference: str, n_components: int
+) -> tuple[np.ndarray, float]:
+    """IKD (Algorithm 1, dense) of the points ``idx``.
+
+    Parameters
+    ----------
+    S : ndarray of shape (T, T)
+        Similarities (raw scale; ``inverse`` normalises and clips).
+    idx : ndarray of shape (n,)
+        Row indices, n >= M + 2.
+
+    Returns
+    -------
+    embedding : ndarray of shape (n, M)
+    explained_variance_ratio : float
+    """
+    D = inverse(S[np.ix_(idx, idx)].astype(np.float64), diagonal=True)
+    r = reference_index(D.max(axis=1), D.sum(axis=1), reference)
+    G = gram_dense(D, r)
+    eig = top_eigh(G, n_components, method="dense")
+    with warnings.catch_warnings():
+        # a clique with fewer than M positive eigenvalues gets zero columns (digest A8)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        Z = embedding_from_eigenpairs(eig.values, eig.vectors, n_components)
+    return Z, float(np.sum(eig.values**2) / np.sum(G * G))
+
+
+def _solve_all(S: np.ndarray, jobs: list[np.ndarray], inverse, reference, M, client) -> list:
+    """Every clique/bridge IKD of the plan, in parallel (workers, else dask threads)."""
+    client = active_client(client)
+    if not jobs:
+        return []
+    if client is not None:
+        S_f = client.scatter(S, broadcast=True, hash=False)
+        futures = client.map(
+            clique_ikd, [S_f] * len(jobs), jobs, inverse=inverse, reference=reference,
+            n_components=M, pure=False,
+        )
+        return client.gather(futures)
+    S_d = dask.delayed(S, traverse=False)
+    task = dask.delayed(clique_ikd, pure=True)
+    return list(compute(*[task(S_d, j, inverse, reference, M) for j in jobs]))
+
+
+# --------------------------------------------------------------------------------------------
+# clique search with the authors' leftover rules
+
+
+def _knn_clique(k: np.ndarray, i: int, size: int) -> np.ndarray:
+    """Point i and its most similar points (i itself has the largest similarity)."""
+    row = k[i].copy()
+    row[i] = np.inf
+    return np.sort(np.argpartition(row, -size)[-size:])
+
+
+def find_cliques(
+    k: np.ndarray, s0: float, M: int, max_cliques: int, user_threshold: bool
+) -> tuple[list[np.ndarray], float, bool]:
+    """Cliques covering every point, by the authors' rules.
+
+    Returns
+    -------
+    cliques : list of sorted index arrays
+    s0 : float
+        The threshold finally used.
+    average : bool
+        Whether shared points must be averaged (every point got a kNN clique).
+    """
+    T = k.shape[0]
+    size = min(T, M + max(int(0.02 * T), 2))
+    while True:
+        A = k > s0  # strict (digest A10)
+        np.fill_diagonal(A, False)
+        cliques = maximal_cliques(A, max_cliques=max_cliques, min_size=M + 2)
+        covered = np.zeros(T, bool)
+        for c in cliques:
+            covered[c] = True
+        left = np.flatnonzero(~covered)
+        if left.size == 0:
+            return cliques, s0, False
+        if left.size / T <= LEFTOVER_FRACTION:
+            logger.info("s0=%.3f: %d cliques; kNN cliques for %d leftover points",
+                        s0, len(cliques), left.size)
+            return cliques + [_knn_clique(k, int(i), size) for i in left], s0, False
+        if user_threshold or s0 > THRESHOLD_CEIL:
+            logger.info("s0=%.3f leaves %d of %d points outside the cliques: kNN cliques for "
+                        "every point, shared points averaged", s0, left.size, T)
+            return [_knn_clique(k, i, size) for i in range(T)], s0, True
+        logger.info("s0=%.3f leaves %d of %d points outside the cliques; raising s0",
+                    s0, left.size, T)
+        s0 += THRESHOLD_STEP
+
+
+# --------------------------------------------------------------------------------------------
+# the merge plan (depends only on the clique sets) and its execution
+
+
+@dataclass
+class _Merge:
+    """One effective merge: ``big`` keeps its frame, ``small`` is aligned to it."""
+
+    big: int
+    small: int
+    members: np.ndarray
+    shared: np.ndarray
+    kind: str  # "align" | "bridge" (no shared point) | "bridge_shared"
+    bridges: list = field(default_factory=list)  # [(sub_big, sub_small, union)]
+
+
+def _top(k: np.ndarray, anchor: int, members: np.ndarray, n: int) -> np.ndarray:
+    n = min(n, members.size)
+    return np.sort(members[np.argpartition(k[anchor, members], -n)[-n:]])
+
+
+def plan_merges(cliques: list[np.ndarray], k: np.ndarray, M: int, min_overlap: int):
+    """Greedy maximum-overlap merge order of the authors' ``merge_cliques``.
+
+    Returns ``(nodes, merges, root)``: ``nodes[i]`` is the member array of node i (the cliques
+    first, then merge results), ``merges`` maps a merge node to its :class:`_Merge`, ``root`` is
+    the node holding the final embedding.
+    """
+    T = k.shape[0]
+    nodes = [np.asarray(c) for c in cliques]
+    merges: dict[int, _Merge] = {}
+    alive = list(range(len(nodes)))
+    onehot = np.zeros((len(nodes), T), dtype=np.float64)
+    for i, c in enumerate(nodes):
+        onehot[i, c] = 1.0
+    inter = onehot @ onehot.T
+    np.fill_diagonal(inter, -1)
+    while len(alive) > 1:
+        i, j = np.unravel_index(int(np.argmax(inter)), inter.shape)
+        a, b = alive[i], alive[j]
+        if nodes[b].size > nodes[a].size:
+            a, b = b, a
+        union = np.union1d(nodes[a], nodes[b])
+        shared = np.intersect1d(nodes[a], nodes[b])
+        if union.size == nodes[a].size:
+            node = a  # the smaller clique lies inside the larger one: nothing to align
+        else:
+            node = len(nodes)
+            nodes.append(union)
+            m = _Merge(a, b, union, shared, "align")
+            if shared.size == 0:
+                sub = k[np.ix_(nodes[a], nodes[b])]
+                p, q = np.unravel_index(int(np.argmax(sub)), sub.shape)
+                sa = _top(k, nodes[a][p], nodes[a], M + 2)
+                sb = _top(k, nodes[b][q], nodes[b], M + 2)
+                m.kind, m.bridges = "bridge", [(sa, sb, np.union1d(sa, sb))]
+            elif shared.size < min_overlap:
+                m.kind = "bridge_shared"
+                for s in shared:
+                    sa, sb = _top(k, s, nodes[a], M + 2), _top(k, s, nodes[b], M + 2)
+                    m.bridges.append((sa, sb, np.union1d(sa, sb)))
+            merges[node] = m
+        if union.size == T:
+            return nodes, merges, node
+        alive.pop(j)
+        inter = np.delete(np.delete(inter, j, axis=0), j, axis=1)
+        onehot = np.delete(onehot, j, axis=0)
+        i = i if i < j else i - 1
+        alive[i] = node
+        onehot[i, nodes[node]] = 1.0
+        inter[i] = onehot @ onehot[i]
+        inter[:, i] = inter[i]
+        inter[i, i] = -1
+    return nodes, merges, alive[0]
+
+
+def _needed(root: int, merges: dict) -> list[int]:
+    """Nodes whose embeddings the root depends on, children before parents."""
+    order, stack, seen = [], [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        order.append(n)
+        if n in merges:
+            stack += [merges[n].big, merges[n].small]
+    return sorted(order)  # merge nodes are numbered after their children
+
+
+def _rows(members: np.ndarray, subset: np.ndarray) -> np.ndarray:
+    return np.searchsorted(members, subset)
+
+
+def _align(src_members, Z_src, tgt_members, Z_tgt, points):
+    fit = procrustes_fit(Z_src[_rows(src_members, points)], Z_tgt[_rows(tgt_members, points)],
+                         scaling=False, reflection=True)
+    return fit
+
+
+def _combine(m: _Merge, nodes, Z: dict, weight: dict, policy: str, bridge_Z: dict, log: list):
+    A, B = nodes[m.big], nodes[m.small]
+    ZA, ZB = Z[m.big], Z[m.small]
+    entry = {"big": int(m.big), "small": int(m.small), "n_big": int(A.size),
+             "n_small": int(B.size), "n_shared": int(m.shared.size), "kind": m.kind}
+    if m.kind == "align":
+        fit = _align(B, ZB, A, ZA, m.shared)
+        ZB = fit.apply(ZB)
+        entry["residual"] = fit.residual
+    else:
+        best = None
+        for t, (sa, sb, u) in enumerate(m.bridges):
+            Zu = bridge_Z[id(m), t]
+            fa, fb = _align(A, ZA, u, Zu, sa), _align(B, ZB, u, Zu, sb)
+            err = np.sqrt(fa.residual) + np.sqrt(fb.residual)
+            if best is None or err < best[0]:
+                best = (err, fa, fb)
+        err, fa, fb = best
+        ZA, ZB = fa.apply(ZA), fb.apply(ZB)
+        entry["residual"] = float(err)
+        if m.kind == "bridge_shared":
+            policy = "average"  # the authors average shared points of bridged merges
+    out = np.empty((m.members.size, ZA.shape[1]))
+    out[_rows(m.members, B)] = ZB
+    out[_rows(m.members, A)] = ZA
+    if m.shared.size and policy != "keep_larger":
+        wa, wb = (1.0, 1.0) if policy == "average" else (weight[m.big], weight[m.small])
+        ra, rb = _rows(A, m.shared), _rows(B, m.shared)
+        out[_rows(m.members, m.shared)] = (wa * ZA[ra] + wb * ZB[rb]) / (wa + wb)
+    log.append(entry)
+    return out
+
+
+def fit_blockwise(est: Any, inp: InputData) -> dict:
+    """Blockwise IKD of ``inp`` with the settings of ``est`` (an :class:`IKD`)."""
+    client = active_client(est.client)
+    M = int(est.n_components)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    Xn, sigma2 = est.prepared_rows(inp)
+    T, N = Xn.shape
+    (S,) = compute(Xn @ Xn.T, client=client)
+    S = np.asarray(S, dtype=np.float64)
+    k = S / sigma2
+    seconds["similarity"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    user = est.clique_threshold is not None
+    s0 = float(est.clique_threshold) if user else threshold_rule(N)
+    cliques, s0, average = find_cliques(k, s0, M, int(est.max_cliques), user)
+    policy = "average" if average else est.shared_points
+    min_overlap = int(est.min_overlap) if est.min_overlap is not None else M + 1
+    nodes, merges, root = plan_merges(cliques, k, M, min_overlap)
+    needed = _needed(root, merges)
+    seconds["cliques"] = time.perf_counter() - t0
+    leaves = [n for n in needed if n not in merges]
+    bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
+                   for t in range(len(merges[n].bridges))]
+    bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
+                   for t in range(len(merges[n].bridges))]
+    logger.info("blockwise IKD: s0=%.3f, %d cliques, %d used, %d merges, %d bridges",
+                s0, len(cliques), len(leaves), len(needed) - len(leaves), len(bridge_sets))
+
+    t0 = time.perf_counter()
+    inverse = est.inverse_kernel(sigma2)
+    solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, est._reference,
+                        M, client)
+    seconds["clique_ikd"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    Z = {n: solved[i][0] for i, n in enumerate(leaves)}
+    weight = {n: 1.0 for n in leaves}
+    bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
+    log: list[dict] = []
+    for n in needed:
+        if n in merges:
+            Z[n] = _combine(merges[n], nodes, Z, weight, policy, bridge_Z, log)
+            weight[n] = weight[merges[n].big] + weight[merges[n].small]
+    seconds["merge"] = time.perf_counter() - t0
+    if nodes[root].size != T:  # cannot happen: find_cliques covers every point
+        raise RuntimeError(f"blockwise merge covered {nodes[root].size} of {T} points")
+    embedding = Z[root]
+    sizes = np.array([nodes[n].size for n in leaves], dtype=np.float64)
+    evr = float(np.sum(sizes * [solved[i][1] for i in range(len(leaves))]) / sizes.sum())
+    centred = embedding - embedding.mean(axis=0)
+    eigenvalues = np.sort(np.linalg.eigvalsh(centred.T @ centred))[::-1]
+    return {
+        "embedding_": embedding,
+        "eigenvalues_": eigenvalues,
+        "explained_variance_ratio_": evr,
+        "reference_index_": None,
+        "sigma2_": sigma2,
+        "stage_seconds_": seconds,
+        "clique_threshold_": s0,
+        "cliques_": [nodes[n] for n in leaves],
+        "merge_log_": log,
+    }

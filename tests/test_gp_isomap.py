@@ -1,0 +1,177 @@
+"""GP-Isomap: equivalence with S-Isomap, drift detection and refit on the shift scenario,
+kernels, validation, dask and cluster paths."""
+
+from __future__ import annotations
+
+import pickle
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from dr_dask.datasets.swiss_roll import euler_roll, sample_patches, shift_scenario
+from dr_dask.linalg.align import procrustes_disparity
+from dr_dask.methods._gp import cailliez_constant
+from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.methods.isomap import Isomap
+from dr_dask.stream import STATUS, StreamRunner, read_output
+
+
+@pytest.fixture(scope="module")
+def patch():
+    U, _ = sample_patches(400, patches=(0,), random_state=0)
+    X = euler_roll(U)
+    return X[:300], X[300:], U[300:]
+
+
+def test_large_length_scale_matches_isomap_transform(patch):
+    Xb, Xs, _ = patch
+    gp = GPIsomap(n_neighbors=10, clusterer="single", length_scale=3.0, random_state=0).fit(Xb)
+    iso = Isomap(n_neighbors=10, n_components=2).fit(Xb)
+    d = procrustes_disparity(iso.transform(Xs), gp.transform(Xs))
+    assert d <= 5e-3, d
+
+
+def test_short_length_scale_breaks_equivalence(patch):
+    # the equivalence is a large-length-scale property (digest §3.3), not an identity
+    Xb, Xs, _ = patch
+    gp = GPIsomap(n_neighbors=10, clusterer="single", length_scale=0.03, noise_variance=0.5,
+                  random_state=0).fit(Xb)
+    iso = Isomap(n_neighbors=10, n_components=2).fit(Xb)
+    assert procrustes_disparity(iso.transform(Xs), gp.transform(Xs)) > 5e-3
+
+
+def test_shift_scenario_detects_refits_and_maps_new_patch(tmp_path):
+    sc = shift_scenario(200, random_state=1)
+    model = GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch)
+    assert model.n_manifolds_ == 3
+    known = np.arange(len(sc.stream)) < sc.first_unseen
+    novel = model.is_novel(sc.stream)
+    assert novel[~known].mean() >= 0.90
+    assert novel[known].mean() <= 0.05
+    chunks = [sc.stream[i : i + 50] for i in range(0, len(sc.stream), 50)]
+    out = str(tmp_path / "out")
+    summary = StreamRunner(out, chunks, model, n_s=100, strict_sequential=True).run()
+    assert summary["n_refits"] >= 1
+    o = read_output(out)
+    refit_row = o["checkpoint"]["refits"][0]["trigger_row"]
+    assert refit_row > sc.first_unseen  # no refit from known-patch noise alone
+    new = ~known & np.isin(o["status"], [STATUS["confident"], STATUS["remapped"]])
+    assert new.sum() >= 0.9 * (~known).sum()
+    # the new patch became a manifold of its own in the refitted model ...
+    own = o["manifold"] == np.bincount(o["manifold"][new]).argmax()
+    assert (new & own).sum() >= 0.9 * new.sum()
+    # ... and maps onto its ground truth
+    sel = new & own
+    assert procrustes_disparity(sc.stream_truth[sel], o["embedding"][sel]) <= 0.05
+    # known points are attributed to their patch's manifold and mapped onto their truth
+    for p in range(3):
+        kp = known & (sc.stream_labels == p) & (o["status"] == STATUS["confident"])
+        own = o["manifold"] == np.bincount(o["manifold"][kp]).argmax()
+        assert (kp & own).sum() >= 0.95 * kp.sum()
+        assert procrustes_disparity(sc.stream_truth[kp & own], o["embedding"][kp & own]) <= 0.05
+
+
+@pytest.mark.parametrize("kernel", ["geodesic_se", "geodesic_se_cailliez"])
+def test_kernels_give_finite_calibrated_variance(kernel, patch):
+    Xb, Xs, _ = patch
+    gp = GPIsomap(n_neighbors=10, clusterer="single", kernel=kernel, random_state=0).fit(Xb)
+    emb, var = gp.transform(Xs, return_variance=True)
+    assert np.isfinite(emb).all() and np.all(var >= gp.manifolds_[0].noise_variance)
+    far = Xs + np.array([0.0, 0.0, 3.0])  # shifted off the patch along the roll's axis
+    assert np.median(gp.predict_variance(far)) > np.quantile(var, 0.99)
+
+
+def test_spectral_kernel_mean_is_usable_and_variance_not_below_noise(patch):
+    # K2 train kernel with the K3 cross kernel (digest §3.2): the mean approximates S-Isomap
+    # only roughly (Theorem 6.1 mixes eigenpairs of B and B~), the variance is not calibrated
+    Xb, Xs, U = patch
+    gp = GPIsomap(n_neighbors=10, clusterer="single", kernel="spectral", length_scale=3.0,
+                  random_state=0).fit(Xb)
+    emb, var = gp.transform(Xs, return_variance=True)
+    assert procrustes_disparity(U, emb) < 0.2
+    assert np.all(var >= gp.manifolds_[0].noise_variance)
+
+
+def test_literal_btilde_warns(patch):
+    Xb, _, _ = patch
+    with pytest.warns(UserWarning, match="ablation"):
+        GPIsomap(n_neighbors=10, clusterer="single", kernel="literal_btilde",
+                 length_scale=1.0, random_state=0).fit(Xb[:150])
+
+
+def test_cailliez_constant_makes_distances_euclidean(patch):
+    from dr_dask.methods.isomap import Isomap
+
+    G = Isomap(n_neighbors=10).fit(patch[0][:150]).dist_matrix_
+    c = cailliez_constant(G)
+    Gc = G + c
+    np.fill_diagonal(Gc, 0)
+    H = np.eye(len(G)) - 1.0 / len(G)
+    w_plain = np.linalg.eigvalsh(-0.5 * H @ G**2 @ H)
+    w = np.linalg.eigvalsh(-0.5 * H @ Gc**2 @ H)
+    assert c > 0 and w_plain.min() < -1e-6
+    assert w.min() >= -1e-8 * w.max()
+
+
+def test_low_rank_variance_is_an_upper_bound(patch):
+    Xb, Xs, _ = patch
+    exact = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(Xb)
+    low = GPIsomap(n_neighbors=10, clusterer="single", variance_rank=40, random_state=0).fit(Xb)
+    ve, vl = exact.predict_variance(Xs), low.predict_variance(Xs)
+    assert np.all(vl >= ve - 1e-9)
+    np.testing.assert_allclose(low.transform(Xs), exact.transform(Xs))
+    assert np.median(vl - ve) < 0.1 * np.median(ve)
+
+
+def test_calibrate_threshold_and_manual_sigma(patch):
+    Xb, Xs, _ = patch
+    gp = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(Xb)
+    assert gp.threshold_source_ == "loo"
+    t = gp.calibrate_threshold(Xs, quantile=0.9)
+    assert gp.sigma_t_ == t and gp.threshold_source_ == "holdout"
+    assert abs(gp.is_novel(Xs).mean() - 0.1) <= 0.02
+    manual = GPIsomap(n_neighbors=10, clusterer="single", sigma_t=5.0).fit(Xb)
+    assert manual.sigma_t_ == 5.0 and not manual.is_novel(Xs).any()
+
+
+def test_user_labels_and_validation():
+    sc = shift_scenario(60, random_state=2)
+    labels = np.repeat([7, 3, 5], 60)
+    gp = GPIsomap(n_neighbors=8, clusterer=labels, random_state=0).fit(sc.batch)
+    assert gp.n_manifolds_ == 3 and gp.embedding_.shape == (180, 2)
+    X = sc.batch.copy()
+    X[[4, 9]] = np.nan
+    with pytest.raises(ValueError, match=r"rows \[4, 9\]"):
+        GPIsomap(n_neighbors=8).fit(X)
+    with pytest.raises(ValueError, match="features"):
+        gp.transform(sc.stream[:, :2])
+    with pytest.raises(ValueError, match="kernel"):
+        GPIsomap(kernel="rbf").fit(sc.batch)
+    with pytest.raises(ValueError, match="fewer than"):
+        GPIsomap(n_neighbors=8, clusterer=np.r_[np.zeros(175), np.ones(5)]).fit(sc.batch)
+
+
+def test_dask_transform_keeps_row_chunks_and_pickles(patch):
+    Xb, Xs, _ = patch
+    gp = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(Xb)
+    Xd = da.from_array(Xs, chunks=(30, 3))
+    emb, var = gp.transform(Xd, return_variance=True)
+    assert isinstance(emb, da.Array) and emb.chunks[0] == Xd.chunks[0]
+    e2, v2 = gp.transform(Xs, return_variance=True)
+    np.testing.assert_allclose(emb.compute(), e2)
+    np.testing.assert_allclose(var.compute(), v2)
+    clone = pickle.loads(pickle.dumps(gp))
+    np.testing.assert_array_equal(clone.transform(Xs), e2)
+
+
+@pytest.mark.cluster
+def test_fit_and_transform_on_cluster(cluster_client):
+    sc = shift_scenario(80, random_state=4)
+    local = GPIsomap(n_neighbors=8, random_state=0).fit(sc.batch)
+    remote = GPIsomap(n_neighbors=8, random_state=0).fit(sc.batch, client=cluster_client)
+    np.testing.assert_array_equal(local.labels_, remote.labels_)
+    np.testing.assert_allclose(local.embedding_, remote.embedding_, rtol=1e-6, atol=1e-9)
+    Xd = da.from_array(sc.stream, chunks=(100, 3))
+    emb = cluster_client.compute(remote.transform(Xd)).result()
+    np.testing.assert_allclose(emb, local.transform(sc.stream), rtol=1e-6, atol=1e-9)

@@ -1,0 +1,115 @@
+"""The shared linear algebra: the algebraic eigensolver, tiled operators, Procrustes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from dr_dask.linalg.align import procrustes_disparity, procrustes_fit
+from dr_dask.linalg.eigen import top_eigh
+from dr_dask.linalg.tiles import TileGrid, build_tiles
+
+
+def _indefinite(T=600, seed=0):
+    """A symmetric matrix whose largest-|lambda| eigenvalues are negative."""
+    rng = np.random.default_rng(seed)
+    Q, _ = np.linalg.qr(rng.normal(size=(T, T)))
+    w = np.concatenate([[9.0, 7.0, 5.0], [-40.0, -30.0, -20.0, -15.0], rng.normal(0, 0.5, T - 7)])
+    return (Q * w) @ Q.T
+
+
+@pytest.mark.parametrize("max_basis", [None, 40])
+def test_lanczos_selects_algebraic_not_magnitude(max_basis):
+    A = _indefinite()
+    res = top_eigh(A, 3, method="lanczos", tol=1e-10, random_state=0, max_basis=max_basis)
+    ref = scipy.linalg.eigh(A, subset_by_index=[len(A) - 3, len(A) - 1])[0][::-1]
+    np.testing.assert_allclose(res.values, ref, rtol=1e-9)
+    assert res.converged and res.residuals.max() < 1e-8 * 40
+    np.testing.assert_allclose(np.abs(res.vectors.T @ res.vectors), np.eye(3), atol=1e-10)
+    # svd-style magnitude selection would have returned -40, -30, -20
+    assert np.all(res.values > 0)
+
+
+def test_lanczos_is_seeded_and_handles_exact_low_rank():
+    rng = np.random.default_rng(1)
+    U = rng.normal(size=(300, 2))
+    A = U @ U.T  # rank 2: the Krylov space is exhausted after one block
+    a = top_eigh(A, 2, method="lanczos", random_state=5)
+    b = top_eigh(A, 2, method="lanczos", random_state=5)
+    np.testing.assert_array_equal(a.vectors, b.vectors)
+    np.testing.assert_allclose(a.values, np.linalg.eigvalsh(A)[::-1][:2], rtol=1e-10)
+
+
+def test_eigensolver_rejects_bad_k():
+    with pytest.raises(ValueError, match="n_components"):
+        top_eigh(np.eye(5), 5)
+
+
+def _gram_tile(Xi, Xj, diagonal):
+    S = Xi @ Xj.T
+    return S, (S.sum(axis=1), S.sum(axis=0))
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_tiled_operator_products_and_reductions(tmp_path, where):
+    import dask.array as da
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(250, 7))
+    Xd = da.from_array(X, chunks=(64, 7))
+    grid = TileGrid.from_chunks(Xd.chunks[0])
+    store = str(tmp_path / "S") if where == "disk" else None
+    op, stats = build_tiles(grid, list(Xd.to_delayed().ravel()), _gram_tile, store=store)
+    V = rng.normal(size=(250, 3))
+    np.testing.assert_allclose(op.matmat(V), X @ (X.T @ V), rtol=1e-10)
+    frob = sum(op.reduce(lambda t, r, c, d: float((t**2).sum()) * (1 if d else 2)))
+    assert frob == pytest.approx(np.sum((X @ X.T) ** 2), rel=1e-10)
+    assert len(stats) == len(grid.upper())
+
+
+def test_disk_tiles_resume_only_missing_tiles(tmp_path):
+    import dask.array as da
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(200, 5))
+    Xd = da.from_array(X, chunks=(50, 5))
+    grid = TileGrid.from_chunks(Xd.chunks[0])
+    store = str(tmp_path / "S")
+    blocks = list(Xd.to_delayed().ravel())
+    build_tiles(grid, blocks, _gram_tile, store=store)
+    # simulate a crash: one tile lost its record (and its data was never written)
+    import zarr
+
+    os.remove(os.path.join(store + ".done", "1_2.pkl"))
+    zarr.open_array(store, mode="r+")[50:100, 100:150] = 0.0
+    calls = []
+
+    def counting_tile(Xi, Xj, diagonal):
+        calls.append(1)
+        return _gram_tile(Xi, Xj, diagonal)
+
+    op, _ = build_tiles(grid, blocks, counting_tile, store=store)
+    assert len(calls) == 1
+    V = np.eye(200)[:, :4]
+    np.testing.assert_allclose(op.matmat(V), X @ (X.T @ V), rtol=1e-10)
+
+
+def test_procrustes_matches_scipy_and_recovers_a_similarity():
+    from scipy.spatial import procrustes
+
+    rng = np.random.default_rng(4)
+    A = rng.normal(size=(60, 3))
+    R, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    B = 2.5 * A @ R + np.array([1.0, -2.0, 0.5])
+    fit = procrustes_fit(A, B)
+    np.testing.assert_allclose(fit.apply(A), B, atol=1e-10)
+    assert fit.scale == pytest.approx(2.5)
+    noisy = B + 0.1 * rng.normal(size=B.shape)
+    assert procrustes_disparity(A, noisy) == pytest.approx(procrustes(A, noisy)[2], rel=1e-10)
+    rigid = procrustes_fit(A, B, scaling=False)
+    assert rigid.scale == 1.0
+    with pytest.raises(ValueError, match="identical points"):
+        procrustes_disparity(A, np.ones_like(A))

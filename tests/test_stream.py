@@ -1,0 +1,208 @@
+"""The GP-Isomap stream runner: exactly-once output across crashes, quarantine, SIGTERM,
+Zarr and directory sources, and the same result on a multi-process cluster as on threads."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
+from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.stream import STATUS, StreamRunner, StreamStore, read_output
+
+FINAL = {STATUS["confident"], STATUS["buffered"], STATUS["remapped"]}
+N_S = 60
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    return shift_scenario(120, random_state=3)
+
+
+@pytest.fixture(scope="module")
+def model(scenario):
+    return GPIsomap(n_neighbors=10, random_state=0).fit(scenario.batch)
+
+
+@pytest.fixture(scope="module")
+def source_dir(scenario, tmp_path_factory):
+    path = tmp_path_factory.mktemp("scenario")
+    write_scenario(scenario, str(path), kind="npy-dir", chunk_size=20)
+    return str(path / "stream")
+
+
+@pytest.fixture(scope="module")
+def reference(model, source_dir, tmp_path_factory):
+    """Uninterrupted strict-sequential run on threads."""
+    out = str(tmp_path_factory.mktemp("ref") / "out")
+    StreamRunner(out, source_dir, model, n_s=N_S, strict_sequential=True).run()
+    return read_output(out)
+
+
+def _check_complete(o, n_total):
+    assert o["checkpoint"]["n_rows"] == n_total == len(o["status"])
+    assert set(np.unique(o["status"])) <= FINAL
+    # buffered rows are exactly the pending buffer entries, each once
+    assert np.sum(o["status"] == STATUS["buffered"]) == len(o["checkpoint"]["pending"])
+
+
+def _assert_same(a, b):
+    np.testing.assert_array_equal(a["status"], b["status"])
+    np.testing.assert_array_equal(a["version"], b["version"])
+    np.testing.assert_array_equal(a["manifold"], b["manifold"])
+    np.testing.assert_allclose(a["variance"], b["variance"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(a["embedding"], b["embedding"], rtol=1e-5, atol=1e-7)
+
+
+def test_reference_run_is_complete_and_refits(reference, scenario):
+    _check_complete(reference, len(scenario.stream))
+    assert len(reference["checkpoint"]["refits"]) >= 1
+    assert np.any(reference["status"] == STATUS["remapped"])
+
+
+def _cli(*args):
+    code = "import sys; from dr_dask.cli import main; sys.exit(main())"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _rows_committed(out):
+    try:
+        return StreamStore(out).read_checkpoint()["n_rows"]
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def _wait_rows(proc, out, at_least, timeout=60.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if _rows_committed(out) >= at_least or proc.poll() is not None:
+            return _rows_committed(out)
+        time.sleep(0.005)
+    raise AssertionError(f"runner committed no {at_least} rows in {timeout} s")
+
+
+def _run_args(model_path, source_dir, out, *extra):
+    return ("stream", "run", source_dir, "--out", out, "--model", model_path, "--n-s", str(N_S),
+            "--strict", "--no-cluster", *extra)
+
+
+@pytest.fixture(scope="module")
+def model_path(model, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("model") / "model.pkl")
+    with open(path, "wb") as fh:
+        pickle.dump(model, fh)
+    return path
+
+
+def test_sigkill_and_resume_gives_every_row_once(model_path, source_dir, reference, scenario,
+                                                  tmp_path):
+    out = str(tmp_path / "out")
+    n = len(scenario.stream)
+    for at in (60, 300):  # two crashes: one early, one around the refit
+        proc = _cli(*_run_args(model_path, source_dir, out))
+        seen = _wait_rows(proc, out, at)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL, "runner finished before it could be killed"
+        assert 0 <= seen < n
+    proc = _cli(*_run_args(model_path, source_dir, out))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    o = read_output(out)
+    _check_complete(o, n)
+    _assert_same(o, reference)
+
+
+def test_sigterm_checkpoints_and_exits_zero(model_path, source_dir, reference, scenario, tmp_path):
+    out = str(tmp_path / "out")
+    proc = _cli(*_run_args(model_path, source_dir, out, "--follow", "--poll", "0.1"))
+    _wait_rows(proc, out, 100)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    st = StreamStore(out).read_checkpoint()
+    assert 100 <= st["n_rows"] <= len(scenario.stream)
+    # the checkpoint is consistent: a restart completes the stream with every row once
+    proc = _cli(*_run_args(model_path, source_dir, out))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    o = read_output(out)
+    _check_complete(o, len(scenario.stream))
+    _assert_same(o, reference)
+
+
+def test_quarantine_bad_chunks_stream_continues(model, scenario, tmp_path):
+    src = tmp_path / "chunks"
+    src.mkdir()
+    S = scenario.stream
+    np.save(src / "000.npy", S[:30])
+    np.save(src / "001.npy", S[30:40, :2])  # wrong width
+    bad = S[40:50].copy()
+    bad[3, 1] = np.nan
+    np.save(src / "002.npy", bad)  # NaN
+    (src / "003.npy").write_bytes(b"this is not an npy file")  # unreadable
+    np.save(src / "004.npy", S[50:80])
+    out = str(tmp_path / "out")
+    summary = StreamRunner(out, str(src), model, n_s=1000).run()
+    assert summary["n_quarantined"] == 3
+    o = read_output(out)
+    assert o["checkpoint"]["n_rows"] == 30 + 10 + 10 + 0 + 30
+    reasons = [q["reason"] for q in o["quarantine"]]
+    assert "wrong width" in reasons[0] and "NaN" in reasons[1] and "rows [3]" in reasons[1]
+    assert "unreadable" in reasons[2]
+    assert [q["name"] for q in o["quarantine"]] == ["001.npy", "002.npy", "003.npy"]
+    q = o["status"] == STATUS["quarantined"]
+    np.testing.assert_array_equal(np.flatnonzero(q), np.arange(30, 50))
+    assert set(np.unique(o["status"][~q])) <= FINAL
+    emb, _, _ = model.map_points(np.vstack([S[:30], S[50:80]]))
+    np.testing.assert_allclose(o["embedding"][~q], emb, rtol=1e-6, atol=1e-9)
+
+
+def test_zarr_source_picks_up_appended_rows(model, scenario, tmp_path):
+    path = str(tmp_path / "in.zarr")
+    S = scenario.stream[:200]
+    arr = zarr.create_array(path, shape=(120, S.shape[1]), chunks=(50, S.shape[1]), dtype="f8")
+    arr[:] = S[:120]
+    out = str(tmp_path / "out")
+    StreamRunner(out, path, model, n_s=1000, chunk_size=50).run()
+    assert read_output(out)["checkpoint"]["n_rows"] == 120
+    arr.resize((200, S.shape[1]))
+    arr[120:] = S[120:]
+    StreamRunner(out, path, n_s=1000, chunk_size=50).run()  # resumes at row 120
+    o = read_output(out)
+    _check_complete(o, 200)
+    emb, var, _ = model.map_points(S)
+    np.testing.assert_allclose(o["embedding"], emb, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(o["variance"], var, rtol=1e-6, atol=1e-12)
+
+
+def test_parallel_mode_every_row_once_with_refit(model, scenario, tmp_path):
+    chunks = [scenario.stream[i : i + 20] for i in range(0, len(scenario.stream), 20)]
+    out = str(tmp_path / "out")
+    summary = StreamRunner(out, chunks, model, n_s=N_S, max_in_flight=3).run()
+    o = read_output(out)
+    _check_complete(o, len(scenario.stream))
+    assert summary["n_refits"] >= 1
+    remapped = o["status"] == STATUS["remapped"]
+    assert remapped.sum() >= N_S and np.all(o["version"][remapped] >= 1)
+
+
+@pytest.mark.cluster
+def test_cluster_run_matches_threaded_run(cluster_client, model, scenario, reference, tmp_path):
+    chunks = [scenario.stream[i : i + 20] for i in range(0, len(scenario.stream), 20)]
+    out = str(tmp_path / "out")
+    StreamRunner(out, chunks, model, n_s=N_S, strict_sequential=True,
+                 client=cluster_client).run()
+    o = read_output(out)
+    _check_complete(o, len(scenario.stream))
+    _assert_same(o, reference)
