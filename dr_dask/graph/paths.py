@@ -82,12 +82,14 @@ class GeodesicRows:
     """Row blocks of a shortest-path matrix, held on the workers, in memory, or in Zarr.
 
     Build with :meth:`compute`. Attributes: ``shape`` (n_sources, T), ``bounds`` (block row
-    offsets), ``blocks`` (futures, ndarrays or Zarr handles), ``client``.
+    offsets), ``blocks`` (futures, ndarrays or Zarr handles), ``client``, ``store`` (the Zarr
+    array or None), ``dtype``.
     """
 
     def __init__(self, shape: tuple[int, int], bounds: list[int], blocks: list, client: Any,
-                 store: zarr.Array | None = None):
+                 store: zarr.Array | None = None, dtype: Any = np.float64):
         self.shape = shape
+        self.dtype = np.dtype(dtype)
         self.bounds = bounds
         self.blocks = blocks
         self.client = client
@@ -169,7 +171,7 @@ class GeodesicRows:
             if store is not None:
                 blocks = client.gather(blocks)
                 client = None  # the handles are plain Zarr slices now
-        return cls((len(sources), T), bounds, blocks, client, store)
+        return cls((len(sources), T), bounds, blocks, client, store, dtype)
 
     def map(self, func: Callable, *args: Any) -> list:
         """``[func(block, start, *args) for each row block]``, run where the blocks live.
@@ -187,21 +189,14 @@ class GeodesicRows:
 
     def gather(self, dtype: Any = None) -> np.ndarray:
         """All rows as one in-memory array (only for moderate sizes)."""
-        out = np.empty(self.shape, dtype=dtype or self._dtype())
+        out = np.empty(self.shape, dtype=dtype or self.dtype)
         for s, e, b in zip(self.bounds[:-1], self.bounds[1:], self.blocks):
             out[s:e] = _materialise(b.result() if hasattr(b, "result") else b)
         return out
 
-    def _dtype(self) -> Any:
-        return self.map(_block_dtype)[0]
-
     def release(self) -> None:
         """Drop the blocks (frees worker memory when they are futures)."""
         self.blocks = []
-
-
-def _block_dtype(block: np.ndarray, start: int) -> Any:
-    return block.dtype
 
 
 def shortest_paths(

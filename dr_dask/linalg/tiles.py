@@ -78,14 +78,16 @@ def _load(tile: Any) -> np.ndarray:
     return tile.load() if isinstance(tile, ZarrTile) else tile
 
 
-def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool):
+def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
+                 fn: Callable | None = None, args: tuple = ()):
+    """``A_ij V_j`` and ``A_ij^T V_i`` of one tile, and optionally ``fn`` of the same tile (so a
+    reduction rides along with a product instead of costing its own pass over the tiles)."""
     A = _load(tile)
     dt = np.result_type(A.dtype, np.float32)
-    Vj = V[cols].astype(dt, copy=False)
-    top = A @ Vj
-    if diag:
-        return top, None
-    return top, A.T @ V[rows].astype(dt, copy=False)
+    top = A @ V[cols].astype(dt, copy=False)
+    low = None if diag else A.T @ V[rows].astype(dt, copy=False)
+    extra = fn(A, rows, cols, diag, *args) if fn is not None else None
+    return top, low, extra
 
 
 def _sum(*parts: np.ndarray) -> np.ndarray:
@@ -125,20 +127,30 @@ class TiledSymmetric:
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
         """``A @ V`` for V of shape (T, b): one pass over the tiles."""
+        return self.matmat_reduce(V)[0]
+
+    def matmat_reduce(self, V: np.ndarray, fn: Callable | None = None, *args: Any):
+        """``A @ V`` and, in the same pass, ``fn(tile, rows, cols, is_diagonal, *args)`` of every
+        upper tile (a list in ``grid.upper()`` order, or None without ``fn``)."""
         V = np.asarray(V)
         Vs = self._share(V)
+        shared = tuple(self._share(a) for a in args)
         g = self.grid
         parts: dict[int, list] = {i: [] for i in range(g.n_blocks)}
-        for (i, j), tile in self.tiles.items():
-            top, low = dask.delayed(_tile_matmat, nout=2, pure=False)(
-                tile, Vs, g.block(i), g.block(j), i == j
+        extras = []
+        for (i, j) in g.upper():
+            top, low, extra = dask.delayed(_tile_matmat, nout=3, pure=False)(
+                self.tiles[(i, j)], Vs, g.block(i), g.block(j), i == j, fn, shared
             )
             parts[i].append(top)
             if i != j:
                 parts[j].append(low)
+            extras.append(extra)
         blocks = [dask.delayed(_sum, pure=False)(*parts[i]) for i in range(g.n_blocks)]
         self.n_passes += 1
-        return np.concatenate(compute(*blocks, client=self.client), axis=0)
+        out = compute(*blocks, *(extras if fn else []), client=self.client)
+        Y = np.concatenate(out[: g.n_blocks], axis=0)
+        return Y, (list(out[g.n_blocks:]) if fn else None)
 
     def reduce(self, fn: Callable, *args: Any) -> list:
         """Apply ``fn(tile, rows, cols, is_diagonal, *args)`` to every upper tile.

@@ -37,6 +37,7 @@ from typing import Any
 
 import dask
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from dr_dask.cluster import active_client, compute
 from dr_dask.graph.cliques import maximal_cliques
@@ -100,21 +101,41 @@ def clique_ikd(
     return Z, float(np.sum(eig.values**2) / np.sum(G * G))
 
 
+def _solve_batch(S, jobs, inverse, reference, M) -> list:
+    return [clique_ikd(S, j, inverse, reference, M) for j in jobs]
+
+
 def _solve_all(S: np.ndarray, jobs: list[np.ndarray], inverse, reference, M, client) -> list:
-    """Every clique/bridge IKD of the plan, in parallel (workers, else dask threads)."""
+    """Every clique/bridge IKD of the plan, in parallel (workers, else dask threads).
+
+    Solves take milliseconds each, so they go in a few batches per worker thread (balanced by
+    size), not one task each: per-task scheduling overhead would otherwise dominate.
+    """
     client = active_client(client)
     if not jobs:
         return []
+    slots = sum(client.nthreads().values()) if client is not None else 2
+    n_batches = min(len(jobs), 4 * max(1, slots))
+    order = np.argsort([-len(j) for j in jobs], kind="stable")
+    batches = [order[b::n_batches] for b in range(n_batches)]  # round robin over sizes
     if client is not None:
         S_f = client.scatter(S, broadcast=True, hash=False)
-        futures = client.map(
-            clique_ikd, [S_f] * len(jobs), jobs, inverse=inverse, reference=reference,
-            n_components=M, pure=False,
-        )
-        return client.gather(futures)
-    S_d = dask.delayed(S, traverse=False)
-    task = dask.delayed(clique_ikd, pure=True)
-    return list(compute(*[task(S_d, j, inverse, reference, M) for j in jobs]))
+        futures = [client.submit(_solve_batch, S_f, [jobs[i] for i in b], inverse, reference,
+                                 M, pure=False) for b in batches]
+        parts = client.gather(futures)
+    else:
+        S_d = dask.delayed(S, traverse=False)
+        task = dask.delayed(_solve_batch, pure=True)
+        # many small LAPACK calls in parallel threads: BLAS's own threads would only
+        # oversubscribe the cores (dask's workers get the same setting from their nanny)
+        with threadpool_limits(1):
+            parts = compute(*[task(S_d, [jobs[i] for i in b], inverse, reference, M)
+                              for b in batches])
+    out: list = [None] * len(jobs)
+    for b, part in zip(batches, parts):
+        for i, r in zip(b, part):
+            out[i] = r
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,15 +218,24 @@ def plan_merges(cliques: list[np.ndarray], k: np.ndarray, M: int, min_overlap: i
     T = k.shape[0]
     nodes = [np.asarray(c) for c in cliques]
     merges: dict[int, _Merge] = {}
-    alive = list(range(len(nodes)))
-    onehot = np.zeros((len(nodes), T), dtype=np.float64)
+    # slot s holds node slot_node[s]; a merged-away slot is masked with -1 in ``inter`` (the
+    # authors delete its row and column: masking keeps the same row-major argmax order)
+    slot_node = list(range(len(nodes)))
+    onehot = np.zeros((T, len(nodes)), dtype=np.float32)  # point x slot membership
     for i, c in enumerate(nodes):
-        onehot[i, c] = 1.0
-    inter = onehot @ onehot.T
+        onehot[c, i] = 1.0
+    inter = onehot.T @ onehot
     np.fill_diagonal(inter, -1)
-    while len(alive) > 1:
-        i, j = np.unravel_index(int(np.argmax(inter)), inter.shape)
-        a, b = alive[i], alive[j]
+    alive = len(nodes)
+    root = 0
+    # per-row maxima make each step O(n) instead of an argmax over the n x n matrix; the first
+    # row with the largest maximum and its first argmax is np.argmax's row-major choice
+    rowarg = np.argmax(inter, axis=1)
+    rowmax = inter[np.arange(len(nodes)), rowarg]
+    while alive > 1:
+        i = int(np.argmax(rowmax))
+        j = int(rowarg[i])
+        a, b = slot_node[i], slot_node[j]
         if nodes[b].size > nodes[a].size:
             a, b = b, a
         union = np.union1d(nodes[a], nodes[b])
@@ -228,18 +258,30 @@ def plan_merges(cliques: list[np.ndarray], k: np.ndarray, M: int, min_overlap: i
                     sa, sb = _top(k, s, nodes[a], M + 2), _top(k, s, nodes[b], M + 2)
                     m.bridges.append((sa, sb, np.union1d(sa, sb)))
             merges[node] = m
+        root = node
         if union.size == T:
-            return nodes, merges, node
-        alive.pop(j)
-        inter = np.delete(np.delete(inter, j, axis=0), j, axis=1)
-        onehot = np.delete(onehot, j, axis=0)
-        i = i if i < j else i - 1
-        alive[i] = node
-        onehot[i, nodes[node]] = 1.0
-        inter[i] = onehot @ onehot[i]
-        inter[:, i] = inter[i]
-        inter[i, i] = -1
-    return nodes, merges, alive[0]
+            break
+        alive -= 1
+        onehot[:, j] = 0.0
+        inter[j, :] = -1
+        inter[:, j] = -1
+        rowmax[j] = -np.inf
+        # the union's overlaps = the old slot-i node's + those of the points it gained
+        added = np.setdiff1d(union, nodes[slot_node[i]], assume_unique=True)
+        row = inter[i] + onehot[added].sum(axis=0)
+        onehot[added, i] = 1.0
+        slot_node[i] = node
+        live = inter[i] >= 0
+        inter[i, live] = row[live]
+        inter[live, i] = row[live]
+        # column i only grew (a union overlaps at least as much); rows that pointed at j or are
+        # row i itself are recomputed
+        grew = live & ((inter[:, i] > rowmax) | ((inter[:, i] == rowmax) & (i < rowarg)))
+        rowarg[grew], rowmax[grew] = i, inter[grew, i]
+        for r in np.flatnonzero((rowarg == j) & (rowmax > -np.inf)).tolist() + [i]:
+            rowarg[r] = int(np.argmax(inter[r]))
+            rowmax[r] = inter[r, rowarg[r]]
+    return nodes, merges, root
 
 
 def _needed(root: int, merges: dict) -> list[int]:
@@ -299,6 +341,84 @@ def _combine(m: _Merge, nodes, Z: dict, weight: dict, policy: str, bridge_Z: dic
     return out
 
 
+def merge_cliques(
+    S: np.ndarray,
+    cliques: list[np.ndarray],
+    inverse: InverseKernel,
+    reference: str,
+    n_components: int,
+    *,
+    min_overlap: int | None = None,
+    shared_points: str = "keep_larger",
+    client: Any = None,
+) -> dict:
+    """Per-clique IKD in parallel and the greedy rigid merge into one embedding.
+
+    Parameters
+    ----------
+    S : ndarray of shape (T, T)
+        Similarities (raw scale).
+    cliques : list of sorted index arrays
+        Cliques covering every point, each of at least M + 2 points.
+    inverse : InverseKernel
+    reference : {"min_max", "min_mean", "center"}
+        Reference of each clique's IKD.
+    n_components : int
+        M.
+    min_overlap : int, optional
+        Fewest shared points for a direct alignment (default M + 1, the paper's).
+    shared_points : {"keep_larger", "average", "weighted"}
+        Coordinates of points two merged cliques share: the larger clique's (authors'
+        default), the mean, or the mean weighted by how many cliques each side merged.
+    client : distributed.Client, optional
+
+    Returns
+    -------
+    dict
+        ``embedding`` (T, M), ``cliques`` (those the merge used), ``merge_log``,
+        ``explained_variance_ratio`` (size-weighted mean over the used cliques), ``seconds``.
+    """
+    M = int(n_components)
+    T = S.shape[0]
+    k = S / inverse.sigma2
+    seconds = {}
+    t0 = time.perf_counter()
+    nodes, merges, root = plan_merges(cliques, k, M, min_overlap or M + 1)
+    if nodes[root].size != T:
+        missing = np.setdiff1d(np.arange(T), nodes[root])
+        raise ValueError(f"the cliques do not cover rows {missing[:10].tolist()} "
+                         f"({missing.size} rows in all)")
+    needed = _needed(root, merges)
+    leaves = [n for n in needed if n not in merges]
+    bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
+                   for t in range(len(merges[n].bridges))]
+    bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
+                   for t in range(len(merges[n].bridges))]
+    seconds["merge_plan"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, reference, M,
+                        client)
+    seconds["clique_ikd"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    Z = {n: solved[i][0] for i, n in enumerate(leaves)}
+    weight = {n: 1.0 for n in leaves}
+    bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
+    log: list[dict] = []
+    for n in needed:
+        if n in merges:
+            Z[n] = _combine(merges[n], nodes, Z, weight, shared_points, bridge_Z, log)
+            weight[n] = weight[merges[n].big] + weight[merges[n].small]
+    seconds["merge"] = time.perf_counter() - t0
+    sizes = np.array([nodes[n].size for n in leaves], dtype=np.float64)
+    evr = float(np.sum(sizes * [solved[i][1] for i in range(len(leaves))]) / sizes.sum())
+    logger.info("blockwise merge: %d of %d cliques used, %d merges, %d bridging IKDs",
+                len(leaves), len(cliques), len(log), len(bridge_sets))
+    return {"embedding": Z[root], "cliques": [nodes[n] for n in leaves], "merge_log": log,
+            "explained_variance_ratio": evr, "seconds": seconds}
+
+
 def fit_blockwise(est: Any, inp: InputData) -> dict:
     """Blockwise IKD of ``inp`` with the settings of ``est`` (an :class:`IKD`)."""
     client = active_client(est.client)
@@ -309,57 +429,31 @@ def fit_blockwise(est: Any, inp: InputData) -> dict:
     T, N = Xn.shape
     (S,) = compute(Xn @ Xn.T, client=client)
     S = np.asarray(S, dtype=np.float64)
-    k = S / sigma2
     seconds["similarity"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     user = est.clique_threshold is not None
     s0 = float(est.clique_threshold) if user else threshold_rule(N)
-    cliques, s0, average = find_cliques(k, s0, M, int(est.max_cliques), user)
-    policy = "average" if average else est.shared_points
-    min_overlap = int(est.min_overlap) if est.min_overlap is not None else M + 1
-    nodes, merges, root = plan_merges(cliques, k, M, min_overlap)
-    needed = _needed(root, merges)
+    cliques, s0, average = find_cliques(S / sigma2, s0, M, int(est.max_cliques), user)
     seconds["cliques"] = time.perf_counter() - t0
-    leaves = [n for n in needed if n not in merges]
-    bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
-                   for t in range(len(merges[n].bridges))]
-    bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
-                   for t in range(len(merges[n].bridges))]
-    logger.info("blockwise IKD: s0=%.3f, %d cliques, %d used, %d merges, %d bridges",
-                s0, len(cliques), len(leaves), len(needed) - len(leaves), len(bridge_sets))
-
-    t0 = time.perf_counter()
-    inverse = est.inverse_kernel(sigma2)
-    solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, est._reference,
-                        M, client)
-    seconds["clique_ikd"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    Z = {n: solved[i][0] for i, n in enumerate(leaves)}
-    weight = {n: 1.0 for n in leaves}
-    bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
-    log: list[dict] = []
-    for n in needed:
-        if n in merges:
-            Z[n] = _combine(merges[n], nodes, Z, weight, policy, bridge_Z, log)
-            weight[n] = weight[merges[n].big] + weight[merges[n].small]
-    seconds["merge"] = time.perf_counter() - t0
-    if nodes[root].size != T:  # cannot happen: find_cliques covers every point
-        raise RuntimeError(f"blockwise merge covered {nodes[root].size} of {T} points")
-    embedding = Z[root]
-    sizes = np.array([nodes[n].size for n in leaves], dtype=np.float64)
-    evr = float(np.sum(sizes * [solved[i][1] for i in range(len(leaves))]) / sizes.sum())
+    logger.info("blockwise IKD: s0=%.3f, %d cliques", s0, len(cliques))
+    res = merge_cliques(
+        S, cliques, est.inverse_kernel(sigma2), est._reference, M,
+        min_overlap=est.min_overlap, shared_points="average" if average else est.shared_points,
+        client=client,
+    )
+    seconds.update(res["seconds"])
+    embedding = res["embedding"]
     centred = embedding - embedding.mean(axis=0)
-    eigenvalues = np.sort(np.linalg.eigvalsh(centred.T @ centred))[::-1]
     return {
         "embedding_": embedding,
-        "eigenvalues_": eigenvalues,
-        "explained_variance_ratio_": evr,
+        # eigenvalues of the centred Gram matrix of the merged embedding (no single g(D) exists)
+        "eigenvalues_": np.sort(np.linalg.eigvalsh(centred.T @ centred))[::-1],
+        "explained_variance_ratio_": res["explained_variance_ratio"],
         "reference_index_": None,
         "sigma2_": sigma2,
         "stage_seconds_": seconds,
         "clique_threshold_": s0,
-        "cliques_": [nodes[n] for n in leaves],
-        "merge_log_": log,
+        "cliques_": res["cliques"],
+        "merge_log_": res["merge_log"],
     }

@@ -22,11 +22,11 @@ SHARED_POINTS = ("keep_larger", "average", "weighted")
 LANDMARK_METHODS = ("maxmin", "random")
 
 
-def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+def _int(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
     ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not ok or value < low or (high is not None and value > high):
-        span = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be an integer in {span}, got {value!r}")
+        span = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {span}{why}, got {value!r}")
     return int(value)
 
 
@@ -57,14 +57,16 @@ def check_solver_params(est: Any, n_samples: int) -> None:
             )
         _open_unit("threshold", est.threshold)
         if est.geodesic_rule == "knn":
-            _int("n_neighbors", est.n_neighbors, 1, n_samples - 1)
+            _int("n_neighbors", est.n_neighbors, 1, n_samples - 1,
+                 why=" (a point is not its own neighbour)")
         elif est.threshold is None:
             raise ValueError("geodesic_rule='threshold' needs threshold (s0 in (0, 1))")
     if est.solver == "blockwise":
         _open_unit("clique_threshold", est.clique_threshold)
         _int("max_cliques", est.max_cliques, 1)
         if est.min_overlap is not None:
-            _int("min_overlap", est.min_overlap, M + 1)
+            _int("min_overlap", est.min_overlap, M + 1,
+                 why=" (M + 1 shared points make the rigid alignment unique)")
         if est.shared_points not in SHARED_POINTS:
             raise ValueError(
                 f"shared_points must be one of {SHARED_POINTS}, got {est.shared_points!r}"
@@ -75,7 +77,8 @@ def check_solver_params(est: Any, n_samples: int) -> None:
                 "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no landmark "
                 "variant (use solver='geodesic' or 'full' with n_landmarks)"
             )
-        _int("n_landmarks", est.n_landmarks, M + 1, n_samples)
+        _int("n_landmarks", est.n_landmarks, M + 1, n_samples,
+             why=" (more than n_components, at most the number of samples)")
         if est.landmark_method not in LANDMARK_METHODS:
             raise ValueError(
                 f"landmark_method must be one of {LANDMARK_METHODS}, got {est.landmark_method!r}"

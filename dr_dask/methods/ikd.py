@@ -125,26 +125,53 @@ def reference_index(rowmax: np.ndarray, rowsum: np.ndarray, reference: str) -> i
 class GramOperator:
     """g(D) without forming it: products need only ``D @ V``.
 
+    The first product also computes ``||g(D)||_F^2`` (``frobenius_sq``) tile by tile, riding
+    along with the pass over the tiles that the product makes anyway.
+
     Parameters
     ----------
-    D : ndarray or SymmetricOperator of shape (T, T)
+    D : ndarray or TiledSymmetric of shape (T, T)
         The inverse-kernel distance matrix (zero diagonal).
     d_ref : ndarray of shape (T,) or None
         Row r of D for a reference point; ``None`` means MDS double centring.
+    row_mean : ndarray of shape (T,), optional
+        Row means of D (the centred norm needs them); without them, and without ``d_ref``, the
+        norm is not computed.
     """
 
-    def __init__(self, D: Any, d_ref: np.ndarray | None):
+    def __init__(self, D: Any, d_ref: np.ndarray | None, row_mean: np.ndarray | None = None):
         self.D = D if hasattr(D, "matmat") else DenseOperator(D)
         self.d_ref = d_ref
+        self.row_mean = row_mean
         self.shape = self.D.shape
+        self.frobenius_sq: float | None = None
+
+    def _d_times(self, V: np.ndarray) -> np.ndarray:
+        if self.d_ref is None and self.row_mean is None:
+            return self.D.matmat(V)
+        if self.row_mean is None:
+            self.row_mean = np.zeros(self.shape[0])  # unused by the reference-point form
+        if self.frobenius_sq is None and hasattr(self.D, "matmat_reduce"):
+            W, parts = self.D.matmat_reduce(
+                V, _gram_frobenius_tile, self.d_ref, self.row_mean, float(self.row_mean.mean())
+            )
+            self.frobenius_sq = float(sum(parts))
+            return W
+        if self.frobenius_sq is None:  # an in-memory D: one elementwise pass here
+            full = slice(None)
+            self.frobenius_sq = _gram_frobenius_tile(
+                np.asarray(self.D.A), full, full, True, self.d_ref, self.row_mean,
+                float(self.row_mean.mean()),
+            )
+        return self.D.matmat(V)
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
         if self.d_ref is None:
             Vc = V - V.mean(axis=0)
-            W = self.D.matmat(Vc)
+            W = self._d_times(Vc)
             return -0.5 * (W - W.mean(axis=0))
         d = self.d_ref[:, None]
-        return 0.5 * (d * V.sum(axis=0) + (d * V).sum(axis=0) - self.D.matmat(V))
+        return 0.5 * (d * V.sum(axis=0) + (d * V).sum(axis=0) - self._d_times(V))
 
 
 def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
@@ -427,14 +454,10 @@ class IKD(TransformerMixin, BaseEstimator):
                 (s_r,) = compute(Xn @ xr, client=client)
                 d_ref = inverse(s_r[None, :].astype(np.float64))[0]
                 d_ref[r] = 0.0
-            G = GramOperator(D, d_ref)
+            G = GramOperator(D, d_ref, rowsum / T)
             t0 = time.perf_counter()
             eig = self._eigen_stage(G, run)
             seconds["eigen"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            row_mean = rowsum / T
-            frob = sum(D.reduce(_gram_frobenius_tile, d_ref, row_mean, row_mean.mean()))
-            seconds["explained_variance"] = time.perf_counter() - t0
         finally:
             if tmpdir:
                 shutil.rmtree(tmpdir, ignore_errors=True)
@@ -443,7 +466,7 @@ class IKD(TransformerMixin, BaseEstimator):
             "embedding_": embedding_from_eigenpairs(eig["values"], eig["vectors"], M),
             "eigenvalues_": eig["values"][:M],
             "eigen_residuals_": eig["residuals"][:M],
-            "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / frob),
+            "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / eig["frobenius_sq"]),
             "reference_index_": r,
             "sigma2_": sigma2,
             "eigen_passes_": int(eig["n_passes"]),
@@ -481,14 +504,15 @@ class IKD(TransformerMixin, BaseEstimator):
         M = self.n_components
         if run is not None and run.is_done("eigen"):
             out = {n: run.read(f"eigen_{n}") for n in ("values", "vectors", "residuals")}
-            return {**out, "n_passes": run.stage_info("eigen").get("n_passes", 0)}
+            info = run.stage_info("eigen")
+            return {**out, "n_passes": info["n_passes"], "frobenius_sq": info["frobenius_sq"]}
         method = self.eigen_solver
         if method == "auto":
             method = "lanczos"
-        if method == "dense":
-            T = G.shape[0]
-            G = G.matmat(np.eye(T))  # only sensible for small T; the user asked for it
-        res = top_eigh(G, M, method=method, tol=self.tol, random_state=self.random_state)
+        op = G
+        if method == "dense":  # only sensible for small T; the user asked for it
+            op = G.matmat(np.eye(G.shape[0]))
+        res = top_eigh(op, M, method=method, tol=self.tol, random_state=self.random_state)
         logger.info(
             "eigensolver: %d passes, converged=%s, max residual %.2e",
             res.n_passes, res.converged, res.residuals.max(),
@@ -497,5 +521,6 @@ class IKD(TransformerMixin, BaseEstimator):
         if run is not None:
             for n, v in out.items():
                 run.write(f"eigen_{n}", v, ("component",) if v.ndim == 1 else ("sample", "component"))
-            run.mark_done("eigen", n_passes=res.n_passes, converged=res.converged)
-        return {**out, "n_passes": res.n_passes}
+            run.mark_done("eigen", n_passes=res.n_passes, converged=res.converged,
+                          frobenius_sq=G.frobenius_sq)
+        return {**out, "n_passes": res.n_passes, "frobenius_sq": G.frobenius_sq}

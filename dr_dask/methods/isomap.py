@@ -322,7 +322,7 @@ class Isomap(TransformerMixin, BaseEstimator):
             # kept anyway for dist_matrix_: products on it in this process cost no round trips
             D2 = rows.gather(np.float64)
             rows.release()
-            rows = GeodesicRows((T, T), [0, T], [D2], None, rows.store)
+            rows = GeodesicRows((T, T), [0, T], [D2], None, rows.store, D2.dtype)
         if solver == "dense":
             res = top_eigh(_centred_matrix(D2, sq_mean), d, method="dense")
         else:

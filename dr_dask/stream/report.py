@@ -27,9 +27,9 @@ def running_mean(x: np.ndarray, window: int) -> np.ndarray:
 def stream_report(store: str, out_png: str, window: int = 50) -> dict:
     """Write a two-panel PNG of a stream store and return summary figures.
 
-    Left: per-point predictive variance against stream position, its running mean (window
-    ``window``, the authors' w = 50), the threshold of each model version and a marker at
-    every refit (trigger and publication). Right: the embedding coloured by model version,
+    Left: per-point predictive variance (under the version that first mapped the point)
+    against stream position, its running mean (window ``window``, the authors' w = 50), the
+    initial threshold and a marker at every refit (trigger and publication). Right: the embedding coloured by model version,
     quarantined rows omitted.
 
     Returns
@@ -43,16 +43,18 @@ def stream_report(store: str, out_png: str, window: int = 50) -> dict:
     import matplotlib.pyplot as plt
 
     o = read_output(store)
-    var, status, version, emb = o["variance"], o["status"], o["version"], o["embedding"]
+    var, status, version, emb = o["first_variance"], o["status"], o["version"], o["embedding"]
     refits = o["checkpoint"]["refits"]
     t = np.arange(len(var))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     ok = status != STATUS["quarantined"]
-    unc = status == STATUS["buffered"]
-    ax1.scatter(t[ok], var[ok], s=3, c=np.where(unc[ok], "tab:orange", "tab:blue"), alpha=0.5,
-                label="variance (orange: still buffered)")
+    # remapped rows were buffered when first seen: both count as flagged
+    flagged = np.isin(status, [STATUS["buffered"], STATUS["remapped"]])
+    ax1.scatter(t[ok], var[ok], s=3, c=np.where(flagged[ok], "tab:orange", "tab:blue"),
+                alpha=0.5, label="variance when first mapped (orange: flagged)")
     ax1.plot(t, running_mean(np.where(ok, var, np.nan), window), color="red", lw=1.5,
              label=f"running mean (w={window})")
+    ax1.axhline(o["checkpoint"]["sigma_t"][0], color="gray", ls="--", lw=1, label="sigma_t (v0)")
     for r in refits:
         ax1.axvline(r["trigger_row"], color="k", ls=":", lw=1)
         ax1.axvline(r["publish_row"], color="k", ls="-", lw=1)

@@ -2,8 +2,10 @@
 
 Layout of the output directory (a Zarr v3 group plus plain files):
 
-``embedding (N, d_g)``, ``variance (N,)``, ``manifold (N,)``, ``version (N,)``, ``status (N,)``
+``embedding (N, d_g)``, ``variance (N,)``, ``first_variance (N,)``, ``manifold (N,)``,
+``version (N,)``, ``status (N,)``
     One row per input row, row i = the i-th row of the stream (quarantined rows included).
+    ``first_variance`` is the variance under the version that first mapped the row.
 ``buffer_points (M, D)``, ``buffer_rows (M,)``
     Append-only log of every point that was ever buffered, with its output row.
 ``models/v{k}.pkl``
@@ -66,6 +68,7 @@ class StreamStore:
         spec = {
             "embedding": ((0, global_dim), "f8", (ROW_CHUNK, global_dim), np.nan),
             "variance": ((0,), "f8", (ROW_CHUNK,), np.nan),
+            "first_variance": ((0,), "f8", (ROW_CHUNK,), np.nan),
             "manifold": ((0,), "i4", (ROW_CHUNK,), -1),
             "version": ((0,), "i4", (ROW_CHUNK,), -1),
             "status": ((0,), "i1", (ROW_CHUNK,), 0),
@@ -97,7 +100,7 @@ class StreamStore:
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
         n, b = state["n_rows"], state["buffer_len"]
-        for name in ("embedding", "variance", "manifold", "version", "status"):
+        for name in ("embedding", "variance", "first_variance", "manifold", "version", "status"):
             arr = self[name]
             if arr.shape[0] != n:
                 arr.resize((n, *arr.shape[1:]))
@@ -119,8 +122,10 @@ class StreamStore:
         """Write rows ``start..start+m`` (growing the arrays); returns the new row count."""
         m = len(status)
         end = start + m
-        for name, val in (("embedding", emb), ("variance", var), ("manifold", manifold),
-                          ("version", version), ("status", status)):
+        # first_variance keeps the variance under the model that first saw the row (detection
+        # plots); variance is overwritten when a refit re-maps the row
+        for name, val in (("embedding", emb), ("variance", var), ("first_variance", var),
+                          ("manifold", manifold), ("version", version), ("status", status)):
             arr = self[name]
             if arr.shape[0] < end:
                 arr.resize((end, *arr.shape[1:]))
@@ -196,14 +201,16 @@ def read_output(path: str) -> dict:
 
     Returns
     -------
-    dict with ``embedding (N, d_g)``, ``variance``, ``manifold``, ``version``, ``status``
+    dict with ``embedding (N, d_g)``, ``variance``, ``first_variance``, ``manifold``,
+    ``version``, ``status``
     (all (N,)), ``checkpoint`` (dict) and ``quarantine`` (list of records).
     """
     store = StreamStore(path)
     state = store.read_checkpoint()
     n = state["n_rows"]
     out = {name: np.asarray(store[name][:n])
-           for name in ("embedding", "variance", "manifold", "version", "status")}
+           for name in ("embedding", "variance", "first_variance", "manifold", "version",
+                        "status")}
     out["checkpoint"] = state
     out["quarantine"] = store.quarantine_records()
     return out

@@ -1,0 +1,364 @@
+"""Geodesic IKD (seed 002 §2.4, second bullet; digest seed-ikd.md §3) and landmark IKD.
+
+Weak similarities are replaced by the max-product path similarity
+``s_geo(i, j) = sigma^2 max_paths prod s_e / sigma^2 = sigma^2 exp(-shortest path)`` on a graph
+with edge weights ``-log(s / sigma^2)`` (digest A11: normalised, so weights are >= 0). Rules:
+
+- ``geodesic_rule="knn"`` (the authors' code, default): kNN graph by largest correlation
+  (for unit-norm centred rows ``||a - b||^2 = 2 - 2 s``, so the package's Euclidean kNN on the
+  normalised rows gives it), every entry replaced by the path similarity;
+- ``geodesic_rule="threshold"`` (the paper): graph of all pairs with ``s / sigma^2 >= s0``
+  (digest A10: entries equal to s0 are kept), only entries below s0 replaced, by the larger of
+  the direct similarity and the best path through the graph (the direct edge is a path too).
+
+Disconnected graphs are bridged by the shortest edges between components (with a warning
+naming them) or refused (``on_disconnected="raise"``), never left as infinite distances.
+
+Out of core: Dijkstra runs over blocks of sources on the workers
+(:class:`dr_dask.graph.GeodesicRows`), writing the T x T path lengths into a Zarr array with
+square chunks; the upper tiles of D = f^-1(s_geo) are then built from tiles of that array
+(:func:`dr_dask.linalg.tiles.build_tiles`), in worker memory or on disk, and the eigensolver
+only sees ``D @ V`` through :class:`~dr_dask.methods.ikd.GramOperator`.
+
+Landmark IKD (not in the papers; issue 3 item 6): L landmarks, the L x T geodesic (or, with
+``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
+triangulation of every point from its L distances, summed over landmark row blocks where
+they live. Memory and time are O(L T), which is how IKD reaches 10^6 rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import numpy as np
+import scipy.sparse as sp
+import zarr
+from scipy.sparse.csgraph import connected_components
+
+from dr_dask.cluster import active_client, compute
+from dr_dask.graph import GeodesicRows, connect_components, graph_from_neighbors, kneighbors
+from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
+from dr_dask.linalg.tiles import TileGrid, build_tiles
+from dr_dask.methods.ikd import (
+    MEMORY_TILE_BYTES,
+    GramOperator,
+    InverseKernel,
+    _gram_frobenius_tile,
+    _row_stats,
+    embedding_from_eigenpairs,
+    reference_index,
+)
+from dr_dask.store import InputData, RunGroup
+
+logger = logging.getLogger(__name__)
+
+#: Rows and columns per chunk of the Zarr array of path lengths (tiles read whole chunks).
+PATH_CHUNK = 512
+
+
+# --------------------------------------------------------------------------------------------
+# the graph
+
+
+def _unit_rows(block: np.ndarray) -> np.ndarray:
+    X = np.asarray(block, dtype=np.float64)
+    return X / np.linalg.norm(X, axis=1, keepdims=True)
+
+
+def _row_norms(block: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(np.asarray(block, dtype=np.float64), axis=1)
+
+
+def edge_weight(k: np.ndarray, floor: float, ceil: float) -> np.ndarray:
+    """``-log`` of the normalised similarity, clipped like the inverse kernel's input."""
+    return -np.log(np.clip(k, floor, ceil))
+
+
+def _bridge_weight(lengths: np.ndarray, floor: float, ceil: float) -> np.ndarray:
+    # bridges are found on unit rows, where ||a - b||^2 = 2 - 2 corr
+    return edge_weight(1.0 - 0.5 * np.asarray(lengths) ** 2, floor, ceil)
+
+
+def _threshold_edges(Xi, Xj, i0: int, j0: int, diagonal: bool, sigma2: float, s0: float,
+                     floor: float, ceil: float):
+    """Pairs (i < j) of one tile with ``s / sigma^2 >= s0`` and their weights."""
+    k = (np.asarray(Xi, np.float64) @ np.asarray(Xj, np.float64).T) / sigma2
+    keep = k >= s0
+    if diagonal:
+        keep &= np.triu(np.ones(keep.shape, bool), 1)
+    r, c = np.nonzero(keep)
+    return r + i0, c + j0, edge_weight(k[r, c], floor, ceil)
+
+
+def neighbour_graph(est: Any, Xn: Any, sigma2: float, client: Any) -> tuple[sp.csr_matrix, dict]:
+    """Symmetric graph with weights ``-log(s / sigma^2)`` per the estimator's rule, connected.
+
+    Parameters
+    ----------
+    est : IKD
+    Xn : dask array of shape (T, N)
+        Rows with ``S = Xn Xn^T`` (:meth:`IKD.prepared_rows`), persisted when on a cluster.
+    sigma2 : float
+
+    Returns
+    -------
+    graph : csr_matrix of shape (T, T)
+    info : dict
+        ``n_components`` of the raw graph and ``n_edges``.
+    """
+    T = Xn.shape[0]
+    floor, ceil = est.floor, est.ceil
+    norms = None
+    if est.similarity == "correlation" and est.variance is None:
+        Xu = Xn  # already unit rows, sigma^2 = 1
+    else:
+        (norms,) = compute(Xn.map_blocks(_row_norms, drop_axis=1, dtype=np.float64),
+                           client=client)
+        Xu = Xn.map_blocks(_unit_rows, dtype=np.float64)
+    if est.geodesic_rule == "knn":
+        dist, idx = kneighbors(Xu, int(est.n_neighbors), client=client)
+        k = 1.0 - 0.5 * dist**2  # correlation of the unit rows
+        if norms is not None:
+            k = k * norms[:, None] * norms[idx] / sigma2
+        graph = graph_from_neighbors(idx, edge_weight(k, floor, ceil), T)
+    else:
+        grid = TileGrid.from_chunks(Xn.chunks[0])
+        blocks = Xn.to_delayed().ravel()
+        task = dask.delayed(_threshold_edges, pure=True)
+        parts = compute(*[
+            task(blocks[i], blocks[j], grid.bounds[i], grid.bounds[j], i == j, sigma2,
+                 float(est.threshold), floor, ceil)
+            for i, j in grid.upper()
+        ], client=client)
+        r, c, w = (np.concatenate([p[n] for p in parts]) for n in range(3))
+        w = np.maximum(w, np.finfo(np.float64).tiny)  # explicit zeros would drop the edge
+        upper = sp.coo_matrix((w, (r, c)), shape=(T, T))
+        graph = (upper + upper.T).tocsr()
+    n_comp, _ = connected_components(graph, directed=False)
+    if n_comp > 1:
+        X = None
+        if est.on_disconnected == "bridge":
+            (X,) = compute(Xu, client=client)
+        graph = connect_components(
+            graph, X, on_disconnected=est.on_disconnected,
+            bridge_weight=functools.partial(_bridge_weight, floor=floor, ceil=ceil),
+        )
+    return graph, {"n_components": int(n_comp), "n_edges": int(graph.nnz // 2)}
+
+
+# --------------------------------------------------------------------------------------------
+# path lengths -> D
+
+
+@dataclass(frozen=True)
+class GeodesicKernel:
+    """Path lengths (and, for the threshold rule, similarities) to inverse-kernel distances."""
+
+    inverse: InverseKernel
+    threshold: float | None  # None: the kNN rule, every entry replaced
+
+    def __call__(self, P: np.ndarray, S: np.ndarray | None = None, diagonal: bool = False):
+        k = np.exp(-np.asarray(P, dtype=np.float64))
+        if self.threshold is not None:
+            s = np.asarray(S, dtype=np.float64) / self.inverse.sigma2
+            k = np.where(s >= self.threshold, s, np.maximum(s, k))
+        return self.inverse(k * self.inverse.sigma2, diagonal)
+
+
+def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,
+                  kernel: GeodesicKernel, dtype: Any):
+    """One tile of D from a tile of the path-length array, with the reference statistics."""
+    (ri, Xi), (rj, Xj) = bi, bj
+    P = np.asarray(paths[ri, rj])
+    S = None if kernel.threshold is None else np.asarray(Xi) @ np.asarray(Xj).T
+    D = kernel(P, S, diagonal)
+    if diagonal:
+        D = 0.5 * (D + D.T)  # Dijkstra from i and from j may differ in the last bit
+    stats = (D.max(axis=1), D.max(axis=0), D.sum(axis=1), D.sum(axis=0))
+    return D.astype(dtype, copy=False), stats
+
+
+def _tagged(rows: slice, block: Any) -> tuple:
+    return rows, block
+
+
+def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
+    """Geodesic IKD of ``inp`` with the settings of ``est`` (an :class:`IKD`)."""
+    client = active_client(est.client)
+    dtype = np.dtype(est.dtype)
+    seconds: dict[str, float] = {}
+    Xn, sigma2 = est.prepared_rows(inp)
+    if client is not None:
+        Xn = client.persist(Xn)
+    T = Xn.shape[0]
+    t0 = time.perf_counter()
+    graph, info = neighbour_graph(est, Xn, sigma2, client)
+    seconds["graph"] = time.perf_counter() - t0
+    kernel = GeodesicKernel(est.inverse_kernel(sigma2),
+                            None if est.geodesic_rule == "knn" else float(est.threshold))
+    grid = TileGrid.from_chunks(Xn.chunks[0])
+    tile_bytes = T * (T + grid.max_block) / 2 * dtype.itemsize
+    on_disk = est.tile_cache == "disk" or (
+        est.tile_cache == "auto" and tile_bytes > MEMORY_TILE_BYTES
+    )
+    workdir = run.path if run is not None else tempfile.mkdtemp(prefix="dr_dask_geodesic_")
+    try:
+        t0 = time.perf_counter()
+        chunk = min(PATH_CHUNK, T)
+        paths = zarr.create_array(
+            os.path.join(workdir, "geodesic_paths"), shape=(T, T), chunks=(chunk, chunk),
+            dtype=dtype, compressors=None, overwrite=True,
+            dimension_names=("sample", "sample_"),
+        )
+        GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
+        seconds["shortest_paths"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        if kernel.threshold is None:
+            blocks = [(grid.block(i), None) for i in range(grid.n_blocks)]
+        else:
+            xb = Xn.to_delayed().ravel()
+            blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
+        store = os.path.join(workdir, "distance") if on_disk else None
+        D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
+                               store=store, dtype=dtype, client=client, progress=est.progress)
+        rowmax, rowsum = _row_stats(grid, stats)
+        seconds["distance"] = time.perf_counter() - t0
+
+        r = reference_index(rowmax, rowsum, est._reference)
+        d_ref = None
+        if r is not None:
+            S_r = None
+            if kernel.threshold is not None:
+                (xr,) = compute(Xn[r], client=client)
+                (S_r,) = compute(Xn @ xr, client=client)
+                S_r = S_r[None, :]
+            d_ref = kernel(np.asarray(paths[r : r + 1, :]), S_r)[0]
+            d_ref[r] = 0.0
+        t0 = time.perf_counter()
+        eig = est._eigen_stage(GramOperator(D, d_ref), run)
+        seconds["eigen"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        row_mean = rowsum / T
+        frob = sum(D.reduce(_gram_frobenius_tile, d_ref, row_mean, row_mean.mean()))
+        seconds["explained_variance"] = time.perf_counter() - t0
+    finally:
+        if run is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    M = int(est.n_components)
+    logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
+    return {
+        "embedding_": embedding_from_eigenpairs(eig["values"], eig["vectors"], M),
+        "eigenvalues_": eig["values"][:M],
+        "eigen_residuals_": eig["residuals"][:M],
+        "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / frob),
+        "reference_index_": r,
+        "sigma2_": sigma2,
+        "eigen_passes_": int(eig["n_passes"]),
+        "stage_seconds_": seconds,
+        "graph_components_": info["n_components"],
+        "graph_edges_": info["n_edges"],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# landmark IKD
+
+
+def _landmark_columns(block: np.ndarray, start: int, landmarks: np.ndarray,
+                      kernel: GeodesicKernel) -> np.ndarray:
+    return kernel(block[:, landmarks])
+
+
+def _landmark_triangulate(block: np.ndarray, start: int, kernel: GeodesicKernel,
+                          pinv: np.ndarray, sq_mean: np.ndarray) -> np.ndarray:
+    # triangulation is linear in the landmark rows: each block of landmarks adds its share
+    stop = start + block.shape[0]
+    return triangulate(pinv[:, start:stop], kernel(block), sq_mean[start:stop])
+
+
+def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseKernel,
+                            pinv: np.ndarray, sq_mean: np.ndarray) -> np.ndarray:
+    D = inverse(np.asarray(block, np.float64) @ XL.T)  # (b, L)
+    return triangulate(pinv, D.T, sq_mean)
+
+
+def fit_landmarks(est: Any, inp: InputData) -> dict:
+    """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
+    client = active_client(est.client)
+    M, L = int(est.n_components), int(est.n_landmarks)
+    seconds: dict[str, float] = {}
+    Xn, sigma2 = est.prepared_rows(inp)
+    if client is not None:
+        Xn = client.persist(Xn)
+    T = Xn.shape[0]
+    inverse = est.inverse_kernel(sigma2)
+
+    t0 = time.perf_counter()
+    if est.landmark_method == "maxmin":
+        # farthest points in correlation distance (Euclidean on unit rows)
+        (points,) = compute(Xn.map_blocks(_unit_rows, dtype=np.float64), client=client)
+    else:
+        points = np.empty((T, 0))  # random choice: only the row count matters
+    landmarks = select_landmarks(points, L, method=est.landmark_method,
+                                 random_state=est.random_state)
+    del points
+    seconds["landmarks"] = time.perf_counter() - t0
+
+    info: dict = {}
+    if est.solver == "geodesic":
+        t0 = time.perf_counter()
+        graph, info = neighbour_graph(est, Xn, sigma2, client)
+        seconds["graph"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32)
+        seconds["shortest_paths"] = time.perf_counter() - t0
+        kernel = GeodesicKernel(inverse, None)
+        t0 = time.perf_counter()
+        D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
+        np.fill_diagonal(D_LL, 0.0)
+        mds = landmark_mds(D_LL, M)
+        seconds["landmark_mds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
+                           axis=0)
+        rows.release()
+    else:
+        t0 = time.perf_counter()
+        order = np.argsort(landmarks)
+        (XL,) = compute(Xn[landmarks[order]], client=client)
+        XL = np.asarray(XL, np.float64)[np.argsort(order)]
+        D_LL = inverse(XL @ XL.T, diagonal=True)
+        mds = landmark_mds(D_LL, M)
+        seconds["landmark_mds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        XL_d = dask.delayed(XL, traverse=False)
+        task = dask.delayed(_similarity_triangulate, pure=True)
+        parts = compute(*[task(b, XL_d, inverse, mds.pinv, mds.sq_mean)
+                          for b in Xn.to_delayed().ravel()], client=client)
+        embedding = np.vstack(parts)
+    seconds["triangulate"] = time.perf_counter() - t0
+    D2 = 0.5 * (D_LL + D_LL.T)
+    mean = D2.mean(axis=1)
+    B = -0.5 * (D2 - mean[:, None] - mean[None, :] + mean.mean())
+    out = {
+        "embedding_": embedding,
+        "eigenvalues_": mds.eigenvalues,
+        "explained_variance_ratio_": float(np.sum(mds.eigenvalues**2) / np.sum(B * B)),
+        "reference_index_": None,
+        "sigma2_": sigma2,
+        "stage_seconds_": seconds,
+        "landmarks_": landmarks,
+    }
+    if info:
+        out["graph_components_"] = info["n_components"]
+        out["graph_edges_"] = info["n_edges"]
+    return out
