@@ -41,7 +41,8 @@ def run_embedding(
 
     Parameters
     ----------
-    estimator : estimator with ``fit`` and ``embedding_``
+    estimator : estimator with ``fit_transform``
+        Estimators whose ``fit`` takes ``run=`` (IKD) keep their stages in the run group.
     source : str or array-like
         Anything :func:`dr_dask.store.open_dataset` accepts, or an :class:`InputData`.
     out : str
@@ -73,11 +74,11 @@ def run_embedding(
         return run
     t0 = time.perf_counter()
     if "run" in inspect.signature(estimator.fit).parameters:
-        estimator.fit(inp, run=run)
-    else:
-        estimator.fit(inp.data)
+        emb = estimator.fit(inp, run=run).embedding_
+    else:  # any scikit-learn transformer (PCA, ...): its fit_transform is the embedding
+        emb = estimator.fit_transform(inp.data)
     seconds = time.perf_counter() - t0
-    emb = np.asarray(estimator.embedding_)
+    emb = np.asarray(emb.compute() if hasattr(emb, "compute") else emb)
     ids = inp.sample_ids if inp.sample_ids is not None else np.arange(emb.shape[0])
     run.write("sample", ids, ("sample",))
     run.write("component", np.arange(emb.shape[1]), ("component",))

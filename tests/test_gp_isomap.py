@@ -167,7 +167,7 @@ def test_dask_transform_keeps_row_chunks_and_pickles(patch):
 
 @pytest.mark.cluster
 def test_fit_and_transform_on_cluster(cluster_client):
-    sc = shift_scenario(80, random_state=4)
+    sc = shift_scenario(50, random_state=4)
     local = GPIsomap(n_neighbors=8, random_state=0).fit(sc.batch)
     remote = GPIsomap(n_neighbors=8, random_state=0).fit(sc.batch, client=cluster_client)
     np.testing.assert_array_equal(local.labels_, remote.labels_)

@@ -64,17 +64,18 @@ def _same_up_to_sign(A, B, atol):
 
 
 @pytest.mark.parametrize(
-    "rule, similarity, reference, T, N",
-    [("knn", "correlation", "center", 800, 200), ("knn", "covariance", "min_max", 500, 60),
-     ("threshold", "correlation", "center", 300, 60)],
+    "rule, similarity, reference, T, N, cache",
+    [("knn", "correlation", "center", 800, 200, "memory"),
+     ("knn", "covariance", "min_max", 500, 60, "disk"),
+     ("threshold", "correlation", "center", 300, 60, "memory")],
 )
-def test_geodesic_matches_dense_numpy(rule, similarity, reference, T, N):
+def test_geodesic_matches_dense_numpy(rule, similarity, reference, T, N, cache):
     # (T, N) chosen so that the graphs are connected: the dense reference has no bridging
     X, _ = _data("sinusoidal", T, N)
     s0 = 0.5 if rule == "threshold" else None
     est = IKD(2, solver="geodesic", geodesic_rule=rule, threshold=s0, n_neighbors=6,
-              similarity=similarity, reference=reference, tile_size=256, random_state=0,
-              tol=1e-10).fit(X)
+              similarity=similarity, reference=reference, tile_size=256, tile_cache=cache,
+              random_state=0, tol=1e-10).fit(X)
     ref = geodesic_ikd_dense(X, 2, rule=rule, k=6, s0=s0, similarity=similarity,
                              reference=reference)
     scale = np.abs(ref).max()
@@ -134,8 +135,9 @@ def _two_groups(T=120, N=60, seed=0):
     rng = np.random.default_rng(seed)
     t = np.linspace(0, 3, T // 2)[:, None]
     half = N // 2
-    A = np.hstack([np.sin(t * rng.uniform(1, 2, half) + rng.uniform(0, 3, half)), np.zeros((T // 2, half))])
-    B = np.hstack([np.zeros((T // 2, half)), np.cos(t * rng.uniform(1, 2, half) + rng.uniform(0, 3, half))])
+    zeros = np.zeros((T // 2, half))
+    A = np.hstack([np.sin(t * rng.uniform(1, 2, half) + rng.uniform(0, 3, half)), zeros])
+    B = np.hstack([zeros, np.cos(t * rng.uniform(1, 2, half) + rng.uniform(0, 3, half))])
     return np.vstack([A, B]) + 0.01 * rng.standard_normal((T, N))
 
 

@@ -58,9 +58,12 @@ def _load_batch(path: str) -> np.ndarray:
               help="A pickled fitted GPIsomap.")
 @click.option("--batch", help="Batch to fit the model on (Zarr/NetCDF/.npy), if no --model.")
 @click.option("--holdout", help="Held-out batch-distribution points to calibrate sigma_t.")
-@click.option("--sigma-t", type=float, default=None, help="Novelty threshold (overrides calibration).")
-@click.option("--n-s", type=int, default=1000, show_default=True, help="Buffer size triggering a refit.")
-@click.option("--chunk-size", type=int, default=1000, show_default=True, help="Rows per Zarr chunk.")
+@click.option("--sigma-t", type=float, default=None,
+              help="Novelty threshold (overrides calibration).")
+@click.option("--n-s", type=int, default=1000, show_default=True,
+              help="Buffer size triggering a refit.")
+@click.option("--chunk-size", type=int, default=1000, show_default=True,
+              help="Rows per Zarr chunk.")
 @click.option("--strict", is_flag=True, help="Algorithm 1's point-by-point semantics.")
 @click.option("--max-in-flight", type=int, default=2, show_default=True)
 @click.option("--follow", is_flag=True, help="Keep polling the source for new data.")

@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,6 @@ from dr_dask.methods.ikd import (
     MEMORY_TILE_BYTES,
     GramOperator,
     InverseKernel,
-    _gram_frobenius_tile,
     _row_stats,
     embedding_from_eigenpairs,
     reference_index,
@@ -244,12 +244,8 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
             d_ref = kernel(np.asarray(paths[r : r + 1, :]), S_r)[0]
             d_ref[r] = 0.0
         t0 = time.perf_counter()
-        eig = est._eigen_stage(GramOperator(D, d_ref), run)
+        eig = est._eigen_stage(GramOperator(D, d_ref, rowsum / T), run)
         seconds["eigen"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        row_mean = rowsum / T
-        frob = sum(D.reduce(_gram_frobenius_tile, d_ref, row_mean, row_mean.mean()))
-        seconds["explained_variance"] = time.perf_counter() - t0
     finally:
         if run is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -259,7 +255,7 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
         "embedding_": embedding_from_eigenpairs(eig["values"], eig["vectors"], M),
         "eigenvalues_": eig["values"][:M],
         "eigen_residuals_": eig["residuals"][:M],
-        "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / frob),
+        "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / eig["frobenius_sq"]),
         "reference_index_": r,
         "sigma2_": sigma2,
         "eigen_passes_": int(eig["n_passes"]),
@@ -295,6 +291,11 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
     """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
     client = active_client(est.client)
     M, L = int(est.n_components), int(est.n_landmarks)
+    if est.reference not in (None, "center"):
+        warnings.warn(
+            f"reference={est.reference!r} is ignored by landmark IKD: landmark MDS centres the "
+            "landmark distances (the 'center' reference)", UserWarning, stacklevel=4,
+        )
     seconds: dict[str, float] = {}
     Xn, sigma2 = est.prepared_rows(inp)
     if client is not None:

@@ -188,7 +188,9 @@ def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.nda
     return Y
 
 
-def ridge_stitch(local: np.ndarray, target: np.ndarray, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+def ridge_stitch(
+    local: np.ndarray, target: np.ndarray, ridge: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Affine map of local coordinates onto global ones by ridge regression (Alg. 1, l. 14-18).
 
     ``[R | t] = GE A^T (A A^T + lambda I)^-1`` with ``A = [local^T; 1^T]``.

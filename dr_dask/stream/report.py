@@ -29,8 +29,8 @@ def stream_report(store: str, out_png: str, window: int = 50) -> dict:
 
     Left: per-point predictive variance (under the version that first mapped the point)
     against stream position, its running mean (window ``window``, the authors' w = 50), the
-    initial threshold and a marker at every refit (trigger and publication). Right: the embedding coloured by model version,
-    quarantined rows omitted.
+    initial threshold and a marker at every refit (trigger and publication). Right: the
+    embedding coloured by model version, quarantined rows omitted.
 
     Returns
     -------

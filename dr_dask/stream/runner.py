@@ -1,4 +1,4 @@
-"""The GP-Isomap stream runner: map chunks on workers, buffer the uncertain, refit, never lose a row.
+"""The GP-Isomap stream runner: map on workers, buffer the uncertain, refit, lose no row.
 
 Per chunk: the chunk is validated (malformed ones are quarantined with their reason), mapped on
 a worker with the current model version (scattered to the workers once per version), and its
