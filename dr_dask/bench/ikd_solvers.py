@@ -19,9 +19,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -142,39 +140,3 @@ CASES: dict[str, Callable[..., dict]] = {
     "geodesic_ikd": bench_geodesic,
     "landmark_ikd": bench_landmark,
 }
-
-
-def run_cases(client: Any, quick: bool, *, only: set | None = None,
-              workdir: str | None = None) -> dict:
-    """Run the selected cases (default all); results keyed by case name.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The cluster the IKD fits run on (blockwise also runs once without it, as baseline).
-    quick : bool
-        Smaller sizes for a smoke run.
-    only : set of str, optional
-        Case names from :data:`CASES`.
-    workdir : str, optional
-        Where datasets and tiles go (default a temporary directory, removed afterwards).
-    """
-    unknown = set(only or ()) - set(CASES)
-    if unknown:
-        raise ValueError(f"unknown benchmark cases {sorted(unknown)}; known: {sorted(CASES)}")
-    own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_ikd_solvers_")
-    os.makedirs(workdir, exist_ok=True)
-    results: dict[str, Any] = {"quick": quick}
-    try:
-        for name, fn in CASES.items():
-            if only and name not in only:
-                continue
-            logger.info("benchmark case %s", name)
-            t0 = time.perf_counter()
-            results[name] = fn(client, quick, workdir)
-            logger.info("case %s done in %.1f s", name, time.perf_counter() - t0)
-    finally:
-        if own_tmp:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return results

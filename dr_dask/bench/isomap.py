@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask.bench.ikd_solvers import CASES as IKD_SOLVER_CASES
 from dr_dask.bench._common import PeakRSS, tree_rss
 
 logger = logging.getLogger(__name__)
@@ -153,11 +154,12 @@ def bench_landmark_isomap(client: Any, quick: bool, workdir: str, n_samples: int
     }
 
 
-#: Named cases: ``fn(client, quick, workdir) -> dict``. Other Isomap-family cases (geodesic and
-#: blockwise IKD) are added here.
+#: Named cases: ``fn(client, quick, workdir) -> dict``: Isomap's, and the geodesic, blockwise
+#: and landmark IKD cases, which run on the same graph machinery.
 CASES: dict[str, Callable[..., dict]] = {
     "isomap_full": bench_isomap_full,
     "landmark_isomap": bench_landmark_isomap,
+    **IKD_SOLVER_CASES,
 }
 
 

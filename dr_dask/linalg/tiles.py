@@ -194,7 +194,6 @@ def build_tiles(
     (TiledSymmetric, list of stats in ``grid.upper()`` order)
     """
     client = active_client(client)
-    T = grid.size
     done: dict = {}
     if store is not None:
         if any(b % grid.max_block for b in grid.bounds[:-1]):

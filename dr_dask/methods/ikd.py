@@ -274,6 +274,16 @@ class IKD(TransformerMixin, BaseEstimator):
     stage_seconds_ : dict
         Wall time of each stage.
     n_features_in_ : int
+    graph_components_, graph_edges_ : int
+        ``solver="geodesic"``: components of the neighbour graph before repair, and its edges.
+    cliques_ : list of ndarray
+        ``solver="blockwise"``: the cliques the merge used.
+    merge_log_ : list of dict
+        ``solver="blockwise"``: each merge, its overlap and alignment residual (or fallback).
+    clique_threshold_ : float
+        ``solver="blockwise"``: the s0 used (given, or the authors' N-based rule).
+    landmarks_ : ndarray of shape (L,)
+        With ``n_landmarks``: indices of the landmark rows.
     """
 
     def __init__(
