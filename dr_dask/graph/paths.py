@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 import zarr
@@ -265,15 +266,25 @@ def geodesics_via_neighbors(
     if dist_to_nbrs.shape != nbr_idx.shape or dist_to_nbrs.ndim != 2:
         raise ValueError(f"dist_to_nbrs {dist_to_nbrs.shape} and nbr_idx {nbr_idx.shape} must "
                          "be equal (Q, k)")
-    out = np.full((dist_to_nbrs.shape[0], geodesic_rows.shape[1]), np.inf)
-    # one vectorised pass per neighbour column keeps the temporary at Q x n_cols
-    for j in range(nbr_idx.shape[1]):
-        valid = np.isfinite(dist_to_nbrs[:, j]) & (nbr_idx[:, j] >= 0)
-        if valid.all():
-            np.minimum(out, geodesic_rows[nbr_idx[:, j]] + dist_to_nbrs[:, j, None], out=out)
-            continue
-        if not valid.any():
-            continue
-        cand = geodesic_rows[nbr_idx[valid, j]] + dist_to_nbrs[valid, j][:, None]
-        out[valid] = np.minimum(out[valid], cand)
+    rows = np.ascontiguousarray(geodesic_rows)
+    out = np.empty((dist_to_nbrs.shape[0], rows.shape[1]), dtype=np.float64)
+    _min_plus(dist_to_nbrs, nbr_idx.astype(np.int64, copy=False), rows, out)
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _min_plus(dist: np.ndarray, idx: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """The min-plus product of the mapping hot path, fused: no (Q, k, n) temporary, one sweep
+    over each neighbour row. Serial on purpose: dask already runs chunks in parallel, and
+    numba's parallel layer must not be entered from several dask threads at once."""
+    n = rows.shape[1]
+    for q in range(dist.shape[0]):
+        o = out[q]
+        o[:] = np.inf
+        for j in range(dist.shape[1]):
+            d, r = dist[q, j], idx[q, j]
+            if r < 0 or not np.isfinite(d):
+                continue  # padding
+            row = rows[r]
+            for i in range(n):  # branch-free so it vectorises
+                o[i] = min(o[i], d + row[i])
