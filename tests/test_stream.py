@@ -92,8 +92,8 @@ def _wait_rows(proc, out, at_least, timeout=60.0):
 
 
 def _run_args(model_path, source_dir, out, *extra):
-    return ("stream", "run", source_dir, "--out", out, "--model", model_path, "--n-s", str(N_S),
-            "--strict", "--no-cluster", *extra)
+    return ("--scheduler", "threads", "stream", "run", source_dir, "--out", out, "--model",
+            model_path, "--n-s", str(N_S), "--strict", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,6 @@ def _load_batch(path: str) -> np.ndarray:
 @click.option("--max-in-flight", type=int, default=2, show_default=True)
 @click.option("--follow", is_flag=True, help="Keep polling the source for new data.")
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between polls.")
-@click.option("--no-cluster", is_flag=True, help="Map on local threads instead of a Dask cluster.")
 @click.option("--n-neighbors", type=int, default=10, show_default=True)
 @click.option("--kernel", default="geodesic_se", show_default=True)
 @click.option("--length-scale", type=float, default=None)
@@ -76,7 +75,7 @@ def _load_batch(path: str) -> np.ndarray:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.pass_context
 def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, strict,
-        max_in_flight, follow, poll, no_cluster, n_neighbors, kernel, length_scale,
+        max_in_flight, follow, poll, n_neighbors, kernel, length_scale,
         noise_variance, seed):
     """Stream SOURCE (directory of .npy chunks, Zarr array) through GP-Isomap into --out.
 
@@ -93,7 +92,7 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
     if not resuming and not (model_path or batch):
         fail("a new stream needs --model or --batch")
     with contextlib.ExitStack() as stack:
-        client = None if no_cluster else stack.enter_context(cluster(ctx))
+        client = stack.enter_context(cluster(ctx))  # None with --scheduler threads
         model = None
         if not resuming:
             if model_path:

@@ -53,7 +53,7 @@ from dr_dask.methods.ikd import (
     GramOperator,
     InverseKernel,
     _row_stats,
-    embedding_from_eigenpairs,
+    fitted_attributes,
     reference_index,
 )
 from dr_dask.store import InputData, RunGroup
@@ -252,14 +252,7 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
     M = int(est.n_components)
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
     return {
-        "embedding_": embedding_from_eigenpairs(eig["values"], eig["vectors"], M),
-        "eigenvalues_": eig["values"][:M],
-        "eigen_residuals_": eig["residuals"][:M],
-        "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / eig["frobenius_sq"]),
-        "reference_index_": r,
-        "sigma2_": sigma2,
-        "eigen_passes_": int(eig["n_passes"]),
-        "stage_seconds_": seconds,
+        **fitted_attributes(eig, M, r, sigma2, seconds),
         "graph_components_": info["n_components"],
         "graph_edges_": info["n_edges"],
     }

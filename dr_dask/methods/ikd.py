@@ -206,6 +206,23 @@ def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_compone
     return vectors[:, :n_components] * np.sqrt(np.clip(values[:n_components], 0, None))
 
 
+def fitted_attributes(eig: dict, n_components: int, r: int | None, sigma2: float,
+                      seconds: dict) -> dict:
+    """The fitted attributes shared by every solver that ends in one eigenproblem of g(D)."""
+    M = int(n_components)
+    values = eig["values"]
+    return {
+        "embedding_": embedding_from_eigenpairs(values, eig["vectors"], M),
+        "eigenvalues_": values[:M],
+        "eigen_residuals_": eig["residuals"][:M],
+        "explained_variance_ratio_": float(np.sum(values[:M] ** 2) / eig["frobenius_sq"]),
+        "reference_index_": r,
+        "sigma2_": sigma2,
+        "eigen_passes_": int(eig["n_passes"]),
+        "stage_seconds_": seconds,
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # the estimator
 
@@ -471,17 +488,7 @@ class IKD(TransformerMixin, BaseEstimator):
         finally:
             if tmpdir:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        M = self.n_components
-        return {
-            "embedding_": embedding_from_eigenpairs(eig["values"], eig["vectors"], M),
-            "eigenvalues_": eig["values"][:M],
-            "eigen_residuals_": eig["residuals"][:M],
-            "explained_variance_ratio_": float(np.sum(eig["values"][:M] ** 2) / eig["frobenius_sq"]),
-            "reference_index_": r,
-            "sigma2_": sigma2,
-            "eigen_passes_": int(eig["n_passes"]),
-            "stage_seconds_": seconds,
-        }
+        return fitted_attributes(eig, self.n_components, r, sigma2, seconds)
 
     def _distance_stage(self, grid, blocks, inverse, store, run):
         """Tiles of D (resumed from the run's group when that stage completed)."""
