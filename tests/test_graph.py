@@ -24,6 +24,7 @@ from dr_dask.graph import (
     shortest_paths,
     triangulate,
 )
+from dr_dask.graph.knn import kneighbors_local
 from dr_dask.linalg.align import procrustes_disparity
 
 
@@ -54,11 +55,22 @@ def test_kneighbors_matches_sklearn(roll):
 
 
 def test_kneighbors_high_dimensional_brute_force():
-    X = np.random.RandomState(1).normal(size=(700, 60))  # sklearn picks brute force (GEMM)
+    X = np.random.RandomState(1).normal(size=(700, 60))  # above KD_TREE_MAX_DIM: GEMM + select
     ref_d, ref_i = skn.NearestNeighbors(n_neighbors=4, algorithm="kd_tree").fit(X).kneighbors()
     d, i = kneighbors(X, 4, block_size=200)
     np.testing.assert_array_equal(i, ref_i)
     np.testing.assert_allclose(d, ref_d, atol=1e-12)
+    # new points, a data block smaller than k, and an exact duplicate (distance 0, smaller
+    # index first among equal distances)
+    X[5] = X[600]
+    Q = np.vstack([X[600], X[:300] + 0.05])
+    ref_d, ref_i = skn.NearestNeighbors(n_neighbors=6, algorithm="kd_tree").fit(X).kneighbors(Q)
+    d, i = kneighbors(X, 6, query=Q, block_size=350)
+    np.testing.assert_array_equal(i[1:], ref_i[1:])
+    np.testing.assert_array_equal(i[0, :2], [5, 600])
+    np.testing.assert_allclose(d, ref_d, atol=1e-12)
+    d, i = kneighbors_local(X[:4], 6, Q[:3])  # k above the data size: all 4 rows
+    assert i.shape == (3, 4) and np.all(np.sort(i, axis=1) == np.arange(4))
 
 
 def test_kneighbors_bad_input(roll):

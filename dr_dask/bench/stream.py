@@ -4,7 +4,8 @@
    roll patches, 500 each) at D=3 and D=100 (the roll embedded isometrically in R^100):
    in-process, on a 2-worker LocalCluster (model scattered once, chunks mapped with
    ``client.map``), and with the low-rank variance; baseline scikit-learn
-   ``Isomap.transform`` fitted on the same batch and mapping the same points, same run.
+   ``Isomap.transform`` fitted on the same batch and mapping the same points, same run (the
+   faster of one call and the same chunks).
 2. Refit latency for batch 2,000 + buffer 1,000 (the runner's refit task) and the peak RSS of
    the process tree while the runner streams the shift scenario with refits.
 3. Detection on the shift scenario at the paper's scale (1,000 train and test points per
@@ -73,7 +74,14 @@ def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client, chun
     low = GPIsomap(n_neighbors=10, variance_rank=50, random_state=0).fit(Xb)
     sk = SkIsomap(n_neighbors=10, n_components=2).fit(Xb)
     _map_all(model, S[:chunk], chunk)  # warm-up (imports, caches)
-    t_sk, _ = median_time(lambda: sk.transform(S), repeats)
+    # the baseline at its best: one call (sklearn builds an (m, k, n) temporary, 3.2 GB here,
+    # whose page faults make it erratic) or the same 2,000-point chunks as ours
+    t_sk_whole, _ = median_time(lambda: sk.transform(S), repeats)
+    t_sk_chunks, _ = median_time(
+        lambda: [sk.transform(S[i : i + chunk]) for i in range(0, len(S), chunk)], repeats)
+    t_sk = min(t_sk_whole, t_sk_chunks)
+    res["sklearn_one_call_pts_per_s"] = len(S) / t_sk_whole
+    res["sklearn_chunked_pts_per_s"] = len(S) / t_sk_chunks
     t_gp, var = median_time(lambda: _map_all(model, S, chunk), repeats)
     t_low, var_low = median_time(lambda: _map_all(low, S, chunk), repeats)
     res["sklearn_transform_pts_per_s"] = len(S) / t_sk

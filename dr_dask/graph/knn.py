@@ -1,10 +1,11 @@
 """The one exact k-nearest-neighbour search of the package, blockwise and distributed.
 
 The data are split in row blocks. One task finds, for a block of query rows, the nearest rows of
-one data block (scikit-learn's ``NearestNeighbors``, which picks a KD-tree for low-dimensional
-data and brute-force GEMM otherwise); a merge task per query block keeps the k best candidates
-over all data blocks by a partial sort. Distances of the kept pairs are recomputed directly
-(``||q - x||``) so that they do not carry the cancellation error of the GEMM expansion.
+one data block: a KD-tree (scikit-learn's) up to ``KD_TREE_MAX_DIM`` features, above that brute
+force, a GEMM per cache-sized query block followed by a compiled top-k selection; a merge task
+per query block keeps the k best candidates over all data blocks by a partial sort. Distances
+of the kept pairs are recomputed directly (``||q - x||``) so that they do not carry the
+cancellation error of the GEMM expansion.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import dask
 import dask.array as da
+import numba
 import numpy as np
 import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
@@ -27,6 +29,11 @@ logger = logging.getLogger(__name__)
 #: Smallest positive float64: the weight given to zero-length edges so that sparse graph
 #: algorithms still see them as edges (an explicit 0 is dropped by sparse arithmetic).
 ZERO_EDGE = np.finfo(np.float64).tiny
+#: Above this many features trees stop pruning (scikit-learn's own "auto" switches to brute
+#: force at the same point).
+KD_TREE_MAX_DIM = 15
+#: (query rows, data rows) per GEMM tile of the brute-force search: 2 MB of inner products.
+BRUTE_TILE = (256, 1024)
 
 
 def _n_rows(X: Any) -> int:
@@ -71,26 +78,85 @@ def _check_finite(block: np.ndarray, offset: int, name: str) -> None:
         raise ValueError(f"{name} has NaN or infinite values in rows {rows} (first 10 shown)")
 
 
+@numba.njit(cache=True, nogil=True)
+def _distance(q: np.ndarray, x: np.ndarray) -> float:
+    acc = 0.0
+    for t in range(q.shape[0]):
+        diff = q[t] - x[t]
+        acc += diff * diff
+    return np.sqrt(acc)
+
+
+@numba.njit(cache=True, nogil=True)
 def _exact_distances(query: np.ndarray, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``||query[i] - data[idx[i, j]]||`` in chunks that keep the temporary near 32 MB."""
+    """``||query[i] - data[idx[i, j]]||``, fused: no (Q, k, N) temporary."""
     out = np.empty(idx.shape, dtype=np.float64)
-    step = max(1, (1 << 22) // max(1, idx.shape[1] * data.shape[1]))
-    for s in range(0, query.shape[0], step):
-        diff = query[s : s + step, None, :] - data[idx[s : s + step]]
-        out[s : s + step] = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
+    for i in range(idx.shape[0]):
+        for j in range(idx.shape[1]):
+            out[i, j] = _distance(query[i], data[idx[i, j]])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_k(inner: np.ndarray, sq: np.ndarray, col0: int, best: np.ndarray,
+              idx: np.ndarray) -> None:
+    """Fold one (rows, cols) tile of inner products into each row's running k best.
+
+    The key ``sq[j] - 2 inner[i, j]`` is the squared distance up to the row's constant. Each
+    row keeps a sorted list of k (ascending, ties to the smaller index: tiles arrive in
+    column order and only a strictly smaller key displaces), so most columns are rejected by
+    one comparison.
+    """
+    k = idx.shape[1]
+    for i in range(inner.shape[0]):
+        b, ix = best[i], idx[i]
+        for j in range(inner.shape[1]):
+            v = sq[j] - 2.0 * inner[i, j]
+            if v < b[k - 1]:
+                p = k - 1
+                while p > 0 and b[p - 1] > v:
+                    b[p] = b[p - 1]
+                    ix[p] = ix[p - 1]
+                    p -= 1
+                b[p] = v
+                ix[p] = col0 + j
+
+
+def _brute_knn(query: np.ndarray, data: np.ndarray, k: int) -> np.ndarray:
+    """Indices (Q, k) of the k nearest data rows: GEMM tiles folded into running top-k lists.
+
+    Tiles of ``BRUTE_TILE`` (query rows, data rows) keep the block of inner products in cache;
+    one buffer serves every tile.
+    """
+    m, n = query.shape[0], data.shape[0]
+    sq = np.einsum("ij,ij->i", data, data)
+    best = np.full((m, k), np.inf)
+    idx = np.full((m, k), -1, dtype=np.int64)
+    rows, cols = min(BRUTE_TILE[0], m), min(BRUTE_TILE[1], n)
+    buf = np.empty(rows * cols)
+    for s in range(0, m, rows):
+        e = min(s + rows, m)
+        for c in range(0, n, cols):
+            f = min(c + cols, n)
+            inner = buf[: (e - s) * (f - c)].reshape(e - s, f - c)
+            np.matmul(query[s:e], data[c:f].T, out=inner)
+            _select_k(inner, sq[c:f], c, best[s:e], idx[s:e])
+    return idx
 
 
 def _block_knn(
     query: np.ndarray, data: np.ndarray, k: int, q0: int, d0: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """k nearest rows of one data block for one query block, with global data indices."""
-    query = np.asarray(query, dtype=np.float64)
-    data = np.asarray(data, dtype=np.float64)
+    query = np.ascontiguousarray(query, dtype=np.float64)
+    data = np.ascontiguousarray(data, dtype=np.float64)
     _check_finite(query, q0, "query")
     _check_finite(data, d0, "X")
     kk = min(k, data.shape[0])
-    _, idx = NearestNeighbors(n_neighbors=kk).fit(data).kneighbors(query)
+    if data.shape[1] > KD_TREE_MAX_DIM:
+        idx = _brute_knn(query, data, kk)
+    else:
+        _, idx = NearestNeighbors(n_neighbors=kk).fit(data).kneighbors(query)
     return _exact_distances(query, data, idx), idx + d0
 
 

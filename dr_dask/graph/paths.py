@@ -242,7 +242,10 @@ def shortest_paths(
 
 
 def geodesics_via_neighbors(
-    dist_to_nbrs: np.ndarray, nbr_idx: np.ndarray, geodesic_rows: np.ndarray
+    dist_to_nbrs: np.ndarray,
+    nbr_idx: np.ndarray,
+    geodesic_rows: np.ndarray,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Geodesics of new points through their graph neighbours.
 
@@ -256,6 +259,8 @@ def geodesics_via_neighbors(
         Row indices into ``geodesic_rows`` (a batch of rows, e.g. the unique neighbours).
     geodesic_rows : ndarray of shape (n_batch, n_cols)
         Geodesics from those neighbours to the n_cols targets.
+    out : ndarray of shape (Q, n_cols), float64, C-contiguous, optional
+        Where to write the result: hot loops reuse one buffer instead of allocating per call.
 
     Returns
     -------
@@ -267,7 +272,11 @@ def geodesics_via_neighbors(
         raise ValueError(f"dist_to_nbrs {dist_to_nbrs.shape} and nbr_idx {nbr_idx.shape} must "
                          "be equal (Q, k)")
     rows = np.ascontiguousarray(geodesic_rows)
-    out = np.empty((dist_to_nbrs.shape[0], rows.shape[1]), dtype=np.float64)
+    shape = (dist_to_nbrs.shape[0], rows.shape[1])
+    if out is None:
+        out = np.empty(shape, dtype=np.float64)
+    elif out.shape != shape or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float64 array of shape {shape}")
     _min_plus(dist_to_nbrs, nbr_idx.astype(np.int64, copy=False), rows, out)
     return out
 

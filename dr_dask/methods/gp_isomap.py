@@ -12,8 +12,11 @@ variants are documented in :mod:`dr_dask.methods._gp`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -28,16 +31,54 @@ from dr_dask.methods._manifolds import classical_mds, ridge_stitch, support_set,
 
 logger = logging.getLogger(__name__)
 
-_CONTROLLER: ThreadpoolController | None = None
+#: Seconds without any caller before the BLAS thread count is restored.
+BLAS_RESTORE_DELAY = 1.0
+_BLAS_LOCK = threading.Lock()
+_BLAS_USERS = 0
+_BLAS_LIMITER: Any = None
+_BLAS_TIMER: threading.Timer | None = None
 
 
-def _one_blas_thread():
-    """Context limiting BLAS to one thread: the kernels here are small, and a second BLAS
-    thread only contends with the other workers (10x slower eigh measured at 2 cores)."""
-    global _CONTROLLER
-    if _CONTROLLER is None:  # scanning the loaded libraries costs ~10 ms: do it once
-        _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """Limit BLAS to one thread while any mapping or manifold fit runs in this process.
+
+    The kernels here are small: a second BLAS thread only contends with the other dask
+    threads or workers (10x slower eigh measured at 2 cores). The limit is process-wide, so
+    it is reference-counted, and restored only after ``BLAS_RESTORE_DELAY`` seconds without a
+    caller: restoring two threads wakes OpenBLAS's pool, which then spins on a core, and doing
+    so between every two chunks of a stream cost a third of the threaded mapping throughput.
+    """
+    global _BLAS_USERS, _BLAS_LIMITER, _BLAS_TIMER
+    with _BLAS_LOCK:
+        if _BLAS_TIMER is not None:
+            _BLAS_TIMER.cancel()
+            _BLAS_TIMER = None
+        if _BLAS_LIMITER is None:
+            _BLAS_LIMITER = _controller().limit(limits=1, user_api="blas")
+        _BLAS_USERS += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS_USERS -= 1
+            if _BLAS_USERS == 0:
+                _BLAS_TIMER = threading.Timer(BLAS_RESTORE_DELAY, _restore_blas_threads)
+                _BLAS_TIMER.daemon = True
+                _BLAS_TIMER.start()
+
+
+def _restore_blas_threads() -> None:
+    global _BLAS_LIMITER
+    with _BLAS_LOCK:
+        if _BLAS_USERS == 0 and _BLAS_LIMITER is not None:  # no caller came back meanwhile
+            _BLAS_LIMITER.restore_original_limits()
+            _BLAS_LIMITER = None
+
+
+@functools.cache
+def _controller() -> ThreadpoolController:
+    return ThreadpoolController()  # scanning the loaded libraries costs ~10 ms: do it once
 
 
 def _check_X(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarray:
