@@ -25,6 +25,26 @@ logger = logging.getLogger(__name__)
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 
 
+class ClientParam:
+    """Mixin for estimators whose ``client`` parameter holds a live ``distributed.Client``.
+
+    A connection is neither state nor copyable: a pickled estimator (saved to disk, or sent
+    to workers inside a task) carries ``client=None``, and ``sklearn.base.clone`` shares the
+    client instead of deep-copying it (both would otherwise fail on the client's event loop).
+    """
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()  # type: ignore[misc]
+        return {**state, "client": None} if "client" in state else state
+
+    def __sklearn_clone__(self) -> Any:
+        from sklearn.base import clone
+
+        params = self.get_params(deep=False)  # type: ignore[attr-defined]
+        client = params.pop("client", None)
+        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, client=client)
+
+
 def active_client(client: Client | None = None) -> Client | None:
     """Return ``client``, else the process's default distributed client, else ``None``."""
     if client is not None:

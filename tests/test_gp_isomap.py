@@ -169,7 +169,7 @@ def test_dask_transform_keeps_row_chunks_and_pickles(patch):
 def test_fit_and_transform_on_cluster(cluster_client):
     sc = shift_scenario(50, random_state=4)
     local = GPIsomap(n_neighbors=8, random_state=0).fit(sc.batch)
-    remote = GPIsomap(n_neighbors=8, random_state=0).fit(sc.batch, client=cluster_client)
+    remote = GPIsomap(n_neighbors=8, random_state=0, client=cluster_client).fit(sc.batch)
     np.testing.assert_array_equal(local.labels_, remote.labels_)
     np.testing.assert_allclose(local.embedding_, remote.embedding_, rtol=1e-6, atol=1e-9)
     Xd = da.from_array(sc.stream, chunks=(100, 3))

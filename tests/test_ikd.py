@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 import zarr
+from ikd_reference import align_signs, ikd_dense
 
 from dr_dask.methods.ikd import IKD
-from ikd_reference import align_signs, ikd_dense
 
 KERNELS = [
     ("se", {}),

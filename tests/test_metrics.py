@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from scipy.optimize import minimize
 from scipy.linalg import expm
+from scipy.optimize import minimize
 from sklearn.decomposition import PCA
 from sklearn.manifold import trustworthiness as sk_trustworthiness
 

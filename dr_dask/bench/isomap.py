@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench.ikd_solvers import CASES as IKD_SOLVER_CASES
 from dr_dask.bench._common import PeakRSS, tree_rss
+from dr_dask.bench.ikd_solvers import CASES as IKD_SOLVER_CASES
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,11 @@ logger = logging.getLogger(__name__)
 
 
 def _patch_data(n_batch_per_patch: int, n_stream: int, ambient_dim: int, seed: int):
-    from dr_dask.datasets.swiss_roll import ambient_embedding, euler_roll, sample_patches
+    from dr_dask.datasets.swiss_roll import (
+        ambient_embedding,
+        euler_roll,
+        sample_patches,
+    )
 
     rng = np.random.RandomState(seed)
     Ub, _ = sample_patches(n_batch_per_patch, random_state=rng)

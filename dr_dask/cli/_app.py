@@ -11,6 +11,8 @@ import click
 
 from dr_dask import __version__
 
+logger = logging.getLogger(__name__)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dr-dask")

@@ -254,7 +254,7 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
 # ---------------------------------------------------------------------------- bench metrics
 @bench.command("metrics")
 @click.option("--quick", is_flag=True, help="Small sizes (a smoke run).")
-@click.option("--out", default=None, help="Write the JSON report here as well.")
+@click.option("--json", "out", default=None, help="Also write the JSON report here.")
 @click.pass_context
 def bench_metrics(ctx, quick, out):
     """Blockwise trustworthiness at T=50,000 (peak RSS) and LSDR at n=20,000 in 2-D and 3-D."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import click
 
 from dr_dask.cli._app import bench, cluster, embed, fail, main
 from dr_dask.store import InputError
+
+logger = logging.getLogger(__name__)
 
 
 def ikd_options(fn):
@@ -102,8 +105,8 @@ def quickstart(ctx, out, n_samples, n_features, seed):
 @click.pass_context
 def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
     """IKD: similarity throughput vs GEMM, in-core vs dense NumPy, out-of-core peak RSS."""
-    from dr_dask.bench.ikd import run_bench
     from dr_dask.bench._common import write_report
+    from dr_dask.bench.ikd import run_bench
 
     with cluster(ctx) as client:
         results = run_bench(client, quick=quick, only=set(only), ooc_T=ooc_T, workdir=workdir)

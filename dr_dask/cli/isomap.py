@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import click
 
 from dr_dask.cli._app import bench, cluster, embed, fail
 from dr_dask.store import InputError
+
+logger = logging.getLogger(__name__)
 
 
 @embed.command("isomap")

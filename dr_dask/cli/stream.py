@@ -32,7 +32,11 @@ logger = logging.getLogger(__name__)
 def make_scenario(out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, kind, chunk_size,
                   seed):
     """Write the Euler swiss-roll SCENARIO (batch, stream source, ground truth) to OUT."""
-    from dr_dask.datasets.swiss_roll import drift_scenario, shift_scenario, write_scenario
+    from dr_dask.datasets.swiss_roll import (
+        drift_scenario,
+        shift_scenario,
+        write_scenario,
+    )
 
     if scenario == "shift":
         sc = shift_scenario(n_per_patch, ambient_dim=ambient_dim, random_state=seed)
@@ -104,7 +108,8 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
                 model = GPIsomap(
                     n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,
                     noise_variance=noise_variance, sigma_t=sigma_t, random_state=seed,
-                ).fit(_load_batch(batch), client=client)
+                    client=client,
+                ).fit(_load_batch(batch))
             if holdout and sigma_t is None:
                 model.calibrate_threshold(_load_batch(holdout))
             elif sigma_t is not None:
@@ -124,7 +129,6 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
 def report(store, out_png, window):
     """Plot variance over stream time (running mean, refits) and the embedding by version."""
     from dr_dask.stream.report import stream_report
-
     from dr_dask.stream.store import StreamStore
 
     if not StreamStore(store).exists():
@@ -135,7 +139,7 @@ def report(store, out_png, window):
 
 @bench.command("stream")
 @click.option("--quick", is_flag=True, help="Small sizes, one repeat (smoke run).")
-@click.option("--out", "out_json", default=None, help="Write the JSON report here.")
+@click.option("--json", "out_json", default=None, help="Also write the JSON report here.")
 @click.option("--workdir", default=None, help="Scratch directory (default: a temporary one).")
 def bench_stream(quick, out_json, workdir):
     """Mapping throughput vs sklearn, refit latency, runner RSS, shift detection."""

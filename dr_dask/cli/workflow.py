@@ -21,11 +21,14 @@ The job stops at the first failing step with that step's exit code.
 
 from __future__ import annotations
 
+import logging
 import tomllib
 
 import click
 
 from dr_dask.cli._app import cluster, fail, main
+
+logger = logging.getLogger(__name__)
 
 
 @main.command("run")

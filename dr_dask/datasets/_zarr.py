@@ -314,7 +314,7 @@ def _write_store(gen: Generator, store: Path, chunk_size: int, dtype: str, clien
             _write_block(gen, mapping, latent[a : a + chunk_size], a, array_path, dtype)
     else:
         logger.info("generating %d chunks on %s", len(starts), client)
-        mapping_future = client.scatter(mapping, broadcast=True)
+        mapping_future = client.scatter(mapping, broadcast=True, hash=False)
         futures = client.map(
             _write_block,
             [gen] * len(starts),

@@ -30,7 +30,13 @@ import numpy as np
 from scipy import linalg, signal
 from scipy.spatial.distance import cdist
 
-from dr_dask.datasets._zarr import RNG_BLOCK, Generator, normal_rows, register, stream_rng
+from dr_dask.datasets._zarr import (
+    RNG_BLOCK,
+    Generator,
+    normal_rows,
+    register,
+    stream_rng,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -67,7 +67,9 @@ def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[A
     offsets = [*range(0, n, block_size), n]
     blocks = [X[s:e] for s, e in zip(offsets[:-1], offsets[1:])]
     if client is not None:
-        blocks = client.scatter(blocks)
+        # hash=False: equal data scattered again by the next fit must not reuse a key that the
+        # scheduler is still releasing ("lost dependencies")
+        blocks = client.scatter(blocks, hash=False)
     return offsets, blocks
 
 

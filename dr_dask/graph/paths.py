@@ -157,7 +157,7 @@ class GeodesicRows:
                     blocks.append(_dijkstra_to_store(graph, sources[s:e], directed, square,
                                                      dtype, store, s))
         else:
-            g = client.scatter(graph, broadcast=True)
+            g = client.scatter(graph, broadcast=True, hash=False)
             if store is None:
                 blocks = [client.submit(_dijkstra_block, g, sources[s:e], directed, square, dtype)
                           for s, e in zip(bounds[:-1], bounds[1:])]
@@ -182,7 +182,8 @@ class GeodesicRows:
         spans = self.bounds[:-1]
         if self.client is None:
             return [_apply(b, func, s, args) for b, s in zip(self.blocks, spans)]
-        scattered = tuple(self.client.scatter(a, broadcast=True) if isinstance(a, np.ndarray)
+        scattered = tuple(self.client.scatter(a, broadcast=True, hash=False)
+                          if isinstance(a, np.ndarray)
                           and a.nbytes > 1 << 20 else a for a in args)
         futures = [self.client.submit(_apply, b, func, s, scattered, pure=False)
                    for b, s in zip(self.blocks, spans)]

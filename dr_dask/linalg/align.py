@@ -6,9 +6,12 @@ Procrustes disparity in metrics, LSDR's generalised Procrustes) uses :func:`proc
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -45,7 +45,12 @@ import zarr
 from scipy.sparse.csgraph import connected_components
 
 from dr_dask.cluster import active_client, compute
-from dr_dask.graph import GeodesicRows, connect_components, graph_from_neighbors, kneighbors
+from dr_dask.graph import (
+    GeodesicRows,
+    connect_components,
+    graph_from_neighbors,
+    kneighbors,
+)
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
 from dr_dask.linalg.tiles import TileGrid, build_tiles
 from dr_dask.methods.ikd import (

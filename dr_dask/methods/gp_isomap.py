@@ -24,10 +24,15 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import ThreadpoolController
 
-from dr_dask.cluster import active_client
+from dr_dask.cluster import ClientParam, active_client
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
-from dr_dask.methods._manifolds import classical_mds, ridge_stitch, support_set, tangent_clusters
+from dr_dask.methods._manifolds import (
+    classical_mds,
+    ridge_stitch,
+    support_set,
+    tangent_clusters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +126,7 @@ def _fit_manifold_inner(points: np.ndarray, params: dict, seed: int):
     return coords, gp
 
 
-class GPIsomap(TransformerMixin, BaseEstimator):
+class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     """GP-Isomap: multi-manifold streaming Isomap with predictive variance.
 
     Parameters
@@ -180,6 +185,9 @@ class GPIsomap(TransformerMixin, BaseEstimator):
         Manifolds larger than this are subsampled for the hyper-parameter search only.
     random_state : int, RandomState or None
         Seeds the hyper-parameter subsamples and the eigensolvers.
+    client : distributed.Client, optional
+        The clusterer's neighbour search and the per-manifold Isomap + GP fits run on it;
+        default the active client, else in-process.
 
     Attributes
     ----------
@@ -232,6 +240,7 @@ class GPIsomap(TransformerMixin, BaseEstimator):
         threshold_quantile: float = 0.99,
         hyper_max_points: int = 800,
         random_state: int | np.random.RandomState | None = None,
+        client: Any = None,
     ):
         self.n_neighbors = n_neighbors
         self.n_components = n_components
@@ -252,6 +261,7 @@ class GPIsomap(TransformerMixin, BaseEstimator):
         self.threshold_quantile = threshold_quantile
         self.hyper_max_points = hyper_max_points
         self.random_state = random_state
+        self.client = client
 
     # ------------------------------------------------------------------ fit
     def _validate_params(self) -> None:
@@ -292,7 +302,7 @@ class GPIsomap(TransformerMixin, BaseEstimator):
         out[keep] = np.unique(labels[keep], return_inverse=True)[1]
         return out
 
-    def fit(self, X: Any, y: None = None, *, client: Any = None) -> GPIsomap:
+    def fit(self, X: Any, y: None = None) -> GPIsomap:
         """Run the batch phase.
 
         Parameters
@@ -300,8 +310,6 @@ class GPIsomap(TransformerMixin, BaseEstimator):
         X : array-like of shape (n, D)
             The batch (a dask array is computed: the batch phase is in-memory, O(n_i^2)).
         y : ignored
-        client : distributed.Client, optional
-            Per-manifold Isomap + GP fits run as tasks on it; None means in-process.
 
         Returns
         -------
@@ -311,7 +319,7 @@ class GPIsomap(TransformerMixin, BaseEstimator):
         if hasattr(X, "compute"):
             X = X.compute()
         X = _check_X(X)
-        client = active_client(client)
+        client = active_client(self.client)
         rng = check_random_state(self.random_state)
         labels = self._cluster(X, client)
         min_size = max(self.n_neighbors + 2, self.n_components + 2)

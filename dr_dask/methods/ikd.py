@@ -34,7 +34,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from dr_dask.cluster import active_client, compute
+from dr_dask.cluster import ClientParam, active_client, compute
 from dr_dask.kernels import get_kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles
@@ -227,7 +227,7 @@ def fitted_attributes(eig: dict, n_components: int, r: int | None, sigma2: float
 # the estimator
 
 
-class IKD(TransformerMixin, BaseEstimator):
+class IKD(ClientParam, TransformerMixin, BaseEstimator):
     """Inverse Kernel Decomposition.
 
     Parameters

@@ -35,7 +35,7 @@ from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from dr_dask.cluster import active_client
+from dr_dask.cluster import ClientParam, active_client
 from dr_dask.graph import (
     GeodesicRows,
     connect_components,
@@ -222,7 +222,7 @@ class _IsomapProjector:
         )
 
 
-class Isomap(TransformerMixin, BaseEstimator):
+class Isomap(ClientParam, TransformerMixin, BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
     Parameters
@@ -414,7 +414,7 @@ class _LandmarkProjector:
                                   client=client, local=local)
 
 
-class LandmarkIsomap(TransformerMixin, BaseEstimator):
+class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
     Parameters

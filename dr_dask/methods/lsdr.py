@@ -34,12 +34,14 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 import scipy.linalg
+import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 from scipy.stats import beta as beta_dist
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
+
+from dr_dask.cluster import ClientParam
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +184,7 @@ def _interp_block(Xb: np.ndarray, XL: np.ndarray, coef: np.ndarray, sigma: float
     return np.exp(-_sqdist(Xb, XL) / (2.0 * sigma**2)) @ coef
 
 
-class LSDR(TransformerMixin, BaseEstimator):
+class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     """Localized Skeletonization and Dimensionality Reduction (Roy 2021).
 
     Parameters

@@ -5,7 +5,12 @@ strict-sequential vs parallel mode and its staleness bound).
 """
 
 from dr_dask.stream.runner import StreamRunner, run_stream
-from dr_dask.stream.sources import DirectorySource, IteratorSource, ZarrSource, open_source
+from dr_dask.stream.sources import (
+    DirectorySource,
+    IteratorSource,
+    ZarrSource,
+    open_source,
+)
 from dr_dask.stream.store import STATUS, StreamStore, read_output
 
 __all__ = [

@@ -1,0 +1,53 @@
+"""Conventions every estimator of the package keeps (scikit-learn API, a client parameter)."""
+
+import pickle
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import make_swiss_roll
+from sklearn.utils.estimator_checks import (
+    check_get_params_invariance,
+    check_no_attributes_set_in_init,
+    check_set_params,
+)
+
+from dr_dask import IKD, LSDR, GPIsomap, Isomap, LandmarkIsomap
+
+ESTIMATORS = {
+    "IKD": lambda **kw: IKD(2, random_state=0, **kw),
+    "Isomap": lambda **kw: Isomap(n_neighbors=8, **kw),
+    "LandmarkIsomap": lambda **kw: LandmarkIsomap(n_neighbors=8, n_landmarks=40, random_state=0,
+                                                  **kw),
+    "LSDR": lambda **kw: LSDR(**kw),
+    "GPIsomap": lambda **kw: GPIsomap(n_neighbors=8, random_state=0, **kw),
+}
+
+
+@pytest.fixture(scope="module")
+def roll() -> np.ndarray:
+    return make_swiss_roll(300, random_state=0)[0]
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_sklearn_conventions(name):
+    est = ESTIMATORS[name]()
+    check_no_attributes_set_in_init(name, est)
+    check_get_params_invariance(name, est)
+    check_set_params(name, est)
+    assert clone(est).get_params() == est.get_params()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_live_client_neither_pickled_nor_copied(name, roll, cluster_client):
+    """A fitted estimator holding a client pickles (to disk, to workers) without it, maps the
+    same after the round trip, and clones share the client instead of failing to copy it."""
+    est = ESTIMATORS[name](client=cluster_client).fit(roll)
+    assert est.client is cluster_client
+    assert clone(est).client is cluster_client
+    back = pickle.loads(pickle.dumps(est))
+    assert back.client is None and est.client is cluster_client
+    if hasattr(est, "transform"):  # IKD defines no out-of-sample map
+        Xnew = roll[:20] + 0.01
+        np.testing.assert_allclose(back.transform(Xnew), est.transform(Xnew), atol=1e-9)
