@@ -124,6 +124,32 @@ def test_low_rank_variance_is_an_upper_bound(patch):
     assert np.median(vl - ve) < 0.1 * np.median(ve)
 
 
+def test_mapping_restores_the_callers_blas_threads(patch, monkeypatch):
+    """Mapping runs BLAS single-threaded, but leaves the user's process as it found it."""
+    import time
+
+    from threadpoolctl import threadpool_info
+
+    import dr_dask.methods.gp_isomap as gi
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    timer = gi._BLAS_TIMER
+    if timer is not None:
+        timer.join()  # let an earlier test's pending restore land first
+    before = blas_threads()
+    if max(before, default=1) < 2:
+        pytest.skip("BLAS runs one thread here: nothing to restore")
+    monkeypatch.setattr(gi, "BLAS_RESTORE_DELAY", 0.05)
+    gp = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(patch[0])
+    gp.transform(patch[1])
+    deadline = time.monotonic() + 5
+    while blas_threads() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert blas_threads() == before
+
+
 def test_calibrate_threshold_and_manual_sigma(patch):
     Xb, Xs, _ = patch
     gp = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(Xb)

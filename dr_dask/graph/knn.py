@@ -2,7 +2,7 @@
 
 The data are split in row blocks. One task finds, for a block of query rows, the nearest rows of
 one data block: a KD-tree (scikit-learn's) up to ``KD_TREE_MAX_DIM`` features, above that brute
-force, a GEMM per cache-sized query block followed by a compiled top-k selection; a merge task
+force, cache-sized GEMM tiles folded into running top-k lists by a compiled kernel; a merge task
 per query block keeps the k best candidates over all data blocks by a partial sort. Distances
 of the kept pairs are recomputed directly (``||q - x||``) so that they do not carry the
 cancellation error of the GEMM expansion.

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 BLAS_RESTORE_DELAY = 1.0
 _BLAS_LOCK = threading.Lock()
 _BLAS_USERS = 0
-_BLAS_LIMITER: Any = None
+_BLAS_ORIGINAL: list[int] | None = None
 _BLAS_TIMER: threading.Timer | None = None
 
 
@@ -54,13 +54,14 @@ def _one_blas_thread() -> Iterator[None]:
     caller: restoring two threads wakes OpenBLAS's pool, which then spins on a core, and doing
     so between every two chunks of a stream cost a third of the threaded mapping throughput.
     """
-    global _BLAS_USERS, _BLAS_LIMITER, _BLAS_TIMER
+    global _BLAS_USERS, _BLAS_ORIGINAL, _BLAS_TIMER
     with _BLAS_LOCK:
         if _BLAS_TIMER is not None:
             _BLAS_TIMER.cancel()
             _BLAS_TIMER = None
-        if _BLAS_LIMITER is None:
-            _BLAS_LIMITER = _controller().limit(limits=1, user_api="blas")
+        if _BLAS_ORIGINAL is None:
+            _BLAS_ORIGINAL = [lib.get_num_threads() for lib in _blas_libraries()]
+            _set_blas_threads([1] * len(_BLAS_ORIGINAL))
         _BLAS_USERS += 1
     try:
         yield
@@ -74,16 +75,25 @@ def _one_blas_thread() -> Iterator[None]:
 
 
 def _restore_blas_threads() -> None:
-    global _BLAS_LIMITER
+    global _BLAS_ORIGINAL
     with _BLAS_LOCK:
-        if _BLAS_USERS == 0 and _BLAS_LIMITER is not None:  # no caller came back meanwhile
-            _BLAS_LIMITER.restore_original_limits()
-            _BLAS_LIMITER = None
+        if _BLAS_USERS == 0 and _BLAS_ORIGINAL is not None:  # no caller came back meanwhile
+            _set_blas_threads(_BLAS_ORIGINAL)
+            _BLAS_ORIGINAL = None
 
 
 @functools.cache
-def _controller() -> ThreadpoolController:
-    return ThreadpoolController()  # scanning the loaded libraries costs ~10 ms: do it once
+def _blas_libraries() -> list:
+    # scanning the loaded libraries costs ~10 ms: do it once
+    return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+
+
+def _set_blas_threads(counts: list[int]) -> None:
+    # threadpoolctl (>= 3.5) lets only the first thread that limited a pthreads OpenBLAS change
+    # it again and silently ignores every other thread. This limit is taken in dask's pool
+    # threads and released by a timer thread, so it sets the library directly.
+    for lib, n in zip(_blas_libraries(), counts):
+        getattr(lib, "_real_set_num_threads", lib.set_num_threads)(n)
 
 
 def _check_X(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarray:
