@@ -33,6 +33,12 @@ def _popcount(x):
     return np.int64((x * _H01) >> np.uint64(56))
 
 
+@numba.njit(cache=True, inline="always")
+def _bit_index(low):
+    # position of the single set bit of ``low``: the count of the ones below it
+    return _popcount(low - np.uint64(1))
+
+
 @numba.njit(cache=True)
 def _count_and(a, b):
     total = 0
@@ -58,12 +64,7 @@ def _pivot_candidates(adj, P, X, C):
         word = P[w] | X[w]
         while word != 0:
             low = word & (~word + np.uint64(1))
-            bit = 0
-            t = low
-            while t > np.uint64(1):
-                t >>= np.uint64(1)
-                bit += 1
-            u = w * 64 + bit
+            u = w * 64 + _bit_index(low)
             c = _count_and(P, adj[u])
             if c > best:
                 best, pivot = c, u
@@ -80,11 +81,7 @@ def _pop_lowest(C):
         if word != 0:
             low = word & (~word + np.uint64(1))
             C[w] = word ^ low
-            bit = 0
-            while low > np.uint64(1):
-                low >>= np.uint64(1)
-                bit += 1
-            return w * 64 + bit
+            return w * 64 + _bit_index(low)
     return -1
 
 
@@ -134,12 +131,7 @@ def _bron_kerbosch(adj, n, max_cliques, min_size, stop_when_covered):
                     word = R[d1, k]
                     while word != 0:
                         low = word & (~word + np.uint64(1))
-                        bit = 0
-                        t = low
-                        while t > np.uint64(1):
-                            t >>= np.uint64(1)
-                            bit += 1
-                        members[pos] = k * 64 + bit
+                        members[pos] = k * 64 + _bit_index(low)
                         pos += 1
                         word ^= low
                     new = R[d1, k] & ~covered[k]
