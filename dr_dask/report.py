@@ -24,16 +24,18 @@ def write_json(results: dict, path: str) -> str:
     """Write ``results`` as indented JSON (NumPy values converted) and return the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
-        json.dump(_plain(results), fh, indent=2)
+        json.dump(plain_json(results), fh, indent=2)
         fh.write("\n")
     return path
 
 
-def _plain(obj: Any) -> Any:
+def plain_json(obj: Any) -> Any:
+    """``obj`` with NumPy scalars and arrays as Python values, non-finite floats as None and
+    dict keys as strings: what ``json`` can write and read back unchanged."""
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [plain_json(v) for v in obj]
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):

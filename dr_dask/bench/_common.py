@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from dr_dask.report import plain_json
+
 logger = logging.getLogger(__name__)
 
 
@@ -84,7 +86,7 @@ def median_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, Any]:
 
 def write_report(results: dict, path: str | None) -> str:
     """Render ``results`` as indented JSON, optionally write it to ``path``, and return it."""
-    text = json.dumps(results, indent=2, default=float)
+    text = json.dumps(plain_json(results), indent=2)
     if path:
         with open(path, "w") as fh:
             fh.write(text + "\n")

@@ -38,6 +38,7 @@ import numpy as np
 import zarr
 
 from dr_dask.cluster import active_client
+from dr_dask.report import plain_json
 
 if TYPE_CHECKING:  # xarray is only needed for in-memory results; workers never import it
     import xarray as xr
@@ -132,8 +133,10 @@ def register(cls: type[Generator]) -> type[Generator]:
     return cls
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, or a ValueError naming ``name`` (bools are not integers here)."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+            or value < minimum):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
@@ -197,7 +200,7 @@ def make_dataset(
             f"dataset {name!r} does not take option(s) {', '.join(unknown)}; "
             f"it takes: {', '.join(sorted(accepted - {'n_samples', 'n_features', 'random_state'}))}"
         )
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
     try:
         dtype = np.dtype(dtype).name
     except TypeError:
@@ -205,8 +208,8 @@ def make_dataset(
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     gen = cls(
-        n_samples=_check_int("n_samples", n_samples, 2),
-        n_features=_check_int("n_features", n_features, 1),
+        n_samples=check_int("n_samples", n_samples, 2),
+        n_features=check_int("n_features", n_features, 1),
         random_state=seed_entropy(random_state),
         **options,
     )
@@ -220,17 +223,7 @@ def _attrs(gen: Generator, chunk_size: int, dtype: str) -> dict[str, Any]:
 
     params = {"n_samples": gen.n_samples, "n_features": gen.n_features, **gen.params()}
     params.update(random_state=gen.entropy, chunk_size=chunk_size, dtype=dtype)
-    return {"generator": gen.name, "params": _jsonable(params), "dr_dask_version": __version__}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    return {"generator": gen.name, "params": plain_json(params), "dr_dask_version": __version__}
 
 
 def _starts(n_samples: int, chunk_size: int) -> list[int]:

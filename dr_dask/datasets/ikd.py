@@ -33,6 +33,7 @@ from scipy.spatial.distance import cdist
 from dr_dask.datasets._zarr import (
     RNG_BLOCK,
     Generator,
+    check_int,
     normal_rows,
     register,
     stream_rng,
@@ -110,10 +111,8 @@ class _IKDGenerator(Generator):
         clip: float | None = 6.0,
     ):
         self.n_samples, self.n_features, self.entropy = n_samples, n_features, random_state
-        M = self.default_components if n_components is None else n_components
-        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
-            raise ValueError(f"n_components must be an integer >= 1, got {n_components!r}")
-        self.n_components = int(M)
+        self.n_components = check_int(
+            "n_components", self.default_components if n_components is None else n_components, 1)
         self.noise = _nonnegative("noise", self.default_noise if noise is None else noise)
         self.clip = None if clip is None else _positive("clip", clip)
 
@@ -180,10 +179,8 @@ class GPMapping(_IKDGenerator):
                 f"method='exact' holds the T x T kernel matrix and is limited to "
                 f"n_samples <= {EXACT_MAX_SAMPLES}; got {n_samples}. Use method='rff'."
             )
-        if isinstance(n_features_rff, bool) or not isinstance(n_features_rff, (int, np.integer)) or n_features_rff < 1:
-            raise ValueError(f"n_features_rff must be an integer >= 1, got {n_features_rff!r}")
         self.method = method
-        self.n_features_rff = int(n_features_rff)
+        self.n_features_rff = check_int("n_features_rff", n_features_rff, 1)
         self.jitter = 0.0
 
     def params(self) -> dict[str, Any]:
@@ -296,15 +293,14 @@ class GaussianBump(_IKDGenerator):
         super().__init__(n_samples, n_features, random_state, n_components, noise, clip)
         if bump not in ("l2", "l1"):
             raise ValueError(f"bump must be 'l2' (paper) or 'l1' (authors' code), got {bump!r}")
-        if isinstance(grid_size, bool) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
-            raise ValueError(f"grid_size must be an integer >= 2, got {grid_size!r}")
-        n_grid = int(grid_size) ** self.n_components
+        grid_size = check_int("grid_size", grid_size, 2)
+        n_grid = grid_size**self.n_components
         if bump == "l1" and n_features > n_grid:
             raise ValueError(
                 f"bump='l1' draws centres without replacement from {n_grid} grid points; "
                 f"n_features={n_features} is larger"
             )
-        self.bump, self.grid_size = bump, int(grid_size)
+        self.bump, self.grid_size = bump, grid_size
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "bump": self.bump, "grid_size": self.grid_size}
