@@ -71,6 +71,9 @@ def test_kneighbors_high_dimensional_brute_force():
     np.testing.assert_allclose(d, ref_d, atol=1e-12)
     d, i = kneighbors_local(X[:4], 6, Q[:3])  # k above the data size: all 4 rows
     assert i.shape == (3, 4) and np.all(np.sort(i, axis=1) == np.arange(4))
+    X[417, 3] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[417\]"):
+        kneighbors(X, 4, block_size=200)
 
 
 def test_kneighbors_bad_input(roll):
