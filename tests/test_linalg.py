@@ -43,6 +43,28 @@ def test_lanczos_is_seeded_and_handles_exact_low_rank():
     np.testing.assert_allclose(a.values, np.linalg.eigvalsh(A)[::-1][:2], rtol=1e-10)
 
 
+@pytest.mark.parametrize("T", range(3, 41))
+def test_lanczos_on_small_operators(T):
+    """Every T, including a block wider than half the operator (it used to fail for b < T < 2b)."""
+    rng = np.random.default_rng(T)
+    A = rng.normal(size=(T, T))
+    A = A + A.T
+    exact = np.linalg.eigvalsh(A)[::-1]
+    for k in sorted({1, 2, min(5, T - 1), T - 1}):
+        res = top_eigh(A, k, method="lanczos", random_state=0)
+        assert res.converged
+        np.testing.assert_allclose(res.values, exact[:k], atol=1e-8 * np.abs(exact).max())
+
+
+def test_ikd_fits_small_samples_with_default_block():
+    from dr_dask import IKD
+
+    rng = np.random.default_rng(0)
+    for T in range(11, 20):  # the default Lanczos block for 2 components is 10 wide
+        Z = IKD(2, eigen_solver="lanczos", random_state=0).fit_transform(rng.normal(size=(T, 30)))
+        assert Z.shape == (T, 2) and np.isfinite(Z).all()
+
+
 def test_eigensolver_rejects_bad_k():
     with pytest.raises(ValueError, match="n_components"):
         top_eigh(np.eye(5), 5)

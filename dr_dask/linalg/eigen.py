@@ -155,6 +155,9 @@ def _block_lanczos(op, k, block_size, tol, max_passes, max_basis, rng) -> EigRes
     T = op.shape[0]
     b = min(block_size or max(2 * k, k + 8), T)
     max_basis = min(max_basis or max(10 * b, 200), T)
+    # A thick restart keeps at least b Ritz vectors, whose residuals continue the Krylov space,
+    # so the basis must hold two blocks: on small operators (T < 2b) narrow the block to fit.
+    b = max(k, min(b, max_basis // 2))
     Q = _orthonormalise(rng.standard_normal((T, b)), None)
     AQ = np.asarray(op.matmat(Q), dtype=np.float64)
     passes = 1
