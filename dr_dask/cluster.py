@@ -18,7 +18,7 @@ from typing import Any
 
 import dask
 import psutil
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Security
 
 logger = logging.getLogger(__name__)
 
@@ -76,27 +76,47 @@ def local_cluster_kwargs(n_workers: int | None = None, memory_fraction: float = 
     )
 
 
+def tls_security(ca_file: str, cert: str, key: str) -> Security:
+    """TLS for every connection: one certificate for client, scheduler and workers.
+
+    Distributed's TLS is mutual: each side presents a certificate signed by the CA in
+    ``ca_file`` and checks the other's. One certificate for all three roles is what
+    ``Security.temporary()`` does too; a platform with per-role certificates sets the
+    ``distributed.comm.tls.*`` dask config instead (``Client`` reads it when given no security).
+    """
+    return Security(
+        require_encryption=True, tls_ca_file=ca_file,
+        tls_client_cert=cert, tls_client_key=key,
+        tls_scheduler_cert=cert, tls_scheduler_key=key,
+        tls_worker_cert=cert, tls_worker_key=key,
+    )
+
+
 def connect(
-    scheduler: str | None = None, n_workers: int | None = None, processes: bool = True
+    scheduler: str | None = None, n_workers: int | None = None, processes: bool = True,
+    security: Security | None = None,
 ) -> Client:
     """Connect to ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``), else start a LocalCluster.
 
     Parameters
     ----------
     scheduler : str, optional
-        Address such as ``tcp://10.0.0.5:8786``.
+        Address such as ``tcp://10.0.0.5:8786`` (``tls://...`` with ``security``).
     n_workers : int, optional
         Worker processes for a new LocalCluster (default: one per core).
     processes : bool
         ``False`` gives a threaded LocalCluster (useful in notebooks).
+    security : distributed.Security, optional
+        TLS settings (:func:`tls_security`); default: the ``distributed.comm.tls.*`` config.
+        A LocalCluster started here then talks TLS too.
     """
     address = scheduler or os.environ.get(SCHEDULER_ENV)
     if address:
         logger.info("connecting to scheduler %s", address)
-        return Client(address)
+        return Client(address, security=security)
     kwargs = local_cluster_kwargs(n_workers)
     kwargs["processes"] = processes
-    cluster = LocalCluster(**kwargs)
+    cluster = LocalCluster(**kwargs, security=security)
     logger.info(
         "started LocalCluster: %d workers, %.1f GB memory limit each",
         kwargs["n_workers"],
@@ -106,9 +126,11 @@ def connect(
 
 
 @contextlib.contextmanager
-def session(scheduler: str | None = None, n_workers: int | None = None) -> Iterator[Client]:
+def session(
+    scheduler: str | None = None, n_workers: int | None = None, security: Security | None = None
+) -> Iterator[Client]:
     """Context manager around :func:`connect` that closes what it started."""
-    client = connect(scheduler, n_workers)
+    client = connect(scheduler, n_workers, security=security)
     try:
         yield client
     finally:

@@ -13,6 +13,9 @@ from dr_dask import __version__
 
 logger = logging.getLogger(__name__)
 
+#: An existing PEM file (a certificate or key) for the ``--tls-*`` options.
+PEM = click.Path(exists=True, dir_okay=False)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dr-dask")
@@ -25,14 +28,35 @@ logger = logging.getLogger(__name__)
     "threaded scheduler.",
 )
 @click.option("--workers", type=int, default=None, help="Worker processes for the LocalCluster.")
+@click.option("--tls-ca-file", type=PEM, default=None,
+              help="CA certificate (PEM): talk TLS to the scheduler (tls://HOST:8786) and "
+              "check its certificate. Needs --tls-cert and --tls-key. Default: the dask config "
+              "distributed.comm.tls.* (e.g. $DASK_DISTRIBUTED__COMM__TLS__CA_FILE).")
+@click.option("--tls-cert", type=PEM, default=None, help="This client's certificate (PEM).")
+@click.option("--tls-key", type=PEM, default=None, help="The certificate's private key (PEM).")
 @click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
 @click.pass_context
-def main(ctx: click.Context, scheduler: str | None, workers: int | None, verbose: int) -> None:
+def main(ctx: click.Context, scheduler: str | None, workers: int | None, tls_ca_file: str | None,
+         tls_cert: str | None, tls_key: str | None, verbose: int) -> None:
     """Out-of-core, distributed nonlinear dimensionality reduction on Dask and Zarr."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     # the application, not the library, configures logging
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    ctx.obj = {"scheduler": scheduler, "workers": workers}
+    tls = {"ca_file": tls_ca_file, "cert": tls_cert, "key": tls_key}
+    ctx.obj = {"scheduler": scheduler, "workers": workers, "verbose": verbose,
+               "tls": {k: v for k, v in tls.items() if v}}
+
+
+def security(tls: dict[str, str]):  # -> distributed.Security | None (imported lazily)
+    """The ``Security`` for ``--tls-*`` options (all three or none), else None (dask config)."""
+    if not tls:
+        return None
+    missing = [f"--tls-{k.replace('_', '-')}" for k in ("ca_file", "cert", "key") if k not in tls]
+    if missing:
+        fail(f"TLS needs --tls-ca-file, --tls-cert and --tls-key; missing {', '.join(missing)}")
+    from dr_dask.cluster import tls_security
+
+    return tls_security(tls["ca_file"], tls["cert"], tls["key"])
 
 
 @contextlib.contextmanager
@@ -45,7 +69,8 @@ def cluster(ctx: click.Context) -> Iterator:
     if obj.get("scheduler") == "threads":
         yield None
         return
-    with session(obj.get("scheduler"), obj.get("workers")) as client:
+    with session(obj.get("scheduler"), obj.get("workers"),
+                 security=security(obj.get("tls", {}))) as client:
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
         yield client
 

@@ -1,63 +1,117 @@
-"""``dr-dask run WORKFLOW.toml``: a declarative job of dr-dask steps for schedulers (cron, k8s).
+"""``dr-dask run WORKFLOW.toml``: a scheduled job of dr-dask steps (format: docs/workflows.md).
 
-A workflow is a TOML file::
-
-    [job]
-    name = "nightly-ikd"
-    # scheduler = "tcp://dask-scheduler:8786"   # optional; else --scheduler / env / LocalCluster
-
-    [[steps]]
-    name = "data"
-    args = ["datasets", "make", "gp", "--out", "data.zarr", "-T", "5000", "-N", "500"]
-
-    [[steps]]
-    name = "embed"
-    args = ["embed", "ikd", "--input", "data.zarr:X", "--out", "runs.zarr", "-n", "3"]
-
-All steps share one cluster. Each step is an ordinary dr-dask command, so each is resumable on
-its own: rerunning a workflow that was interrupted skips the work its steps already completed.
-The job stops at the first failing step with that step's exit code.
+The file is parsed and validated by :mod:`dr_dask.workflow`; here each step's command line is
+also checked against the CLI itself (unknown commands and options, missing or mistyped values),
+so ``--check`` finds every mistake a run would hit before anything runs. Steps then run in order
+as child processes on one cluster: the ``--scheduler`` one, the workflow's ``scheduler``, or a
+LocalCluster started for the whole job.
 """
 
 from __future__ import annotations
 
 import logging
-import tomllib
+import shlex
+import sys
 
 import click
 
 from dr_dask.cli._app import cluster, fail, main
+from dr_dask.workflow import Step, Workflow, WorkflowError, load, run_step
 
 logger = logging.getLogger(__name__)
 
 
-@main.command("run")
-@click.argument("workflow", type=click.Path(exists=True, dir_okay=False))
-@click.pass_context
-def run_workflow(ctx: click.Context, workflow: str) -> None:
-    """Run the steps of a TOML WORKFLOW in order on one cluster."""
+def check_command(step: Step) -> None:
+    """Parse ``step.args`` with the real ``dr-dask`` commands without running them."""
+    ctx = click.Context(main, info_name="dr-dask")
+    command: click.Command = main
+    args = list(step.args)
+    path = []
+    while isinstance(command, click.Group):
+        if not args or args[0].startswith("-"):
+            raise WorkflowError(
+                f"step {step.name!r}: args must start with a dr-dask command "
+                f"({' '.join(path) or 'dr-dask'} has: {', '.join(command.list_commands(ctx))}); "
+                "global options (--scheduler, --tls-*) belong on the 'dr-dask run' line")
+        name, *args = args
+        sub = command.get_command(ctx, name)
+        if sub is None:
+            raise WorkflowError(
+                f"step {step.name!r}: unknown command {' '.join([*path, name])!r} (valid: "
+                f"{', '.join(command.list_commands(ctx))})")
+        if sub is run_workflow:
+            raise WorkflowError(f"step {step.name!r}: a workflow cannot run a workflow")
+        path.append(name)
+        ctx = click.Context(sub, info_name=name, parent=ctx)
+        command = sub
     try:
-        with open(workflow, "rb") as fh:
-            spec = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        fail(f"{workflow} is not valid TOML: {exc}")
-    steps = spec.get("steps", [])
-    if not steps or not all(isinstance(s.get("args"), list) for s in steps):
-        fail(f"{workflow} needs [[steps]] tables, each with an 'args' list")
-    job = spec.get("job", {})
-    if job.get("scheduler"):
-        ctx.find_root().obj["scheduler"] = job["scheduler"]
+        command.make_context(path[-1], args, parent=ctx.parent)
+    except click.BadParameter as exc:
+        # an input that an earlier step of the job writes need not exist yet
+        if isinstance(exc.param and exc.param.type, click.Path) and "does not exist" in str(exc):
+            return
+        raise WorkflowError(f"step {step.name!r} (dr-dask {' '.join(path)}): "
+                            f"{exc.format_message()}") from None
+    except click.ClickException as exc:
+        raise WorkflowError(f"step {step.name!r} (dr-dask {' '.join(path)}): "
+                            f"{exc.format_message()}") from None
+
+
+def _plan(wf: Workflow) -> None:
+    click.echo(f"workflow {wf.name!r}: {len(wf.steps)} steps" +
+               (f" ({wf.description})" if wf.description else ""))
+    for key, value in sorted(wf.params.items()):
+        click.echo(f"  param {key} = {value!r}")
+    for step in wf.steps:
+        limits = f"retries={step.retries}" + (f", timeout={step.timeout:g}s" if step.timeout
+                                              else "")
+        click.echo(f"  {step.name} ({limits}): dr-dask {shlex.join(step.args)}")
+
+
+@main.command("run")
+@click.argument("workflow", type=click.Path(dir_okay=False))
+@click.option("--check", is_flag=True,
+              help="Validate the file and every step's command line, print the plan, run nothing.")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="Override a [params] default (repeatable); also $DR_DASK_PARAM_<NAME>.")
+@click.pass_context
+def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[str, ...]) -> None:
+    """Run the steps of the TOML WORKFLOW in order on one cluster.
+
+    Exit codes: 0 done (including nothing to do), 2 bad workflow or input (do not retry),
+    1 a transient or internal failure that outlived the step's retries (retry the job).
+    """
+    overrides = {}
+    for item in params:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            fail(f"--param {item!r}: expected NAME=VALUE")
+        overrides[name.strip()] = value
+    try:
+        wf = load(workflow, overrides)
+        for step in wf.steps:
+            check_command(step)
+    except WorkflowError as exc:
+        fail(str(exc))
+    if check:
+        _plan(wf)
+        click.echo("ok")
+        return
+    root = ctx.find_root().obj
+    # the command line and $DASK_SCHEDULER_ADDRESS win over the file; so do --tls-* options
+    root["scheduler"] = root.get("scheduler") or wf.scheduler
+    root["tls"] = root.get("tls") or wf.tls
     with cluster(ctx) as client:
         address = client.scheduler.address if client is not None else "threads"
-        for i, step in enumerate(steps, 1):
-            label = step.get("name", f"step {i}")
-            click.echo(f"[{job.get('name', workflow)}] {label}: dr-dask {' '.join(step['args'])}",
-                       err=True)
-            try:
-                main.main(args=["--scheduler", address, *map(str, step["args"])],
-                          standalone_mode=False, obj={})
-            except SystemExit as exc:
-                if exc.code:
-                    fail(f"step {label!r} failed with exit code {exc.code}")
-            except click.ClickException as exc:
-                fail(f"step {label!r}: {exc.format_message()}")
+        verbose = ["-" + "v" * root["verbose"]] if root.get("verbose") else []
+        prefix = [sys.executable, "-m", "dr_dask.cli", "--scheduler", address, *verbose]
+        for key, value in root["tls"].items():
+            prefix += [f"--tls-{key.replace('_', '-')}", value]
+        for step in wf.steps:
+            click.echo(f"[{wf.name}] {step.name}: dr-dask {shlex.join(step.args)}", err=True)
+            code = run_step(step, [*prefix, *step.args], click.echo)
+            if code:
+                click.echo(f"error: step {step.name!r} failed (exit {code}); the job stops",
+                           err=True)
+                sys.exit(code)
+    click.echo(f"[{wf.name}] done", err=True)
