@@ -50,24 +50,24 @@ TIMED_OUT = 124
 _TOP_KEYS = {"job": "table", "params": "table", "tls": "table", "steps": "array of tables"}
 # key -> (accepted types, description shown in errors)
 _JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "name": ((str,), "string"),
-    "description": ((str,), "string"),
-    "scheduler": ((str,), "string (a scheduler address)"),
-    "retries": ((int,), "integer >= 0"),
-    "retry_delay": ((int, float, str), "duration (seconds or '30s', '5m', '1h')"),
-    "timeout": ((int, float, str), "duration (seconds or '30s', '5m', '1h')"),
+    "name": ((str,), "a string"),
+    "description": ((str,), "a string"),
+    "scheduler": ((str,), "a string (a scheduler address)"),
+    "retries": ((int,), "an integer >= 0"),
+    "retry_delay": ((int, float, str), "a duration (seconds or '30s', '5m', '1h')"),
+    "timeout": ((int, float, str), "a duration (seconds or '30s', '5m', '1h')"),
 }
 _STEP_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "name": ((str,), "string"),
-    "args": ((list,), "array of strings and numbers"),
+    "name": ((str,), "a string"),
+    "args": ((list,), "an array of strings and numbers"),
     "retries": _JOB_KEYS["retries"],
     "retry_delay": _JOB_KEYS["retry_delay"],
     "timeout": _JOB_KEYS["timeout"],
 }
 _TLS_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "ca_file": ((str,), "string (path of the CA certificate, PEM)"),
-    "cert": ((str,), "string (path of this client's certificate, PEM)"),
-    "key": ((str,), "string (path of the certificate's private key, PEM)"),
+    "ca_file": ((str,), "a string (path of the CA certificate, PEM)"),
+    "cert": ((str,), "a string (path of this client's certificate, PEM)"),
+    "key": ((str,), "a string (path of the certificate's private key, PEM)"),
 }
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*\Z")
@@ -128,8 +128,8 @@ class Workflow:
 
 
 def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "table"}.get(type(value), type(value).__name__)
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "a table"}.get(type(value), type(value).__name__)
 
 
 def _check_keys(table: Any, spec: Mapping[str, tuple[tuple[type, ...], str]], where: str) -> None:
@@ -143,7 +143,7 @@ def _check_keys(table: Any, spec: Mapping[str, tuple[tuple[type, ...], str]], wh
         types, expected = spec[key]
         # TOML booleans are Python ints: never accept one where a number is meant
         if isinstance(value, bool) or not isinstance(value, types):
-            raise WorkflowError(f"{where}: {key!r} must be a {expected}, not "
+            raise WorkflowError(f"{where}: {key!r} must be {expected}, not "
                                 f"{_type_name(value)} {value!r}")
 
 
@@ -173,7 +173,7 @@ def _coerce(name: str, default: Any, text: str, origin: str) -> Any:
         if isinstance(default, float):
             return float(text)
     except ValueError:
-        raise WorkflowError(f"parameter {name!r} from {origin}: {text!r} is not a "
+        raise WorkflowError(f"parameter {name!r} from {origin}: {text!r} is not "
                             f"{_type_name(default)} (its default is {default!r})") from None
     return text
 
@@ -219,10 +219,9 @@ def _substitute(text: str, params: Mapping[str, Any], where: str) -> str:
 
 
 def _parse_step(i: int, raw: Any, job: Mapping[str, Any], params: Mapping[str, Any]) -> Step:
-    where = f"step {i}"
-    _check_keys(raw, _STEP_KEYS, where)
-    name = raw.get("name", f"step-{i}")
+    name = raw.get("name", f"step-{i}") if isinstance(raw, dict) else f"step-{i}"
     where = f"step {i} ({name!r})"
+    _check_keys(raw, _STEP_KEYS, where)
     if "args" not in raw:
         raise WorkflowError(f"{where}: missing 'args' (the dr-dask command line, e.g. "
                             "['embed', 'ikd', '--input', 'data.zarr:X', ...])")

@@ -1,25 +1,73 @@
-"""`dr-dask run WORKFLOW.toml` on a remote scheduler address: steps run in order, resumably."""
+"""`dr-dask run WORKFLOW.toml`: strict validation, parameters, retries, timeouts, exit codes."""
 
 from __future__ import annotations
 
+import glob
+import os
+import sys
+import time
+
+import psutil
+import pytest
 import zarr
 from click.testing import CliRunner
 
 from dr_dask.cli import main
+from dr_dask.workflow import Step, WorkflowError, load, run_step
+
+WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "workflows", "*.toml")))
+#: Every shipped workflow, at a size the test suite can afford (a new workflow needs an entry).
+SMALL = {"nightly-ikd.toml": {"T": "150", "N": "30", "dtype": "float64"}}
 
 
-def _workflow(tmp_path, steps: str) -> str:
+def _workflow(tmp_path, body: str, header: str = '[job]\nname = "test-job"\n') -> str:
     path = tmp_path / "job.toml"
-    path.write_text('[job]\nname = "test-job"\n' + steps)
+    path.write_text(body + "\n" + header)  # the body first: it may set top-level keys
     return str(path)
 
 
+def _rejected(res, *needles: str) -> None:
+    """Exit 2 with a message naming what is wrong, and no traceback."""
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit) and "Traceback" not in res.output, res.output
+    for needle in needles:
+        assert needle in res.output, (needle, res.output)
+
+
+def test_shipped_workflows_are_all_tested():
+    assert WORKFLOWS and {os.path.basename(p) for p in WORKFLOWS} == set(SMALL)
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=os.path.basename)
+def test_shipped_workflow_passes_check(path):
+    res = CliRunner().invoke(main, ["run", path, "--check"])
+    assert res.exit_code == 0 and res.output.rstrip().endswith("ok"), res.output
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("path", WORKFLOWS, ids=os.path.basename)
+def test_shipped_workflow_runs_end_to_end(path, tmp_path, cluster_client):
+    params = {"root": str(tmp_path / "job"), **SMALL[os.path.basename(path)]}
+    argv = ["--scheduler", cluster_client.scheduler.address, "run", path]
+    for key, value in params.items():
+        argv += ["--param", f"{key}={value}"]
+    res = CliRunner().invoke(main, argv)
+    assert res.exit_code == 0, res.output
+    assert "done" in res.output
+    outputs = set(os.listdir(tmp_path / "job"))
+    assert outputs, res.output
+
+
+@pytest.mark.cluster
 def test_workflow_runs_steps_on_a_remote_scheduler(tmp_path, cluster_client):
     data, runs = tmp_path / "d.zarr", tmp_path / "r.zarr"
     wf = _workflow(tmp_path, f"""
+[params]
+T = 300
+
 [[steps]]
 name = "generate"
-args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", "300", "-N", "40", "--if-missing"]
+args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", "${{T}}", "-N", 40, "--if-missing"]
 
 [[steps]]
 name = "embed"
@@ -49,13 +97,147 @@ name = "never"
 args = ["datasets", "make", "gp", "--out", "{tmp_path}/never.zarr"]
 """)
     res = CliRunner().invoke(main, ["--scheduler", "threads", "run", wf])
-    assert res.exit_code != 0
-    assert "does not exist" in res.output
+    assert res.exit_code == 2, res.output  # bad input: exit 2, so a scheduler does not retry
+    assert "does not exist" in res.output and "step-1" in res.output
     assert not (tmp_path / "never.zarr").exists()
 
 
-def test_invalid_workflow_is_rejected(tmp_path):
+@pytest.mark.parametrize("body, needles", [
+    ("[[steps]]\nname = 'x'\n", ["step 1 ('x')", "missing 'args'"]),
+    ("steps = 'oops'\n", ["needs [[steps]]", "a string"]),
+    ("schedule = '0 2 * * *'\n[[steps]]\nargs = ['datasets', 'list']\n",
+     ["unknown top-level key 'schedule'", "job, params, steps, tls"]),
+    ("[[steps]]\nnme = 'gen'\nargs = ['datasets', 'list']\n",
+     ["step 1 ('step-1'): unknown key 'nme'", "args, name, retries, retry_delay, timeout"]),
+    ("[[steps]]\nname = 'gen'\nretries = 'two'\nargs = ['datasets', 'list']\n",
+     ["step 1 ('gen')", "'retries' must be an integer >= 0, not a string"]),
+    ("[[steps]]\nname = 'gen'\ntimeout = '5 minutes'\nargs = ['datasets', 'list']\n",
+     ["step 1 ('gen')", "'timeout'", "not a duration"]),
+    ("[[steps]]\nname = 'gen'\nargs = ['datasets', 'make', true]\n",
+     ["step 1 ('gen')", "args[2] must be a string or number, not a boolean"]),
+    ("[[steps]]\nname = 'gen'\nargs = ['datasets', 'make', 'gp', '--out', '${root}/d.zarr']\n",
+     ["step 1 ('gen'), args[4]", "unknown parameter 'root'"]),
+    ("[[steps]]\nname = 'gen'\nargs = ['datsets', 'list']\n",
+     ["step 'gen'", "unknown command 'datsets'", "datasets"]),
+    ("[[steps]]\nname = 'gen'\nargs = ['datasets', 'make', 'gp', '--out', 'd.zarr', '-T', 'many']\n",
+     ["step 'gen' (dr-dask datasets make)", "'many' is not a valid integer"]),
+    ("[[steps]]\nname = 'e'\nargs = ['embed', 'ikd', '--inptu', 'd.zarr:X']\n",
+     ["step 'e' (dr-dask embed ikd)", "--inptu"]),
+    ("[[steps]]\nname = 'e'\nargs = ['--scheduler', 'x', 'datasets', 'list']\n",
+     ["step 'e'", "global options"]),
+    ("[[steps]]\nargs = ['datasets', 'list']\n[[steps]]\nargs = ['run', 'x.toml']\n",
+     ["step 'step-2'", "cannot run a workflow"]),
+])
+def test_invalid_workflow_is_rejected_before_anything_runs(tmp_path, body, needles):
+    # a valid first step proves that nothing runs when a later part of the file is wrong
+    out = tmp_path / "first.zarr"
+    wf = _workflow(tmp_path, body.replace("'datasets', 'list'",
+                                          f"'datasets', 'make', 'gp', '--out', '{out}'"))
+    for argv in (["run", wf, "--check"], ["--scheduler", "threads", "run", wf]):
+        _rejected(CliRunner().invoke(main, argv), *needles)
+    assert not out.exists()
+
+
+def test_not_toml_and_missing_file_are_clear_errors(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text("[[steps]]\nname = 'x'\n")
-    res = CliRunner().invoke(main, ["--scheduler", "threads", "run", str(bad)])
-    assert res.exit_code == 2 and "args" in res.output
+    bad.write_text("[job\n")
+    _rejected(CliRunner().invoke(main, ["run", str(bad), "--check"]), "is not valid TOML")
+    _rejected(CliRunner().invoke(main, ["run", str(tmp_path / "nope.toml")]), "cannot read")
+
+
+def test_params_defaults_environment_and_command_line(tmp_path, monkeypatch):
+    wf = _workflow(tmp_path, """
+[params]
+root = "out"
+T = 100
+noise = 0.1
+verbose = false
+
+[[steps]]
+args = ["datasets", "make", "gp", "--out", "${root}/d.zarr", "-T", "${T}", "--noise", "${noise}"]
+""")
+    assert load(wf).steps[0].args[4:8] == ("out/d.zarr", "-T", "100", "--noise")
+    monkeypatch.setenv("DR_DASK_PARAM_T", "250")
+    monkeypatch.setenv("DR_DASK_PARAM_ROOT", "from-env")
+    resolved = load(wf, {"root": "from-cli"})
+    assert resolved.params == {"root": "from-cli", "T": 250, "noise": 0.1, "verbose": False}
+    res = CliRunner().invoke(main, ["run", wf, "--check", "--param", "noise=0.5"])
+    assert res.exit_code == 0 and "--out from-env/d.zarr -T 250 --noise 0.5" in res.output
+
+    _rejected(CliRunner().invoke(main, ["run", wf, "--check", "--param", "TT=3"]),
+              "unknown parameter 'TT'", "T, noise, root, verbose")
+    _rejected(CliRunner().invoke(main, ["run", wf, "--check", "--param", "T=3.5"]),
+              "parameter 'T' from --param: '3.5' is not an integer")
+    _rejected(CliRunner().invoke(main, ["run", wf, "--check", "--param", "T"]),
+              "expected NAME=VALUE")
+    monkeypatch.setenv("DR_DASK_PARAM_VERBOSE", "maybe")
+    with pytest.raises(WorkflowError, match=r"\$DR_DASK_PARAM_VERBOSE: 'maybe' is not a boolean"):
+        load(wf)
+
+
+def test_job_defaults_apply_to_steps_and_a_step_overrides_them(tmp_path):
+    wf = load(_workflow(tmp_path, """
+[[steps]]
+name = "a"
+args = ["datasets", "make", "gp", "--out", "a.zarr"]
+
+[[steps]]
+name = "b"
+retries = 0
+timeout = 90
+args = ["datasets", "make", "gp", "--out", "b.zarr"]
+""", header='[job]\nretries = 3\nretry_delay = "1m"\ntimeout = "2h"\n'))
+    a, b = wf.steps
+    assert (a.retries, a.retry_delay, a.timeout) == (3, 60.0, 7200.0)
+    assert (b.retries, b.retry_delay, b.timeout) == (0, 60.0, 90.0)
+    assert wf.name == "job"  # no [job] name: the file's name
+
+
+# ------------------------------------------------------------ retries and timeouts, for real
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_transient_failure_is_retried_and_bad_input_is_not(tmp_path):
+    counter = tmp_path / "attempts"
+    # fails with exit 1 (transient) on the first two attempts, succeeds on the third
+    flaky = _python(f"import pathlib,sys; p=pathlib.Path({str(counter)!r}); "
+                    "n=len(p.read_text()) if p.exists() else 0; p.write_text('x'*(n+1)); "
+                    "sys.exit(1 if n < 2 else 0)")
+    lines: list[str] = []
+    assert run_step(Step("flaky", (), retries=2, retry_delay=0.01), flaky, lines.append) == 0
+    assert counter.read_text() == "xxx"
+    assert any("retry 2 of 2" in line for line in lines)
+
+    counter.unlink()
+    assert run_step(Step("flaky", (), retries=1, retry_delay=0.01), flaky, lines.append) == 1
+    assert counter.read_text() == "xx"  # gave up after 1 + 1 attempts: exit 1, retry the job
+
+    counter.unlink()
+    bad = _python(f"import pathlib,sys; pathlib.Path({str(counter)!r}).write_text('x'); "
+                  "sys.exit(2)")
+    assert run_step(Step("bad", (), retries=3, retry_delay=0.01), bad, lines.append) == 2
+    assert counter.read_text() == "x"  # bad input is never retried
+
+
+def test_timeout_stops_the_step_and_what_it_started(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    # the step starts a grandchild, then hangs: a timeout must stop both
+    hang = _python("import subprocess,sys,time; "
+                   "p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); "
+                   f"open({str(pidfile)!r},'w').write(str(p.pid)); time.sleep(300)")
+    lines: list[str] = []
+    start = time.monotonic()
+    code = run_step(Step("hang", (), retries=1, retry_delay=0.01, timeout=1.5), hang, lines.append)
+    assert code == 1 and time.monotonic() - start < 30
+    assert any("timed out after 1.5s" in line and "after 2 attempts" in line for line in lines)
+    grandchild = int(pidfile.read_text())
+    for _ in range(50):  # reaped by init shortly after the kill
+        try:
+            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {grandchild} outlived the timeout")
