@@ -1,0 +1,116 @@
+"""TLS between the CLI, the scheduler and the workers: a real TLS cluster on 127.0.0.1."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from dr_dask.cli import main
+from dr_dask.cluster import tls_security
+
+
+def _pem_key(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _cert(subject: str, key, issuer: str, issuer_key, ca: bool) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A private CA and one certificate it signed (as distributed's Security.temporary())."""
+    d = tmp_path_factory.mktemp("tls")
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("dr-dask test CA", ca_key, "dr-dask test CA", ca_key, ca=True)
+    cert = _cert("dr-dask", key, "dr-dask test CA", ca_key, ca=False)
+    paths = {"ca_file": d / "ca.pem", "cert": d / "cert.pem", "key": d / "key.pem"}
+    paths["ca_file"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(_pem_key(key))
+    return {k: str(v) for k, v in paths.items()}
+
+
+@pytest.mark.cluster
+def test_workflow_runs_through_a_tls_only_cluster(tmp_path, certs):
+    from distributed import Client, LocalCluster
+
+    security = tls_security(certs["ca_file"], certs["cert"], certs["key"])
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, security=security,
+                      dashboard_address=None, memory_limit="2GB") as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        # the scheduler refuses a client without the certificates
+        with pytest.raises((TypeError, OSError)):
+            Client(address, timeout="3s")
+
+        data, runs = tmp_path / "d.zarr", tmp_path / "r.zarr"
+        wf = tmp_path / "job.toml"
+        wf.write_text(f"""
+[job]
+name = "tls-job"
+
+[tls]
+ca_file = "{certs['ca_file']}"
+cert = "{certs['cert']}"
+key = "{certs['key']}"
+
+[[steps]]
+name = "generate"
+args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", 120, "-N", 20]
+
+[[steps]]
+name = "embed"
+args = ["embed", "ikd", "--input", "{data}:X", "--out", "{runs}", "-n", 1, "--name", "tls"]
+""")
+        # the certificate options from the workflow's [tls] table
+        res = CliRunner().invoke(main, ["--scheduler", address, "run", str(wf)])
+        assert res.exit_code == 0, res.output
+        embedding = zarr.open_group(runs, mode="r")["tls"]["embedding"][...]
+        assert embedding.shape == (120, 1)
+        with Client(address, security=security) as client:  # the work went through this cluster
+            assert client.run_on_scheduler(
+                lambda dask_scheduler: len(dask_scheduler.task_prefixes)) > 0
+
+        # and from the command line, which a plain command takes too
+        res = CliRunner().invoke(main, [
+            "--scheduler", address, "--tls-ca-file", certs["ca_file"], "--tls-cert",
+            certs["cert"], "--tls-key", certs["key"], "embed", "ikd", "--input", f"{data}:X",
+            "--out", str(runs), "-n", "1", "--name", "tls2"])
+        assert res.exit_code == 0, res.output
+        again = zarr.open_group(runs, mode="r")["tls2"]["embedding"][...]
+        np.testing.assert_allclose(np.abs(again), np.abs(embedding), rtol=1e-6, atol=1e-9)
+
+
+def test_partial_tls_options_are_rejected(certs, tmp_path):
+    res = CliRunner().invoke(main, ["--tls-ca-file", certs["ca_file"], "embed", "ikd", "--input",
+                                    f"{tmp_path}/d.zarr:X", "--out", str(tmp_path / "o.zarr"),
+                                    "-n", "1"])
+    assert res.exit_code == 2 and "missing --tls-cert, --tls-key" in res.output, res.output
+    res = CliRunner().invoke(main, ["--tls-ca-file", str(tmp_path / "nope.pem"), "run", "x"])
+    assert res.exit_code == 2 and "nope.pem" in res.output and "does not exist" in res.output
