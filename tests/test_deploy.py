@@ -1,0 +1,201 @@
+"""deploy/: Kubernetes manifests validated against the real schemas, the nightly job's command,
+and the pod security every manifest must keep.
+
+Core kinds are validated with ``kubernetes-validate`` (the Kubernetes OpenAPI schemas, strict:
+unknown fields are errors); the Dask operator's kinds against the CRDs shipped inside the
+``dask-kubernetes`` package, and the pod specs nested in them again as strict core PodSpecs.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import shlex
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dr_dask.cli import main
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+K8S = os.path.join(ROOT, "deploy", "kubernetes")
+#: The oldest Kubernetes we support (CronJob timeZone is GA from 1.27) and the newest schemas.
+K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+IMAGE_WORKFLOWS = "/opt/dr_dask/workflows/"  # where deploy/Dockerfile puts workflows/
+
+
+def _docs(path: str) -> list[dict]:
+    with open(path) as fh:
+        return [d for d in yaml.safe_load_all(fh) if d]
+
+
+def _manifests() -> list[tuple[str, dict]]:
+    return [(os.path.basename(p), d) for p in sorted(glob.glob(os.path.join(K8S, "*.yaml")))
+            if os.path.basename(p) != "kustomization.yaml" for d in _docs(p)]
+
+
+MANIFESTS = _manifests()
+BY_KIND = {}
+for _name, _doc in MANIFESTS:
+    BY_KIND.setdefault(_doc["kind"], []).append(_doc)
+
+
+@pytest.fixture(scope="module")
+def crd_schemas() -> dict[str, dict]:
+    """kind -> openAPIV3Schema of the Dask operator's CRDs, from the installed package."""
+    import dask_kubernetes
+
+    pattern = os.path.join(os.path.dirname(dask_kubernetes.__file__), "operator", "deployment",
+                           "helm", "dask-kubernetes-operator", "crds", "*.yaml")
+    schemas = {}
+    for path in glob.glob(pattern):
+        crd = _docs(path)[0]
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        schemas[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+    assert {"DaskCluster", "DaskJob", "DaskAutoscaler", "DaskWorkerGroup"} <= set(schemas)
+    return schemas
+
+
+def _pod_specs(doc: dict) -> list[tuple[str, dict]]:
+    """Every PodSpec in a manifest, with where it is."""
+    kind, spec = doc["kind"], doc.get("spec", {})
+    if kind == "DaskCluster":
+        return [("scheduler", spec["scheduler"]["spec"]), ("worker", spec["worker"]["spec"])]
+    if kind == "DaskJob":
+        cluster = spec["cluster"]["spec"]
+        return [("job", spec["job"]["spec"]), ("scheduler", cluster["scheduler"]["spec"]),
+                ("worker", cluster["worker"]["spec"])]
+    if kind == "CronJob":
+        return [("pod", spec["jobTemplate"]["spec"]["template"]["spec"])]
+    return []
+
+
+def test_kustomization_lists_every_manifest():
+    kustomization = _docs(os.path.join(K8S, "kustomization.yaml"))[0]
+    listed = set(kustomization["resources"])
+    generated = {f for g in kustomization["configMapGenerator"] for f in g["files"]}
+    on_disk = {os.path.basename(p) for p in glob.glob(os.path.join(K8S, "*"))} - {
+        "kustomization.yaml"}
+    assert listed | generated == on_disk and not listed & generated
+    # the DaskJob is a template for the CronJob, never applied as a resource (it would run)
+    assert all(d["kind"] != "DaskJob" for f in listed for d in _docs(os.path.join(K8S, f)))
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS
+                                       if "kubernetes.dask.org" not in d["apiVersion"]],
+                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_core_manifest_is_valid(name, doc, version):
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS
+                                       if "kubernetes.dask.org" in d["apiVersion"]],
+                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_dask_operator_manifest_is_valid(name, doc, crd_schemas):
+    assert doc["apiVersion"] == "kubernetes.dask.org/v1"
+    jsonschema.validate(doc, crd_schemas[doc["kind"]])
+    # the CRDs accept any field inside a pod spec: check those strictly as core PodSpecs
+    for where, pod_spec in _pod_specs(doc):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": where}, "spec": pod_spec}
+        kubernetes_validate.validate(pod, K8S_VERSIONS[0], strict=True)
+
+
+def test_validation_catches_mistakes(crd_schemas):
+    """The checks are real: a misspelt field, a missing one or a wrong type fails."""
+    (cron,) = BY_KIND["CronJob"]
+    misspelt = {**cron, "spec": {**cron["spec"], "concurencyPolicy": "Forbid"}}
+    with pytest.raises(kubernetes_validate.ValidationError, match="'concurencyPolicy' was unexp"):
+        kubernetes_validate.validate(misspelt, K8S_VERSIONS[0], strict=True)
+    (job,) = BY_KIND["DaskJob"]
+    broken = copy.deepcopy(job)
+    del broken["spec"]["cluster"]
+    with pytest.raises(jsonschema.ValidationError, match="'cluster' is a required property"):
+        jsonschema.validate(broken, crd_schemas["DaskJob"])
+    (scaler,) = BY_KIND["DaskAutoscaler"]
+    broken = {**scaler, "spec": {**scaler["spec"], "maximum": "eight"}}
+    with pytest.raises(jsonschema.ValidationError, match="'eight' is not of type 'integer'"):
+        jsonschema.validate(broken, crd_schemas["DaskAutoscaler"])
+
+
+def test_autoscaler_scales_the_shipped_cluster():
+    (scaler,), clusters = BY_KIND["DaskAutoscaler"], BY_KIND["DaskCluster"]
+    assert scaler["spec"]["cluster"] in {c["metadata"]["name"] for c in clusters}
+    assert 1 <= scaler["spec"]["minimum"] < scaler["spec"]["maximum"]
+
+
+def test_nightly_daskjob_runs_a_shipped_workflow_that_passes_check():
+    (job,) = BY_KIND["DaskJob"]
+    (container,) = job["spec"]["job"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:2] == ["dr-dask", "run"] and args[2].startswith(IMAGE_WORKFLOWS)
+    local = os.path.join(ROOT, "workflows", args[2][len(IMAGE_WORKFLOWS):])
+    res = CliRunner().invoke(main, ["run", local, *args[3:], "--check"])
+    assert res.exit_code == 0, (shlex.join(args), res.output)
+    # its scheduler Service selects the job's own cluster (the operator names it after the job)
+    selector = job["spec"]["cluster"]["spec"]["scheduler"]["service"]["selector"]
+    assert selector["dask.org/cluster-name"] == job["metadata"]["name"]
+
+
+def test_cronjob_submits_the_daskjob_nightly_one_at_a_time():
+    (cron,) = BY_KIND["CronJob"]
+    spec = cron["spec"]
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert spec["startingDeadlineSeconds"] > 0 and spec["jobTemplate"]["spec"][
+        "activeDeadlineSeconds"] > 0
+    # bad input (exit 2) is never retried
+    (rule,) = spec["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [2]
+    pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_dir = mounted[next(n for n, v in volumes.items() if "configMap" in v)]
+    kustomization = _docs(os.path.join(K8S, "kustomization.yaml"))[0]
+    (generator,) = kustomization["configMapGenerator"]
+    assert volumes[next(n for n, v in volumes.items() if "configMap" in v)]["configMap"][
+        "name"] == generator["name"]
+    assert [a.replace(config_dir + "/", "") for a in container["args"][1:]] == [
+        "submit_daskjob.py", "daskjob-nightly.yaml"]
+    # its ServiceAccount may create DaskJobs (and nothing cluster-wide)
+    (account,), (role,), (binding,) = BY_KIND["ServiceAccount"], BY_KIND["Role"], BY_KIND[
+        "RoleBinding"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"]}]
+    assert any("kubernetes.dask.org" in r["apiGroups"] and "daskjobs" in r["resources"]
+               and "create" in r["verbs"] for r in role["rules"])
+    assert "ClusterRole" not in BY_KIND
+
+
+def test_submit_script_compiles():
+    with open(os.path.join(K8S, "submit_daskjob.py")) as fh:
+        compile(fh.read(), "submit_daskjob.py", "exec")
+
+
+@pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS if _pod_specs(d)],
+                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_pods_run_as_non_root_with_credentials_from_a_secret(name, doc):
+    (secret,) = BY_KIND["Secret"]
+    assert not secret.get("data") and not any(secret.get("stringData", {}).values())
+    for where, pod in _pod_specs(doc):
+        ctx = pod["securityContext"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] > 0, (name, where)
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (name, where)
+            assert sc["readOnlyRootFilesystem"] is True, (name, where)
+            assert sc["capabilities"]["drop"] == ["ALL"], (name, where)
+            # a read-only root needs a writable /tmp (dask spill, numba and matplotlib caches)
+            assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"]), (name, where)
+            for env in c.get("env", []):
+                assert "value" not in env or not any(
+                    s in env["name"].upper() for s in ("SECRET", "PASSWORD", "TOKEN", "KEY")), env
+            for source in c.get("envFrom", []):
+                assert source["secretRef"]["name"] == secret["metadata"]["name"]
+        if where != "pod":  # Dask pods never call the Kubernetes API
+            assert pod["automountServiceAccountToken"] is False, (name, where)
