@@ -70,6 +70,8 @@ _TLS_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "key": ((str,), "a string (path of the certificate's private key, PEM)"),
 }
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# parameters are echoed in logs and plans: credentials must come from the environment instead
+_CREDENTIAL = re.compile(r"secret|passw|token|credential|access_key|private_key", re.IGNORECASE)
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*\Z")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -286,6 +288,10 @@ def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
         if not isinstance(value, (str, int, float, bool)):
             raise WorkflowError(f"{source}: [params] {name!r} must be a string, number or "
                                 f"boolean, not {_type_name(value)}")
+        if _CREDENTIAL.search(name):
+            raise WorkflowError(f"{source}: [params] {name!r} looks like a credential; "
+                                "parameters are logged, so pass credentials in the environment "
+                                "(e.g. AWS_SECRET_ACCESS_KEY from a Kubernetes Secret)")
     params = resolve_params(defaults, overrides or {}, environ)
     tls = spec.get("tls", {})
     _check_keys(tls, _TLS_KEYS, f"{source}: [tls]")

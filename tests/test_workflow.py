@@ -123,6 +123,8 @@ args = ["datasets", "make", "gp", "--out", "{tmp_path}/never.zarr"]
      ["step 'gen' (dr-dask datasets make)", "'many' is not a valid integer"]),
     ("[[steps]]\nname = 'e'\nargs = ['embed', 'ikd', '--inptu', 'd.zarr:X']\n",
      ["step 'e' (dr-dask embed ikd)", "--inptu"]),
+    ("[params]\naws_secret_access_key = ''\n[[steps]]\nargs = ['datasets', 'list']\n",
+     ["'aws_secret_access_key' looks like a credential", "in the environment"]),
     ("[[steps]]\nname = 'e'\nargs = ['--scheduler', 'x', 'datasets', 'list']\n",
      ["step 'e'", "global options"]),
     ("[[steps]]\nargs = ['datasets', 'list']\n[[steps]]\nargs = ['run', 'x.toml']\n",
