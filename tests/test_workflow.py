@@ -243,3 +243,18 @@ def test_timeout_stops_the_step_and_what_it_started(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the step's child {grandchild} outlived the timeout")
+
+
+def test_check_accepts_an_input_that_an_earlier_step_writes(tmp_path):
+    wf = _workflow(tmp_path, f"""
+[[steps]]
+args = ["stream", "report", "{tmp_path}/not-yet-written", "--window", "5"]
+""")
+    res = CliRunner().invoke(main, ["run", wf, "--check"])
+    assert res.exit_code == 0, res.output
+    # but a wrongly typed value of the same command is still caught
+    bad = _workflow(tmp_path, f"""
+[[steps]]
+args = ["stream", "report", "{tmp_path}/not-yet-written", "--window", "five"]
+""")
+    _rejected(CliRunner().invoke(main, ["run", bad, "--check"]), "'five' is not a valid integer")

@@ -26,7 +26,7 @@ def check_command(step: Step) -> None:
     ctx = click.Context(main, info_name="dr-dask")
     command: click.Command = main
     args = list(step.args)
-    path = []
+    path: list[str] = []
     while isinstance(command, click.Group):
         if not args or args[0].startswith("-"):
             raise WorkflowError(
@@ -46,13 +46,11 @@ def check_command(step: Step) -> None:
         command = sub
     try:
         command.make_context(path[-1], args, parent=ctx.parent)
-    except click.BadParameter as exc:
-        # an input that an earlier step of the job writes need not exist yet
-        if isinstance(exc.param and exc.param.type, click.Path) and "does not exist" in str(exc):
-            return
-        raise WorkflowError(f"step {step.name!r} (dr-dask {' '.join(path)}): "
-                            f"{exc.format_message()}") from None
     except click.ClickException as exc:
+        # an input that an earlier step of the job writes need not exist yet
+        if (isinstance(exc, click.BadParameter) and exc.param is not None
+                and isinstance(exc.param.type, click.Path) and "does not exist" in str(exc)):
+            return
         raise WorkflowError(f"step {step.name!r} (dr-dask {' '.join(path)}): "
                             f"{exc.format_message()}") from None
 
@@ -81,7 +79,7 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
     Exit codes: 0 done (including nothing to do), 2 bad workflow or input (do not retry),
     1 a transient or internal failure that outlived the step's retries (retry the job).
     """
-    overrides = {}
+    overrides: dict[str, str] = {}
     for item in params:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
