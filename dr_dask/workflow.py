@@ -25,6 +25,7 @@ and a crash cannot take the runner down; exit codes follow the CLI's contract: 0
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -44,8 +45,6 @@ logger = logging.getLogger(__name__)
 PARAM_ENV_PREFIX = "DR_DASK_PARAM_"
 #: Exit codes of a job (and of every ``dr-dask`` command).
 EXIT_OK, EXIT_TRANSIENT, EXIT_BAD_INPUT = 0, 1, 2
-#: The code an attempt reports when its timeout stopped it (as coreutils' ``timeout``).
-TIMED_OUT = 124
 
 _TOP_KEYS = {"job": "table", "params": "table", "tls": "table", "steps": "array of tables"}
 # key -> (accepted types, description shown in errors)
@@ -333,26 +332,36 @@ def _pump(stream: Any, echo: Callable[[str], None]) -> None:
         echo(line.rstrip("\n"))
 
 
-def _attempt(command: Sequence[str], timeout: float | None, echo: Callable[[str], None]) -> int:
-    """Run one attempt: its exit code, or :data:`TIMED_OUT` when its timeout stopped it."""
-    # own session: a timeout stops the step and anything it started, nothing else
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a step's process group: SIGTERM, then SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _attempt(command: Sequence[str], timeout: float | None,
+             echo: Callable[[str], None]) -> int | None:
+    """Run one attempt: its exit code, or None when its timeout stopped it."""
+    # its own session: a timeout stops the step and anything it started, nothing else
     proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     pump = threading.Thread(target=_pump, args=(proc.stdout, echo), daemon=True)
     pump.start()
     try:
-        code = proc.wait(timeout=timeout)
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        code = None
+        _stop(proc)
+        return None
+    except BaseException:  # the runner is interrupted or terminated: take the step with it
+        _stop(proc)
+        raise
     finally:
         pump.join(timeout=5)
-    return TIMED_OUT if code is None else code
 
 
 def run_step(step: Step, command: Sequence[str], echo: Callable[[str], None]) -> int:
@@ -364,8 +373,7 @@ def run_step(step: Step, command: Sequence[str], echo: Callable[[str], None]) ->
         code = _attempt(command, step.timeout, echo)
         if code in (EXIT_OK, EXIT_BAD_INPUT):
             return code
-        reason = (f"timed out after {step.timeout:g}s" if code == TIMED_OUT
-                  else f"exit code {code}")
+        reason = f"timed out after {step.timeout:g}s" if code is None else f"exit code {code}"
         if attempt < step.retries:
             logger.warning("step %r %s; retry %d of %d in %gs", step.name, reason, attempt + 1,
                            step.retries, step.retry_delay)

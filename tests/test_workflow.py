@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -235,10 +237,7 @@ def test_timeout_stops_the_step_and_what_it_started(tmp_path):
     assert any("timed out after 1.5s" in line and "after 2 attempts" in line for line in lines)
     grandchild = int(pidfile.read_text())
     for _ in range(50):  # reaped by init shortly after the kill
-        try:
-            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
+        if _gone(grandchild):
             break
         time.sleep(0.1)
     else:
@@ -258,3 +257,34 @@ args = ["stream", "report", "{tmp_path}/not-yet-written", "--window", "5"]
 args = ["stream", "report", "{tmp_path}/not-yet-written", "--window", "five"]
 """)
     _rejected(CliRunner().invoke(main, ["run", bad, "--check"]), "'five' is not a valid integer")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_terminated_runner_stops_its_running_step(tmp_path):
+    pidfile = tmp_path / "step.pid"
+    step = _python(f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); "
+                   "time.sleep(300)")
+    # the runner as `dr-dask run` sets it up: SIGTERM -> SystemExit(1)
+    runner = subprocess.Popen(_python(
+        "import signal,sys; from dr_dask.workflow import Step, run_step; "
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); "
+        f"run_step(Step('hang', ()), {step!r}, print)"))
+    for _ in range(300):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=30) == 1
+    step_pid = int(pidfile.read_text())
+    for _ in range(50):
+        if _gone(step_pid):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step {step_pid} outlived its terminated runner")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import shlex
+import signal
 import sys
 
 import click
 
 from dr_dask.cli._app import cluster, fail, main
-from dr_dask.workflow import Step, Workflow, WorkflowError, load, run_step
+from dr_dask.workflow import EXIT_TRANSIENT, Step, Workflow, WorkflowError, load, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,21 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
     # the command line and $DASK_SCHEDULER_ADDRESS win over the file; so do --tls-* options
     root["scheduler"] = root.get("scheduler") or wf.scheduler
     root["tls"] = root.get("tls") or wf.tls
+    # a terminated job (cron, a pod's deadline) stops its running step and closes its cluster
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        _run(ctx, wf)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    click.echo("error: terminated; stopping the running step", err=True)
+    sys.exit(EXIT_TRANSIENT)
+
+
+def _run(ctx: click.Context, wf: Workflow) -> None:
+    root = ctx.find_root().obj
     with cluster(ctx) as client:
         address = client.scheduler.address if client is not None else "threads"
         verbose = ["-" + "v" * root["verbose"]] if root.get("verbose") else []
