@@ -114,3 +114,10 @@ def test_partial_tls_options_are_rejected(certs, tmp_path):
     assert res.exit_code == 2 and "missing --tls-cert, --tls-key" in res.output, res.output
     res = CliRunner().invoke(main, ["--tls-ca-file", str(tmp_path / "nope.pem"), "run", "x"])
     assert res.exit_code == 2 and "nope.pem" in res.output and "does not exist" in res.output
+    wf = tmp_path / "job.toml"
+    wf.write_text(f"[tls]\nca_file = '{certs['ca_file']}'\ncert = '{tmp_path}/gone.pem'\n"
+                  f"key = '{certs['key']}'\n[[steps]]\nargs = ['datasets', 'make', 'gp', "
+                  f"'--out', '{tmp_path}/d.zarr']\n")
+    res = CliRunner().invoke(main, ["run", str(wf)])
+    assert res.exit_code == 2 and "[tls] cert = " in res.output and "gone.pem" in res.output
+    assert not (tmp_path / "d.zarr").exists()

@@ -10,6 +10,7 @@ LocalCluster started for the whole job.
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -100,6 +101,9 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
     # the command line and $DASK_SCHEDULER_ADDRESS win over the file; so do --tls-* options
     root["scheduler"] = root.get("scheduler") or wf.scheduler
     root["tls"] = root.get("tls") or wf.tls
+    missing = [f"{key} = {path!r}" for key, path in root["tls"].items() if not os.path.isfile(path)]
+    if missing:
+        fail(f"{workflow}: [tls] {', '.join(missing)}: no such file")
     # a terminated job (cron, a pod's deadline) stops its running step and closes its cluster
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
