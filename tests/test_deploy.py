@@ -29,8 +29,10 @@ IMAGE_WORKFLOWS = "/opt/dr_dask/workflows/"  # where deploy/Dockerfile puts work
 
 
 def _docs(path: str) -> list[dict]:
+    # the CRDs are 9,000-line files: libyaml's loader when there is one
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path) as fh:
-        return [d for d in yaml.safe_load_all(fh) if d]
+        return [d for d in yaml.load_all(fh, Loader=loader) if d]
 
 
 def _manifests() -> list[tuple[str, dict]]:
@@ -45,8 +47,9 @@ for _name, _doc in MANIFESTS:
 
 
 @pytest.fixture(scope="module")
-def crd_schemas() -> dict[str, dict]:
-    """kind -> openAPIV3Schema of the Dask operator's CRDs, from the installed package."""
+def crd_schemas() -> dict[str, jsonschema.protocols.Validator]:
+    """kind -> validator of the openAPIV3Schema of the Dask operator's CRDs (the installed
+    package's); built once: jsonschema.validate would re-check the 9,000-line schema per call."""
     import dask_kubernetes
 
     pattern = os.path.join(os.path.dirname(dask_kubernetes.__file__), "operator", "deployment",
@@ -55,7 +58,8 @@ def crd_schemas() -> dict[str, dict]:
     for path in glob.glob(pattern):
         crd = _docs(path)[0]
         (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-        schemas[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+        schema = version["schema"]["openAPIV3Schema"]
+        schemas[crd["spec"]["names"]["kind"]] = jsonschema.Draft7Validator(schema)
     assert {"DaskCluster", "DaskJob", "DaskAutoscaler", "DaskWorkerGroup"} <= set(schemas)
     return schemas
 
@@ -98,7 +102,7 @@ def test_core_manifest_is_valid(name, doc, version):
                          ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_dask_operator_manifest_is_valid(name, doc, crd_schemas):
     assert doc["apiVersion"] == "kubernetes.dask.org/v1"
-    jsonschema.validate(doc, crd_schemas[doc["kind"]])
+    crd_schemas[doc["kind"]].validate(doc)
     # the CRDs accept any field inside a pod spec: check those strictly as core PodSpecs
     for where, pod_spec in _pod_specs(doc):
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": where}, "spec": pod_spec}
@@ -115,11 +119,11 @@ def test_validation_catches_mistakes(crd_schemas):
     broken = copy.deepcopy(job)
     del broken["spec"]["cluster"]
     with pytest.raises(jsonschema.ValidationError, match="'cluster' is a required property"):
-        jsonschema.validate(broken, crd_schemas["DaskJob"])
+        crd_schemas["DaskJob"].validate(broken)
     (scaler,) = BY_KIND["DaskAutoscaler"]
     broken = {**scaler, "spec": {**scaler["spec"], "maximum": "eight"}}
     with pytest.raises(jsonschema.ValidationError, match="'eight' is not of type 'integer'"):
-        jsonschema.validate(broken, crd_schemas["DaskAutoscaler"])
+        crd_schemas["DaskAutoscaler"].validate(broken)
 
 
 def test_autoscaler_scales_the_shipped_cluster():
@@ -172,9 +176,24 @@ def test_cronjob_submits_the_daskjob_nightly_one_at_a_time():
     assert "ClusterRole" not in BY_KIND
 
 
-def test_submit_script_compiles():
-    with open(os.path.join(K8S, "submit_daskjob.py")) as fh:
-        compile(fh.read(), "submit_daskjob.py", "exec")
+def test_submitted_daskjob_is_dated_and_its_service_selects_its_cluster(crd_schemas):
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("submit_daskjob",
+                                                  os.path.join(K8S, "submit_daskjob.py"))
+    submit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(submit)
+    (template,) = BY_KIND["DaskJob"]
+    before = copy.deepcopy(template)
+    job = submit.dated(template, time.strptime("2026-11-23 02:00:07", "%Y-%m-%d %H:%M:%S"))
+    assert template == before  # the template is left alone
+    assert job["metadata"]["name"] == "dr-dask-nightly-20261123-020007"
+    selector = job["spec"]["cluster"]["spec"]["scheduler"]["service"]["selector"]
+    assert selector == {"dask.org/cluster-name": job["metadata"]["name"],
+                        "dask.org/component": "scheduler"}
+    crd_schemas["DaskJob"].validate(job)
+    assert len(job["metadata"]["name"]) + len("-default-worker-0123456789") <= 63  # pod labels
 
 
 @pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS if _pod_specs(d)],

@@ -12,6 +12,7 @@ does not retry it), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 
@@ -20,6 +21,17 @@ import yaml
 from kr8s.objects import Pod, new_class
 
 DaskJob = new_class("DaskJob", version="kubernetes.dask.org/v1", namespaced=True)
+
+
+def dated(spec: dict, when: time.struct_time) -> dict:
+    """The DaskJob ``spec`` renamed for one run, its scheduler Service selecting its cluster."""
+    job = copy.deepcopy(spec)
+    name = job["metadata"]["name"] + time.strftime("-%Y%m%d-%H%M%S", when)
+    job["metadata"]["name"] = name
+    # the operator names the job's cluster after the job: the scheduler Service must select it
+    service = job["spec"]["cluster"]["spec"]["scheduler"]["service"]
+    service.setdefault("selector", {})["dask.org/cluster-name"] = name
+    return job
 
 
 def runner_exit_code(job) -> int:
@@ -45,12 +57,7 @@ def main() -> int:
     args = parser.parse_args()
     with open(args.manifest) as fh:
         spec = yaml.safe_load(fh)
-    name = spec["metadata"]["name"] + time.strftime("-%Y%m%d-%H%M%S", time.gmtime())
-    spec["metadata"]["name"] = name
-    # the operator names the job's cluster after the job: the scheduler Service must select it
-    service = spec["spec"]["cluster"]["spec"]["scheduler"]["service"]
-    service.setdefault("selector", {})["dask.org/cluster-name"] = name
-    job = DaskJob(spec)
+    job = DaskJob(dated(spec, time.gmtime()))
     job.create()
     print(f"created daskjob {job.name}", flush=True)
     status = None
