@@ -248,9 +248,29 @@ def fit_hyperparameters(
     return ell, float(noise)
 
 
+#: Novelty length scale in units of the manifold's median k-th-neighbour distance.
+NOVELTY_SCALE = 2.0
+
+
+def _sq_dists(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Squared ambient distances (m, n) by one GEMM (written into ``out`` when given)."""
+    d = np.matmul(A, B.T, out=out)
+    d *= -2.0
+    d += (A * A).sum(1)[:, None]
+    d += (B * B).sum(1)[None, :]
+    return np.maximum(d, 0.0, out=d)
+
+
 @dataclass
 class ManifoldGP:
     """A fitted GP for one manifold: everything needed to map new points, all NumPy.
+
+    The mean and the variance come from two length scales of one GP prior (decision in
+    :class:`dr_dask.methods.gp_isomap.GPIsomap`): the mean from ``length_scale`` (maximum
+    likelihood, long: faithful to S-Isomap), the variance from ``novelty_length_scale``
+    (``NOVELTY_SCALE`` times the median k-th-neighbour distance: the manifold's sampling
+    scale), on ambient distances, which at that scale are the geodesics and keep the kernel
+    positive definite (no jitter shifts the noise floor).
 
     Attributes
     ----------
@@ -259,15 +279,20 @@ class ManifoldGP:
     geodesics : ndarray of shape (n, n)
     spec : KernelSpec
     length_scale, noise_variance : float
-        ``noise_variance`` includes any jitter the PD check had to add.
+        ``noise_variance`` includes any jitter the PD check of the mean's kernel had to add.
     jitter : float
     beta : ndarray of shape (n, d)
         ``(K + noise I)^-1 Y`` (eq. 10).
+    novelty_length_scale, novelty_noise : float
+        Length scale and noise variance of the variance's kernel.
     whiten : ndarray of shape (n, n) or (n, r)
-        W with ``W W^T ~ (K + noise I)^-1``, so that ``k^T (K + noise I)^-1 k = ||k W||^2`` is one
-        GEMM per chunk: ``L^-T`` from the Cholesky factor L (exact variance), or
-        ``V_r diag(w_r)^-1/2`` from the top-r eigenpairs (low-rank variance, an upper bound on
-        the exact one: the dropped directions only reduce variance).
+        W with ``W W^T ~ (K_v + noise I)^-1`` (K_v: the variance's kernel), so that the
+        quadratic form of eq. 8 is one GEMM per chunk: ``L^-T`` from the Cholesky factor L
+        (exact variance), or ``V_r diag(w_r)^-1/2`` from the top-r eigenpairs (low-rank
+        variance, an upper bound on the exact one: the dropped directions only reduce it).
+    link_scale : float
+        Median over the manifold's points of their mean distance to their k_s nearest
+        manifold neighbours: the unit of :meth:`predict`'s link distance.
     n_neighbors : int
         k_s, neighbours linking a new point into the geodesic graph.
     """
@@ -279,7 +304,10 @@ class ManifoldGP:
     noise_variance: float
     jitter: float
     beta: np.ndarray
+    novelty_length_scale: float
+    novelty_noise: float
     whiten: np.ndarray
+    link_scale: float
     n_neighbors: int
 
     @classmethod
@@ -296,7 +324,10 @@ class ManifoldGP:
         variance_rank: int | None,
         max_points: int,
         rng: np.random.RandomState,
+        novelty_length_scale: float | None = None,
     ) -> ManifoldGP:
+        from dr_dask.graph.knn import kneighbors_local
+
         spec = KernelSpec.build(kernel, geodesics, coords.shape[1], random_state=rng)
         ell, noise = fit_hyperparameters(
             geodesics, coords, spec, length_scale=length_scale, noise_variance=noise_variance,
@@ -304,33 +335,43 @@ class ManifoldGP:
         )
         K = spec.train(geodesics, ell)
         L, jitter = _chol_with_jitter(K, noise)
-        noise_eff = noise + jitter
         beta = scipy.linalg.cho_solve((L, True), coords)
+        n = len(points)
+        ks = int(min(n_neighbors, n - 1))
+        dist, _ = kneighbors_local(points, ks + 1, points)  # first column: the point itself
+        link_scale = float(np.median(dist[:, 1:].mean(1)))
+        ell_v = float(novelty_length_scale or NOVELTY_SCALE * np.median(dist[:, -1]))
+        Kv = np.exp(-_sq_dists(points, points) / (2.0 * ell_v**2))
         if variance_rank is None:
+            Lv, jv = _chol_with_jitter(Kv, noise)
             # L^-T: a GEMM per chunk is ~1.4x faster than a triangular solve and releases the GIL
-            whiten = scipy.linalg.solve_triangular(L, np.eye(len(L)), lower=True).T
+            whiten = scipy.linalg.solve_triangular(Lv, np.eye(n), lower=True).T
         else:
             from dr_dask.linalg.eigen import top_eigh
 
-            r = int(min(variance_rank, K.shape[0] - 1))
-            K[np.diag_indices_from(K)] += noise_eff
-            res = top_eigh(K, r, random_state=rng)
+            jv = 0.0
+            Kv[np.diag_indices_from(Kv)] += noise
+            res = top_eigh(Kv, int(min(variance_rank, n - 1)), random_state=rng)
             whiten = res.vectors / np.sqrt(res.values)
         return cls(
-            np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise_eff,
-            jitter, beta, np.ascontiguousarray(whiten), int(n_neighbors),
+            np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise + jitter,
+            jitter, beta, ell_v, noise + jv, np.ascontiguousarray(whiten), link_scale, ks,
         )
 
     @property
     def n_points(self) -> int:
         return self.points.shape[0]
 
-    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive mean (m, d) and variance (m,) (eq. 8, noise included) for new points.
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Predictive mean (m, d), variance (m,) and link distance (m,) of new points.
+
+        The variance is eq. 8 (noise included) under the novelty kernel. The link distance is
+        the point's mean distance to its k_s nearest manifold points in units of
+        ``link_scale``: about 1 for a point sampled from the manifold, whatever its density.
 
         Geodesics come through each point's k_s nearest manifold points (one neighbour search
-        per chunk). The rest runs in cache-sized query blocks through three reused buffers, so
-        nothing of size (m, n) is allocated: geodesics, cross kernel, then mean and variance
+        per chunk). The rest runs in cache-sized query blocks through reused buffers, so
+        nothing of size (m, n) is allocated: geodesics, cross kernels, then mean and variance
         by two GEMMs per block.
         """
         from dr_dask.graph.knn import kneighbors_local
@@ -344,30 +385,31 @@ class ManifoldGP:
         block = max(16, QUERY_BLOCK_BYTES // (8 * n))
         rows = min(block, m)
         g, Ks, Z = np.empty((rows, n)), np.empty((rows, n)), np.empty((rows, self.whiten.shape[1]))
+        s_v = -0.5 / self.novelty_length_scale**2
         for s in range(0, m, block):
             e = min(s + block, m)
             b = e - s
             geodesics_via_neighbors(dist[s:e], idx[s:e], self.geodesics, out=g[:b])
-            _, kss = self.spec.cross(g[:b], self.length_scale, out=Ks[:b])
+            self.spec.cross(g[:b], self.length_scale, out=Ks[:b])
             np.matmul(Ks[:b], self.beta, out=mean[s:e])
-            np.matmul(Ks[:b], self.whiten, out=Z[:b])
+            Kv = _sq_dists(X[s:e], self.points, out=Ks[:b])
+            Kv *= s_v
+            np.exp(Kv, out=Kv)
+            np.matmul(Kv, self.whiten, out=Z[:b])
             q = np.einsum("ij,ij->i", Z[:b], Z[:b])
-            # K3 is not PSD beyond the batch (digest §3.2), so k_** - q can come out negative for
-            # points far from the manifold; its magnitude is reported, never a variance below
-            # the noise floor (which would make such points look the most confident).
-            var[s:e] = np.abs(kss - q) + self.noise_variance
-        return mean, var
+            var[s:e] = np.maximum(1.0 - q, 0.0) + self.novelty_noise
+        return mean, var, dist.mean(1) / self.link_scale
 
     def loo_variance(self) -> np.ndarray:
-        """Leave-one-out predictive variance of each batch point, ``1 / [(K + noise I)^-1]_ii``.
+        """Leave-one-out predictive variance of each batch point, ``1 / [(K_v + noise I)^-1]_ii``.
 
         The held-out analogue of eq. 8 on the batch itself (Rasmussen & Williams eq. 5.12),
-        used to recalibrate the novelty threshold after refits when no hold-out set exists.
+        used to calibrate the novelty threshold when no hold-out set exists.
         """
-        K = self.spec.train(self.geodesics, self.length_scale)
-        K[np.diag_indices_from(K)] += self.noise_variance
-        L = np.linalg.cholesky(K)
-        Linv = scipy.linalg.solve_triangular(L, np.eye(K.shape[0]), lower=True)
+        Kv = np.exp(-_sq_dists(self.points, self.points) / (2.0 * self.novelty_length_scale**2))
+        Kv[np.diag_indices_from(Kv)] += self.novelty_noise
+        L = np.linalg.cholesky(Kv)
+        Linv = scipy.linalg.solve_triangular(L, np.eye(Kv.shape[0]), lower=True)
         return 1.0 / np.einsum("ij,ij->j", Linv, Linv)
 
 

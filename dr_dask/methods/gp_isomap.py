@@ -419,22 +419,25 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ mapping
     def _map(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Global coordinates (m, d_g), least variance (m,), manifold (m,) of new points."""
+        """Global coordinates (m, d_g), variance (m,), manifold (m,) of new points.
+
+        The manifold is the one of least link distance (the point lies on it); the variance
+        is that manifold's (see the class Notes).
+        """
         m = X.shape[0]
-        means, variances = [], []
         with _one_blas_thread():
             preds = [gp.predict(X) for gp in self.manifolds_]
-        for mu, var in preds:
-            means.append(mu)
-            variances.append(var)
-        V = np.column_stack(variances) if m else np.zeros((0, self.n_manifolds_))
-        j = np.argmin(V, axis=1) if m else np.zeros(0, dtype=np.int64)
-        emb = np.zeros((m, self.stitch_rotation_.shape[1]))
-        for i in range(self.n_manifolds_):
+        dg = self.stitch_rotation_.shape[1]
+        if not m:
+            return np.zeros((0, dg)), np.zeros(0), np.zeros(0, dtype=np.int32)
+        link = np.column_stack([p[2] for p in preds])
+        j = np.argmin(link, axis=1)
+        emb = np.zeros((m, dg))
+        var = np.zeros(m)
+        for i, (mu, v, _) in enumerate(preds):
             sel = j == i
-            if sel.any():
-                emb[sel] = means[i][sel] @ self.stitch_rotation_[i].T + self.stitch_translation_[i]
-        var = V[np.arange(m), j] if m else np.zeros(0)
+            emb[sel] = mu[sel] @ self.stitch_rotation_[i].T + self.stitch_translation_[i]
+            var[sel] = v[sel]
         return emb, var, j.astype(np.int32)
 
     def map_points(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
