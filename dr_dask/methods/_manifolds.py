@@ -1,9 +1,12 @@
 """Multi-manifold bookkeeping of GP-Isomap (S-Isomap++ batch phase, digest §2.2).
 
 * :func:`tangent_clusters` -- split a batch into manifolds, their number inferred;
-* :func:`support_set` -- k nearest and l farthest point pairs between every pair of manifolds;
-* :func:`classical_mds` -- global coordinates of the support points;
-* :func:`ridge_stitch` -- the affine map of each manifold's local frame into the global one.
+* :func:`support_pairs`, :func:`support_set` -- k nearest and l farthest point pairs between
+  every pair of manifolds;
+* :func:`global_frame` -- global coordinates of the whole batch (landmark MDS of one graph
+  joining the manifolds at their nearest pairs): the default stitch's target;
+* :func:`classical_mds`, :func:`ridge_stitch` -- Algorithm 1's stitch: MDS of the support
+  points, then an affine map of each manifold's local frame by ridge regression.
 
 The clusterer (the seed names S-Isomap++'s multi-scale-SVD tangent clustering without giving
 its formula) is deliberately simple:
@@ -30,6 +33,7 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
+from sklearn.utils import check_random_state
 
 logger = logging.getLogger(__name__)
 
@@ -131,22 +135,22 @@ def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.maximum(d, 0.0)
 
 
-def support_set(
+def support_pairs(
     X: np.ndarray, labels: np.ndarray, n_nearest: int = 16, n_farthest: int = 1
-) -> np.ndarray:
-    """Indices of the support points: k nearest and l farthest pairs per pair of manifolds.
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest and l farthest point pairs between every pair of manifolds.
 
     Distances are ambient Euclidean (digest §2.2, item 3). Computed in row blocks so that the
     cross-distance temporaries stay small.
 
     Returns
     -------
-    ndarray of shape (n_support,)
-        Sorted unique row indices into X.
+    near, far : ndarray of shape (n_pairs, 2)
+        Row indices into X of the nearest and of the farthest pairs.
     """
     p = int(labels.max()) + 1
     members = [np.flatnonzero(labels == i) for i in range(p)]
-    chosen: list[np.ndarray] = []
+    near_all, far_all = [np.zeros((0, 2), np.int64)], [np.zeros((0, 2), np.int64)]
     for i in range(p):
         for j in range(i + 1, p):
             A, B = members[i], members[j]
@@ -165,12 +169,81 @@ def support_set(
                     prs.append(np.column_stack([A[s + r], B[c]]))
             bd, bp = np.concatenate(best_d), np.vstack(best_pairs)
             fd, fp = np.concatenate(far_d), np.vstack(far_pairs)
-            chosen.append(bp[np.argsort(bd, kind="stable")[:n_nearest]].ravel())
-            if n_farthest:
-                chosen.append(fp[np.argsort(-fd, kind="stable")[:n_farthest]].ravel())
-    if not chosen:
-        return np.array([], dtype=np.int64)
-    return np.unique(np.concatenate(chosen))
+            near_all.append(bp[np.argsort(bd, kind="stable")[:n_nearest]])
+            far_all.append(fp[np.argsort(-fd, kind="stable")[:n_farthest]])
+    return np.vstack(near_all), np.vstack(far_all)
+
+
+def support_set(
+    X: np.ndarray, labels: np.ndarray, n_nearest: int = 16, n_farthest: int = 1
+) -> np.ndarray:
+    """Indices of the support points ξ_s (Alg. 1, line 12): rows of :func:`support_pairs`.
+
+    Returns
+    -------
+    ndarray of shape (n_support,)
+        Sorted unique row indices into X.
+    """
+    near, far = support_pairs(X, labels, n_nearest, n_farthest)
+    return np.unique(np.concatenate([near.ravel(), far.ravel()]))
+
+
+def global_frame(
+    X: np.ndarray,
+    labels: np.ndarray,
+    n_neighbors: int,
+    n_components: int,
+    *,
+    n_nearest: int = 16,
+    n_landmarks: int = 64,
+    random_state=None,
+) -> np.ndarray:
+    """Global coordinates (n, n_components) of a multi-manifold batch, in geodesic units.
+
+    One graph holds every manifold's kNN graph plus the ``n_nearest`` closest point pairs of
+    the manifold pairs of a minimum spanning tree over their gaps (the bridges); landmark MDS of its shortest paths
+    (``n_landmarks`` seeded landmarks per manifold) places every point. Within a manifold the
+    paths are its Isomap geodesics, so a manifold keeps its shape here and only needs a
+    rotation and a translation to land on these coordinates.
+    """
+    from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
+
+    from dr_dask.graph.knn import kneighbors_local
+    from dr_dask.graph.landmarks import landmark_mds, triangulate
+
+    rng = check_random_state(random_state)
+    n = len(X)
+    rows, cols, w, marks = [], [], [], []
+    for i in range(int(labels.max()) + 1):
+        mem = np.flatnonzero(labels == i)
+        k = min(n_neighbors, len(mem) - 1)
+        dist, idx = kneighbors_local(X[mem], k + 1, X[mem])
+        rows.append(np.repeat(mem, k))
+        cols.append(mem[idx[:, 1:]].ravel())
+        w.append(dist[:, 1:].ravel())
+        marks.append(rng.choice(mem, min(n_landmarks, len(mem)), replace=False))
+    near, _ = support_pairs(X, labels, n_nearest, 0)
+    gap = np.sqrt(((X[near[:, 0]] - X[near[:, 1]]) ** 2).sum(1))
+    # bridge only the manifold pairs of a minimum spanning tree over closest-pair gaps: on a
+    # curved surface the chord between two far manifolds cuts across it (measured on the
+    # Euler roll: 0.57 for a geodesic 1.0), and MDS would fold the frame around it
+    li, lj = labels[near[:, 0]], labels[near[:, 1]]
+    p = int(labels.max()) + 1
+    closest = np.zeros((p, p))
+    for a, b, g in zip(li, lj, gap):
+        closest[a, b] = g if closest[a, b] == 0 else min(closest[a, b], g)
+    tree = minimum_spanning_tree(sp.csr_matrix(np.maximum(closest, 1e-12) * (closest > 0)))
+    keep = np.asarray(tree[li, lj]).ravel() > 0
+    rows.append(near[keep, 0])
+    cols.append(near[keep, 1])
+    w.append(gap[keep])
+    r, c, wt = np.concatenate(rows), np.concatenate(cols), np.concatenate(w)
+    # zero-length edges (duplicate points) would vanish from a sparse matrix
+    A = sp.csr_matrix((np.maximum(wt, 1e-12), (r, c)), shape=(n, n))
+    L = np.sort(np.concatenate(marks))
+    D2 = dijkstra(A, directed=False, indices=L) ** 2
+    mds = landmark_mds(D2[:, L], n_components)
+    return triangulate(mds.pinv, D2, mds.sq_mean)
 
 
 def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:

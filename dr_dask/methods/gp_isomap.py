@@ -29,7 +29,9 @@ from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
     classical_mds,
+    global_frame,
     ridge_stitch,
+    support_pairs,
     support_set,
     tangent_clusters,
 )
@@ -242,7 +244,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         n_support_nearest: int = 16,
         n_support_farthest: int = 1,
         ridge_lambda: float = 0.005,
-        stitch: str = "similarity",
+        stitch: str = "rigid",
         global_dim: int | None = None,
         stream_neighbors: int | None = None,
         variance_rank: int | None = None,
@@ -286,8 +288,8 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
                 raise ValueError(f"{name} must be positive or None, got {v}")
         if not 0 < self.threshold_quantile <= 1:
             raise ValueError(f"threshold_quantile must be in (0, 1], got {self.threshold_quantile}")
-        if self.stitch not in ("similarity", "ridge"):
-            raise ValueError(f"stitch must be 'similarity' or 'ridge', got {self.stitch!r}")
+        if self.stitch not in ("rigid", "ridge"):
+            raise ValueError(f"stitch must be 'rigid' or 'ridge', got {self.stitch!r}")
         if self.ridge_lambda < 0:
             raise ValueError(f"ridge_lambda must be >= 0, got {self.ridge_lambda}")
 
@@ -395,7 +397,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         if p == 1:
             R[0, : min(d, dg), : min(d, dg)] = np.eye(min(d, dg))
             self.support_ = np.array([], dtype=np.int64)
-        else:
+        elif self.stitch == "ridge":
             sup = support_set(X, labels, self.n_support_nearest, self.n_support_farthest)
             GE = classical_mds(X[sup], dg, random_state=rng)
             local_index = np.empty(len(X), dtype=np.int64)
@@ -404,12 +406,16 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             for j in range(p):
                 mine = labels[sup] == j
                 loc = self.local_embedding_[j][local_index[sup[mine]]]
-                if self.stitch == "ridge":
-                    R[j], t[j] = ridge_stitch(loc, GE[mine], self.ridge_lambda)
-                else:
-                    sim = procrustes_fit(loc, GE[mine], scaling=True, reflection=True)
-                    R[j], t[j] = sim.scale * sim.rotation.T, sim.translation
+                R[j], t[j] = ridge_stitch(loc, GE[mine], self.ridge_lambda)
             self.support_ = sup
+        else:
+            GF = global_frame(X, labels, int(self.n_neighbors), dg,
+                              n_nearest=self.n_support_nearest, random_state=rng)
+            for j in range(p):
+                rigid = procrustes_fit(self.local_embedding_[j], GF[labels == j],
+                                       scaling=False, reflection=True)
+                R[j], t[j] = rigid.rotation.T, rigid.translation
+            self.support_ = np.unique(support_pairs(X, labels, self.n_support_nearest, 0)[0])
         self.stitch_rotation_ = R
         self.stitch_translation_ = t
         emb = np.zeros((len(X), dg))
