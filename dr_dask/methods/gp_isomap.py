@@ -165,6 +165,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         array: one label per batch row; a callable ``f(X) -> labels``.
     tangent_threshold : float, default=0.5
         Minimum tangent-plane similarity of a kept graph edge in the clusterer.
+    density_persistence : float or None, default=1.5
+        The clusterer splits manifolds at density saddles deeper than this (log density);
+        ``None``: whole graph components.
     min_cluster_size : int or None
         Smaller clusters are merged into their nearest one (default ``max(2k, 10)``).
     n_support_nearest, n_support_farthest : int, default=16, 1
@@ -237,9 +240,10 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         *,
         kernel: str = "geodesic_se",
         length_scale: float | None = None,
-        noise_variance: float | None = 0.01,
+        noise_variance: float | None = 1e-3,
         clusterer: str | np.ndarray | Callable = "tangent",
         tangent_threshold: float = 0.5,
+        density_persistence: float | None = 1.5,
         min_cluster_size: int | None = None,
         n_support_nearest: int = 16,
         n_support_farthest: int = 1,
@@ -249,7 +253,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         stream_neighbors: int | None = None,
         variance_rank: int | None = None,
         sigma_t: float | None = None,
-        threshold_quantile: float = 0.99,
+        threshold_quantile: float = 0.995,
         hyper_max_points: int = 800,
         random_state: int | np.random.RandomState | None = None,
         client: Any = None,
@@ -261,6 +265,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.noise_variance = noise_variance
         self.clusterer = clusterer
         self.tangent_threshold = tangent_threshold
+        self.density_persistence = density_persistence
         self.min_cluster_size = min_cluster_size
         self.n_support_nearest = n_support_nearest
         self.n_support_farthest = n_support_farthest
@@ -302,6 +307,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
                 return tangent_clusters(
                     X, self.n_neighbors, self.n_components,
                     tangent_threshold=self.tangent_threshold,
+                    density_persistence=self.density_persistence,
                     min_cluster_size=self.min_cluster_size, client=client,
                 )
             raise ValueError(
