@@ -4,7 +4,6 @@ Zarr and directory sources, and the same result on a multi-process cluster as on
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import zarr
 
 from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
 from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.methods.gp_isomap_io import save_gp_isomap
 from dr_dask.stream import STATUS, StreamRunner, StreamStore, read_output
 
 FINAL = {STATUS["confident"], STATUS["buffered"], STATUS["remapped"]}
@@ -98,9 +98,8 @@ def _run_args(model_path, source_dir, out, *extra):
 
 @pytest.fixture(scope="module")
 def model_path(model, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("model") / "model.pkl")
-    with open(path, "wb") as fh:
-        pickle.dump(model, fh)
+    path = str(tmp_path_factory.mktemp("model") / "model.zarr")
+    save_gp_isomap(model, path)
     return path
 
 

@@ -31,16 +31,16 @@ logger = logging.getLogger(__name__)
 #: Per layout: patch centres (u1, u2), 2-sigma radii (u1, u2) and relative point counts;
 #: the last patch is the unseen one.
 LAYOUTS = {
-    "separated": dict(
-        centres=[(1.20, 0.30), (1.70, 0.70), (2.20, 0.30), (2.65, 0.72)],
-        radii=[(0.14, 0.18)] * 4, weights=[1, 1, 1, 1]),
-    "touching": dict(
-        centres=[(1.20, 0.50), (1.52, 0.50), (1.84, 0.50), (2.16, 0.50)],
-        radii=[(0.16, 0.20)] * 4, weights=[1, 1, 1, 1]),
-    "unequal": dict(
-        centres=[(1.15, 0.30), (1.65, 0.62), (2.25, 0.35), (2.65, 0.75)],
-        radii=[(0.08, 0.10), (0.13, 0.16), (0.18, 0.22), (0.12, 0.15)],
-        weights=[1, 2, 4, 2]),
+    "separated": {
+        "centres": [(1.20, 0.30), (1.70, 0.70), (2.20, 0.30), (2.65, 0.72)],
+        "radii": [(0.14, 0.18)] * 4, "weights": [1, 1, 1, 1]},
+    "touching": {
+        "centres": [(1.20, 0.50), (1.52, 0.50), (1.84, 0.50), (2.16, 0.50)],
+        "radii": [(0.16, 0.20)] * 4, "weights": [1, 1, 1, 1]},
+    "unequal": {
+        "centres": [(1.15, 0.30), (1.65, 0.62), (2.25, 0.35), (2.65, 0.75)],
+        "radii": [(0.08, 0.10), (0.13, 0.16), (0.18, 0.22), (0.12, 0.15)],
+        "weights": [1, 2, 4, 2]},
     "noise": None,  # separated + ambient noise
 }
 KINDS = tuple(LAYOUTS)

@@ -36,8 +36,11 @@ logger = logging.getLogger(__name__)
 KERNELS = ("geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde")
 #: Hyper-parameter search box: noise variance (absolute, outputs are in geodesic units).
 NOISE_BOUNDS = (1e-6, 1.0)
-#: Length scale box relative to the manifold's largest geodesic distance.
-LENGTH_BOUNDS_REL = (0.05, 20.0)
+#: Length scale box relative to the manifold's largest geodesic distance. From the diameter
+#: up: the mean must follow S-Isomap (digest §3.3). Shorter scales can win the likelihood on
+#: small manifolds and then interpolate the batch but not map new points (an 80-point
+#: Euler-roll patch: 0.009 chosen from a box starting at 0.05x, stream disparity 0.23-0.36).
+LENGTH_BOUNDS_REL = (1.0, 20.0)
 #: Admissible negative eigenvalue of K, relative to the noise variance, in the ML search.
 PSD_TOL = 0.1
 #: Objective value of inadmissible length scales (finite: the bounded search does arithmetic).
@@ -285,11 +288,11 @@ class ManifoldGP:
         ``(K + noise I)^-1 Y`` (eq. 10).
     novelty_length_scale, novelty_noise : float
         Length scale and noise variance of the variance's kernel.
-    whiten : ndarray of shape (n, n) or (n, r)
-        W with ``W W^T ~ (K_v + noise I)^-1`` (K_v: the variance's kernel), so that the
-        quadratic form of eq. 8 is one GEMM per chunk: ``L^-T`` from the Cholesky factor L
-        (exact variance), or ``V_r diag(w_r)^-1/2`` from the top-r eigenpairs (low-rank
-        variance, an upper bound on the exact one: the dropped directions only reduce it).
+    whiten : ndarray of shape (n, n)
+        ``L^-T`` from the Cholesky factor L of ``K_v + noise I`` (K_v: the variance's kernel),
+        so that the quadratic form of eq. 8 is one GEMM per chunk. (A top-r eigenpair
+        approximation is no option here: the variance's kernel is local, of near full rank;
+        rank 40 of 300 added 2x the median variance to every known point.)
     link_scale : float
         Median over the manifold's points of their mean distance to their k_s nearest
         manifold neighbours: the unit of :meth:`predict`'s link distance.
@@ -321,7 +324,6 @@ class ManifoldGP:
         length_scale: float | None,
         noise_variance: float | None,
         n_neighbors: int,
-        variance_rank: int | None,
         max_points: int,
         rng: np.random.RandomState,
         novelty_length_scale: float | None = None,
@@ -342,17 +344,9 @@ class ManifoldGP:
         link_scale = float(np.median(dist[:, 1:].mean(1)))
         ell_v = float(novelty_length_scale or NOVELTY_SCALE * np.median(dist[:, -1]))
         Kv = np.exp(-_sq_dists(points, points) / (2.0 * ell_v**2))
-        if variance_rank is None:
-            Lv, jv = _chol_with_jitter(Kv, noise)
-            # L^-T: a GEMM per chunk is ~1.4x faster than a triangular solve and releases the GIL
-            whiten = scipy.linalg.solve_triangular(Lv, np.eye(n), lower=True).T
-        else:
-            from dr_dask.linalg.eigen import top_eigh
-
-            jv = 0.0
-            Kv[np.diag_indices_from(Kv)] += noise
-            res = top_eigh(Kv, int(min(variance_rank, n - 1)), random_state=rng)
-            whiten = res.vectors / np.sqrt(res.values)
+        Lv, jv = _chol_with_jitter(Kv, noise)
+        # L^-T: a GEMM per chunk is ~1.4x faster than a triangular solve and releases the GIL
+        whiten = scipy.linalg.solve_triangular(Lv, np.eye(n), lower=True).T
         return cls(
             np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise + jitter,
             jitter, beta, ell_v, noise + jv, np.ascontiguousarray(whiten), link_scale, ks,
