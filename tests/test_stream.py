@@ -3,6 +3,7 @@ Zarr and directory sources, and the same result on a multi-process cluster as on
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -217,6 +218,19 @@ def test_parallel_mode_every_row_once_with_refit(model, scenario, tmp_path):
     assert summary["n_refits"] >= 1
     remapped = o["status"] == STATUS["remapped"]
     assert remapped.sum() >= N_S and np.all(o["version"][remapped] >= 1)
+    # the report: variance with the threshold in force, refits, manifold assignment
+    from click.testing import CliRunner
+    from matplotlib.image import imread
+
+    from dr_dask.cli import main
+
+    res = CliRunner().invoke(main, ["stream", "report", out, "--out", str(tmp_path / "r.png")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)
+    assert rep["refits"] == summary["n_refits"] and rep["rows"] == len(scenario.stream)
+    # the refitted model gave the unseen patch a manifold of its own
+    assert len(rep["manifold_rows"]) == 4
+    assert imread(str(tmp_path / "r.png")).ndim == 3
 
 
 @pytest.mark.cluster
