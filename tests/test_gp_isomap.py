@@ -228,7 +228,7 @@ def test_link_rule_beats_least_variance_on_unequal_patches():
     assert np.mean(man == sc.stream_labels[known]) >= 0.995
     # the variance under the own manifold is at the floor, under the others far above it
     preds = [gp.predict(sc.stream[known]) for gp in model.manifolds_]
-    V = np.column_stack([p[1] for p in preds])
+    V = np.column_stack([v for _, v in preds])
     own = V[np.arange(known.sum()), sc.stream_labels[known]]
     other = np.where(np.arange(3)[None, :] != sc.stream_labels[known][:, None], V, np.inf).min(1)
     assert np.median(other / own) >= 10

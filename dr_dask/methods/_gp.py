@@ -356,23 +356,35 @@ class ManifoldGP:
     def n_points(self) -> int:
         return self.points.shape[0]
 
-    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Predictive mean (m, d), variance (m,) and link distance (m,) of new points.
-
-        The variance is eq. 8 (noise included) under the novelty kernel. The link distance is
-        the point's mean distance to its k_s nearest manifold points in units of
-        ``link_scale``: about 1 for a point sampled from the manifold, whatever its density.
-
-        Geodesics come through each point's k_s nearest manifold points (one neighbour search
-        per chunk). The rest runs in cache-sized query blocks through reused buffers, so
-        nothing of size (m, n) is allocated: geodesics, cross kernels, then mean and variance
-        by two GEMMs per block.
-        """
+    def neighbours(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distances and indices (m, k_s) of each point's k_s nearest manifold points."""
         from dr_dask.graph.knn import kneighbors_local
+
+        return kneighbors_local(self.points, min(self.n_neighbors, self.n_points), X)
+
+    def link_distance(self, dist: np.ndarray) -> np.ndarray:
+        """Mean distance to the k_s nearest manifold points in units of ``link_scale``, (m,).
+
+        About 1 for a point sampled from the manifold, whatever its density.
+        """
+        return dist.mean(1) / self.link_scale
+
+    def predict(
+        self, X: np.ndarray, neighbours: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive mean (m, d) and variance (m,) of new points.
+
+        The variance is eq. 8 (noise included) under the novelty kernel. ``neighbours``:
+        the result of :meth:`neighbours` for X, if already computed.
+
+        Geodesics come through each point's k_s nearest manifold points. The rest runs in
+        cache-sized query blocks through reused buffers, so nothing of size (m, n) is
+        allocated: geodesics, cross kernels, then mean and variance by two GEMMs per block.
+        """
         from dr_dask.graph.paths import geodesics_via_neighbors
 
         n = self.n_points
-        dist, idx = kneighbors_local(self.points, min(self.n_neighbors, n), X)
+        dist, idx = self.neighbours(X) if neighbours is None else neighbours
         m = X.shape[0]
         mean = np.empty((m, self.beta.shape[1]))
         var = np.empty(m)
@@ -392,7 +404,7 @@ class ManifoldGP:
             np.matmul(Kv, self.whiten, out=Z[:b])
             q = np.einsum("ij,ij->i", Z[:b], Z[:b])
             var[s:e] = np.maximum(1.0 - q, 0.0) + self.novelty_noise
-        return mean, var, dist.mean(1) / self.link_scale
+        return mean, var
 
     def loo_variance(self) -> np.ndarray:
         """Leave-one-out predictive variance of each batch point, ``1 / [(K_v + noise I)^-1]_ii``.

@@ -471,19 +471,23 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         is that manifold's (see the class Notes).
         """
         m = X.shape[0]
-        with _one_blas_thread():
-            preds = [gp.predict(X) for gp in self.manifolds_]
         dg = self.stitch_rotation_.shape[1]
-        if not m:
-            return np.zeros((0, dg)), np.zeros(0), np.zeros(0, dtype=np.int32)
-        link = np.column_stack([p[2] for p in preds])
-        j = np.argmin(link, axis=1)
         emb = np.zeros((m, dg))
         var = np.zeros(m)
-        for i, (mu, v, _) in enumerate(preds):
-            sel = j == i
-            emb[sel] = mu[sel] @ self.stitch_rotation_[i].T + self.stitch_translation_[i]
-            var[sel] = v[sel]
+        if not m:
+            return emb, var, np.zeros(0, dtype=np.int32)
+        with _one_blas_thread():
+            nbrs = [gp.neighbours(X) for gp in self.manifolds_]
+            link = np.column_stack([gp.link_distance(nb[0])
+                                    for gp, nb in zip(self.manifolds_, nbrs)])
+            j = np.argmin(link, axis=1)
+            # mean and variance only under the manifold a point lies on: the O(n_i^2) part
+            # of the mapping runs once per point, not once per manifold
+            for i, (gp, (dist, idx)) in enumerate(zip(self.manifolds_, nbrs)):
+                sel = np.flatnonzero(j == i)
+                if sel.size:
+                    mu, var[sel] = gp.predict(X[sel], (dist[sel], idx[sel]))
+                    emb[sel] = mu @ self.stitch_rotation_[i].T + self.stitch_translation_[i]
         return emb, var, j.astype(np.int32)
 
     def map_points(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
