@@ -12,7 +12,7 @@ Layout::
     attrs   format, format_version, params (JSON), fitted (JSON scalars), has_batch
     labels, outliers, embedding, stitch_rotation, stitch_translation, support, [batch]
     manifold_{i}/   attrs: scalars of the GP and its kernel
-                    points, geodesics, beta, whiten, local_embedding, [eigvals, eigvecs,
+                    points, geodesics, beta, local_embedding, [eigvals, eigvecs,
                     row_means]
 
 ``save_gp_isomap``/``load_gp_isomap`` take a Zarr group (any store: local, s3, memory) or a
@@ -36,9 +36,9 @@ _ARRAYS = ("labels_", "outliers_", "embedding_", "stitch_rotation_", "stitch_tra
            "support_")
 _SCALARS = ("n_manifolds_", "n_features_in_", "sigma_t_", "threshold_source_",
             "threshold_quantile_")
-_GP_ARRAYS = ("points", "geodesics", "beta", "whiten")
+_GP_ARRAYS = ("points", "geodesics", "beta")
 _GP_SCALARS = ("length_scale", "noise_variance", "jitter", "novelty_length_scale",
-               "novelty_noise", "link_scale", "n_neighbors")
+               "novelty_noise", "novelty_neighbors", "link_scale", "n_neighbors")
 _SPEC_ARRAYS = ("eigvals", "eigvecs", "row_means")
 
 
