@@ -257,15 +257,6 @@ NOVELTY_SCALE = 2.0
 NOVELTY_NEIGHBOURS = 2
 
 
-def _sq_dists(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Squared ambient distances (m, n) by one GEMM (written into ``out`` when given)."""
-    d = np.matmul(A, B.T, out=out)
-    d *= -2.0
-    d += (A * A).sum(1)[:, None]
-    d += (B * B).sum(1)[None, :]
-    return np.maximum(d, 0.0, out=d)
-
-
 @dataclass
 class ManifoldGP:
     """A fitted GP for one manifold: everything needed to map new points, all NumPy.

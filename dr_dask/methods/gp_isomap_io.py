@@ -128,10 +128,19 @@ def save_gp_isomap(model: Any, where: Any, batch: np.ndarray | None = None) -> z
     return g
 
 
+#: Codecs a model array may use: byte layout, compression and checksums only, so that no
+#: codec that deserialises objects is ever run on a file from a shared store.
+SAFE_CODECS = {"bytes", "zstd", "blosc", "gzip", "crc32c", "transpose"}
+
+
 def _array(grp: zarr.Group, name: str) -> np.ndarray:
     arr = grp[name]
     if not isinstance(arr, zarr.Array) or arr.dtype.kind not in "biuf":
-        raise ModelFormatError(f"model array {name!r} is not numeric (dtype {arr.dtype})")
+        raise ModelFormatError(f"model array {name!r} is not a numeric array")
+    codecs = {c.to_dict()["name"] for c in arr.metadata.codecs}
+    if not codecs <= SAFE_CODECS:
+        raise ModelFormatError(f"model array {name!r} uses codecs {sorted(codecs - SAFE_CODECS)}"
+                               f"; a model may only use {sorted(SAFE_CODECS)}")
     return np.asarray(arr[...])
 
 
@@ -166,7 +175,18 @@ def load_gp_isomap(where: Any) -> tuple[Any, np.ndarray | None]:
         raise ModelFormatError(
             f"{where} was written in GPIsomap model format version {version}; this dr_dask "
             f"reads version {FORMAT_VERSION} only: refit the model with this version")
+    try:
+        return _read(g, attrs, GPIsomap, KernelSpec, ManifoldGP)
+    except (KeyError, TypeError) as exc:
+        raise ModelFormatError(f"{where} is not a readable GPIsomap model of format version "
+                               f"{FORMAT_VERSION}: {exc}") from exc
+
+
+def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):
     params = dict(attrs["params"])
+    unknown = set(params) - set(GPIsomap().get_params())
+    if unknown:
+        raise TypeError(f"unknown parameters {sorted(unknown)}")
     if params.get("clusterer") is None:
         params["clusterer"] = _array(g, "clusterer_labels")
     model = GPIsomap(**params)
