@@ -253,8 +253,6 @@ def fit_hyperparameters(
 
 #: Novelty length scale in units of the manifold's median k-th-neighbour distance.
 NOVELTY_SCALE = 2.0
-#: The variance conditions on this many times k_s nearest manifold points.
-NOVELTY_NEIGHBOURS = 2
 
 
 @dataclass
@@ -267,7 +265,7 @@ class ManifoldGP:
     (``NOVELTY_SCALE`` times the median k-th-neighbour distance: the manifold's sampling
     scale), on ambient distances, which at that scale are the geodesics and keep the kernel
     positive definite (no jitter shifts the noise floor). As the kernel is local, the
-    variance conditions on the point's ``novelty_neighbors`` nearest manifold points only
+    variance conditions on the point's k_s nearest manifold points only
     (a nearest-neighbour GP, Datta et al. 2016): one small solve per point instead of an
     O(n^2) quadratic form, and never below the full GP's variance (conditioning on fewer
     points cannot lower it). The leave-one-out variances that calibrate the threshold are
@@ -286,8 +284,6 @@ class ManifoldGP:
         ``(K + noise I)^-1 Y`` (eq. 10).
     novelty_length_scale, novelty_noise : float
         Length scale and noise variance of the variance's kernel.
-    novelty_neighbors : int
-        Nearest manifold points the variance conditions on (``NOVELTY_NEIGHBOURS`` x k_s).
     link_scale : float
         Median over the manifold's points of their mean distance to their k_s nearest
         manifold neighbours: the unit of :meth:`predict`'s link distance.
@@ -304,7 +300,6 @@ class ManifoldGP:
     beta: np.ndarray
     novelty_length_scale: float
     novelty_noise: float
-    novelty_neighbors: int
     link_scale: float
     n_neighbors: int
 
@@ -340,8 +335,7 @@ class ManifoldGP:
         ell_v = float(novelty_length_scale or NOVELTY_SCALE * np.median(dist[:, -1]))
         return cls(
             np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise + jitter,
-            jitter, beta, ell_v, float(noise), int(min(NOVELTY_NEIGHBOURS * ks, n - 1)),
-            link_scale, ks,
+            jitter, beta, ell_v, float(noise), link_scale, ks,
         )
 
     @property
@@ -349,19 +343,17 @@ class ManifoldGP:
         return self.points.shape[0]
 
     def neighbours(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Distances and indices (m, M) of each point's M nearest manifold points, nearest
-        first (M = max(k_s, novelty_neighbors))."""
+        """Distances and indices (m, k_s) of each point's k_s nearest manifold points."""
         from dr_dask.graph.knn import kneighbors_local
 
-        M = min(max(self.n_neighbors, self.novelty_neighbors), self.n_points)
-        return kneighbors_local(self.points, M, X)
+        return kneighbors_local(self.points, min(self.n_neighbors, self.n_points), X)
 
     def link_distance(self, dist: np.ndarray) -> np.ndarray:
         """Mean distance to the k_s nearest manifold points in units of ``link_scale``, (m,).
 
         About 1 for a point sampled from the manifold, whatever its density.
         """
-        return dist[:, : self.n_neighbors].mean(1) / self.link_scale
+        return dist.mean(1) / self.link_scale
 
     def predict(
         self, X: np.ndarray, neighbours: tuple[np.ndarray, np.ndarray] | None = None
@@ -379,7 +371,6 @@ class ManifoldGP:
 
         n = self.n_points
         dist, idx = self.neighbours(X) if neighbours is None else neighbours
-        ks = self.n_neighbors
         m = X.shape[0]
         mean = np.empty((m, self.beta.shape[1]))
         block = max(16, QUERY_BLOCK_BYTES // (8 * n))
@@ -387,15 +378,14 @@ class ManifoldGP:
         for s in range(0, m, block):
             e = min(s + block, m)
             b = e - s
-            geodesics_via_neighbors(dist[s:e, :ks], idx[s:e, :ks], self.geodesics, out=g[:b])
+            geodesics_via_neighbors(dist[s:e], idx[s:e], self.geodesics, out=g[:b])
             self.spec.cross(g[:b], self.length_scale, out=Ks[:b])
             np.matmul(Ks[:b], self.beta, out=mean[s:e])
         return mean, self._local_variance(dist, idx)
 
     def _local_variance(self, dist: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """Eq. 8 under the novelty kernel, conditioned on the given neighbours, (m,)."""
-        M = min(self.novelty_neighbors, idx.shape[1])
-        dist, idx = dist[:, :M], idx[:, :M]
+        M = idx.shape[1]
         s = -0.5 / self.novelty_length_scale**2
         sq = np.einsum("ij,ij->i", self.points, self.points) if self.points.shape[1] > 8 else None
         var = np.empty(len(idx))
@@ -426,7 +416,7 @@ class ManifoldGP:
         """
         from dr_dask.graph.knn import kneighbors_local
 
-        M = min(self.novelty_neighbors, self.n_points - 1)
+        M = min(self.n_neighbors, self.n_points - 1)
         dist, idx = kneighbors_local(self.points, M + 1, self.points)
         # drop each point itself (duplicates may sort it after a twin: drop by index)
         own = idx == np.arange(self.n_points)[:, None]

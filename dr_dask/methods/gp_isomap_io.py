@@ -38,7 +38,7 @@ _SCALARS = ("n_manifolds_", "n_features_in_", "sigma_t_", "threshold_source_",
             "threshold_quantile_")
 _GP_ARRAYS = ("points", "geodesics", "beta")
 _GP_SCALARS = ("length_scale", "noise_variance", "jitter", "novelty_length_scale",
-               "novelty_noise", "novelty_neighbors", "link_scale", "n_neighbors")
+               "novelty_noise", "link_scale", "n_neighbors")
 _SPEC_ARRAYS = ("eigvals", "eigvecs", "row_means")
 
 
