@@ -245,4 +245,4 @@ def test_density_split_separates_touching_patches():
     assert len(np.unique(split)) == 3
     for p in range(3):
         mine = split[sc.batch_labels == p]
-        assert np.mean(mine == np.bincount(mine[mine >= 0]).argmax()) >= 0.95
+        assert np.mean(mine == np.bincount(mine[mine >= 0]).argmax()) >= 0.98

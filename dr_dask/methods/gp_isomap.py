@@ -16,7 +16,8 @@ import contextlib
 import functools
 import logging
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -163,7 +164,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         array: one label per batch row; a callable ``f(X) -> labels``.
     tangent_threshold : float, default=0.5
         Minimum tangent-plane similarity of a kept graph edge in the clusterer.
-    density_persistence : float or None, default=1.5
+    density_persistence : float or None, default=1.2
         The clusterer splits manifolds at density saddles deeper than this (log density);
         ``None``: whole graph components.
     min_cluster_size : int or None
@@ -248,12 +249,10 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
     Clustering. Tangent clustering keeps touching patches of one smooth surface together,
     and Isomap of their union distorts both (0.06-0.14); the clusterer therefore also splits
-    at density saddles (``density_persistence``, ToMATo). Measured at 300 points per patch:
-    every separated, unequal and noisy layout split exactly; touching ones split into their
-    three patches in 8 of 8 seeds, with 0.5-5% of a patch's points (at its boundary) in the
-    neighbour's cluster (at 150 points per patch: 6 of 8 seeds; two left two patches
-    joined). No Isomap-faithfulness test re-joins pieces (tried: it joined touching
-    patches and kept spurious splits apart, at 10x the clustering time).
+    at density saddles (``density_persistence``, ToMATo) and moves border points to the
+    manifold of least link distance (:mod:`dr_dask.methods._manifolds`, with figures).
+    No Isomap-faithfulness test re-joins pieces (tried: it joined touching patches and kept
+    spurious splits apart, at 10x the clustering time).
 
     Stitching. Isomap coordinates of every manifold are in geodesic units, so a manifold
     needs only a rotation and a translation (no scale, no shear) to enter the global frame.
@@ -285,7 +284,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         noise_variance: float | None = 1e-3,
         clusterer: str | np.ndarray | Callable = "tangent",
         tangent_threshold: float = 0.5,
-        density_persistence: float | None = 1.5,
+        density_persistence: float | None = 1.2,
         min_cluster_size: int | None = None,
         n_support_nearest: int = 16,
         n_support_farthest: int = 1,
@@ -392,13 +391,13 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
                 "lower n_neighbors or raise min_cluster_size"
             )
         p = sizes.size
-        params = dict(
-            n_neighbors=int(self.n_neighbors), n_components=int(self.n_components),
-            kernel=self.kernel, length_scale=self.length_scale,
-            noise_variance=self.noise_variance,
-            stream_neighbors=int(self.stream_neighbors or self.n_neighbors),
-            hyper_max_points=int(self.hyper_max_points),
-        )
+        params = {
+            "n_neighbors": int(self.n_neighbors), "n_components": int(self.n_components),
+            "kernel": self.kernel, "length_scale": self.length_scale,
+            "noise_variance": self.noise_variance,
+            "stream_neighbors": int(self.stream_neighbors or self.n_neighbors),
+            "hyper_max_points": int(self.hyper_max_points),
+        }
         seeds = rng.randint(0, 2**31 - 1, size=p)
         parts = [X[labels == i] for i in range(p)]
         if client is not None:
