@@ -3,8 +3,8 @@ Zarr and directory sources, and the same result on a multi-process cluster as on
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -16,6 +16,7 @@ import zarr
 
 from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
 from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.methods.gp_isomap_io import save_gp_isomap
 from dr_dask.stream import STATUS, StreamRunner, StreamStore, read_output
 
 FINAL = {STATUS["confident"], STATUS["buffered"], STATUS["remapped"]}
@@ -98,9 +99,8 @@ def _run_args(model_path, source_dir, out, *extra):
 
 @pytest.fixture(scope="module")
 def model_path(model, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("model") / "model.pkl")
-    with open(path, "wb") as fh:
-        pickle.dump(model, fh)
+    path = str(tmp_path_factory.mktemp("model") / "model.zarr")
+    save_gp_isomap(model, path)
     return path
 
 
@@ -218,6 +218,19 @@ def test_parallel_mode_every_row_once_with_refit(model, scenario, tmp_path):
     assert summary["n_refits"] >= 1
     remapped = o["status"] == STATUS["remapped"]
     assert remapped.sum() >= N_S and np.all(o["version"][remapped] >= 1)
+    # the report: variance with the threshold in force, refits, manifold assignment
+    from click.testing import CliRunner
+    from matplotlib.image import imread
+
+    from dr_dask.cli import main
+
+    res = CliRunner().invoke(main, ["stream", "report", out, "--out", str(tmp_path / "r.png")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)
+    assert rep["refits"] == summary["n_refits"] and rep["rows"] == len(scenario.stream)
+    # the refitted model gave the unseen patch a manifold of its own
+    assert len(rep["manifold_rows"]) == 4
+    assert imread(str(tmp_path / "r.png")).ndim == 3
 
 
 @pytest.mark.cluster
@@ -229,3 +242,99 @@ def test_cluster_run_matches_threaded_run(cluster_client, model, scenario, refer
     o = read_output(out)
     _check_complete(o, len(scenario.stream))
     _assert_same(o, reference)
+
+
+# ---------------------------------------------------------------- issue 13: runner
+@pytest.mark.cluster
+def test_cli_run_on_local_cluster_refits(scenario, tmp_path):
+    """`stream run --batch` on a multi-process LocalCluster: the refit runs as a task (no
+    live client in its parameters) and the run completes with every row once."""
+    sc_dir = tmp_path / "sc"
+    write_scenario(scenario, str(sc_dir), kind="npy-dir", chunk_size=40)
+    out = str(tmp_path / "out")
+    proc = _cli("--workers", "2", "stream", "run", str(sc_dir / "stream"), "--out", out,
+                "--batch", str(sc_dir / "batch.npy"), "--n-s", str(N_S))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    o = read_output(out)
+    _check_complete(o, len(scenario.stream))
+    assert len(o["checkpoint"]["refits"]) >= 1
+    assert o["checkpoint"]["version"] >= 1
+    assert np.any(o["status"] == STATUS["remapped"])
+
+
+def test_kill_during_final_refit_restart_finishes_it(model, model_path, source_dir, scenario,
+                                                     tmp_path):
+    """Parallel mode, n_s = every point the model flags: the buffer fills with the last
+    chunk, so the only refit is the final one. SIGKILL during it; the restart refits."""
+    n = len(scenario.stream)
+    n_s = int(model.is_novel(scenario.stream).sum())
+    out = str(tmp_path / "out")
+    proc = _cli("--scheduler", "threads", "stream", "run", source_dir, "--out", out,
+                "--model", model_path, "--n-s", str(n_s))
+    _wait_rows(proc, out, n)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "runner finished before it could be killed"
+    st = StreamStore(out).read_checkpoint()
+    assert st["n_rows"] == n and st["version"] == 0 and len(st["pending"]) == n_s
+    summary = StreamRunner(out, source_dir, n_s=n_s).run()
+    assert summary["version"] == 1 and summary["n_refits"] == 1
+    o = read_output(out)
+    _check_complete(o, n)
+    assert np.sum(o["status"] == STATUS["remapped"]) >= 0.95 * n_s
+    assert len(o["checkpoint"]["pending"]) < n_s
+
+
+@pytest.mark.cluster
+def test_worker_killed_mid_stream_loses_no_row(model, scenario, reference, tmp_path):
+    """SIGKILL a worker of a 2-process LocalCluster while the runner maps on it: its tasks
+    and the model are put again, nothing hangs, and the output equals the threaded run."""
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    chunks = [scenario.stream[i : i + 20] for i in range(0, len(scenario.stream), 20)]
+    out = str(tmp_path / "out")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, memory_limit="2GB") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        pids = list(client.run(os.getpid).values())
+        result = {}
+        runner = StreamRunner(out, chunks, model, n_s=N_S, strict_sequential=True,
+                              client=client, handle_signals=False)
+        th = threading.Thread(target=lambda: result.update(runner.run()))
+        th.start()
+        t0 = time.time()
+        while _rows_committed(out) < 100 and time.time() - t0 < 120:
+            time.sleep(0.005)
+        os.kill(pids[0], signal.SIGKILL)
+        th.join(timeout=240)
+        assert not th.is_alive(), "runner hung after a worker was killed"
+    assert result["n_rows"] == len(scenario.stream)
+    o = read_output(out)
+    _check_complete(o, len(scenario.stream))
+    _assert_same(o, reference)
+
+
+def test_model_format_is_safe_and_versioned(model, scenario, tmp_path):
+    import zarr
+
+    from dr_dask.methods.gp_isomap_io import ModelFormatError, load_gp_isomap
+
+    path = str(tmp_path / "m.zarr")
+    save_gp_isomap(model, path, scenario.batch)
+    assert not any(f.endswith((".pkl", ".pickle")) for _, _, fs in os.walk(path) for f in fs)
+    loaded, batch = load_gp_isomap(path)
+    np.testing.assert_array_equal(batch, scenario.batch)
+    for a, b in zip(loaded.map_points(scenario.stream), model.map_points(scenario.stream)):
+        np.testing.assert_array_equal(a, b)
+    zarr.open_group(path, mode="a").attrs["format_version"] = 0
+    with pytest.raises(ModelFormatError, match="format version 0"):
+        load_gp_isomap(path)
+    # the CLI refuses it with exit code 2 and no traceback
+    proc = _cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
+                str(tmp_path / "o"), "--model", path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and b"Traceback" not in err and b"format version 0" in err
+    assert not os.path.exists(tmp_path / "o")

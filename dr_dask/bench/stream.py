@@ -3,12 +3,16 @@
 1. Mapping throughput (points/s, variance included) with a 2,000-point batch (the four Euler
    roll patches, 500 each) at D=3 and D=100 (the roll embedded isometrically in R^100):
    in-process, on a 2-worker LocalCluster (model scattered once, chunks mapped with
-   ``client.map``), and with the low-rank variance; baseline scikit-learn
+   ``client.map``); baseline scikit-learn
    ``Isomap.transform`` fitted on the same batch and mapping the same points, same run (the
    faster of one call and the same chunks).
 2. Refit latency for batch 2,000 + buffer 1,000 (the runner's refit task) and the peak RSS of
    the process tree while the runner streams the shift scenario with refits.
-3. Detection on the shift scenario at the paper's scale (1,000 train and test points per
+3. Issue 13's figures on generated Euler-roll layouts (separated, touching, unequal, noise;
+   :func:`dr_dask.stream.evaluate.layout_figures`): per-patch disparity, share of stream
+   points beside their own patch, flag rates, variance ratio, and after a refit the new
+   patch's disparity and how far the old points moved.
+4. Detection on the shift scenario at the paper's scale (1,000 train and test points per
    patch, n_s = 1000): precision and recall of flagged (buffered) points for the unseen patch,
    and the delay from its first point to the refit (rows and seconds).
 """
@@ -75,7 +79,6 @@ def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client, chun
     model = GPIsomap(n_neighbors=10, random_state=0).fit(Xb)
     res["fit_seconds"] = time.perf_counter() - t0
     res["n_manifolds"] = model.n_manifolds_
-    low = GPIsomap(n_neighbors=10, variance_rank=50, random_state=0).fit(Xb)
     sk = SkIsomap(n_neighbors=10, n_components=2).fit(Xb)
     _map_all(model, S[:chunk], chunk)  # warm-up (imports, caches)
     # the baseline at its best: one call (sklearn builds an (m, k, n) temporary, 3.2 GB here,
@@ -86,27 +89,18 @@ def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client, chun
     t_sk = min(t_sk_whole, t_sk_chunks)
     res["sklearn_one_call_pts_per_s"] = len(S) / t_sk_whole
     res["sklearn_chunked_pts_per_s"] = len(S) / t_sk_chunks
-    t_gp, var = median_time(lambda: _map_all(model, S, chunk), repeats)
-    t_low, var_low = median_time(lambda: _map_all(low, S, chunk), repeats)
+    t_gp, _ = median_time(lambda: _map_all(model, S, chunk), repeats)
     res["sklearn_transform_pts_per_s"] = len(S) / t_sk
     res["gp_inprocess_pts_per_s"] = len(S) / t_gp
-    res["gp_lowrank50_inprocess_pts_per_s"] = len(S) / t_low
     # what a user gets from `transform` of a dask array on the threaded scheduler: chunks in
     # parallel threads (the min-plus kernel and BLAS release the GIL)
     t_thr, _ = median_time(lambda: _map_threads(model, S, chunk), repeats)
-    t_thr_low, _ = median_time(lambda: _map_threads(low, S, chunk), repeats)
     res["gp_threads_pts_per_s"] = len(S) / t_thr
-    res["gp_lowrank50_threads_pts_per_s"] = len(S) / t_thr_low
-    res["lowrank_variance_median_excess"] = float(np.median(var_low - var) / np.median(var))
     if client is not None:
         fut = client.scatter(model, broadcast=True, hash=False)
         _map_cluster(client, fut, S[: 2 * chunk], chunk)
         t_cl, _ = median_time(lambda: _map_cluster(client, fut, S, chunk), repeats)
         res["gp_cluster_pts_per_s"] = len(S) / t_cl
-        fut_low = client.scatter(low, broadcast=True, hash=False)
-        _map_cluster(client, fut_low, S[: 2 * chunk], chunk)
-        t_cl_low, _ = median_time(lambda: _map_cluster(client, fut_low, S, chunk), repeats)
-        res["gp_lowrank50_cluster_pts_per_s"] = len(S) / t_cl_low
     best = max(v for k, v in res.items() if k.startswith("gp_") and k.endswith("pts_per_s"))
     res["best_gp_pts_per_s"] = best
     res["ratio_best_vs_sklearn"] = best / res["sklearn_transform_pts_per_s"]
@@ -181,6 +175,45 @@ def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
     return res
 
 
+#: Issue 13's targets, checked in the report.
+LAYOUT_TARGETS = {"patch_disparity_max": 0.01, "beside_own_patch_min": 0.99,
+                  "flagged_unseen_min": 0.95, "flagged_known_max": 0.02,
+                  "variance_ratio_min": 3.0, "new_patch_disparity_max": 0.02,
+                  "old_points_move_max": 0.01}
+
+
+def bench_layouts(n_batch: int, n_stream: int, seeds) -> dict:
+    """Issue 13's figures per layout and seed, with the targets met or not."""
+    from dr_dask.datasets.roll_layouts import KINDS, patch_layout
+    from dr_dask.methods.gp_isomap import GPIsomap
+    from dr_dask.stream.evaluate import layout_figures
+
+    rows = []
+    for kind in KINDS:
+        # unequal patches weigh 1, 2 and 4: the same unit keeps its total comparable
+        nb = max(n_batch // 2, 60) if kind == "unequal" else n_batch
+        for seed in seeds:
+            sc = patch_layout(kind, nb, n_stream, random_state=seed)
+            t0 = time.perf_counter()
+            model = GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch)
+            f = {"kind": kind, "seed": seed, "batch": len(sc.batch),
+                 "fit_seconds": time.perf_counter() - t0, **layout_figures(model, sc)}
+            f["targets_met"] = bool(
+                max(f["patch_disparity"]) <= LAYOUT_TARGETS["patch_disparity_max"]
+                and f["beside_own_patch"] >= LAYOUT_TARGETS["beside_own_patch_min"]
+                and f["flagged_unseen"] >= LAYOUT_TARGETS["flagged_unseen_min"]
+                and f["flagged_known"] <= LAYOUT_TARGETS["flagged_known_max"]
+                and f["variance_ratio"] >= LAYOUT_TARGETS["variance_ratio_min"]
+                and f["new_patch_disparity"] <= LAYOUT_TARGETS["new_patch_disparity_max"]
+                and f["old_points_move"] <= LAYOUT_TARGETS["old_points_move_max"])
+            logger.info("layout %s seed %d: %s", kind, seed, f)
+            rows.append(f)
+    return {"targets": LAYOUT_TARGETS, "n_batch_per_patch": n_batch,
+            "n_stream_per_patch": n_stream, "runs": rows,
+            "all_targets_met": all(r["targets_met"] for r in rows),
+            "n_runs_targets_met": sum(r["targets_met"] for r in rows)}
+
+
 def run_benchmarks(quick: bool = False, out: str | None = None, workdir: str | None = None) -> str:
     """Run every stream benchmark and return the JSON report (also written to ``out``)."""
     from distributed import Client, LocalCluster
@@ -196,6 +229,8 @@ def run_benchmarks(quick: bool = False, out: str | None = None, workdir: str | N
     try:
         n_stream = 4000 if quick else 20000
         results["throughput"] = [bench_throughput(D, n_stream, repeats, client) for D in (3, 100)]
+        results["layouts"] = bench_layouts(150 if quick else 300, 100 if quick else 200,
+                                           (1,) if quick else (1, 2, 3))
         results["refit"] = bench_refit(repeats, *((600, 300) if quick else (2000, 1000)))
         results["detection"] = bench_detection(300 if quick else 1000, 300 if quick else 1000,
                                                workdir, None)

@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 
 import click
 import numpy as np
@@ -59,7 +58,7 @@ def _load_batch(path: str) -> np.ndarray:
 @click.argument("source")
 @click.option("--out", required=True, type=click.Path(), help="Output store (resumed if present).")
 @click.option("--model", "model_path", type=click.Path(exists=True),
-              help="A pickled fitted GPIsomap.")
+              help="A fitted GPIsomap saved by dr_dask.methods.gp_isomap_io (a Zarr group).")
 @click.option("--batch", help="Batch to fit the model on (Zarr/NetCDF/.npy), if no --model.")
 @click.option("--holdout", help="Held-out batch-distribution points to calibrate sigma_t.")
 @click.option("--sigma-t", type=float, default=None,
@@ -100,10 +99,12 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
         model = None
         if not resuming:
             if model_path:
-                with open(model_path, "rb") as fh:
-                    model = pickle.load(fh)
-                if not isinstance(model, GPIsomap):
-                    fail(f"{model_path} does not hold a GPIsomap (found {type(model).__name__})")
+                from dr_dask.methods.gp_isomap_io import ModelFormatError, load_gp_isomap
+
+                try:
+                    model, _ = load_gp_isomap(model_path)
+                except ModelFormatError as exc:
+                    fail(str(exc))
             else:
                 model = GPIsomap(
                     n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,

@@ -36,8 +36,11 @@ logger = logging.getLogger(__name__)
 KERNELS = ("geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde")
 #: Hyper-parameter search box: noise variance (absolute, outputs are in geodesic units).
 NOISE_BOUNDS = (1e-6, 1.0)
-#: Length scale box relative to the manifold's largest geodesic distance.
-LENGTH_BOUNDS_REL = (0.05, 20.0)
+#: Length scale box relative to the manifold's largest geodesic distance. From the diameter
+#: up: the mean must follow S-Isomap (digest §3.3). Shorter scales can win the likelihood on
+#: small manifolds and then interpolate the batch but not map new points (an 80-point
+#: Euler-roll patch: 0.009 chosen from a box starting at 0.05x, stream disparity 0.23-0.36).
+LENGTH_BOUNDS_REL = (1.0, 20.0)
 #: Admissible negative eigenvalue of K, relative to the noise variance, in the ML search.
 PSD_TOL = 0.1
 #: Objective value of inadmissible length scales (finite: the bounded search does arithmetic).
@@ -248,9 +251,25 @@ def fit_hyperparameters(
     return ell, float(noise)
 
 
+#: Novelty length scale in units of the manifold's median k-th-neighbour distance.
+NOVELTY_SCALE = 2.0
+
+
 @dataclass
 class ManifoldGP:
     """A fitted GP for one manifold: everything needed to map new points, all NumPy.
+
+    The mean and the variance come from two length scales of one GP prior (decision in
+    :class:`dr_dask.methods.gp_isomap.GPIsomap`): the mean from ``length_scale`` (maximum
+    likelihood, long: faithful to S-Isomap), the variance from ``novelty_length_scale``
+    (``NOVELTY_SCALE`` times the median k-th-neighbour distance: the manifold's sampling
+    scale), on ambient distances, which at that scale are the geodesics and keep the kernel
+    positive definite (no jitter shifts the noise floor). As the kernel is local, the
+    variance conditions on the point's k_s nearest manifold points only
+    (a nearest-neighbour GP, Datta et al. 2016): one small solve per point instead of an
+    O(n^2) quadratic form, and never below the full GP's variance (conditioning on fewer
+    points cannot lower it). The leave-one-out variances that calibrate the threshold are
+    computed the same way.
 
     Attributes
     ----------
@@ -259,15 +278,15 @@ class ManifoldGP:
     geodesics : ndarray of shape (n, n)
     spec : KernelSpec
     length_scale, noise_variance : float
-        ``noise_variance`` includes any jitter the PD check had to add.
+        ``noise_variance`` includes any jitter the PD check of the mean's kernel had to add.
     jitter : float
     beta : ndarray of shape (n, d)
         ``(K + noise I)^-1 Y`` (eq. 10).
-    whiten : ndarray of shape (n, n) or (n, r)
-        W with ``W W^T ~ (K + noise I)^-1``, so that ``k^T (K + noise I)^-1 k = ||k W||^2`` is one
-        GEMM per chunk: ``L^-T`` from the Cholesky factor L (exact variance), or
-        ``V_r diag(w_r)^-1/2`` from the top-r eigenpairs (low-rank variance, an upper bound on
-        the exact one: the dropped directions only reduce variance).
+    novelty_length_scale, novelty_noise : float
+        Length scale and noise variance of the variance's kernel.
+    link_scale : float
+        Median over the manifold's points of their mean distance to their k_s nearest
+        manifold neighbours: the unit of :meth:`predict`'s link distance.
     n_neighbors : int
         k_s, neighbours linking a new point into the geodesic graph.
     """
@@ -279,7 +298,9 @@ class ManifoldGP:
     noise_variance: float
     jitter: float
     beta: np.ndarray
-    whiten: np.ndarray
+    novelty_length_scale: float
+    novelty_noise: float
+    link_scale: float
     n_neighbors: int
 
     @classmethod
@@ -293,10 +314,12 @@ class ManifoldGP:
         length_scale: float | None,
         noise_variance: float | None,
         n_neighbors: int,
-        variance_rank: int | None,
         max_points: int,
         rng: np.random.RandomState,
+        novelty_length_scale: float | None = None,
     ) -> ManifoldGP:
+        from dr_dask.graph.knn import kneighbors_local
+
         spec = KernelSpec.build(kernel, geodesics, coords.shape[1], random_state=rng)
         ell, noise = fit_hyperparameters(
             geodesics, coords, spec, length_scale=length_scale, noise_variance=noise_variance,
@@ -304,71 +327,102 @@ class ManifoldGP:
         )
         K = spec.train(geodesics, ell)
         L, jitter = _chol_with_jitter(K, noise)
-        noise_eff = noise + jitter
         beta = scipy.linalg.cho_solve((L, True), coords)
-        if variance_rank is None:
-            # L^-T: a GEMM per chunk is ~1.4x faster than a triangular solve and releases the GIL
-            whiten = scipy.linalg.solve_triangular(L, np.eye(len(L)), lower=True).T
-        else:
-            from dr_dask.linalg.eigen import top_eigh
-
-            r = int(min(variance_rank, K.shape[0] - 1))
-            K[np.diag_indices_from(K)] += noise_eff
-            res = top_eigh(K, r, random_state=rng)
-            whiten = res.vectors / np.sqrt(res.values)
+        n = len(points)
+        ks = int(min(n_neighbors, n - 1))
+        dist, _ = kneighbors_local(points, ks + 1, points)  # first column: the point itself
+        link_scale = float(np.median(dist[:, 1:].mean(1)))
+        ell_v = float(novelty_length_scale or NOVELTY_SCALE * np.median(dist[:, -1]))
         return cls(
-            np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise_eff,
-            jitter, beta, np.ascontiguousarray(whiten), int(n_neighbors),
+            np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise + jitter,
+            jitter, beta, ell_v, float(noise), link_scale, ks,
         )
 
     @property
     def n_points(self) -> int:
         return self.points.shape[0]
 
-    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive mean (m, d) and variance (m,) (eq. 8, noise included) for new points.
-
-        Geodesics come through each point's k_s nearest manifold points (one neighbour search
-        per chunk). The rest runs in cache-sized query blocks through three reused buffers, so
-        nothing of size (m, n) is allocated: geodesics, cross kernel, then mean and variance
-        by two GEMMs per block.
-        """
+    def neighbours(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distances and indices (m, k_s) of each point's k_s nearest manifold points."""
         from dr_dask.graph.knn import kneighbors_local
+
+        return kneighbors_local(self.points, min(self.n_neighbors, self.n_points), X)
+
+    def link_distance(self, dist: np.ndarray) -> np.ndarray:
+        """Mean distance to the k_s nearest manifold points in units of ``link_scale``, (m,).
+
+        About 1 for a point sampled from the manifold, whatever its density.
+        """
+        return dist.mean(1) / self.link_scale
+
+    def predict(
+        self, X: np.ndarray, neighbours: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive mean (m, d) and variance (m,) of new points.
+
+        The variance is eq. 8 (noise included) under the novelty kernel. ``neighbours``:
+        the result of :meth:`neighbours` for X, if already computed.
+
+        Geodesics come through each point's k_s nearest manifold points. The rest runs in
+        cache-sized query blocks through reused buffers, so nothing of size (m, n) is
+        allocated: geodesics, cross kernels, then mean and variance by two GEMMs per block.
+        """
         from dr_dask.graph.paths import geodesics_via_neighbors
 
         n = self.n_points
-        dist, idx = kneighbors_local(self.points, min(self.n_neighbors, n), X)
+        dist, idx = self.neighbours(X) if neighbours is None else neighbours
         m = X.shape[0]
         mean = np.empty((m, self.beta.shape[1]))
-        var = np.empty(m)
         block = max(16, QUERY_BLOCK_BYTES // (8 * n))
-        rows = min(block, m)
-        g, Ks, Z = np.empty((rows, n)), np.empty((rows, n)), np.empty((rows, self.whiten.shape[1]))
+        g, Ks = np.empty((min(block, m), n)), np.empty((min(block, m), n))
         for s in range(0, m, block):
             e = min(s + block, m)
             b = e - s
             geodesics_via_neighbors(dist[s:e], idx[s:e], self.geodesics, out=g[:b])
-            _, kss = self.spec.cross(g[:b], self.length_scale, out=Ks[:b])
+            self.spec.cross(g[:b], self.length_scale, out=Ks[:b])
             np.matmul(Ks[:b], self.beta, out=mean[s:e])
-            np.matmul(Ks[:b], self.whiten, out=Z[:b])
-            q = np.einsum("ij,ij->i", Z[:b], Z[:b])
-            # K3 is not PSD beyond the batch (digest §3.2), so k_** - q can come out negative for
-            # points far from the manifold; its magnitude is reported, never a variance below
-            # the noise floor (which would make such points look the most confident).
-            var[s:e] = np.abs(kss - q) + self.noise_variance
-        return mean, var
+        return mean, self._local_variance(dist, idx)
+
+    def _local_variance(self, dist: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Eq. 8 under the novelty kernel, conditioned on the given neighbours, (m,)."""
+        M = idx.shape[1]
+        s = -0.5 / self.novelty_length_scale**2
+        sq = np.einsum("ij,ij->i", self.points, self.points) if self.points.shape[1] > 8 else None
+        var = np.empty(len(idx))
+        step = max(1, (1 << 22) // (M * max(M, self.points.shape[1])))
+        for a in range(0, len(idx), step):
+            ix = idx[a : a + step]
+            P = self.points[ix]  # (b, M, D)
+            if P.shape[2] <= 8:  # few coordinates: differences beat tiny batched GEMMs
+                d2 = np.zeros((len(ix), M, M))
+                for c in range(P.shape[2]):
+                    d2 += (P[:, :, None, c] - P[:, None, :, c]) ** 2
+            else:
+                d2 = sq[ix][:, :, None] + sq[ix][:, None, :] - 2.0 * np.matmul(
+                    P, P.transpose(0, 2, 1))
+            K = np.exp(np.maximum(d2, 0.0) * s)
+            K[:, np.arange(M), np.arange(M)] += self.novelty_noise
+            k = np.exp(dist[a : a + step] ** 2 * s)
+            q = np.einsum("bi,bi->b", k, np.linalg.solve(K, k[:, :, None])[:, :, 0])
+            var[a : a + step] = np.maximum(1.0 - q, 0.0) + self.novelty_noise
+        return var
 
     def loo_variance(self) -> np.ndarray:
-        """Leave-one-out predictive variance of each batch point, ``1 / [(K + noise I)^-1]_ii``.
+        """Leave-one-out predictive variance of each batch point, (n,).
 
-        The held-out analogue of eq. 8 on the batch itself (Rasmussen & Williams eq. 5.12),
-        used to recalibrate the novelty threshold after refits when no hold-out set exists.
+        Each point's variance given its nearest *other* manifold points, exactly as a new
+        point's: the held-out analogue of eq. 8 on the batch itself, used to calibrate the
+        novelty threshold when no hold-out set exists.
         """
-        K = self.spec.train(self.geodesics, self.length_scale)
-        K[np.diag_indices_from(K)] += self.noise_variance
-        L = np.linalg.cholesky(K)
-        Linv = scipy.linalg.solve_triangular(L, np.eye(K.shape[0]), lower=True)
-        return 1.0 / np.einsum("ij,ij->j", Linv, Linv)
+        from dr_dask.graph.knn import kneighbors_local
+
+        M = min(self.n_neighbors, self.n_points - 1)
+        dist, idx = kneighbors_local(self.points, M + 1, self.points)
+        # drop each point itself (duplicates may sort it after a twin: drop by index)
+        own = idx == np.arange(self.n_points)[:, None]
+        own[own.sum(1) == 0, -1] = True
+        keep = ~own
+        return self._local_variance(dist[keep].reshape(-1, M), idx[keep].reshape(-1, M))
 
 
 def _chol_with_jitter(K: np.ndarray, noise: float) -> tuple[np.ndarray, float]:

@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------- worker tasks
 def map_chunk(model: Any, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Embedding, variance and manifold of a chunk (a worker task)."""
-    return model._map(np.asarray(X, dtype=np.float64))
+    return model.map_points(np.asarray(X, dtype=np.float64))
 
 
 def refit_model(params: dict, batch: np.ndarray, reference: np.ndarray):
@@ -67,6 +67,9 @@ def refit_model(params: dict, batch: np.ndarray, reference: np.ndarray):
 def refit_params(model: Any) -> dict:
     """Parameters for the next version: the same, except what only fitted the old batch."""
     params = model.get_params()
+    # the refit runs as a task on any scheduler: a live client must not travel with it (it
+    # cannot be serialized), and on a worker the fit runs in-process
+    params["client"] = None
     if not (isinstance(params["clusterer"], str) or callable(params["clusterer"])):
         params["clusterer"] = "tangent"  # user labels cover the old batch only
     if getattr(model, "threshold_source_", "manual") != "manual":
@@ -90,21 +93,49 @@ def batch_of(model: Any) -> np.ndarray:
 
 
 class _Executor:
-    """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode."""
+    """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode.
+
+    On a cluster the model is scattered once per version. A task lost with a worker (killed,
+    or its copy of the model gone) is resubmitted by :meth:`result` after the model is put
+    again, up to ``MAX_RETRIES`` times, so a dead worker costs time, never rows.
+    """
+
+    MAX_RETRIES = 3
 
     def __init__(self, client: Any, n_threads: int):
         self.client = client
         self.pool = ThreadPoolExecutor(n_threads) if client is None else None
+        self.model: Any = None
+        self.handle: Any = None
 
     def put_model(self, model: Any) -> Any:
-        if self.client is None:
-            return model
-        return self.client.scatter(model, broadcast=True, hash=False)
+        self.model = model
+        self.handle = model if self.client is None else self.client.scatter(
+            model, broadcast=True, hash=False)
+        return self.handle
 
     def submit(self, fn, *args):
         if self.client is None:
             return self.pool.submit(fn, *args)
         return self.client.submit(fn, *args, pure=False)
+
+    def map(self, X: np.ndarray) -> Any:
+        """Submit ``map_chunk`` of X with the current model version."""
+        return self.submit(map_chunk, self.handle, X)
+
+    def result(self, future: Any, resubmit) -> Any:
+        """The future's result; on a cluster failure, re-put the model and ``resubmit()``."""
+        for attempt in range(self.MAX_RETRIES + 1):
+            try:
+                return future.result()
+            except Exception as exc:
+                if self.client is None or attempt == self.MAX_RETRIES:
+                    raise
+                logger.warning("task lost (%s: %s); re-putting the model and resubmitting",
+                               type(exc).__name__, exc)
+                self.put_model(self.model)
+                future = resubmit()
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self.pool is not None:
@@ -130,6 +161,7 @@ class _Refit:
     batch: np.ndarray
     trigger_row: int
     started: float
+    args: tuple
 
 
 class StreamRunner:
@@ -213,7 +245,7 @@ class StreamRunner:
             ids = st["pending"]
             if ids:
                 pts, rows = self.store.buffer_entries(ids)
-                emb, var, man = self.model._map(pts)
+                emb, var, man = self.model.map_points(pts)
                 self.store.update_rows(rows, emb, var, man, st["version"], STATUS["buffered"])
             logger.info("resuming %s at row %d (model v%d, %d buffered)", self.store.path,
                         st["n_rows"], st["version"], len(ids))
@@ -237,7 +269,7 @@ class StreamRunner:
         """Process the stream until it ends (or a stop is requested); returns a summary."""
         self._setup()
         self.exec = _Executor(self.client, self.max_in_flight + 1)
-        self.model_handle = self.exec.put_model(self.model)
+        self.exec.put_model(self.model)
         old = {}
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -269,7 +301,7 @@ class StreamRunner:
                 data, reason = self._validate(ch)
                 if data is not None and skip:
                     data = data[skip:]
-                fut = None if reason else self.exec.submit(map_chunk, self.model_handle, data)
+                fut = None if reason else self.exec.map(data)
                 in_flight.append(_InFlight(st["n_chunks"] + len(in_flight), ch, offset, skip,
                                            data, reason, fut, st["version"]))
                 offset, skip = ch.offset, 0
@@ -282,11 +314,16 @@ class StreamRunner:
             self._commit(in_flight.popleft())
             if not self.strict:
                 self._poll_refit(wait=False)
-        if self._refit is not None:
-            if self.source_done(offset) and not self._stop.is_set():
-                self._poll_refit(wait=True)  # the stream ended: let the last refit land
-            else:
+        if self._stop.is_set() or not self.source_done(offset):
+            if self._refit is not None:
                 logger.info("stopping: abandoning the refit in flight (the buffer is kept)")
+            return
+        # the stream ended: let the last refit land, or run the one that is due (a restart
+        # after a kill during the final refit finds a full buffer and no refit in flight)
+        if self._refit is None and len(st["pending"]) >= self.n_s * (1 + self._refit_failures):
+            self._start_refit()
+        if self._refit is not None:
+            self._poll_refit(wait=True)
 
     def source_done(self, offset: Any) -> bool:
         return self.source.exhausted(offset)
@@ -327,13 +364,14 @@ class StreamRunner:
         if job.reason:
             self._quarantine(job)
             return
-        emb, var, man = job.future.result()
+        stale = job.version != st["version"]
+        emb, var, man = self.exec.result(job.future, lambda: self.exec.map(job.data))
         version = job.version
-        if version != st["version"]:
+        if stale:
             # mapped by a superseded version: re-evaluate what it found uncertain
             unc = np.flatnonzero(var > self.model.sigma_t_)
             if unc.size:
-                e2, v2, m2 = self.model._map(job.data[unc])
+                e2, v2, m2 = self.model.map_points(job.data[unc])
                 emb, var, man = emb.copy(), var.copy(), man.copy()
                 emb[unc], var[unc], man[unc] = e2, v2, m2
             version = st["version"]
@@ -356,8 +394,8 @@ class StreamRunner:
             st["source"], st["skip"] = job.offset_before, job.skip + done
             self.store.write_checkpoint(st)
             self._refit_sync()
-            data = data[cut:]
-            emb, var, man = self.exec.submit(map_chunk, self.model_handle, data).result()
+            data = rest = data[cut:]
+            emb, var, man = self.exec.result(self.exec.map(rest), lambda r=rest: self.exec.map(r))
             version = st["version"]
 
     def _quarantine(self, job: _InFlight) -> None:
@@ -385,9 +423,9 @@ class StreamRunner:
         batch = np.vstack([self.batch, pts])
         logger.info("refit: batch %d + buffer %d (model v%d)", len(self.batch), len(ids),
                     st["version"])
-        fut = self.exec.submit(refit_model, refit_params(self.model), batch,
-                               self.model.embedding_)
-        self._refit = _Refit(fut, ids, batch, st["n_rows"], time.perf_counter())
+        args = (refit_params(self.model), batch, self.model.embedding_)
+        self._refit = _Refit(self.exec.submit(refit_model, *args), ids, batch, st["n_rows"],
+                             time.perf_counter(), args)
 
     def _poll_refit(self, wait: bool) -> None:
         st = self.state
@@ -399,7 +437,7 @@ class StreamRunner:
             return
         r, self._refit = self._refit, None
         try:
-            model = r.future.result()
+            model = self.exec.result(r.future, lambda: self.exec.submit(refit_model, *r.args))
         except Exception:
             self._refit_failures += 1
             logger.exception("refit failed; retrying once the buffer holds %d points",
@@ -417,7 +455,7 @@ class StreamRunner:
         v = st["version"] + 1
         self.store.save_model(v, model, r.batch)
         pts, rows = self.store.buffer_entries(r.ids)
-        emb, var, man = model._map(pts)
+        emb, var, man = model.map_points(pts)
         self.store.update_rows(rows, emb, var, man, v, STATUS["remapped"])
         taken = set(r.ids)
         rest = [i for i in st["pending"] if i not in taken]
@@ -425,7 +463,7 @@ class StreamRunner:
         if rest:
             # buffered while the refit ran: the new version decides whether they are explained
             pts, rows = self.store.buffer_entries(rest)
-            emb, var, man = model._map(pts)
+            emb, var, man = model.map_points(pts)
             unc = var > model.sigma_t_
             status = np.where(unc, STATUS["buffered"], STATUS["remapped"]).astype(np.int8)
             self.store.update_rows(rows, emb, var, man, v, status)
@@ -438,7 +476,7 @@ class StreamRunner:
         st["sigma_t"].append(model.sigma_t_)
         self.store.write_checkpoint(st)
         self.model, self.batch = model, r.batch
-        self.model_handle = self.exec.put_model(model)
+        self.exec.put_model(model)
         logger.info("published model v%d (%d manifolds) after %.1f s; %d points remapped",
                     v, model.n_manifolds_, seconds, len(r.ids) + len(rest) - len(still))
 

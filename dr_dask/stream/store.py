@@ -8,8 +8,9 @@ Layout of the output directory (a Zarr v3 group plus plain files):
     ``first_variance`` is the variance under the version that first mapped the row.
 ``buffer_points (M, D)``, ``buffer_rows (M,)``
     Append-only log of every point that was ever buffered, with its output row.
-``models/v{k}.pkl``
-    Each published model version with the batch it was fitted on.
+``models/v{k}/``
+    Each published model version with the batch it was fitted on (Zarr group, no pickle:
+    :mod:`dr_dask.methods.gp_isomap_io`).
 ``quarantine/{seq}.json`` (+ ``.npy``)
     Malformed chunks with the reason.
 ``checkpoint.json``
@@ -23,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 from typing import Any
 
 import numpy as np
@@ -169,13 +169,14 @@ class StreamStore:
 
     # ------------------------------------------------------------------ models, quarantine
     def save_model(self, version: int, model: Any, batch: np.ndarray) -> None:
-        path = os.path.join(self.path, "models", f"v{version}.pkl")
-        _atomic_write(path, pickle.dumps({"model": model, "batch": batch}, protocol=5))
+        from dr_dask.methods.gp_isomap_io import save_gp_isomap
+
+        save_gp_isomap(model, os.path.join(self.path, "models", f"v{version}"), batch)
 
     def load_model(self, version: int) -> tuple[Any, np.ndarray]:
-        with open(os.path.join(self.path, "models", f"v{version}.pkl"), "rb") as fh:
-            rec = pickle.load(fh)
-        return rec["model"], rec["batch"]
+        from dr_dask.methods.gp_isomap_io import load_gp_isomap
+
+        return load_gp_isomap(os.path.join(self.path, "models", f"v{version}"))
 
     def quarantine(self, seq: int, record: dict, data: np.ndarray | None) -> None:
         qdir = os.path.join(self.path, "quarantine")

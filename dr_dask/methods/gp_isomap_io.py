@@ -1,0 +1,208 @@
+"""A safe, versioned file format for fitted :class:`~dr_dask.methods.gp_isomap.GPIsomap` models.
+
+A model is a Zarr group: every array (batch points, geodesics, GP weights, stitch) is a Zarr
+array of a numeric dtype, everything else (parameters, scalars) is JSON in the group's
+attributes. Reading one runs no code from the file, unlike pickle, so a model found on a
+shared store is safe to load. The group carries ``format`` and ``format_version``; a model
+written by another format version is refused with a clear error instead of being misread.
+The attributes are written last, so a group whose writer died half-way is refused too.
+
+Layout::
+
+    attrs   format, format_version, params (JSON), fitted (JSON scalars), has_batch
+    labels, outliers, embedding, stitch_rotation, stitch_translation, support, [batch]
+    manifold_{i}/   attrs: scalars of the GP and its kernel
+                    points, geodesics, beta, local_embedding, [eigvals, eigvecs,
+                    row_means]
+
+``save_gp_isomap``/``load_gp_isomap`` take a Zarr group (any store: local, s3, memory) or a
+path/URL that ``zarr.open_group`` accepts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import zarr
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "dr_dask.GPIsomap"
+FORMAT_VERSION = 1
+
+_ARRAYS = ("labels_", "outliers_", "embedding_", "stitch_rotation_", "stitch_translation_",
+           "support_")
+_SCALARS = ("n_manifolds_", "n_features_in_", "sigma_t_", "threshold_source_",
+            "threshold_quantile_")
+_GP_ARRAYS = ("points", "geodesics", "beta")
+_GP_SCALARS = ("length_scale", "noise_variance", "jitter", "novelty_length_scale",
+               "novelty_noise", "link_scale", "n_neighbors")
+_SPEC_ARRAYS = ("eigvals", "eigvecs", "row_means")
+
+
+class ModelFormatError(ValueError):
+    """The group does not hold a model this version of dr_dask can read."""
+
+
+def _group(where: Any, mode: str) -> zarr.Group:
+    if isinstance(where, zarr.Group):
+        return where
+    try:
+        return zarr.open_group(where, mode=mode)
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
+        raise ModelFormatError(f"{where} holds no GPIsomap model (no Zarr group)") from exc
+
+
+def _plain(v: Any) -> Any:
+    """A JSON value from a parameter (NumPy scalars to Python)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _params(model: Any) -> tuple[dict, np.ndarray | None]:
+    params = model.get_params(deep=False)
+    params.pop("client", None)  # a live connection is not state
+    labels = None
+    c = params["clusterer"]
+    if callable(c):
+        raise TypeError("a GPIsomap with a callable clusterer cannot be saved safely (the "
+                        "file would have to carry code); pass labels or 'tangent'")
+    if not isinstance(c, str):
+        labels, params["clusterer"] = np.asarray(c), None
+    rs = params["random_state"]
+    if rs is not None and not isinstance(rs, (int, np.integer)):
+        params["random_state"] = None  # a RandomState's stream is not a parameter to keep
+        logger.info("random_state object not saved (only an int seed is)")
+    return {k: _plain(v) for k, v in params.items()}, labels
+
+
+def save_gp_isomap(model: Any, where: Any, batch: np.ndarray | None = None) -> zarr.Group:
+    """Write a fitted GPIsomap (and optionally its batch) into a Zarr group.
+
+    Parameters
+    ----------
+    model : GPIsomap
+        Fitted.
+    where : zarr.Group or str
+        The group (it is overwritten) or a path/URL to create it at.
+    batch : ndarray of shape (n, D), optional
+        The batch the model was fitted on (the stream runner refits on it).
+
+    Returns
+    -------
+    zarr.Group
+    """
+    from sklearn.utils.validation import check_is_fitted
+
+    check_is_fitted(model, "manifolds_")
+    params, labels = _params(model)
+    g = _group(where, "a")
+    g.attrs.clear()  # incomplete until the attributes are written back, last
+    for name in list(g.keys()):
+        del g[name]
+
+    def put(grp, name, arr):
+        grp.create_array(name, data=np.ascontiguousarray(arr))
+
+    for name in _ARRAYS:
+        put(g, name.rstrip("_"), getattr(model, name))
+    if labels is not None:
+        put(g, "clusterer_labels", labels)
+    if batch is not None:
+        put(g, "batch", np.asarray(batch, dtype=np.float64))
+    for i, gp in enumerate(model.manifolds_):
+        m = g.create_group(f"manifold_{i}")
+        for name in _GP_ARRAYS:
+            put(m, name, getattr(gp, name))
+        put(m, "local_embedding", model.local_embedding_[i])
+        for name in _SPEC_ARRAYS:
+            if getattr(gp.spec, name) is not None:
+                put(m, name, getattr(gp.spec, name))
+        m.attrs.update({**{k: _plain(getattr(gp, k)) for k in _GP_SCALARS},
+                        "kind": gp.spec.kind, "cailliez": float(gp.spec.cailliez),
+                        "grand_mean": float(gp.spec.grand_mean)})
+    fitted = {k: _plain(getattr(model, k)) for k in _SCALARS if hasattr(model, k)}
+    g.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, "params": params,
+                    "fitted": fitted, "has_batch": batch is not None})
+    return g
+
+
+#: Codecs a model array may use: byte layout, compression and checksums only, so that no
+#: codec that deserialises objects is ever run on a file from a shared store.
+SAFE_CODECS = {"bytes", "zstd", "blosc", "gzip", "crc32c", "transpose"}
+
+
+def _array(grp: zarr.Group, name: str) -> np.ndarray:
+    arr = grp[name]
+    if not isinstance(arr, zarr.Array) or arr.dtype.kind not in "biuf":
+        raise ModelFormatError(f"model array {name!r} is not a numeric array")
+    codecs = {c.to_dict()["name"] for c in arr.metadata.codecs}
+    if not codecs <= SAFE_CODECS:
+        raise ModelFormatError(f"model array {name!r} uses codecs {sorted(codecs - SAFE_CODECS)}"
+                               f"; a model may only use {sorted(SAFE_CODECS)}")
+    return np.asarray(arr[...])
+
+
+def load_gp_isomap(where: Any) -> tuple[Any, np.ndarray | None]:
+    """Read a model written by :func:`save_gp_isomap`.
+
+    Parameters
+    ----------
+    where : zarr.Group or str
+
+    Returns
+    -------
+    model : GPIsomap
+        Fitted, ``client=None``.
+    batch : ndarray of shape (n, D) or None
+
+    Raises
+    ------
+    ModelFormatError
+        Not a GPIsomap model, an incomplete one, or one of another format version.
+    """
+    from dr_dask.methods._gp import KernelSpec, ManifoldGP
+    from dr_dask.methods.gp_isomap import GPIsomap
+
+    g = _group(where, "r")
+    attrs = dict(g.attrs)
+    if attrs.get("format") != FORMAT:
+        raise ModelFormatError(f"{where} holds no complete GPIsomap model (format attribute "
+                               f"{attrs.get('format')!r}, expected {FORMAT!r})")
+    version = attrs.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ModelFormatError(
+            f"{where} was written in GPIsomap model format version {version}; this dr_dask "
+            f"reads version {FORMAT_VERSION} only: refit the model with this version")
+    try:
+        return _read(g, attrs, GPIsomap, KernelSpec, ManifoldGP)
+    except (KeyError, TypeError) as exc:
+        raise ModelFormatError(f"{where} is not a readable GPIsomap model of format version "
+                               f"{FORMAT_VERSION}: {exc}") from exc
+
+
+def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):
+    params = dict(attrs["params"])
+    unknown = set(params) - set(GPIsomap().get_params())
+    if unknown:
+        raise TypeError(f"unknown parameters {sorted(unknown)}")
+    if params.get("clusterer") is None:
+        params["clusterer"] = _array(g, "clusterer_labels")
+    model = GPIsomap(**params)
+    for name in _ARRAYS:
+        setattr(model, name, _array(g, name.rstrip("_")))
+    for k, v in attrs["fitted"].items():
+        setattr(model, k, v)
+    model.manifolds_, model.local_embedding_ = [], []
+    for i in range(int(model.n_manifolds_)):
+        m = g[f"manifold_{i}"]
+        a = dict(m.attrs)
+        spec = KernelSpec(a["kind"], cailliez=a["cailliez"], grand_mean=a["grand_mean"],
+                          **{k: _array(m, k) for k in _SPEC_ARRAYS if k in m})
+        model.manifolds_.append(ManifoldGP(
+            spec=spec, **{k: _array(m, k) for k in _GP_ARRAYS},
+            **{k: a[k] for k in _GP_SCALARS}))
+        model.local_embedding_.append(_array(m, "local_embedding"))
+    batch = _array(g, "batch") if attrs.get("has_batch") else None
+    return model, batch
