@@ -298,18 +298,14 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
     Xn, sigma2 = est.prepared_rows(inp)
     if client is not None:
         Xn = client.persist(Xn)
-    T = Xn.shape[0]
     inverse = est.inverse_kernel(sigma2)
 
     t0 = time.perf_counter()
-    if est.landmark_method == "maxmin":
-        # farthest points in correlation distance (Euclidean on unit rows)
-        (points,) = compute(Xn.map_blocks(_unit_rows, dtype=np.float64), client=client)
-    else:
-        points = np.empty((T, 0))  # random choice: only the row count matters
-    landmarks = select_landmarks(points, L, method=est.landmark_method,
-                                 random_state=est.random_state)
-    del points
+    # max-min: farthest points in correlation distance (Euclidean on unit rows); only the
+    # rows it samples are computed
+    landmarks = select_landmarks(Xn.map_blocks(_unit_rows, dtype=np.float64), L,
+                                 method=est.landmark_method, random_state=est.random_state,
+                                 client=client)
     seconds["landmarks"] = time.perf_counter() - t0
 
     info: dict = {}
