@@ -355,6 +355,7 @@ def kneighbors_graph(
     radius: float | None = None,
     client: Any = None,
     block_size: int | None = None,
+    algorithm: str = "auto",
 ) -> sp.csr_matrix:
     """Symmetric, Euclidean-distance-weighted neighbour graph (k rule or epsilon rule).
 
@@ -369,6 +370,8 @@ def kneighbors_graph(
     client : distributed.Client, optional
     block_size : int, optional
         Rows per block, see :func:`kneighbors`.
+    algorithm : {"auto", "exact", "cells"}
+        Search of the k rule, see :func:`kneighbors`.
 
     Returns
     -------
@@ -384,7 +387,8 @@ def kneighbors_graph(
     if radius is None:
         if n_neighbors is None:
             raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
-        dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size)
+        dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size,
+                               algorithm=algorithm)
         rows = np.repeat(np.arange(n), idx.shape[1])
         cols, d = idx.ravel(), dist.ravel()
     else:
