@@ -106,12 +106,15 @@ def select_landmarks(
 def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np.ndarray:
     """Farthest-point order over all rows of ``data`` (points or a graph), from a random start."""
     T = data.shape[0]
+    if not is_graph:
+        data = data - data.mean(axis=0)  # centred: no cancellation in the expansion below
+        sq = np.einsum("ij,ij->i", data, data)
 
     def dist_from(i: int) -> np.ndarray:
         if is_graph:
             return dijkstra(data, directed=False, indices=i)
-        diff = data - data[i]
-        return np.sqrt(np.einsum("ij,ij->i", diff, diff))
+        # one matrix-vector product per landmark, no (T, N) temporary
+        return np.sqrt(np.maximum(sq - 2.0 * (data @ data[i]) + sq[i], 0.0))
 
     chosen = np.empty(L, dtype=np.int64)
     chosen[0] = rng.randint(T)
