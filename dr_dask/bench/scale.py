@@ -4,7 +4,9 @@ For T = 10k, 30k, 100k, 300k, 1M (``--quick``: 2k, 5k, 10k; capped by ``max_T``)
 paper's sinusoidal data with N=100 are written to a chunked Zarr store and read from it by
 landmark IKD (geodesic) and Landmark Isomap, one fit each: wall time, peak RSS of the whole
 process tree (driver + workers), R^2 of the 1-D embedding on the latent after affine
-alignment, and per method the fitted slope of log time (and log memory) against log T.
+alignment, and per method the fitted slope of log time (and log memory) against log T. Per T
+also the kNN alone (the search the methods run on the raw rows: time, and recall on 1,000
+sampled rows against their brute-force neighbours).
 The slopes are the point of the table: 1 is linear scaling, 2 is the quadratic cost of the
 exact methods.
 """
@@ -15,11 +17,14 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
+import dask.array as da
 import numpy as np
 
 from dr_dask.bench._common import dataset_store, timed_fits
+from dr_dask.cluster import compute
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +33,8 @@ QUICK_SIZES = (2_000, 5_000, 10_000)
 N_FEATURES = 100
 N_NEIGHBORS = 10
 METHODS = ("landmark_ikd", "landmark_isomap")
+#: Rows whose neighbours are checked against brute force for the recall.
+KNN_QUERIES = 1000
 
 
 def _estimator(method: str, n_landmarks: int, client: Any) -> Any:
@@ -46,6 +53,24 @@ def fitted_slope(T: list[int], values: list[float]) -> float | None:
     if len(T) < 2:
         return None
     return float(np.polyfit(np.log(T), np.log(values), 1)[0])
+
+
+def knn_recall(X: Any, k: int, n_queries: int, client: Any, seed: int = 0) -> dict:
+    """Time of the package's kNN (``algorithm="auto"``) on X, and its recall on sampled rows
+    against the exact (brute-force) neighbours of those rows."""
+    from dr_dask.graph import kneighbors
+
+    t0 = time.perf_counter()
+    _, idx = kneighbors(X, k, client=client)
+    seconds = time.perf_counter() - t0
+    rows = np.sort(np.random.default_rng(seed).choice(X.shape[0], n_queries, replace=False))
+    Xq = X[rows]
+    if isinstance(Xq, da.Array):
+        (Xq,) = compute(Xq, client=client)
+    _, exact = kneighbors(X, k + 1, query=Xq, client=client, algorithm="exact")
+    hits = [len(set(e[e != r][:k]) & set(i)) for r, e, i in zip(rows, exact, idx[rows])]
+    return {"seconds": seconds, "recall": float(np.sum(hits) / (k * n_queries)),
+            "n_queries": n_queries, "k": k}
 
 
 def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
@@ -71,7 +96,8 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
     -------
     dict
         ``rows`` (one per method and T: seconds, peak RSS, R^2, stage seconds), ``slopes``
-        (per method, of time and of peak RSS) and the settings.
+        (per method, of time and of peak RSS), ``knn`` (per T: seconds, recall) and the
+        settings.
     """
     from dr_dask.metrics import r2_affine
     from dr_dask.store import open_dataset
@@ -86,11 +112,13 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
     own_tmp = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
     os.makedirs(workdir, exist_ok=True)
-    rows = []
+    rows, knn = [], []
     try:
         for T in sizes:
             src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
             inp = open_dataset(src)
+            knn.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
+                                             client)})
             L = min(n_landmarks, T // 10)
             for method in methods:
                 logger.info("scale: %s at T=%d, L=%d", method, T, L)
@@ -117,7 +145,7 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
     return {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
         "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
-        "rows": rows, "slopes": slopes,
+        "rows": rows, "slopes": slopes, "knn": knn,
     }
 
 
