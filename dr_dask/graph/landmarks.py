@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 from sklearn.utils import check_random_state
+from threadpoolctl import threadpool_limits
 
 from dr_dask.cluster import compute
 from dr_dask.linalg.eigen import top_eigh
@@ -118,13 +119,15 @@ def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np
 
     chosen = np.empty(L, dtype=np.int64)
     chosen[0] = rng.randint(T)
-    mind = dist_from(chosen[0])
-    mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates
-    for m in range(1, L):
-        nxt = int(np.argmax(mind))
-        chosen[m] = nxt
-        np.minimum(mind, dist_from(nxt), out=mind)
-        mind[chosen[: m + 1]] = -1.0
+    # L small memory-bound products: BLAS threads would only contend (50x slower under load)
+    with threadpool_limits(1):
+        mind = dist_from(chosen[0])
+        mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates
+        for m in range(1, L):
+            nxt = int(np.argmax(mind))
+            chosen[m] = nxt
+            np.minimum(mind, dist_from(nxt), out=mind)
+            mind[chosen[: m + 1]] = -1.0
     return chosen
 
 
