@@ -313,19 +313,31 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
         t0 = time.perf_counter()
         graph, info = neighbour_graph(est, Xn, sigma2, client)
         seconds["graph"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32)
-        seconds["shortest_paths"] = time.perf_counter() - t0
-        kernel = GeodesicKernel(inverse, None)
-        t0 = time.perf_counter()
-        D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
-        np.fill_diagonal(D_LL, 0.0)
-        mds = landmark_mds(D_LL, M)
-        seconds["landmark_mds"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
-                           axis=0)
-        rows.release()
+        # the L x T float32 rows stay in worker memory up to the tile budget, else in a
+        # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
+        T = Xn.shape[0]
+        on_disk = est.tile_cache == "disk" or (
+            est.tile_cache == "auto" and 4 * L * T > MEMORY_TILE_BYTES)
+        tmpdir = tempfile.mkdtemp(prefix="dr_dask_landmark_rows_") if on_disk else None
+        try:
+            t0 = time.perf_counter()
+            rows = GeodesicRows.compute(
+                graph, landmarks, client=client, dtype=np.float32,
+                out=os.path.join(tmpdir, "landmark_geodesics") if on_disk else None)
+            seconds["shortest_paths"] = time.perf_counter() - t0
+            kernel = GeodesicKernel(inverse, None)
+            t0 = time.perf_counter()
+            D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
+            np.fill_diagonal(D_LL, 0.0)
+            mds = landmark_mds(D_LL, M)
+            seconds["landmark_mds"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
+                               axis=0)
+            rows.release()
+        finally:
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
     else:
         t0 = time.perf_counter()
         order = np.argsort(landmarks)
