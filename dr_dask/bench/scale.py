@@ -37,15 +37,19 @@ METHODS = ("landmark_ikd", "landmark_isomap")
 KNN_QUERIES = 1000
 
 
-def _estimator(method: str, n_landmarks: int, client: Any) -> Any:
-    from dr_dask.methods.ikd import IKD
+def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str) -> Any:
+    from dr_dask.methods.ikd import IKD, MEMORY_TILE_BYTES
     from dr_dask.methods.isomap import LandmarkIsomap
 
     if method == "landmark_ikd":
+        # tile_cache="auto" puts the L x T rows in Zarr above the tile budget
         return IKD(1, solver="geodesic", n_landmarks=n_landmarks, n_neighbors=N_NEIGHBORS,
                    dtype="float32", random_state=0, client=client)
+    # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
+    store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
+             if 4 * n_landmarks * T > MEMORY_TILE_BYTES else None)
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
-                          random_state=0, client=client)
+                          random_state=0, client=client, geodesic_store=store)
 
 
 def fitted_slope(T: list[int], values: list[float]) -> float | None:
@@ -124,7 +128,7 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
                 logger.info("scale: %s at T=%d, L=%d", method, T, L)
                 data = inp if method == "landmark_ikd" else inp.data
                 seconds, peak, est = timed_fits(
-                    lambda m=method, L=L: _estimator(m, L, client), data, 1)
+                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1)
                 stages = getattr(est, "stage_seconds_", None) or getattr(est, "timings_", {})
                 rows.append({
                     "method": method, "T": T, "n_landmarks": L, "seconds": seconds,
