@@ -231,3 +231,77 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client):
     np.testing.assert_array_equal(shortest_paths(G, src, client=cluster_client, block_size=50),
                                   shortest_paths(G, src))
     assert sp.issparse(G)
+
+
+def _noisy_curve(T: int, N: int, seed: int = 0) -> np.ndarray:
+    """A 1-D curve in N dimensions under isotropic noise (the sinusoidal dataset's shape)."""
+    rng = np.random.RandomState(seed)
+    z = rng.uniform(-6, 6, (T, 1))
+    return np.sin(z @ rng.uniform(-1, 1, (1, N)) + rng.uniform(-np.pi, np.pi, N)) \
+        + 0.1 * rng.normal(size=(T, N))
+
+
+@pytest.fixture
+def small_cells(monkeypatch):
+    # many small cells, so that the pruning and the cross-cell merging are exercised at small T
+    import dr_dask.graph._knn_cells as cells
+
+    monkeypatch.setattr(cells, "LEAF_SIZE", 64)
+    monkeypatch.setattr(cells, "CELLS_PER_TASK", 5)
+    return cells
+
+
+def test_cell_search_equals_exact_knn(small_cells):
+    X = _noisy_curve(3000, 40)
+    d0, i0 = kneighbors(X, 7, algorithm="exact")
+    d, i = kneighbors(X, 7, algorithm="cells")
+    assert np.mean(i == i0) >= 0.999  # float32 ties aside, the same neighbours
+    np.testing.assert_allclose(d, d0, rtol=1e-5)
+    assert np.all(i != np.arange(3000)[:, None])
+    # far from the origin (float32 cancellation unless the rows are centred); dask input
+    Xo = da.from_array(X + 1e4, chunks=(700, 40))
+    d, i = kneighbors(Xo, 7, algorithm="cells")
+    assert np.mean(i == i0) >= 0.999
+    np.testing.assert_allclose(d, d0, rtol=1e-4)
+
+
+@pytest.mark.cluster
+def test_cell_search_on_cluster_equals_threaded(small_cells, cluster_client):
+    X = _noisy_curve(2000, 30, seed=2)
+    d0, i0 = kneighbors(X, 5, algorithm="cells")
+    d1, i1 = kneighbors(X, 5, algorithm="cells", client=cluster_client)
+    np.testing.assert_array_equal(i0, i1)
+    np.testing.assert_array_equal(d0, d1)
+
+
+def test_cell_search_bad_input():
+    X = _noisy_curve(500, 20)
+    X[[33, 401], 2] = np.inf
+    with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[33, 401\]"):
+        kneighbors(X, 3, algorithm="cells")
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        kneighbors(X, 3, algorithm="annoy")
+    with pytest.raises(ValueError, match="give no query"):
+        kneighbors(X, 3, query=X[:5], algorithm="cells")
+
+
+def test_select_landmarks_maxmin_on_a_subset():
+    from dr_dask.graph import landmarks as lm
+
+    X = _noisy_curve(30_000, 10)
+    L = 100
+    m = select_landmarks(X, L, method="maxmin", random_state=3)
+    assert len(np.unique(m)) == L
+    # the same rows from a dask array (only the sampled rows are read)
+    np.testing.assert_array_equal(
+        m, select_landmarks(da.from_array(X, chunks=(4000, 10)), L, method="maxmin",
+                            random_state=3))
+    # coverage of ALL points close to a full farthest-point pass over all rows
+    full = lm._maxmin(X, L, np.random.RandomState(3), is_graph=False)
+
+    def radius(idx):
+        d = np.min(np.linalg.norm(X[:, None] - X[idx][None], axis=2), axis=1)
+        return np.quantile(d, [0.5, 0.99])
+
+    sub, ref = radius(m), radius(full)
+    assert sub[0] <= 1.3 * ref[0] and sub[1] <= 1.3 * ref[1]

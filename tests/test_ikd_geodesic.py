@@ -130,6 +130,25 @@ def test_cluster_run_equals_threaded_run(cluster_client):
     _same_up_to_sign(lm_cluster.embedding_, lm_threaded.embedding_, atol=1e-8)
 
 
+@pytest.mark.cluster
+def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, monkeypatch):
+    import dr_dask.graph.knn as knn
+
+    X, Z = _data("sinusoidal", 800, 60)
+    kw = dict(solver="geodesic", n_neighbors=6, n_landmarks=80, random_state=0,
+              client=cluster_client)
+    memory = IKD(1, tile_cache="memory", **kw).fit(X)
+    # the workers write the L x T rows to Zarr; the same embedding
+    disk = IKD(1, tile_cache="disk", **kw).fit(X)
+    _same_up_to_sign(disk.embedding_, memory.embedding_, atol=1e-8)
+    # the cell kNN search (what "auto" picks at large T): the same graph, the same embedding
+    monkeypatch.setattr(knn, "CELLS_MIN_ROWS", 100)
+    cells = IKD(1, tile_cache="memory", **kw).fit(X)
+    assert cells.graph_edges_ == memory.graph_edges_
+    _same_up_to_sign(cells.embedding_, memory.embedding_, atol=1e-5)
+    assert r2_affine(Z, cells.embedding_) >= 0.9
+
+
 def _two_groups(T=120, N=60, seed=0):
     """Two groups on disjoint features: no kNN edge joins them."""
     rng = np.random.default_rng(seed)

@@ -8,8 +8,10 @@ figure alone.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
+import os
 import statistics
 import threading
 import time
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import psutil
 
 from dr_dask.report import plain_json
@@ -91,3 +94,32 @@ def write_report(results: dict, path: str | None) -> str:
         with open(path, "w") as fh:
             fh.write(text + "\n")
     return text
+
+
+def dataset_store(workdir: str, name: str, T: int, N: int,
+                  **options: Any) -> tuple[str, np.ndarray]:
+    """A chunked Zarr store of the generator in ``workdir`` (reused across cases): its
+    ``STORE:X`` source and the latent."""
+    import zarr
+
+    from dr_dask.datasets import make_dataset
+
+    path = os.path.join(workdir, f"{name}_T{T}_N{N}.zarr")
+    if not os.path.exists(path):
+        make_dataset(name, path, n_samples=T, n_features=N, random_state=0,
+                     chunk_size=min(T, 50_000), **options)
+    return path + ":X", np.asarray(zarr.open_group(path, mode="r")["latent"][...])
+
+
+def timed_fits(make: Callable[[], Any], data: Any, repeats: int) -> tuple[float, float, Any]:
+    """Median wall time, peak process-tree RSS (GB) and the last fitted estimator."""
+    times, peak, est = [], 0.0, None
+    for _ in range(repeats):
+        gc.collect()
+        est = make()
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            est.fit(data)
+            times.append(time.perf_counter() - t0)
+        peak = max(peak, mem.peak_gb)
+    return statistics.median(times), peak, est

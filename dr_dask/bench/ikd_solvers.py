@@ -16,49 +16,17 @@ Cases (``CASES`` maps a name to ``fn(client, quick, workdir) -> dict``, the sign
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from dr_dask.bench._common import PeakRSS
+from dr_dask.bench._common import dataset_store, timed_fits
 
 logger = logging.getLogger(__name__)
 
 #: The authors' single-process blockwise code on these cases (issue 3, same machine).
 AUTHORS_SECONDS_RANGE = (15.0, 190.0)
-
-
-def _dataset(workdir: str, name: str, T: int, N: int, **options: Any) -> tuple[str, np.ndarray]:
-    """A Zarr store of the generator (reused across cases) and its latent."""
-    import zarr
-
-    from dr_dask.datasets import make_dataset
-
-    path = os.path.join(workdir, f"{name}_T{T}_N{N}.zarr")
-    if not os.path.exists(path):
-        make_dataset(name, path, n_samples=T, n_features=N, random_state=0,
-                     chunk_size=min(T, 50_000), **options)
-    return path + ":X", np.asarray(zarr.open_group(path, mode="r")["latent"][...])
-
-
-def _timed_fits(make: Callable[[], Any], data: Any, repeats: int) -> tuple[float, float, Any]:
-    """Median wall time, peak process-tree RSS (GB) and the last fitted estimator."""
-    times, peak, est = [], 0.0, None
-    for _ in range(repeats):
-        gc.collect()
-        est = make()
-        with PeakRSS() as mem:
-            t0 = time.perf_counter()
-            est.fit(data)
-            times.append(time.perf_counter() - t0)
-        peak = max(peak, mem.peak_gb)
-    return statistics.median(times), peak, est
 
 
 def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
@@ -73,16 +41,16 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
              ("gp", 200, 3, {"n_components": 3})]
     out: dict[str, Any] = {"authors_single_process_seconds_range": AUTHORS_SECONDS_RANGE}
     # one untimed small fit per mode: worker imports and numba's cache load are not the method
-    src, _ = _dataset(workdir, "gp", 200, 200, n_components=3)
+    src, _ = dataset_store(workdir, "gp", 200, 200, n_components=3)
     warm = open_dataset(src).data.compute()
     for c in (client, None):
         IKD(3, solver="blockwise", random_state=0, client=c).fit(warm)
     for name, N, M, options in cases:
-        src, Z = _dataset(workdir, name, T, N, **options)
+        src, Z = dataset_store(workdir, name, T, N, **options)
         X = open_dataset(src).data.compute()  # in memory: time the method, not the reads
         row: dict[str, Any] = {"T": T, "N": N, "M": M}
         for label, c in (("cluster", client), ("one_process", None)):
-            secs, peak, est = _timed_fits(
+            secs, peak, est = timed_fits(
                 lambda c=c: IKD(M, solver="blockwise", random_state=0, client=c), X, repeats)
             row[f"{label}_seconds"] = secs
             row[f"{label}_peak_rss_gb"] = peak
@@ -104,10 +72,10 @@ def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
 
     N = 100
     t0 = time.perf_counter()
-    src, Z = _dataset(workdir, "sinusoidal", T, N)
+    src, Z = dataset_store(workdir, "sinusoidal", T, N)
     generate = time.perf_counter() - t0
     inp = open_dataset(src)
-    secs, peak, est = _timed_fits(
+    secs, peak, est = timed_fits(
         lambda: IKD(1, dtype="float32", random_state=0, client=client, tol=1e-6, **params),
         inp, 1)
     return {

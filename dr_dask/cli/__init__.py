@@ -1,6 +1,14 @@
 """The ``dr-dask`` command line. See ``dr-dask --help``."""
 
-from dr_dask.cli import datasets, evaluate, ikd, isomap, stream, workflow  # noqa: F401  (register)
+from dr_dask.cli import (  # noqa: F401  (register)
+    datasets,
+    evaluate,
+    ikd,
+    isomap,
+    scale,
+    stream,
+    workflow,
+)
 from dr_dask.cli._app import main
 
 __all__ = ["main"]

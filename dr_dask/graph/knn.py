@@ -34,6 +34,10 @@ ZERO_EDGE = np.finfo(np.float64).tiny
 KD_TREE_MAX_DIM = 15
 #: (query rows, data rows) per GEMM tile of the brute-force search: 2 MB of inner products.
 BRUTE_TILE = (256, 1024)
+#: ``algorithm="auto"`` uses the cell search from this many rows (above ``KD_TREE_MAX_DIM``
+#: features): below it brute force takes seconds and the cell set-up would not pay.
+CELLS_MIN_ROWS = 20_000
+ALGORITHMS = ("auto", "exact", "cells")
 
 
 def _n_rows(X: Any) -> int:
@@ -162,13 +166,15 @@ def _block_knn(
     return _exact_distances(query, data, idx), idx + d0
 
 
-def _merge(k: int, q0: int, exclude_self: bool, *parts: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the k best of all blocks' candidates, ordered by (distance, index)."""
+def _merge(k: int, own: np.ndarray | None, *parts: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the k best of all blocks' candidates, ordered by (distance, index).
+
+    ``own`` (Q,): each query row's own index, excluded from its neighbours (None: keep all).
+    """
     dist = np.hstack([p[0] for p in parts])
     idx = np.hstack([p[1] for p in parts])
-    if exclude_self:
-        own = np.arange(q0, q0 + dist.shape[0])[:, None]
-        dist = np.where(idx == own, np.inf, dist)
+    if own is not None:
+        dist = np.where(idx == np.asarray(own)[:, None], np.inf, dist)
     order = np.lexsort((idx, dist), axis=-1)[:, :k]
     return np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
 
@@ -180,8 +186,9 @@ def kneighbors(
     query: Any = None,
     client: Any = None,
     block_size: int | None = None,
+    algorithm: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact Euclidean k nearest neighbours, blockwise over rows, distributed on ``client``.
+    """Euclidean k nearest neighbours, blockwise over rows, distributed on ``client``.
 
     Parameters
     ----------
@@ -195,7 +202,15 @@ def kneighbors(
     client : distributed.Client, optional
         Resolved by :func:`dr_dask.cluster.active_client`; None means dask's threads.
     block_size : int, optional
-        Rows per block (default ``max(5000, ceil(T / 4))``).
+        Rows per block of the exact search (default ``max(5000, ceil(T / 4))``).
+    algorithm : {"auto", "exact", "cells"}
+        ``"exact"``: every query block against every data block (KD-trees up to
+        ``KD_TREE_MAX_DIM`` features, else brute-force GEMM): T^2 N work above that dimension.
+        ``"cells"`` (only without ``query``): the pruned float32 cell search of
+        :mod:`dr_dask.graph._knn_cells`, exact for the centred rows rounded to float32, with
+        the float32 copy of X held by every worker; far less work on data near a manifold.
+        ``"auto"``: cells without ``query`` from ``CELLS_MIN_ROWS`` rows and above
+        ``KD_TREE_MAX_DIM`` features, else exact.
 
     Returns
     -------
@@ -204,6 +219,8 @@ def kneighbors(
     indices : ndarray of shape (Q, k)
         Row indices into X.
     """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     X = _check_2d(X, "X")
     exclude_self = query is None
     query = X if exclude_self else _check_2d(query, "query")
@@ -217,7 +234,15 @@ def kneighbors(
             f"n_neighbors={n_neighbors} must be in [1, {k_max}] for X with {n} rows"
             + (" (a point is not its own neighbour)" if exclude_self else "")
         )
+    if algorithm == "cells" and not exclude_self:
+        raise ValueError("algorithm='cells' searches X among itself: give no query "
+                         "(use algorithm='exact' for new points)")
     client = active_client(client)
+    if algorithm == "cells" or (algorithm == "auto" and exclude_self and n >= CELLS_MIN_ROWS
+                                and X.shape[1] > KD_TREE_MAX_DIM):
+        from dr_dask.graph._knn_cells import cell_kneighbors
+
+        return cell_kneighbors(X, k, exclude_self, client=client)
     bs = int(block_size or _default_block(n))
     d_off, d_blocks = _row_blocks(X, bs, client)
     if exclude_self:
@@ -231,7 +256,8 @@ def kneighbors(
     merged = []
     for qi, qb in enumerate(q_blocks):
         parts = [block_knn(qb, db, kk, q_off[qi], d_off[di]) for di, db in enumerate(d_blocks)]
-        merged.append(merge(k, q_off[qi], exclude_self, *parts))
+        own = np.arange(q_off[qi], q_off[qi + 1]) if exclude_self else None
+        merged.append(merge(k, own, *parts))
     logger.debug("kneighbors: %d query x %d data blocks, k=%d", len(q_blocks), len(d_blocks), k)
     results = compute(*merged, client=client)
     return np.vstack([r[0] for r in results]), np.vstack([r[1] for r in results])
@@ -245,7 +271,7 @@ def kneighbors_local(
     query = _check_2d(query, "query")
     if query.shape[1] != X.shape[1]:
         raise ValueError(f"query has {query.shape[1]} features but the data have {X.shape[1]}")
-    return _merge(n_neighbors, 0, False, _block_knn(query, X, n_neighbors, 0, 0))
+    return _merge(n_neighbors, None, _block_knn(query, X, n_neighbors, 0, 0))
 
 
 def _symmetric_graph(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int) -> sp.csr_matrix:
@@ -329,6 +355,7 @@ def kneighbors_graph(
     radius: float | None = None,
     client: Any = None,
     block_size: int | None = None,
+    algorithm: str = "auto",
 ) -> sp.csr_matrix:
     """Symmetric, Euclidean-distance-weighted neighbour graph (k rule or epsilon rule).
 
@@ -343,6 +370,8 @@ def kneighbors_graph(
     client : distributed.Client, optional
     block_size : int, optional
         Rows per block, see :func:`kneighbors`.
+    algorithm : {"auto", "exact", "cells"}
+        Search of the k rule, see :func:`kneighbors`.
 
     Returns
     -------
@@ -358,7 +387,8 @@ def kneighbors_graph(
     if radius is None:
         if n_neighbors is None:
             raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
-        dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size)
+        dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size,
+                               algorithm=algorithm)
         rows = np.repeat(np.arange(n), idx.shape[1])
         cols, d = idx.ravel(), dist.ravel()
     else:

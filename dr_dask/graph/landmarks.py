@@ -14,14 +14,22 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 from sklearn.utils import check_random_state
+from threadpoolctl import threadpool_limits
 
+from dr_dask.cluster import compute
 from dr_dask.linalg.eigen import top_eigh
 
 logger = logging.getLogger(__name__)
+
+#: Max-min on points runs over a seeded random subset of this many rows per landmark (at
+#: least ``MAXMIN_MIN_CANDIDATES``): L passes over L * 20 rows instead of over all T rows.
+MAXMIN_CANDIDATES_PER_LANDMARK = 20
+MAXMIN_MIN_CANDIDATES = 10_000
 
 
 class LandmarkMDS(NamedTuple):
@@ -56,16 +64,20 @@ def select_landmarks(
 
     Parameters
     ----------
-    X_or_graph : ndarray of shape (T, N) or sparse matrix of shape (T, T)
-        Points (max-min on Euclidean distances, one O(T N) pass per landmark) or a graph
-        (max-min on geodesics, one Dijkstra per landmark: exact but sequential, for small T).
+    X_or_graph : ndarray or dask array of shape (T, N), or sparse matrix of shape (T, T)
+        Points: max-min on Euclidean distances over a seeded random subset of
+        ``C = max(20 L, 10,000)`` rows (all rows when T <= C; only those rows are read), one
+        O(C N) pass per landmark. A uniform subset keeps the landmarks spread over where the
+        data are dense and ignores isolated outliers that a full max-min would pick first.
+        Or a graph: max-min on geodesics, one Dijkstra per landmark over all T nodes (exact
+        but sequential, for small T).
     n_landmarks : int
         L, with 1 <= L <= T.
     method : {"random", "maxmin"}
     random_state : int, RandomState or None
         Seeds the random choice, or the first landmark of max-min.
     client : distributed.Client, optional
-        Unused (selection is sequential by nature); accepted for a uniform API.
+        Reads the candidate rows of a dask array (the selection itself is sequential).
 
     Returns
     -------
@@ -73,8 +85,7 @@ def select_landmarks(
         Distinct row indices, in selection order.
     """
     is_graph = sp.issparse(X_or_graph)
-    data = sp.csr_matrix(X_or_graph) if is_graph else np.asarray(X_or_graph, dtype=np.float64)
-    T = data.shape[0]
+    T = X_or_graph.shape[0]
     L = int(n_landmarks)
     if not 1 <= L <= T:
         raise ValueError(f"n_landmarks={n_landmarks} must be in [1, {T}] (the number of points)")
@@ -83,22 +94,40 @@ def select_landmarks(
         return rng.choice(T, L, replace=False)
     if method != "maxmin":
         raise ValueError(f"method must be 'random' or 'maxmin', got {method!r}")
+    if is_graph:
+        return _maxmin(sp.csr_matrix(X_or_graph), L, rng, is_graph=True)
+    C = max(MAXMIN_CANDIDATES_PER_LANDMARK * L, MAXMIN_MIN_CANDIDATES)
+    candidates = np.arange(T) if T <= C else np.sort(rng.choice(T, C, replace=False))
+    points = X_or_graph if T <= C else X_or_graph[candidates]
+    if isinstance(points, da.Array):
+        (points,) = compute(points, client=client)
+    return candidates[_maxmin(np.asarray(points, dtype=np.float64), L, rng, is_graph=False)]
+
+
+def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np.ndarray:
+    """Farthest-point order over all rows of ``data`` (points or a graph), from a random start."""
+    T = data.shape[0]
+    if not is_graph:
+        data = data - data.mean(axis=0)  # centred: no cancellation in the expansion below
+        sq = np.einsum("ij,ij->i", data, data)
 
     def dist_from(i: int) -> np.ndarray:
         if is_graph:
             return dijkstra(data, directed=False, indices=i)
-        diff = data - data[i]
-        return np.sqrt(np.einsum("ij,ij->i", diff, diff))
+        # one matrix-vector product per landmark, no (T, N) temporary
+        return np.sqrt(np.maximum(sq - 2.0 * (data @ data[i]) + sq[i], 0.0))
 
     chosen = np.empty(L, dtype=np.int64)
     chosen[0] = rng.randint(T)
-    mind = dist_from(chosen[0])
-    mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates
-    for m in range(1, L):
-        nxt = int(np.argmax(mind))
-        chosen[m] = nxt
-        np.minimum(mind, dist_from(nxt), out=mind)
-        mind[chosen[: m + 1]] = -1.0
+    # L small memory-bound products: BLAS threads would only contend (50x slower under load)
+    with threadpool_limits(1):
+        mind = dist_from(chosen[0])
+        mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates
+        for m in range(1, L):
+            nxt = int(np.argmax(mind))
+            chosen[m] = nxt
+            np.minimum(mind, dist_from(nxt), out=mind)
+            mind[chosen[: m + 1]] = -1.0
     return chosen
 
 

@@ -298,18 +298,14 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
     Xn, sigma2 = est.prepared_rows(inp)
     if client is not None:
         Xn = client.persist(Xn)
-    T = Xn.shape[0]
     inverse = est.inverse_kernel(sigma2)
 
     t0 = time.perf_counter()
-    if est.landmark_method == "maxmin":
-        # farthest points in correlation distance (Euclidean on unit rows)
-        (points,) = compute(Xn.map_blocks(_unit_rows, dtype=np.float64), client=client)
-    else:
-        points = np.empty((T, 0))  # random choice: only the row count matters
-    landmarks = select_landmarks(points, L, method=est.landmark_method,
-                                 random_state=est.random_state)
-    del points
+    # max-min: farthest points in correlation distance (Euclidean on unit rows); only the
+    # rows it samples are computed
+    landmarks = select_landmarks(Xn.map_blocks(_unit_rows, dtype=np.float64), L,
+                                 method=est.landmark_method, random_state=est.random_state,
+                                 client=client)
     seconds["landmarks"] = time.perf_counter() - t0
 
     info: dict = {}
@@ -317,19 +313,31 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
         t0 = time.perf_counter()
         graph, info = neighbour_graph(est, Xn, sigma2, client)
         seconds["graph"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32)
-        seconds["shortest_paths"] = time.perf_counter() - t0
-        kernel = GeodesicKernel(inverse, None)
-        t0 = time.perf_counter()
-        D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
-        np.fill_diagonal(D_LL, 0.0)
-        mds = landmark_mds(D_LL, M)
-        seconds["landmark_mds"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
-                           axis=0)
-        rows.release()
+        # the L x T float32 rows stay in worker memory up to the tile budget, else in a
+        # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
+        T = Xn.shape[0]
+        on_disk = est.tile_cache == "disk" or (
+            est.tile_cache == "auto" and 4 * L * T > MEMORY_TILE_BYTES)
+        tmpdir = tempfile.mkdtemp(prefix="dr_dask_landmark_rows_") if on_disk else None
+        try:
+            t0 = time.perf_counter()
+            rows = GeodesicRows.compute(
+                graph, landmarks, client=client, dtype=np.float32,
+                out=os.path.join(tmpdir, "landmark_geodesics") if on_disk else None)
+            seconds["shortest_paths"] = time.perf_counter() - t0
+            kernel = GeodesicKernel(inverse, None)
+            t0 = time.perf_counter()
+            D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
+            np.fill_diagonal(D_LL, 0.0)
+            mds = landmark_mds(D_LL, M)
+            seconds["landmark_mds"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
+                               axis=0)
+            rows.release()
+        finally:
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
     else:
         t0 = time.perf_counter()
         order = np.argsort(landmarks)

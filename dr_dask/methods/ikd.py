@@ -262,6 +262,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     tile_cache : {"auto", "memory", "disk"}
         Where D's tiles live between eigensolver passes: worker memory, or a Zarr array
         (in the run's group, else a temporary directory). ``auto`` picks memory up to 2 GiB.
+        Landmark IKD: where its L x T float32 landmark geodesic rows live, by the same rule.
     tol : float
         Relative residual tolerance of the eigensolver.
     eigen_solver : {"auto", "dense", "lanczos"}

@@ -489,7 +489,7 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
         t0 = time.perf_counter()
         self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
-                                           random_state=self.random_state)
+                                           random_state=self.random_state, client=client)
         timings["landmarks"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

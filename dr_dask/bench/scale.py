@@ -1,0 +1,180 @@
+"""``dr-dask bench scale``: the scaling table of the landmark variants (issue 15, items 1 and 4).
+
+For T = 10k, 30k, 100k, 300k, 1M (``--quick``: 2k, 5k, 10k; capped by ``max_T``), the IKD
+paper's sinusoidal data with N=100 are written to a chunked Zarr store and read from it by
+landmark IKD (geodesic) and Landmark Isomap, one fit each: wall time, peak RSS of the whole
+process tree (driver + workers), R^2 of the 1-D embedding on the latent after affine
+alignment, and per method the fitted slope of log time (and log memory) against log T. Per T
+also the kNN alone (the search the methods run on the raw rows: time, and recall on 1,000
+sampled rows against their brute-force neighbours).
+The slopes are the point of the table: 1 is linear scaling, 2 is the quadratic cost of the
+exact methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from dr_dask.bench._common import dataset_store, timed_fits
+from dr_dask.cluster import compute
+
+logger = logging.getLogger(__name__)
+
+SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
+QUICK_SIZES = (2_000, 5_000, 10_000)
+N_FEATURES = 100
+N_NEIGHBORS = 10
+METHODS = ("landmark_ikd", "landmark_isomap")
+#: Rows whose neighbours are checked against brute force for the recall.
+KNN_QUERIES = 1000
+
+
+def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str) -> Any:
+    from dr_dask.methods.ikd import IKD, MEMORY_TILE_BYTES
+    from dr_dask.methods.isomap import LandmarkIsomap
+
+    if method == "landmark_ikd":
+        # tile_cache="auto" puts the L x T rows in Zarr above the tile budget
+        return IKD(1, solver="geodesic", n_landmarks=n_landmarks, n_neighbors=N_NEIGHBORS,
+                   dtype="float32", random_state=0, client=client)
+    # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
+    store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
+             if 4 * n_landmarks * T > MEMORY_TILE_BYTES else None)
+    return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
+                          random_state=0, client=client, geodesic_store=store)
+
+
+def fitted_slope(T: list[int], values: list[float]) -> float | None:
+    """Least-squares slope of log(value) against log(T); None below two sizes."""
+    if len(T) < 2:
+        return None
+    return float(np.polyfit(np.log(T), np.log(values), 1)[0])
+
+
+def knn_recall(X: Any, k: int, n_queries: int, client: Any, seed: int = 0) -> dict:
+    """Time of the package's kNN (``algorithm="auto"``) on X, and its recall on sampled rows
+    against the exact (brute-force) neighbours of those rows."""
+    from dr_dask.graph import kneighbors
+
+    t0 = time.perf_counter()
+    _, idx = kneighbors(X, k, client=client)
+    seconds = time.perf_counter() - t0
+    rows = np.sort(np.random.default_rng(seed).choice(X.shape[0], n_queries, replace=False))
+    Xq = X[rows]
+    if isinstance(Xq, da.Array):
+        (Xq,) = compute(Xq, client=client)
+    _, exact = kneighbors(X, k + 1, query=Xq, client=client, algorithm="exact")
+    hits = [len(set(e[e != r][:k]) & set(i)) for r, e, i in zip(rows, exact, idx[rows])]
+    return {"seconds": seconds, "recall": float(np.sum(hits) / (k * n_queries)),
+            "n_queries": n_queries, "k": k}
+
+
+def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
+              n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
+              workdir: str | None = None) -> dict:
+    """Fit each method at each size; return the table rows and the fitted slopes.
+
+    Parameters
+    ----------
+    client : distributed.Client or None
+    quick : bool
+        Sizes ``QUICK_SIZES`` instead of ``SIZES``.
+    max_T : int, optional
+        Skip sizes above this.
+    n_landmarks : int
+        L (capped at T / 10 for the small sizes).
+    methods : tuple of str
+        A subset of ``METHODS``.
+    workdir : str, optional
+        Where the datasets go (reused across runs); default a temporary directory.
+
+    Returns
+    -------
+    dict
+        ``rows`` (one per method and T: seconds, peak RSS, R^2, stage seconds), ``slopes``
+        (per method, of time and of peak RSS), ``knn`` (per T: seconds, recall) and the
+        settings.
+    """
+    from dr_dask.metrics import r2_affine
+    from dr_dask.store import open_dataset
+
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
+    sizes = [T for T in (QUICK_SIZES if quick else SIZES) if max_T is None or T <= max_T]
+    if not sizes:
+        raise ValueError(f"max_T={max_T} is below the smallest size "
+                         f"{(QUICK_SIZES if quick else SIZES)[0]}")
+    own_tmp = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
+    os.makedirs(workdir, exist_ok=True)
+    rows, knn = [], []
+    try:
+        for T in sizes:
+            src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
+            inp = open_dataset(src)
+            knn.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
+                                             client)})
+            L = min(n_landmarks, T // 10)
+            for method in methods:
+                logger.info("scale: %s at T=%d, L=%d", method, T, L)
+                data = inp if method == "landmark_ikd" else inp.data
+                seconds, peak, est = timed_fits(
+                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1)
+                stages = getattr(est, "stage_seconds_", None) or getattr(est, "timings_", {})
+                rows.append({
+                    "method": method, "T": T, "n_landmarks": L, "seconds": seconds,
+                    "peak_rss_gb": peak, "r2": r2_affine(Z, est.embedding_),
+                    "stage_seconds": stages,
+                })
+    finally:
+        if own_tmp:
+            shutil.rmtree(workdir, ignore_errors=True)
+    slopes = {}
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        Ts = [r["T"] for r in mine]
+        slopes[method] = {
+            "time": fitted_slope(Ts, [r["seconds"] for r in mine]),
+            "peak_rss": fitted_slope(Ts, [r["peak_rss_gb"] for r in mine]),
+        }
+    return {
+        "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
+        "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
+        "rows": rows, "slopes": slopes, "knn": knn,
+    }
+
+
+def plot_scale(results: dict, path: str) -> str:
+    """Log-log time and peak RSS against T per method, slopes in the legend, as PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    for ax, key, label, slope_key in ((axes[0], "seconds", "wall time (s)", "time"),
+                                      (axes[1], "peak_rss_gb", "peak RSS, process tree (GB)",
+                                       "peak_rss")):
+        for method, slope in results["slopes"].items():
+            mine = [r for r in results["rows"] if r["method"] == method]
+            text = "" if slope[slope_key] is None else f" (slope {slope[slope_key]:.2f})"
+            ax.loglog([r["T"] for r in mine], [r[key] for r in mine], "o-",
+                      label=method + text)
+        ax.set_xlabel("T (points)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{results['dataset']} N={results['N']}, k={results['n_neighbors']}, "
+                 f"{results['workers']} workers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

@@ -1,0 +1,41 @@
+"""``dr-dask bench scale``: the scaling table and plot of the landmark variants."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from dr_dask.cli._app import bench, cluster, fail
+
+logger = logging.getLogger(__name__)
+
+
+@bench.command("scale")
+@click.option("--quick", is_flag=True, help="T = 2k, 5k, 10k instead of 10k ... 1M.")
+@click.option("--max-T", "max_T", type=click.IntRange(min=1), default=None,
+              help="Skip the sizes above this T.")
+@click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=1000,
+              show_default=True, help="L (capped at T/10).")
+@click.option("--method", "methods", type=click.Choice(["landmark_ikd", "landmark_isomap"]),
+              multiple=True, help="Run only these methods (default: both).")
+@click.option("--workdir", default=None, help="Where the datasets go (default: a temp dir).")
+@click.option("--json", "json_path", default="scale.json", show_default=True,
+              help="The table as JSON.")
+@click.option("--png", "png_path", default="scale.png", show_default=True,
+              help="The log-log plot of time and peak RSS against T.")
+@click.pass_context
+def bench_scale(ctx, quick, max_T, n_landmarks, methods, workdir, json_path, png_path):
+    """Landmark IKD and Landmark Isomap at T = 10k ... 1M (sinusoidal, N=100, from Zarr):
+    time, peak RSS of the process tree, R^2 and the fitted slopes."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.scale import METHODS, QUICK_SIZES, SIZES, plot_scale, run_scale
+
+    smallest = (QUICK_SIZES if quick else SIZES)[0]
+    if max_T is not None and max_T < smallest:
+        fail(f"--max-T {max_T} is below the smallest size {smallest}")
+    with cluster(ctx) as client:
+        results = run_scale(client, quick=quick, max_T=max_T, n_landmarks=n_landmarks,
+                            methods=tuple(methods) or METHODS, workdir=workdir)
+    click.echo(write_report(results, json_path))
+    click.echo(f"plot: {plot_scale(results, png_path)}", err=True)

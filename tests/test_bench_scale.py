@@ -1,0 +1,57 @@
+"""``dr-dask bench scale``: the scaling table and plot (issue 15), at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dr_dask.bench import scale
+from dr_dask.cli import main
+
+
+def test_fitted_slope_recovers_a_power_law():
+    T = [1000, 3000, 10_000]
+    assert scale.fitted_slope(T, [2.0 * t**1.5 for t in T]) == pytest.approx(1.5)
+    assert scale.fitted_slope([1000], [3.0]) is None
+
+
+def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(scale, "QUICK_SIZES", (800, 1600))
+    out, png = tmp_path / "scale.json", tmp_path / "scale.png"
+    result = CliRunner().invoke(main, [
+        "--scheduler", "threads", "bench", "scale", "--quick", "--landmarks", "60",
+        "--workdir", str(tmp_path / "data"), "--json", str(out), "--png", str(png)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [(r["method"], r["T"]) for r in rows] == [
+        (m, T) for T in (800, 1600) for m in scale.METHODS]
+    for r in rows:
+        assert r["n_landmarks"] == 60 and r["seconds"] > 0 and r["peak_rss_gb"] > 0
+        assert r["r2"] > 0.9  # the 1-D sinusoidal latent is recovered at every size
+    for method in scale.METHODS:
+        assert np.isfinite(report["slopes"][method]["time"])
+    assert [r["T"] for r in report["knn"]] == [800, 1600]
+    assert all(r["recall"] == 1.0 for r in report["knn"])  # the exact search at this size
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --max-T keeps the sizes up to it
+    result = CliRunner().invoke(main, [
+        "--scheduler", "threads", "bench", "scale", "--quick", "--max-T", "1000",
+        "--method", "landmark_isomap", "--landmarks", "40", "--workdir", str(tmp_path / "data"),
+        "--json", str(out), "--png", str(png)])
+    assert result.exit_code == 0, result.output
+    assert [r["T"] for r in json.loads(out.read_text())["rows"]] == [800]
+
+
+def test_bench_scale_bad_input(tmp_path):
+    out = tmp_path / "scale.json"
+    result = CliRunner().invoke(main, [
+        "--scheduler", "threads", "bench", "scale", "--max-T", "5000", "--json", str(out)])
+    assert result.exit_code == 2
+    assert "--max-T 5000 is below the smallest size 10000" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+    result = CliRunner().invoke(main, ["bench", "scale", "--max-T", "0"])
+    assert result.exit_code == 2 and "--max-T" in result.output
