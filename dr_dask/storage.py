@@ -142,12 +142,10 @@ class Location:
 
         if self.is_local:
             return zarr.storage.LocalStore(self.url, read_only=read_only)
-        fs = self.fs
-        if not getattr(fs, "async_impl", False):
-            from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
-
-            fs = AsyncFileSystemWrapper(fs)
-        return zarr.storage.FsspecStore(fs, path=self.path, read_only=read_only)
+        return zarr.storage.FsspecStore.from_url(
+            self.url, storage_options=_options(self.scheme, self.storage_options),
+            read_only=read_only,
+        )
 
     # ------------------------------------------------------------------ objects
     def exists(self) -> bool:
@@ -171,9 +169,8 @@ class Location:
             return default
 
     def write_json(self, obj: Any) -> None:
-        from dr_dask.report import plain_json
-
-        self.write_bytes(json.dumps(plain_json(obj), indent=1).encode())
+        """Write one small JSON object (a mark, a checkpoint): a single PUT."""
+        self.write_bytes(json.dumps(obj).encode())
 
     def open(self, mode: str = "rb") -> Any:
         if self.is_local and "w" in mode:
@@ -219,9 +216,8 @@ def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
     """The fsspec filesystem for ``scheme`` ('' = local), or a StorageError naming the package."""
     import fsspec
 
-    options = dict(storage_options or {})
     if scheme == "":
-        return fsspec.filesystem("file", auto_mkdir=True, **options)
+        return fsspec.filesystem("file", auto_mkdir=True, **(storage_options or {}))
     try:
         cls = fsspec.get_filesystem_class(scheme)
     except ImportError:
@@ -232,12 +228,16 @@ def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
         ) from None
     except ValueError:
         raise StorageError(f"unknown URL scheme {scheme}:// (no fsspec filesystem for it)") from None
+    return cls(**_options(scheme, storage_options))
+
+
+def _options(scheme: str, storage_options: dict | None) -> dict:
+    """``storage_options`` over our defaults for ``scheme`` (bounded S3 timeouts)."""
+    options = dict(storage_options or {})
     if scheme in ("s3", "s3a"):
-        defaults = dict(_S3_DEFAULTS)
-        defaults["config_kwargs"] = {**_S3_DEFAULTS["config_kwargs"],
-                                     **options.pop("config_kwargs", {})}
-        options = {**defaults, **options}
-    return cls(**options)
+        config = {**_S3_DEFAULTS["config_kwargs"], **options.pop("config_kwargs", {})}
+        options = {**_S3_DEFAULTS, **options, "config_kwargs": config}
+    return options
 
 
 def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -263,13 +263,16 @@ def _scrub(exc: BaseException, loc: Location) -> str:
     """The exception text with any storage-option value that looks secret removed."""
     text = str(exc)
     for key, value in loc.storage_options.items():
-        if isinstance(value, str) and value and any(s in key.lower() for s in
-                                                    ("secret", "key", "token", "password")):
+        if isinstance(value, str) and value and _secret_key(key):
             text = text.replace(value, "***")
     for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY"):
         if os.environ.get(var):
             text = text.replace(os.environ[var], "***")
     return text
+
+
+def _secret_key(name: str) -> bool:
+    return any(s in name.lower() for s in ("secret", "key", "token", "password", "credential"))
 
 
 def parse_storage_options(pairs: tuple[str, ...] | list[str]) -> dict:
@@ -280,8 +283,12 @@ def parse_storage_options(pairs: tuple[str, ...] | list[str]) -> dict:
         if "=" not in pair:
             raise StorageError(f"--storage-option {pair!r} must be KEY=VALUE")
         key, value = pair.split("=", 1)
+        key = key.strip()
+        if _secret_key(key):  # a key id or secret of digits stays a string
+            out[key] = value
+            continue
         try:
-            out[key.strip()] = json.loads(value)
+            out[key] = json.loads(value)
         except ValueError:
-            out[key.strip()] = value
+            out[key] = value
     return out

@@ -280,13 +280,7 @@ def open_dataset(
             arr: Any = _NpyRows(loc)
             content = {"fingerprint": _fingerprint({"": loc.fs.info(loc.path)})}
         elif loc.url.endswith((".nc", ".nc4", ".netcdf", ".h5")):
-            import xarray as xr
-
-            try:
-                target = loc.url if loc.is_local else loc.open("rb")
-                ds = xr.open_dataset(target, chunks={})
-            except Exception as exc:
-                raise InputError(f"{loc} is not a readable NetCDF file: {exc}") from exc
+            ds = open_netcdf(loc, chunks={})
             arr, sample_ids, variable = _open_xarray(ds, variable, loc.url)
             content = {"fingerprint": _fingerprint({"": loc.fs.info(loc.path)})}
         else:
@@ -308,6 +302,16 @@ def open_dataset(
             arr = np.ascontiguousarray(arr)
         data = da.from_array(arr, chunks=(rows, -1), asarray=True, inline_array=True)
     return InputData(data, sample_ids, _identity(loc, variable, arr, content), loc)
+
+
+def open_netcdf(loc: Location, **kwargs: Any) -> Any:
+    """An xarray Dataset of the NetCDF file at ``loc`` (local path or URL)."""
+    import xarray as xr
+
+    try:
+        return xr.open_dataset(loc.url if loc.is_local else loc.open("rb"), **kwargs)
+    except Exception as exc:
+        raise InputError(f"{loc} is not a readable NetCDF file: {exc}") from exc
 
 
 def check_workers_can_read(inp: InputData, client: Any = None) -> None:
@@ -475,10 +479,10 @@ class RunGroup:
         self.location = location(store, storage_options)
         self.store, self.name = self.location.url, name
         self.created = False
-        root = zarr.open_group(store=self.location.zarr_store(), mode="a")
+        root = self._root()
         if name in root and overwrite:
             self.location.child(name).delete()
-            root = zarr.open_group(store=self.location.zarr_store(), mode="a")
+            root = self._root()
         params = json.loads(json.dumps(params, default=str))
         identity = json.loads(json.dumps(identity, default=str))
         if name in root:
@@ -510,6 +514,11 @@ class RunGroup:
                     "complete": False,
                 }
             )
+
+    def _root(self) -> zarr.Group:
+        # never through the root's consolidated metadata: it is a snapshot that may predate
+        # other runs of the store (use it to read, not to decide what exists)
+        return zarr.open_group(store=self.location.zarr_store(), mode="a", use_consolidated=False)
 
     @property
     def path(self) -> str:
@@ -543,19 +552,26 @@ class RunGroup:
         return dict(self.group.attrs.get("stages", {}).get(stage, {}))
 
     def mark_complete(self, **summary: Any) -> None:
-        """The last write of a run: the completion mark, then consolidated metadata."""
+        """The last writes of a run: the completion mark, then consolidated metadata of the run
+        group and of the store's root (what ``xarray.open_zarr(store, group=name)`` reads)."""
         self.group.attrs.update(
             {"complete": True, "summary": json.loads(json.dumps(summary, default=float))}
         )
+        self.consolidate()
+
+    def consolidate(self) -> None:
         with warnings.catch_warnings():  # "not part of the v3 spec": xarray and zarr read it
             warnings.simplefilter("ignore", UserWarning)
             zarr.consolidate_metadata(self.location.zarr_store(), path=self.name)
+            zarr.consolidate_metadata(self.location.zarr_store())
 
     def drop(self, *names: str) -> None:
         """Delete intermediate arrays (a tile cache) that the result no longer needs."""
-        for name in names:
-            if name in self.group:
-                self.child(name).delete()
+        present = [n for n in names if n in self.group]
+        for name in present:
+            self.child(name).delete()
+        if present and self.complete:
+            self.consolidate()
 
     def create(self, name: str, shape: tuple, dtype: Any, chunks: tuple, dims: tuple) -> zarr.Array:
         """(Re)create an array of this run; a stage rewrites its arrays from scratch."""

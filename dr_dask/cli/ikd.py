@@ -8,7 +8,7 @@ import os
 
 import click
 
-from dr_dask.cli._app import bench, cluster, embed, fail, main
+from dr_dask.cli._app import bench, cluster, embed, fail, main, storage_options
 from dr_dask.store import InputError
 
 logger = logging.getLogger(__name__)
@@ -56,16 +56,19 @@ def make_ikd(**kw):
 @click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
 @click.option("--name", default=None, help="Run name (default: derived from parameters).")
 @click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
+@click.option("--drop-cache", is_flag=True,
+              help="Delete the run's tile cache (distance tiles, geodesic rows) once it completes.")
 @ikd_options
 @click.pass_context
-def embed_ikd(ctx, source, out, name, overwrite, **params):
+def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     """Fit IKD on a stored dataset and write the embedding into OUT."""
     from dr_dask.runs import run_embedding
 
     try:
         with cluster(ctx) as client:
             est = make_ikd(**params, client=client, progress=True)
-            run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite)
+            run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite,
+                                storage_options=storage_options(ctx), drop_cache=drop_cache)
     except (InputError, ValueError) as exc:
         fail(str(exc))
     click.echo(f"embedding written to {run.path} (array 'embedding')")
