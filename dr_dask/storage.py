@@ -40,7 +40,7 @@ _PACKAGES = {
 #: Bounded timeouts/retries for S3 so an unreachable endpoint fails in seconds, not minutes
 #: (botocore defaults: 60 s connect timeout, several retries). Users may override them.
 _S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                                  "retries": {"max_attempts": 3}}, "retries": 2}
+                                  "retries": {"max_attempts": 3}}}
 
 
 class StorageError(ValueError):
@@ -151,6 +151,17 @@ class Location:
     def exists(self) -> bool:
         """An object or a prefix (directory) is here."""
         return bool(_guard(self, self.fs.exists, self.path))
+
+    def check(self) -> None:
+        """Fail early and clearly (StorageError) when the store behind this location cannot be
+        used: unreachable endpoint, refused credentials, missing bucket/container."""
+        if self.is_local:
+            return
+        root = self.path.split("/", 1)[0]
+        try:
+            _guard(self, self.fs.ls, root, detail=False)
+        except FileNotFoundError:
+            raise StorageError(f"{self.url}: bucket/container {root!r} does not exist") from None
 
     def read_bytes(self) -> bytes:
         return _guard(self, self.fs.cat_file, self.path)
@@ -263,10 +274,10 @@ def _scrub(exc: BaseException, loc: Location) -> str:
     """The exception text with any storage-option value that looks secret removed."""
     text = str(exc)
     for key, value in loc.storage_options.items():
-        if isinstance(value, str) and value and _secret_key(key):
+        if isinstance(value, str) and len(value) >= 8 and _secret_key(key):
             text = text.replace(value, "***")
     for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY"):
-        if os.environ.get(var):
+        if len(os.environ.get(var, "")) >= 8:
             text = text.replace(os.environ[var], "***")
     return text
 

@@ -103,7 +103,8 @@ class _NpyRows:
         start, stop, step = key[0].indices(self.shape[0])
         row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         raw = self.loc.fs.cat_file(
-            self.loc.path, self.offset + start * row_bytes, self.offset + max(start, stop) * row_bytes
+            self.loc.path, start=self.offset + start * row_bytes,
+            end=self.offset + max(start, stop) * row_bytes,
         )
         rows = np.frombuffer(raw, self.dtype).reshape(-1, *self.shape[1:])[::step]
         return np.array(rows[(slice(None), *key[1:])])
@@ -121,13 +122,24 @@ class _ZarrRows:
         try:
             return np.asarray(self.arr[key])
         except Exception as exc:
-            rows = key[0] if isinstance(key, tuple) else key
-            start = (rows.start or 0) if isinstance(rows, slice) else 0
-            grid = (self.arr.shards or self.arr.chunks)[0]
-            chunk = self.arr.metadata.encode_chunk_key((start // grid,) + (0,) * (self.ndim - 1))
             raise InputError(
-                f"{self.where}: chunk {chunk} cannot be read ({type(exc).__name__}: {exc})"
+                f"{self.where}: chunk {self._bad_chunk(key)} cannot be read "
+                f"({type(exc).__name__}: {exc})"
             ) from None
+
+    def _bad_chunk(self, key: Any) -> str:
+        """The key of the first stored chunk of the rows in ``key`` that fails to decode."""
+        rows = key[0] if isinstance(key, tuple) else key
+        start, stop, _ = rows.indices(self.shape[0]) if isinstance(rows, slice) else (0, 0, 1)
+        grid = self.arr.shards or self.arr.chunks
+        for i in range(start // grid[0], max(start, stop - 1) // grid[0] + 1):
+            for cols in np.ndindex(*[-(-s // c) for s, c in zip(self.shape[1:], grid[1:])]):
+                coords = (i, *cols)
+                try:
+                    self.arr[tuple(slice(c * g, (c + 1) * g) for c, g in zip(coords, grid))]
+                except Exception:  # the one that fails is the one to name
+                    return self.arr.metadata.encode_chunk_key(coords)
+        return f"in rows {start}:{stop}"
 
 
 def _row_chunks(shape: tuple[int, ...], itemsize: int, native: int | None = None) -> int:
@@ -477,6 +489,7 @@ class RunGroup:
         storage_options: dict | None = None,
     ):
         self.location = location(store, storage_options)
+        self.location.check()
         self.store, self.name = self.location.url, name
         self.created = False
         root = self._root()
