@@ -12,8 +12,9 @@ and avoids the async wrapper), but every commit rule below is written against th
 API and so is one code path for local disk, ``memory://`` and ``s3://``.
 
 Commit rule (object stores have no rename): write the data objects, then one small mark object
-(:meth:`Location.write_json`). Readers trust marks only. A mark that cannot be parsed (a local
-write killed half-way) reads as absent.
+(:meth:`Location.write_json`). Readers trust marks only. A single PUT is atomic on object
+stores; on local disk :meth:`Location.write_bytes` gives the same guarantee with a temporary
+name and ``os.replace`` (the one place a rename is used, invisible to callers).
 
 Local paths are made absolute when a :class:`Location` is built (on the client), so a worker
 whose working directory differs reads the same files. ``storage_options`` travel with a pickled
@@ -168,8 +169,13 @@ class Location:
 
     def write_bytes(self, data: bytes) -> None:
         """Write one object (a single PUT on object stores)."""
-        if self.is_local:
+        if self.is_local:  # a local file appears whole too: temporary name, then rename
             os.makedirs(os.path.dirname(self.url), exist_ok=True)
+            tmp = f"{self.url}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self.url)
+            return
         _guard(self, self.fs.pipe_file, self.path, data)
 
     def read_json(self, default: Any = None) -> Any:

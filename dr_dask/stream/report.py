@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import logging
 
 import numpy as np
 
+from dr_dask.storage import location
 from dr_dask.stream.store import STATUS, read_output
 
 logger = logging.getLogger(__name__)
@@ -24,7 +27,7 @@ def running_mean(x: np.ndarray, window: int) -> np.ndarray:
         return np.where(cnt > 0, (c[idx] - c[lo]) / cnt, np.nan)
 
 
-def stream_report(store: str, out_png: str, window: int = 50) -> dict:
+def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
     """Write a two-panel PNG of a stream store and return summary figures.
 
     Left: per-point predictive variance (under the version that first mapped the point)
@@ -72,7 +75,10 @@ def stream_report(store: str, out_png: str, window: int = 50) -> dict:
     ax2.set_title("embedding by model version")
     ax2.set_aspect("equal", adjustable="datalim")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    out = location(out_png)
+    with out.open("wb") as fh:
+        fig.savefig(fh, format="png", dpi=110)
+    out_png = out.url
     plt.close(fig)
     counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
     return dict(png=out_png, rows=int(len(var)), status=counts, refits=len(refits))
