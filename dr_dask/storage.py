@@ -244,7 +244,7 @@ def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
             f"(pip install {pkg})"
         ) from None
     except ValueError:
-        raise StorageError(f"unknown URL scheme {scheme}:// (no fsspec filesystem for it)") from None
+        raise StorageError(f"unknown URL scheme {scheme}:// (no fsspec filesystem)") from None
     return cls(**_options(scheme, storage_options))
 
 

@@ -25,12 +25,7 @@ def cluster_client():
 S3_SECRET = "s3cr3t-dr-dask-never-print-me"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dr_dask.bench.io import free_port  # noqa: E402  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")

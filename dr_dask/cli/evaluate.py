@@ -71,8 +71,6 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     """Score a stored embedding: metrics JSON and a PNG (scatter + metric table)."""
-    import zarr
-
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import plot_embedding, write_json
     from dr_dask.storage import location

@@ -114,3 +114,21 @@ def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
     with cluster(ctx) as client:
         results = run_bench(client, quick=quick, only=set(only), ooc_T=ooc_T, workdir=workdir)
     click.echo(write_report(results, json_path))
+
+
+@bench.command("io")
+@click.option("-T", "n_samples", type=int, default=20_000, show_default=True, help="Samples.")
+@click.option("-N", "n_features", type=int, default=1_000, show_default=True, help="Features.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Timed fits per side.")
+@click.option("--bucket", default=None,
+              help="Use this bucket at $AWS_ENDPOINT_URL (default: a local moto S3 server).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@click.pass_context
+def bench_io(ctx, n_samples, n_features, repeats, bucket, json_path):
+    """The same IKD fit from local disk and from S3: both times, the ratio, S3 requests."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.io import run_bench
+
+    with cluster(ctx) as client:
+        results = run_bench(client, T=n_samples, N=n_features, repeats=repeats, bucket=bucket)
+    click.echo(write_report(results, json_path))
