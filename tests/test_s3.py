@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-
 from conftest import S3_SECRET, free_port
+
 from dr_dask.cli import main
 from dr_dask.storage import Location, StorageError
 from dr_dask.store import InputError, open_dataset, open_run
