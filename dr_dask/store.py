@@ -202,6 +202,11 @@ def _open_zarr(
         arr, array_loc, where = node, loc, str(loc)
         sample_ids = None
     else:
+        if node.attrs.get("complete") is False:  # a dataset store whose `make` was killed
+            raise InputError(
+                f"{loc} is an incomplete dataset (its generation was interrupted); rerun "
+                "`dr-dask datasets make` to finish it"
+            )
         names = sorted(node.array_keys())
         if variable is None:
             candidates = [n for n in names if node[n].ndim == 2]

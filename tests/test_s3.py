@@ -185,3 +185,29 @@ def test_npy_and_reports_on_s3(s3_bucket, data):
     inp = open_dataset(url)
     np.testing.assert_array_equal(inp.data.compute(scheduler="threads"), data)
     assert inp.identity["path"] == url and inp.identity["fingerprint"]
+
+
+def test_datasets_make_to_s3_and_interrupted_store_is_redone(s3_bucket):
+    import xarray as xr
+
+    url = f"s3://{s3_bucket}/gen.zarr"
+    res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
+                                    "-N", "8", "--chunk-size", "50"])
+    assert res.exit_code == 0, res.output
+    assert not os.path.exists("s3:")
+    ds = xr.open_zarr(url, storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+    assert ds.attrs["complete"] and ds.X.shape == (150, 8)
+    # a killed `make` leaves a store marked incomplete: refused as input, redone by --if-missing
+    meta = Location(url).child("zarr.json")
+    doc = meta.read_json()
+    doc["attributes"]["complete"] = False
+    meta.write_json(doc)
+    with pytest.raises(InputError, match="incomplete dataset"):
+        open_dataset(url + ":X")
+    res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
+                                    "-N", "8", "--if-missing"])
+    assert res.exit_code == 0 and "nothing to do" not in res.output
+    assert open_dataset(url + ":X").data.shape == (150, 8)
+    res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
+                                    "-N", "8"])
+    assert res.exit_code == 2 and "overwrite" in res.output
