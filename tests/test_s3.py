@@ -211,3 +211,58 @@ def test_datasets_make_to_s3_and_interrupted_store_is_redone(s3_bucket):
     res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
                                     "-N", "8"])
     assert res.exit_code == 2 and "overwrite" in res.output
+
+
+def _run_cli(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    return subprocess.Popen([sys.executable, "-m", "dr_dask.cli", "--scheduler", "threads",
+                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _moment_reached(run: Location, moment: str) -> bool:
+    meta = run.child("zarr.json").read_json() or {}
+    if moment == "early":
+        return bool(meta)
+    if moment == "middle":
+        return run.child("distance", "done").exists()
+    return "distance" in meta.get("attributes", {}).get("stages", {})
+
+
+_KILL_ARGS = ["embed", "ikd", "-n", "2", "--tile-cache", "disk", "--tile-size", "96",
+              "--name", "r"]
+
+
+@pytest.fixture(scope="module")
+def kill_input(tmp_path_factory):
+    """480 rows (5 row blocks, 15 tiles) and their uninterrupted local embedding."""
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(2 * T, 2))
+    X = np.tanh(z @ rng.normal(size=(2, N))) + 0.05 * rng.normal(size=(2 * T, N))
+    tmp = tmp_path_factory.mktemp("kill")
+    local_in = str(tmp / "in.zarr")
+    _write_input(local_in, X)
+    proc = _run_cli(*_KILL_ARGS, "--input", f"{local_in}:X", "--out", str(tmp / "o.zarr"))
+    assert proc.wait(timeout=300) == 0
+    return X, np.asarray(open_run(str(tmp / "o.zarr"), "r")["embedding"][...])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["early", "middle", "late"])
+def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment):
+    X, expected = kill_input
+    s3_in = f"s3://{s3_bucket}/in.zarr"
+    _write_input(s3_in, X)
+    out = f"s3://{s3_bucket}/out.zarr"
+    proc = _run_cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    run = Location(out).child("r")
+    t0 = time.time()
+    while not _moment_reached(run, moment) and proc.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -9, f"the run ended before the {moment} moment"
+    assert not (run.child("zarr.json").read_json() or {}).get("attributes", {}).get("complete")
+    rerun = _run_cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    assert rerun.wait(timeout=300) == 0, rerun.stderr.read().decode()
+    np.testing.assert_allclose(np.asarray(open_run(out, "r")["embedding"][...]), expected,
+                               rtol=1e-6, atol=1e-8)
