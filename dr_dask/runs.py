@@ -13,6 +13,7 @@ from dr_dask.cluster import active_client
 from dr_dask.store import (
     InputData,
     InputError,
+    Lease,
     RunGroup,
     check_output_path,
     check_workers_can_read,
@@ -89,6 +90,15 @@ def run_embedding(
     if run.complete:
         logger.info("run %s is already complete", run.path)
         return run
+    with Lease(run.location.child(run.name, "lease.json")):
+        run.refresh()
+        if run.complete:  # finished by another run between our first look and the lease
+            return run
+        return _fit_into(estimator, inp, run, method, drop_cache)
+
+
+def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
+              drop_cache: bool) -> RunGroup:
     t0 = time.perf_counter()
     try:
         if "run" in inspect.signature(estimator.fit).parameters:

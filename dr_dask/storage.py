@@ -178,6 +178,32 @@ class Location:
             return
         _guard(self, self.fs.pipe_file, self.path, data)
 
+    def create_bytes(self, data: bytes) -> bool:
+        """Write the object only if absent (create-if-absent); False when it already exists.
+
+        Atomic where the backend offers it: ``O_CREAT | O_EXCL`` on local disk, a conditional
+        PUT (``If-None-Match: *``) on S3. Other filesystems check, then write (a small race).
+        """
+        if self.is_local:
+            os.makedirs(os.path.dirname(self.url), exist_ok=True)
+            try:
+                fd = os.open(self.url, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return True
+        if self.scheme in ("s3", "s3a"):
+            try:
+                _guard(self, self.fs.pipe_file, self.path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        if self.exists():
+            return False
+        self.write_bytes(data)
+        return True
+
     def read_json(self, default: Any = None) -> Any:
         """The JSON object here, or ``default`` when absent or unparsable (a torn local write)."""
         try:
@@ -262,7 +288,7 @@ def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
     StorageError naming the location (never the credentials)."""
     try:
         return fn(*args, **kwargs)
-    except FileNotFoundError:
+    except (FileNotFoundError, FileExistsError):  # answers, not failures: callers handle them
         raise
     except PermissionError as exc:
         raise StorageError(f"access to {loc.url} was refused (check credentials): "

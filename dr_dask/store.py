@@ -533,6 +533,11 @@ class RunGroup:
                 }
             )
 
+    def refresh(self) -> None:
+        """Re-read the group's marks (another process may have written them)."""
+        self.group = zarr.open_group(store=self.location.zarr_store(), path=self.name, mode="r+",
+                                     use_consolidated=False)
+
     def _root(self) -> zarr.Group:
         # never through the root's consolidated metadata: it is a snapshot that may predate
         # other runs of the store (use it to read, not to decide what exists)
@@ -608,6 +613,81 @@ class RunGroup:
 
     def read(self, name: str) -> np.ndarray:
         return np.asarray(self.group[name][...])
+
+
+class LeaseHeld(RuntimeError):
+    """Another live run of the same job holds its lease (a transient condition: retry later)."""
+
+
+class Lease:
+    """One job at a time: a lease object ``{owner, expires}`` in the run store.
+
+    Taken with create-if-absent (:meth:`Location.create_bytes`: ``O_EXCL`` locally, a
+    conditional PUT on S3), renewed every ``ttl / 3`` seconds by a daemon thread while the job
+    runs, taken over once expired (a killed run's lease lapses after ``ttl``), deleted on
+    release. A second run of the same job while the lease is live raises :class:`LeaseHeld`
+    (the CLI exits 1 with the holder and expiry: retry later) rather than redoing the work.
+
+    Parameters
+    ----------
+    where : Location
+        The lease object.
+    ttl : float
+        Seconds a lease stays valid without renewal.
+    """
+
+    def __init__(self, where: Location, ttl: float = 60.0):
+        import socket
+        import uuid
+
+        self.where, self.ttl = where, float(ttl)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stop: Any = None
+
+    def _record(self) -> bytes:
+        import time
+
+        return json.dumps({"owner": self.owner, "expires": time.time() + self.ttl}).encode()
+
+    def acquire(self) -> Lease:
+        import threading
+        import time
+
+        if not self.where.create_bytes(self._record()):
+            held = self.where.read_json() or {}
+            if held.get("owner") != self.owner and held.get("expires", 0) > time.time():
+                until = _dt.datetime.fromtimestamp(held["expires"], _dt.timezone.utc)
+                raise LeaseHeld(
+                    f"another run of this job ({held.get('owner')}) holds {self.where} until "
+                    f"{until:%Y-%m-%d %H:%M:%S} UTC (renewed while it runs); retry later"
+                )
+            logger.info("taking over the expired lease %s of %s", self.where, held.get("owner"))
+            self.where.write_bytes(self._record())
+            if (self.where.read_json() or {}).get("owner") != self.owner:  # lost a take-over race
+                raise LeaseHeld(f"another run took over the expired lease {self.where}; retry later")
+        self._stop = threading.Event()
+        threading.Thread(target=self._renew, daemon=True, name="dr-dask-lease").start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.where.write_bytes(self._record())
+            except Exception:  # a blip: the next renewal (well before expiry) retries
+                logger.warning("could not renew the lease %s", self.where, exc_info=True)
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+            if (self.where.read_json() or {}).get("owner") == self.owner:
+                self.where.delete()
+
+    def __enter__(self) -> Lease:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr.Group:

@@ -266,3 +266,40 @@ def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment):
     assert rerun.wait(timeout=300) == 0, rerun.stderr.read().decode()
     np.testing.assert_allclose(np.asarray(open_run(out, "r")["embedding"][...]), expected,
                                rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
+    """Create-if-absent on local disk (O_EXCL) and on S3: moto honours the conditional PUT
+    (If-None-Match: * -> 412), so the S3 case exercises the real precondition."""
+    from dr_dask.store import Lease, LeaseHeld
+
+    loc = (Location(str(tmp_path / "runs.zarr")) if where == "local"
+           else Location(f"s3://{s3_bucket}/runs.zarr")).child("r", "lease.json")
+    first = Lease(loc, ttl=30).acquire()
+    with pytest.raises(LeaseHeld, match="holds .*lease.json until"):
+        Lease(loc, ttl=30).acquire()
+    first.release()
+    assert not loc.exists()
+    killed = Lease(loc, ttl=0.5).acquire()
+    killed._stop.set()  # the process dies: no renewal, no release
+    time.sleep(0.8)
+    taker = Lease(loc, ttl=30).acquire()  # expired: taken over
+    assert loc.read_json()["owner"] == taker.owner
+    taker.release()
+
+
+def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, data):
+    path, out = str(tmp_path / "in.zarr"), str(tmp_path / "o.zarr")
+    _write_input(path, data)
+    from dr_dask.store import Lease
+
+    holder = Lease(Location(out).child("r", "lease.json"), ttl=30).acquire()
+    try:
+        code, output = _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out,
+                               "--name", "r"])
+    finally:
+        holder.release()
+    assert code == 1 and "retry later" in output and "Traceback" not in output
+    assert not open_run(out, "r").attrs["stages"]  # the second run did no work
+    assert _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out, "--name", "r"])[0] == 0

@@ -94,6 +94,12 @@ def cluster(ctx: click.Context) -> Iterator:
         yield client
 
 
+def busy(message: str) -> None:
+    """Exit 1 (transient: retry later) with a clear message, e.g. another run holds the lease."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
 def fail(message: str) -> None:
     """Print a clear error and exit non-zero (no traceback for user errors)."""
     click.echo(f"error: {message}", err=True)

@@ -8,8 +8,8 @@ import os
 
 import click
 
-from dr_dask.cli._app import bench, cluster, embed, fail, main, storage_options
-from dr_dask.store import InputError
+from dr_dask.cli._app import bench, busy, cluster, embed, fail, main, storage_options
+from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
             est = make_ikd(**params, client=client, progress=True)
             run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)
+    except LeaseHeld as exc:
+        busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
     click.echo(f"embedding written to {run.path} (array 'embedding')")

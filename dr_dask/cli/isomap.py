@@ -7,8 +7,8 @@ import logging
 
 import click
 
-from dr_dask.cli._app import bench, cluster, embed, fail, storage_options
-from dr_dask.store import InputError
+from dr_dask.cli._app import bench, busy, cluster, embed, fail, storage_options
+from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                 method = "landmark_isomap"
             run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)
+    except LeaseHeld as exc:
+        busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
     click.echo(f"embedding written to {run.path} (array 'embedding')")
