@@ -664,7 +664,9 @@ class Lease:
             logger.info("taking over the expired lease %s of %s", self.where, held.get("owner"))
             self.where.write_bytes(self._record())
             if (self.where.read_json() or {}).get("owner") != self.owner:  # lost a take-over race
-                raise LeaseHeld(f"another run took over the expired lease {self.where}; retry later")
+                raise LeaseHeld(
+                    f"another run took over the expired lease {self.where}; retry later"
+                )
         self._stop = threading.Event()
         threading.Thread(target=self._renew, daemon=True, name="dr-dask-lease").start()
         return self
