@@ -625,8 +625,10 @@ class Lease:
     Taken with create-if-absent (:meth:`Location.create_bytes`: ``O_EXCL`` locally, a
     conditional PUT on S3), renewed every ``ttl / 3`` seconds by a daemon thread while the job
     runs, taken over once expired (a killed run's lease lapses after ``ttl``), deleted on
-    release. A second run of the same job while the lease is live raises :class:`LeaseHeld`
-    (the CLI exits 1 with the holder and expiry: retry later) rather than redoing the work.
+    release. A holder on this host whose process is gone (a killed run, rerun at once) is
+    taken over without waiting for expiry. A second run of the same job while the lease is live
+    raises :class:`LeaseHeld` (the CLI exits 1 with the holder and expiry: retry later) rather
+    than redoing the work.
 
     Parameters
     ----------
@@ -655,7 +657,8 @@ class Lease:
 
         if not self.where.create_bytes(self._record()):
             held = self.where.read_json() or {}
-            if held.get("owner") != self.owner and held.get("expires", 0) > time.time():
+            if (held.get("owner") != self.owner and held.get("expires", 0) > time.time()
+                    and not _dead_on_this_host(held.get("owner", ""))):
                 until = _dt.datetime.fromtimestamp(held["expires"], _dt.timezone.utc)
                 raise LeaseHeld(
                     f"another run of this job ({held.get('owner')}) holds {self.where} until "
@@ -690,6 +693,17 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _dead_on_this_host(owner: str) -> bool:
+    """``owner`` ("host:pid:token") is a process of this host that no longer runs."""
+    import socket
+
+    import psutil
+
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and not psutil.pid_exists(int(pid))
 
 
 def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr.Group:

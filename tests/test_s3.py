@@ -303,3 +303,15 @@ def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, d
     assert code == 1 and "retry later" in output and "Traceback" not in output
     assert not open_run(out, "r").attrs["stages"]  # the second run did no work
     assert _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out, "--name", "r"])[0] == 0
+
+
+def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path):
+    import socket
+
+    from dr_dask.store import Lease
+
+    loc = Location(str(tmp_path / "lease.json"))
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    loc.write_json({"owner": f"{socket.gethostname()}:{proc.pid}:x", "expires": time.time() + 60})
+    Lease(loc, ttl=30).acquire().release()
