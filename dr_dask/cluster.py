@@ -3,8 +3,10 @@
 Library functions take ``client=None``. They never start a cluster themselves: with no client
 they use the client already active in the process (``distributed.default_client``) if there is
 one, and otherwise dask's local threaded scheduler. Starting clusters is the application's job;
-the CLI does it through :func:`connect`, which honours ``--scheduler`` and
-``DASK_SCHEDULER_ADDRESS`` and otherwise starts a ``LocalCluster`` sized to the machine.
+the CLI does it through :func:`connect`, which honours ``--scheduler`` /
+``DASK_SCHEDULER_ADDRESS``, then ``--scheduler-file`` / ``DASK_SCHEDULER_FILE`` (how
+dask-jobqueue and dask-mpi clusters are joined), and otherwise starts a ``LocalCluster`` sized
+to the container it runs in.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
-import psutil
+from dask.system import CPU_COUNT
 from distributed import Client, LocalCluster, Security
+from distributed.system import MEMORY_LIMIT
 
 logger = logging.getLogger(__name__)
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+SCHEDULER_FILE_ENV = "DASK_SCHEDULER_FILE"
 
 
 class ClientParam:
@@ -58,15 +62,18 @@ def active_client(client: Client | None = None) -> Client | None:
 
 
 def local_cluster_kwargs(n_workers: int | None = None, memory_fraction: float = 0.8) -> dict:
-    """Keyword arguments for a ``LocalCluster`` sized to this machine.
+    """Keyword arguments for a ``LocalCluster`` sized to this container.
 
     One process per core with one thread each (our tasks are GEMM- and scipy-bound and release
     the GIL, but BLAS already threads inside a task poorly at 2 cores), and a per-worker memory
-    limit so that the whole cluster stays within ``memory_fraction`` of physical RAM.
+    limit so that the whole cluster stays within ``memory_fraction`` of the memory available.
+    Cores and memory are Dask's container-aware figures, as ``distributed`` sizes its own
+    workers: ``dask.system.CPU_COUNT`` (CPU affinity and cgroup CPU quota) and
+    ``distributed.system.MEMORY_LIMIT`` (cgroup memory limit and RLIMIT_RSS), not the host's.
     """
-    cores = os.cpu_count() or 1
+    cores = max(1, int(CPU_COUNT))
     n_workers = n_workers or cores
-    total = psutil.virtual_memory().total
+    total = MEMORY_LIMIT
     return dict(
         n_workers=n_workers,
         threads_per_worker=max(1, cores // n_workers),
@@ -93,15 +100,21 @@ def tls_security(ca_file: str, cert: str, key: str) -> Security:
 
 
 def connect(
-    scheduler: str | None = None, n_workers: int | None = None, processes: bool = True,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    scheduler_file: str | None = None,
     security: Security | None = None,
 ) -> Client:
-    """Connect to ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``), else start a LocalCluster.
+    """Connect to ``scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``), else to the cluster of
+    ``scheduler_file`` (or ``$DASK_SCHEDULER_FILE``), else start a LocalCluster.
 
     Parameters
     ----------
     scheduler : str, optional
         Address such as ``tcp://10.0.0.5:8786`` (``tls://...`` with ``security``).
+    scheduler_file : str, optional
+        JSON file written by ``dask scheduler --scheduler-file``, dask-jobqueue or dask-mpi.
     n_workers : int, optional
         Worker processes for a new LocalCluster (default: one per core).
     processes : bool
@@ -114,6 +127,12 @@ def connect(
     if address:
         logger.info("connecting to scheduler %s", address)
         return Client(address, security=security)
+    scheduler_file = scheduler_file or os.environ.get(SCHEDULER_FILE_ENV)
+    if scheduler_file:
+        if not os.path.exists(scheduler_file):
+            raise ValueError(f"scheduler file {scheduler_file} does not exist")
+        logger.info("connecting to the scheduler of %s", scheduler_file)
+        return Client(scheduler_file=scheduler_file, timeout="30s", security=security)
     kwargs = local_cluster_kwargs(n_workers)
     kwargs["processes"] = processes
     cluster = LocalCluster(**kwargs, security=security)
@@ -127,10 +146,13 @@ def connect(
 
 @contextlib.contextmanager
 def session(
-    scheduler: str | None = None, n_workers: int | None = None, security: Security | None = None
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    scheduler_file: str | None = None,
+    security: Security | None = None,
 ) -> Iterator[Client]:
     """Context manager around :func:`connect` that closes what it started."""
-    client = connect(scheduler, n_workers, security=security)
+    client = connect(scheduler, n_workers, scheduler_file=scheduler_file, security=security)
     try:
         yield client
     finally:

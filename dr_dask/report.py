@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from typing import Any
 
 import numpy as np
+
+from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -20,13 +21,12 @@ logger = logging.getLogger(__name__)
 MAX_POINTS = 20_000
 
 
-def write_json(results: dict, path: str) -> str:
-    """Write ``results`` as indented JSON (NumPy values converted) and return the path."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(plain_json(results), fh, indent=2)
-        fh.write("\n")
-    return path
+def write_json(results: dict, path: Any) -> str:
+    """Write ``results`` as indented JSON (NumPy values converted) to ``path`` (a local path,
+    URL or :class:`~dr_dask.storage.Location`) and return where it went."""
+    loc = location(path)
+    loc.write_bytes((json.dumps(plain_json(results), indent=2) + "\n").encode())
+    return loc.url
 
 
 def plain_json(obj: Any) -> Any:
@@ -95,7 +95,7 @@ def _fmt(v: Any) -> str:
 
 
 def plot_embedding(
-    embedding: Any, path: str, *, color: Any = None, title: str = "embedding",
+    embedding: Any, path: Any, *, color: Any = None, title: str = "embedding",
     metrics: dict | None = None, random_state: int = 0,
 ) -> str:
     """Scatter of one embedding (first two coordinates) next to its metric table, as PNG.
@@ -123,7 +123,7 @@ def plot_embedding(
 
 
 def plot_comparison(
-    embeddings: dict[str, Any], path: str, *, color: Any = None,
+    embeddings: dict[str, Any], path: Any, *, color: Any = None,
     metrics: dict[str, dict] | None = None, random_state: int = 0,
 ) -> str:
     """Several embeddings of the same points side by side, above one metrics table, as PNG.
@@ -171,7 +171,8 @@ def plot_comparison(
     if c is not None and not categorical:
         fig.colorbar(sc, ax=fig.axes, shrink=0.6)
     _table(fig.add_subplot(grid[nrow, :]), rows, names, cells)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    logger.info("wrote %s", path)
-    return path
+    loc = location(path)
+    with loc.open("wb") as fh:
+        fig.savefig(fh, format="png")
+    logger.info("wrote %s", loc)
+    return loc.url

@@ -18,3 +18,43 @@ def cluster_client():
     yield client
     client.close()
     cluster.close()
+
+
+# ------------------------------------------------------------------------- S3 (moto server)
+#: A credential the tests look for in everything a run writes: it must never appear.
+S3_SECRET = "s3cr3t-dr-dask-never-print-me"
+
+
+from dr_dask.bench.io import free_port  # noqa: E402  (re-exported for the tests)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """A real S3 protocol server (moto in server mode) on 127.0.0.1, for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint, monkeypatch, request):
+    """A fresh bucket; AWS_* (incl. AWS_ENDPOINT_URL) set for this test and its subprocesses."""
+    import uuid
+
+    import boto3
+    import s3fs
+
+    env = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+           "AWS_ENDPOINT_URL": moto_endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()  # cached instances hold the previous settings
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
+    yield bucket
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -338,3 +338,30 @@ def test_model_format_is_safe_and_versioned(model, scenario, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and b"Traceback" not in err and b"format version 0" in err
     assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.05, 0.45, 0.85])
+def test_s3_stream_killed_and_resumed_gives_every_row_once(
+    s3_bucket, model_path, source_dir, reference, scenario, fraction
+):
+    """Source and output on S3 (moto server): kill -9 early, mid-stream and late, resume."""
+    from dr_dask.storage import Location
+
+    src = Location(f"s3://{s3_bucket}/stream")
+    for name in sorted(os.listdir(source_dir)):
+        with open(os.path.join(source_dir, name), "rb") as fh:
+            src.child(name).write_bytes(fh.read())
+    out = f"s3://{s3_bucket}/out"
+    n = len(scenario.stream)
+    proc = _cli(*_run_args(model_path, src.url, out))
+    seen = _wait_rows(proc, out, int(fraction * n))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "runner finished before it could be killed"
+    assert 0 <= seen < n
+    StreamRunner(out, src.url, n_s=N_S, strict_sequential=True).run()
+    o = read_output(out)
+    _check_complete(o, n)
+    _assert_same(o, reference)
+    assert not os.path.exists("s3:")

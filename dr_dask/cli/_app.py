@@ -27,6 +27,13 @@ PEM = click.Path(exists=True, dir_okay=False)
     "else a LocalCluster sized to this machine); 'threads' runs in this process on dask's "
     "threaded scheduler.",
 )
+@click.option(
+    "--scheduler-file",
+    envvar="DASK_SCHEDULER_FILE",
+    default=None,
+    help="Join the cluster described by this scheduler file (dask-jobqueue, dask-mpi, "
+    "'dask scheduler --scheduler-file'); default: $DASK_SCHEDULER_FILE.",
+)
 @click.option("--workers", type=int, default=None, help="Worker processes for the LocalCluster.")
 @click.option("--tls-ca-file", type=PEM, default=None,
               help="CA certificate (PEM): talk TLS to the scheduler (tls://HOST:8786) and "
@@ -34,17 +41,50 @@ PEM = click.Path(exists=True, dir_okay=False)
               "distributed.comm.tls.* (e.g. $DASK_DISTRIBUTED__COMM__TLS__CA_FILE).")
 @click.option("--tls-cert", type=PEM, default=None, help="This client's certificate (PEM).")
 @click.option("--tls-key", type=PEM, default=None, help="The certificate's private key (PEM).")
+@click.option(
+    "--storage-option",
+    "storage_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="fsspec storage option for every URL (repeatable), e.g. endpoint_url=http://host:9000 "
+    "or anon=true; credentials otherwise come from AWS_* / GOOGLE_* / AZURE_* and config files.",
+)
 @click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
 @click.pass_context
-def main(ctx: click.Context, scheduler: str | None, workers: int | None, tls_ca_file: str | None,
-         tls_cert: str | None, tls_key: str | None, verbose: int) -> None:
-    """Out-of-core, distributed nonlinear dimensionality reduction on Dask and Zarr."""
+def main(
+    ctx: click.Context,
+    scheduler: str | None,
+    scheduler_file: str | None,
+    workers: int | None,
+    tls_ca_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    storage_option: tuple[str, ...],
+    verbose: int,
+) -> None:
+    """Out-of-core, distributed nonlinear dimensionality reduction on Dask and Zarr.
+
+    Every location (inputs, outputs, reports) is a local path or a URL: s3://, gs://, az://,
+    memory://, file://.
+    """
+    from dr_dask.storage import StorageError, parse_storage_options
+
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     # the application, not the library, configures logging
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    try:
+        options = parse_storage_options(storage_option)
+    except StorageError as exc:
+        fail(str(exc))
     tls = {"ca_file": tls_ca_file, "cert": tls_cert, "key": tls_key}
-    ctx.obj = {"scheduler": scheduler, "workers": workers, "verbose": verbose,
-               "tls": {k: v for k, v in tls.items() if v}}
+    ctx.obj = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers,
+               "verbose": verbose, "tls": {k: v for k, v in tls.items() if v},
+               "storage_options": options}
+
+
+def storage_options(ctx: click.Context) -> dict:
+    """The ``--storage-option`` values of this invocation."""
+    return dict((ctx.find_root().obj or {}).get("storage_options") or {})
 
 
 def security(tls: dict[str, str]):  # -> distributed.Security | None (imported lazily)
@@ -69,10 +109,22 @@ def cluster(ctx: click.Context) -> Iterator:
     if obj.get("scheduler") == "threads":
         yield None
         return
-    with session(obj.get("scheduler"), obj.get("workers"),
-                 security=security(obj.get("tls", {}))) as client:
+    try:
+        started = session(obj.get("scheduler"), obj.get("workers"), obj.get("scheduler_file"),
+                          security=security(obj.get("tls", {})))
+        client = started.__enter__()
+    except (ValueError, OSError) as exc:  # a missing scheduler file, an unreachable scheduler
+        fail(f"cannot join the Dask cluster: {exc}")
+    with contextlib.ExitStack() as stack:
+        stack.push(started)
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
         yield client
+
+
+def busy(message: str) -> None:
+    """Exit 1 (transient: retry later) with a clear message, e.g. another run holds the lease."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
 
 
 def fail(message: str) -> None:

@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from dr_dask.cli._app import cluster, datasets, fail
+from dr_dask.cli._app import cluster, datasets, fail, storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def _names() -> list[str]:
 
 @datasets.command("make")
 @click.argument("name")
-@click.option("--out", "out", required=True, type=click.Path(), help="Zarr store to write.")
+@click.option("--out", "out", required=True, help="Zarr store to write (path or URL).")
 @click.option("-T", "--n-samples", "n_samples", type=int, default=1000, show_default=True, help="Samples (rows).")
 @click.option("-N", "--n-features", "n_features", type=int, default=400, show_default=True, help="Features (columns).")
 @click.option("-M", "--n-components", "n_components", type=int, default=None, help="Latent dimensions [dataset default].")
@@ -33,20 +33,24 @@ def _names() -> list[str]:
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--if-missing", is_flag=True,
-              help="Do nothing if OUT exists (stores appear only once complete): for resumable jobs.")
+              help="Do nothing if OUT holds a complete dataset (an interrupted one is redone).")
 @click.option("--parallel", is_flag=True, help="Generate chunks on the dask cluster (--scheduler or a LocalCluster).")
 @click.pass_context
 def make(ctx: click.Context, name: str, out: str, n_samples: int, n_features: int, n_components, noise,
          seed: int, length_scale, method, bump, chunk_size: int, dtype: str, overwrite: bool,
          if_missing: bool, parallel: bool) -> None:
     """Generate dataset NAME (gp, sinusoidal, bump, ...) into the Zarr store OUT."""
-    import os
-
     from dr_dask.datasets import make_dataset
+    from dr_dask.datasets._zarr import dataset_state
+    from dr_dask.storage import location
 
-    if if_missing and not overwrite and os.path.exists(out):
-        click.echo(f"{out} exists; nothing to do (--if-missing)")
-        return
+    try:
+        out = location(out, storage_options(ctx))
+        if if_missing and not overwrite and dataset_state(out) == "complete":
+            click.echo(f"{out} exists; nothing to do (--if-missing)")
+            return
+    except ValueError as exc:
+        fail(str(exc))
     if name not in _names():
         fail(f"unknown dataset {name!r}; valid names: {', '.join(_names())}")
     # pass only what the user set, so each generator keeps its own defaults and an option

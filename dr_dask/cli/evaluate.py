@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import click
 import numpy as np
 
-from dr_dask.cli._app import bench, cluster, fail, main
+from dr_dask.cli._app import bench, cluster, fail, main, storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -21,40 +20,41 @@ LSDR_INPUT_DIM = 3
 
 
 # ------------------------------------------------------------------------------ input helpers
-def load_values(spec: str, default_store: str | None) -> np.ndarray:
+def load_values(spec: str, default_store: Any, storage_options: dict | None = None) -> np.ndarray:
     """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
-    from dr_dask.store import InputError, parse_source
+    from dr_dask.storage import location
+    from dr_dask.store import InputError, open_netcdf, parse_source
 
-    path, var = parse_source(spec)
-    if not os.path.exists(path):
+    path, var = parse_source(spec, storage_options)
+    loc = location(path, storage_options)
+    if not loc.exists():
         if default_store is None:
             raise InputError(f"{spec!r} is neither a path nor a variable of a known input store")
-        path, var = default_store, spec
-    if path.endswith(".npy"):
-        return np.load(path)
-    if path.endswith((".nc", ".nc4", ".netcdf", ".h5")):
-        import xarray as xr
-
-        with xr.open_dataset(path) as ds:
+        loc, var = location(default_store, storage_options), spec
+    if loc.url.endswith(".npy"):
+        with loc.open("rb") as fh:
+            return np.load(fh)
+    if loc.url.endswith((".nc", ".nc4", ".netcdf", ".h5")):
+        with open_netcdf(loc) as ds:
             if var not in ds:
-                raise InputError(f"{path} has no variable {var!r} (has {sorted(ds.data_vars)})")
+                raise InputError(f"{loc} has no variable {var!r} (has {sorted(ds.data_vars)})")
             return ds[var].values
     import zarr
 
     try:
-        group = zarr.open_group(path, mode="r")
+        group = zarr.open_group(store=loc.zarr_store(read_only=True), mode="r")
     except Exception as exc:
-        raise InputError(f"cannot open {path} as a Zarr group: {exc}") from exc
+        raise InputError(f"cannot open {loc} as a Zarr group: {exc}") from exc
     if var is None or var not in group:
-        raise InputError(f"{path} has no array {var!r} (has {sorted(group.array_keys())})")
+        raise InputError(f"{loc} has no array {var!r} (has {sorted(group.array_keys())})")
     return np.asarray(group[var][...])
 
 
-def _open_input(source: str) -> tuple[Any, str | None]:
-    from dr_dask.store import open_dataset, parse_source
+def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, Any]:
+    from dr_dask.store import open_dataset
 
-    inp = open_dataset(source)
-    return inp, parse_source(source)[0]
+    inp = open_dataset(source, None, storage_options)
+    return inp, inp.location
 
 
 # ------------------------------------------------------------------------------- evaluate
@@ -71,14 +71,14 @@ def _open_input(source: str) -> tuple[Any, str | None]:
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     """Score a stored embedding: metrics JSON and a PNG (scatter + metric table)."""
-    import zarr
-
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import plot_embedding, write_json
-    from dr_dask.store import InputError
+    from dr_dask.storage import location
+    from dr_dask.store import InputError, open_run
 
+    so = storage_options(ctx)
     try:
-        group = zarr.open_group(os.path.join(store, name), mode="r")
+        group = open_run(store, name, so)
         if "embedding" not in group:
             raise InputError(f"{store}/{name} has no 'embedding' array")
         emb = np.asarray(group["embedding"][...])
@@ -86,12 +86,12 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
         if source is None and recorded.get("path"):
             source = recorded["path"] + (f":{recorded['variable']}" if recorded.get("variable")
                                          else "")
-        inp, in_store = _open_input(source) if source else (None, None)
-        lab = load_values(labels, in_store) if labels else None
-        lat = load_values(latent, in_store) if latent else None
-    except (InputError, FileNotFoundError, KeyError) as exc:
+        inp, in_store = _open_input(source, so) if source else (None, None)
+        lab = load_values(labels, in_store, so) if labels else None
+        lat = load_values(latent, in_store, so) if latent else None
+    except (InputError, FileNotFoundError, KeyError, ValueError) as exc:
         fail(str(exc))
-    out = out or os.path.join(store, f"{name}.report")
+    out = location(out, so) if out else location(store, so).child(f"{name}.report")
     try:
         with cluster(ctx) as client:
             metrics = evaluate_embedding(emb, X=None if inp is None else inp.data, labels=lab,
@@ -100,8 +100,8 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
         fail(str(exc))
     result = {"store": store, "embedding": name, "input": source, "n_samples": emb.shape[0],
               "n_components": emb.shape[1], "metrics": metrics}
-    write_json(result, os.path.join(out, "metrics.json"))
-    plot_embedding(emb, os.path.join(out, "embedding.png"), title=name, metrics=metrics,
+    write_json(result, out.child("metrics.json"))
+    plot_embedding(emb, out.child("embedding.png"), title=name, metrics=metrics,
                    color=lab if lab is not None else lat)
     for key, value in metrics.items():
         click.echo(f"{key:>22}: {value:.4f}")
@@ -196,17 +196,19 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
     """Run several methods on the same data; table and figure of their metrics side by side."""
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import plot_comparison, write_json
+    from dr_dask.storage import location
     from dr_dask.store import InputError
 
+    so = storage_options(ctx)
     names = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in names if m not in METHODS]
     if unknown:
         fail(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
     try:
-        inp, in_store = _open_input(source)
-        lab = load_values(labels, in_store) if labels else None
-        lat = load_values(latent, in_store) if latent else None
-    except (InputError, FileNotFoundError) as exc:
+        inp, in_store = _open_input(source, so)
+        lab = load_values(labels, in_store, so) if labels else None
+        lat = load_values(latent, in_store, so) if latent else None
+    except (InputError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     X = np.asarray(inp.data.compute(), dtype=np.float64)
     for what, v in (("labels", lab), ("latent", lat)):
@@ -236,15 +238,16 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
             results[name] = run
             click.echo(f"{name}: {run['seconds']:.2f} s, peak RSS {run['peak_rss_gb']:.2f} GB",
                        err=True)
-    os.makedirs(out, exist_ok=True)
+    out = location(out, so)
     report = {"input": inp.name, "n_samples": X.shape[0], "n_features": X.shape[1],
               "n_components": n_components, "methods": results, "skipped": skipped}
-    write_json(report, os.path.join(out, "compare.json"))
+    write_json(report, out.child("compare.json"))
     if embeddings:
-        np.savez(os.path.join(out, "embeddings.npz"), **embeddings)
+        with out.child("embeddings.npz").open("wb") as fh:
+            np.savez(fh, **embeddings)
         table = {m: {"seconds": r["seconds"], "peak_rss_gb": r["peak_rss_gb"], **r["metrics"]}
                  for m, r in results.items()}
-        plot_comparison(embeddings, os.path.join(out, "compare.png"), metrics=table,
+        plot_comparison(embeddings, out.child("compare.png"), metrics=table,
                         color=lab if lab is not None else lat, random_state=seed)
     else:
         fail(f"no method ran ({'; '.join(skipped.values())}); report written to {out}")

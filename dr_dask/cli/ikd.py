@@ -8,8 +8,8 @@ import os
 
 import click
 
-from dr_dask.cli._app import bench, cluster, embed, fail, main
-from dr_dask.store import InputError
+from dr_dask.cli._app import bench, busy, cluster, embed, fail, main, storage_options
+from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +56,21 @@ def make_ikd(**kw):
 @click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
 @click.option("--name", default=None, help="Run name (default: derived from parameters).")
 @click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
+@click.option("--drop-cache", is_flag=True,
+              help="Delete the run's tile cache (distance tiles, geodesic rows) once it completes.")
 @ikd_options
 @click.pass_context
-def embed_ikd(ctx, source, out, name, overwrite, **params):
+def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     """Fit IKD on a stored dataset and write the embedding into OUT."""
     from dr_dask.runs import run_embedding
 
     try:
         with cluster(ctx) as client:
             est = make_ikd(**params, client=client, progress=True)
-            run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite)
+            run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite,
+                                storage_options=storage_options(ctx), drop_cache=drop_cache)
+    except LeaseHeld as exc:
+        busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
     click.echo(f"embedding written to {run.path} (array 'embedding')")
@@ -110,4 +115,22 @@ def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
 
     with cluster(ctx) as client:
         results = run_bench(client, quick=quick, only=set(only), ooc_T=ooc_T, workdir=workdir)
+    click.echo(write_report(results, json_path))
+
+
+@bench.command("io")
+@click.option("-T", "n_samples", type=int, default=20_000, show_default=True, help="Samples.")
+@click.option("-N", "n_features", type=int, default=1_000, show_default=True, help="Features.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Timed fits per side.")
+@click.option("--bucket", default=None,
+              help="Use this bucket at $AWS_ENDPOINT_URL (default: a local moto S3 server).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@click.pass_context
+def bench_io(ctx, n_samples, n_features, repeats, bucket, json_path):
+    """The same IKD fit from local disk and from S3: both times, the ratio, S3 requests."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.io import run_bench
+
+    with cluster(ctx) as client:
+        results = run_bench(client, T=n_samples, N=n_features, repeats=repeats, bucket=bucket)
     click.echo(write_report(results, json_path))

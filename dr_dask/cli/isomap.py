@@ -7,8 +7,8 @@ import logging
 
 import click
 
-from dr_dask.cli._app import bench, cluster, embed, fail
-from dr_dask.store import InputError
+from dr_dask.cli._app import bench, busy, cluster, embed, fail, storage_options
+from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 @click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
 @click.option("--name", default=None, help="Run name (default: derived from parameters).")
 @click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
+@click.option("--drop-cache", is_flag=True,
+              help="Delete the run's tile cache (distance tiles, geodesic rows) once it completes.")
 @click.option("-n", "--n-components", type=int, default=2, show_default=True)
 @click.option("-k", "--n-neighbors", type=int, default=10, show_default=True)
 @click.option("--radius", type=float, default=None, help="Epsilon rule instead of k (full only).")
@@ -31,7 +33,7 @@ logger = logging.getLogger(__name__)
               help="Zarr path for the geodesic rows (T x T squared, or L x T) instead of memory.")
 @click.option("--seed", "random_state", type=int, default=0, show_default=True)
 @click.pass_context
-def embed_isomap(ctx, source, out, name, overwrite, n_components, n_neighbors, radius,
+def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_neighbors, radius,
                  n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
@@ -53,7 +55,10 @@ def embed_isomap(ctx, source, out, name, overwrite, n_components, n_neighbors, r
                                      on_disconnected=on_disconnected, random_state=random_state,
                                      client=client, geodesic_store=geodesic_store)
                 method = "landmark_isomap"
-            run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite)
+            run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite,
+                                storage_options=storage_options(ctx), drop_cache=drop_cache)
+    except LeaseHeld as exc:
+        busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
     click.echo(f"embedding written to {run.path} (array 'embedding')")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 
 import click
 import numpy as np
 
-from dr_dask.cli._app import bench, cluster, fail, stream
+from dr_dask.cli._app import bench, cluster, fail, storage_options, stream
 
 logger = logging.getLogger(__name__)
 
@@ -45,20 +44,22 @@ def make_scenario(out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, ki
     click.echo(json.dumps(meta, indent=2))
 
 
-def _load_batch(path: str) -> np.ndarray:
+def _load_batch(path: str, storage_options: dict) -> np.ndarray:
     from dr_dask.store import InputError, open_dataset
 
     try:
-        return np.asarray(open_dataset(path).data.compute(), dtype=np.float64)
-    except InputError as exc:
+        return np.asarray(open_dataset(path, None, storage_options).data.compute(),
+                          dtype=np.float64)
+    except (InputError, ValueError) as exc:
         fail(str(exc))
 
 
 @stream.command("run")
 @click.argument("source")
-@click.option("--out", required=True, type=click.Path(), help="Output store (resumed if present).")
-@click.option("--model", "model_path", type=click.Path(exists=True),
-              help="A fitted GPIsomap saved by dr_dask.methods.gp_isomap_io (a Zarr group).")
+@click.option("--out", required=True, help="Output store, path or URL (resumed if present).")
+@click.option("--model", "model_path",
+              help="A fitted GPIsomap saved by dr_dask.methods.gp_isomap_io (a Zarr group: path "
+              "or URL).")
 @click.option("--batch", help="Batch to fit the model on (Zarr/NetCDF/.npy), if no --model.")
 @click.option("--holdout", help="Held-out batch-distribution points to calibrate sigma_t.")
 @click.option("--sigma-t", type=float, default=None,
@@ -86,12 +87,17 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
     same command resumes.
     """
     from dr_dask.methods.gp_isomap import GPIsomap
+    from dr_dask.storage import location
     from dr_dask.stream.runner import StreamRunner
     from dr_dask.stream.store import StreamStore
 
-    if not os.path.exists(source):
-        fail(f"stream source {source!r} does not exist")
-    resuming = StreamStore(out).exists()
+    so = storage_options(ctx)
+    try:
+        if not location(source, so).exists():
+            fail(f"stream source {source!r} does not exist")
+        resuming = StreamStore(out, so).exists()
+    except ValueError as exc:  # an unusable location: scheme, credentials, endpoint
+        fail(str(exc))
     if not resuming and not (model_path or batch):
         fail("a new stream needs --model or --batch")
     with contextlib.ExitStack() as stack:
@@ -102,7 +108,7 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
                 from dr_dask.methods.gp_isomap_io import ModelFormatError, load_gp_isomap
 
                 try:
-                    model, _ = load_gp_isomap(model_path)
+                    model, _ = load_gp_isomap(location(model_path, so))
                 except ModelFormatError as exc:
                     fail(str(exc))
             else:
@@ -110,31 +116,36 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
                     n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,
                     noise_variance=noise_variance, sigma_t=sigma_t, random_state=seed,
                     client=client,
-                ).fit(_load_batch(batch))
+                ).fit(_load_batch(batch, so))
             if holdout and sigma_t is None:
-                model.calibrate_threshold(_load_batch(holdout))
+                model.calibrate_threshold(_load_batch(holdout, so))
             elif sigma_t is not None:
                 model.sigma_t_, model.threshold_source_ = float(sigma_t), "manual"
         runner = StreamRunner(
             out, source, model, n_s=n_s, chunk_size=chunk_size, strict_sequential=strict,
             max_in_flight=max_in_flight, follow=follow, poll_interval=poll, client=client,
+            storage_options=so,
         )
         summary = runner.run()
     click.echo(json.dumps(summary))
 
 
 @stream.command("report")
-@click.argument("store", type=click.Path(exists=True))
+@click.argument("store")
 @click.option("--out", "out_png", default=None, help="PNG path (default STORE/report.png).")
 @click.option("--window", type=int, default=50, show_default=True, help="Running-mean window.")
-def report(store, out_png, window):
+@click.pass_context
+def report(ctx, store, out_png, window):
     """Plot variance over stream time (running mean, refits) and the embedding by version."""
+    from dr_dask.storage import location
     from dr_dask.stream.report import stream_report
     from dr_dask.stream.store import StreamStore
 
+    store = location(store, storage_options(ctx))
     if not StreamStore(store).exists():
         fail(f"{store} is not a stream output store (no checkpoint.json)")
-    summary = stream_report(store, out_png or os.path.join(store, "report.png"), window)
+    summary = stream_report(store, location(out_png, store.storage_options) if out_png
+                            else store.child("report.png"), window)
     click.echo(json.dumps(summary, indent=2))
 
 

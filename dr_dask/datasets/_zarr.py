@@ -16,11 +16,13 @@ Store layout (``xarray.open_zarr(path)`` opens it as a Dataset)::
     X       (sample, feature)     float32/float64, chunks (chunk_size, n_features)
     latent  (sample, latent_dim)  float64, the true latents
     sample  (sample,)             int64 ids 0..T-1 (the index coordinate)
-    attrs   generator, params, dr_dask_version
+    attrs   generator, params, dr_dask_version, complete
 
-Stores are written to a hidden sibling directory and renamed into place when complete, so a
-crashed run never leaves a half-written store under the requested name. With a cluster the
-workers write their chunks directly, so the path must be on a filesystem they share.
+The location is a local path or a URL (``s3://``, ``gs://``, ``memory://``...). Object stores
+have no rename, so a store is written in place and marked ``complete`` in its root attributes
+by the last write (after every chunk); :func:`dr_dask.store.open_dataset` refuses a store
+marked incomplete, and the next ``make`` replaces such debris without ``overwrite``. With a
+cluster the workers write their chunks directly, so they must be able to reach the location.
 """
 
 from __future__ import annotations
@@ -28,10 +30,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import shutil
-import uuid
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -39,6 +38,7 @@ import zarr
 
 from dr_dask.cluster import active_client
 from dr_dask.report import plain_json
+from dr_dask.storage import Location, location
 
 if TYPE_CHECKING:  # xarray is only needed for in-memory results; workers never import it
     import xarray as xr
@@ -143,7 +143,7 @@ def check_int(name: str, value: Any, minimum: int) -> int:
 
 def make_dataset(
     name: str,
-    path: str | os.PathLike | None = None,
+    path: str | os.PathLike | Location | None = None,
     *,
     n_samples: int,
     n_features: int,
@@ -215,7 +215,7 @@ def make_dataset(
     )
     if path is None:
         return _to_memory(gen, chunk_size, dtype)
-    return _to_zarr(gen, Path(path), chunk_size, dtype, overwrite, active_client(client))
+    return _to_zarr(gen, location(path), chunk_size, dtype, overwrite, active_client(client))
 
 
 def _attrs(gen: Generator, chunk_size: int, dtype: str) -> dict[str, Any]:
@@ -246,46 +246,49 @@ def _to_memory(gen: Generator, chunk_size: int, dtype: str) -> xr.Dataset:
 
 
 def _write_block(
-    gen: Generator, mapping: dict, latent: np.ndarray, start: int, array_path: str, dtype: str
+    gen: Generator, mapping: dict, latent: np.ndarray, start: int, array: Location, dtype: str
 ) -> int:
-    """Generate rows ``start ..`` of X and write them into the Zarr array at ``array_path``."""
+    """Generate rows ``start ..`` of X and write them into the Zarr array at ``array``."""
     block = gen.block(mapping, latent, start).astype(dtype, copy=False)
-    zarr.open_array(store=array_path, mode="r+")[start : start + len(block)] = block
+    zarr.open_array(store=array.zarr_store(), mode="r+")[start : start + len(block)] = block
     return len(block)
 
 
-def _check_target(target: Path, overwrite: bool) -> None:
-    if not target.exists():
-        return
-    if not overwrite:
-        raise FileExistsError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
-    if not (target.is_dir() and (target / "zarr.json").exists()):
-        # never delete something that is not a Zarr store, even when asked to overwrite
-        raise FileExistsError(f"{target} exists and is not a Zarr store; remove it yourself")
+def dataset_state(target: Location) -> str:
+    """``"absent"``, ``"complete"``, ``"incomplete"`` (a killed ``make``) or ``"foreign"`` (not a
+    dataset store: never deleted)."""
+    meta = target.child("zarr.json").read_json()
+    if meta is None:
+        return "foreign" if target.exists() else "absent"
+    attrs = meta.get("attributes", {})
+    if "generator" not in attrs:
+        return "foreign" if meta.get("node_type") != "group" or attrs else "incomplete"
+    return "incomplete" if attrs.get("complete") is False else "complete"
 
 
 def _to_zarr(
-    gen: Generator, target: Path, chunk_size: int, dtype: str, overwrite: bool, client
+    gen: Generator, target: Location, chunk_size: int, dtype: str, overwrite: bool, client
 ) -> str:
-    _check_target(target, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
-    try:
-        _write_store(gen, tmp, chunk_size, dtype, client)
-        if target.exists():  # overwrite=True, checked to be a Zarr store above
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    state = dataset_state(target)
+    if state == "foreign":
+        # never delete something that is not a dataset store, even when asked to overwrite
+        raise FileExistsError(f"{target} exists and is not a Zarr store of a dataset; remove it yourself")
+    if state == "complete" and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
+    if state != "absent":
+        logger.info("replacing %s dataset store %s", state, target)
+        target.delete()
+    _write_store(gen, target, chunk_size, dtype, client)
     logger.info("wrote %s: X %d x %d (%s)", target, gen.n_samples, gen.n_features, gen.name)
-    return str(target)
+    return target.url
 
 
-def _write_store(gen: Generator, store: Path, chunk_size: int, dtype: str, client) -> None:
+def _write_store(gen: Generator, store: Location, chunk_size: int, dtype: str, client) -> None:
     T, N = gen.n_samples, gen.n_features
     latent = gen.latents()
-    group = zarr.create_group(store=str(store), zarr_format=3)
+    store.check()
+    group = zarr.create_group(store=store.zarr_store(), zarr_format=3, attributes={
+        "generator": gen.name, "complete": False})
     group.create_array(
         "X", shape=(T, N), chunks=(min(chunk_size, T), N), dtype=dtype,
         dimension_names=("sample", "feature"), fill_value=np.nan,
@@ -299,9 +302,10 @@ def _write_store(gen: Generator, store: Path, chunk_size: int, dtype: str, clien
         dimension_names=("sample",), fill_value=-1,
     )[:] = np.arange(T, dtype=np.int64)
     mapping = gen.mapping(latent)
-    group.attrs.update(_attrs(gen, chunk_size, dtype))  # after mapping: it may record e.g. jitter
+    attrs = _attrs(gen, chunk_size, dtype)  # after mapping: it may record e.g. jitter
+    group.attrs.update({**attrs, "complete": False})
     starts = _starts(T, chunk_size)
-    array_path = str(store / "X")
+    array_path = store.child("X")
     if client is None:
         for a in starts:
             _write_block(gen, mapping, latent[a : a + chunk_size], a, array_path, dtype)
@@ -325,4 +329,5 @@ def _write_store(gen: Generator, store: Path, chunk_size: int, dtype: str, clien
         # consolidated metadata lets xarray.open_zarr(path) open the store without a warning;
         # zarr notes that it is not (yet) part of the v3 spec
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-        zarr.consolidate_metadata(str(store))
+        group.attrs["complete"] = True  # the mark: every chunk above is written
+        zarr.consolidate_metadata(store.zarr_store())

@@ -10,10 +10,9 @@ same pattern with another per-tile function.
 
 from __future__ import annotations
 
+import io
 import logging
-import os
-import pickle
-import shutil
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 import zarr
 
 from dr_dask.cluster import active_client, compute
+from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,12 @@ class TileGrid:
 class ZarrTile:
     """A reference to one tile of a Zarr array: pickles as a path and slices, loads on a worker."""
 
-    path: str
+    path: Location
     rows: slice
     cols: slice
 
     def load(self) -> np.ndarray:
-        arr = zarr.open_array(self.path, mode="r")
+        arr = zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
         return np.asarray(arr[self.rows, self.cols])
 
 
@@ -181,13 +181,14 @@ def build_tiles(
 ) -> tuple[TiledSymmetric, list]:
     """Compute every upper tile ``tile_fn(blocks[i], blocks[j], is_diagonal, *fn_args)``.
 
-    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (path of a Zarr array) each task
-    writes its tile there and only ``stats`` come back, so the matrix is on disk and no process
-    ever holds more than a tile; otherwise tiles stay in worker memory.
+    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (a :class:`~dr_dask.storage.Location`
+    or path/URL of a Zarr array) each task writes its tile there and only ``stats`` come back,
+    so the matrix is stored and no process ever holds more than a tile; otherwise tiles stay
+    in worker memory.
 
-    On disk the stage resumes tile by tile: after writing its tile a task records its stats in
-    ``store + ".done"/i_j.pkl`` (atomically, so the record exists only for a fully written tile),
-    and a rerun recomputes only the tiles without a record.
+    Stored, the stage resumes tile by tile: after writing its tile a task writes one mark
+    object with its stats, ``store/done/i_j.npz`` (inside the array's own prefix, so on an
+    object store too); a rerun recomputes only the tiles without a mark.
 
     Returns
     -------
@@ -196,6 +197,7 @@ def build_tiles(
     client = active_client(client)
     done: dict = {}
     if store is not None:
+        store = location(store)
         if any(b % grid.max_block for b in grid.bounds[:-1]):
             raise ValueError("tile grid must be regular to align tiles with Zarr chunks")
         done = _open_tile_store(store, grid, dtype)
@@ -240,31 +242,42 @@ def _second(pair: tuple) -> Any:
     return pair[1]
 
 
-def _done_path(store: str, ij: tuple[int, int]) -> str:
-    return os.path.join(store + ".done", f"{ij[0]}_{ij[1]}.pkl")
+def _done_mark(store: Location, ij: tuple[int, int]) -> Location:
+    return store.child("done", f"{ij[0]}_{ij[1]}.npz")
 
 
-def _open_tile_store(store: str, grid: TileGrid, dtype: Any) -> dict:
+def _encode_stats(stats: tuple) -> bytes:
+    """A tile's statistics (a tuple of arrays) as npz bytes: a mark read back runs no code."""
+    buf = io.BytesIO()
+    np.savez(buf, *[np.asarray(s) for s in stats])
+    return buf.getvalue()
+
+
+def _decode_stats(data: bytes) -> tuple:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return tuple(z[f"arr_{i}"] for i in range(len(z.files)))
+
+
+def _open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
     """Create the tile array, or reopen it with the stats of the tiles already written."""
     shape, chunks = (grid.size, grid.size), (grid.max_block, grid.max_block)
     try:
-        arr = zarr.open_array(store, mode="r")
+        arr = zarr.open_array(store.zarr_store(read_only=True), mode="r")
         if arr.shape != shape or arr.chunks != chunks or arr.dtype != np.dtype(dtype):
             raise ValueError("tile array of another shape")
     except Exception:  # absent or incompatible: start the stage afresh
-        shutil.rmtree(store + ".done", ignore_errors=True)
+        store.delete()
         zarr.create_array(
-            store, shape=shape, chunks=chunks, dtype=dtype, compressors=None, fill_value=0,
-            overwrite=True, dimension_names=("sample", "sample_"),
+            store.zarr_store(), shape=shape, chunks=chunks, dtype=dtype, compressors=None,
+            fill_value=0, overwrite=True, dimension_names=("sample", "sample_"),
         )
-    os.makedirs(store + ".done", exist_ok=True)
+        return {}
     done = {}
     for ij in grid.upper():
         try:
-            with open(_done_path(store, ij), "rb") as fh:
-                done[ij] = pickle.load(fh)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            pass
+            done[ij] = _decode_stats(_done_mark(store, ij).read_bytes())
+        except (FileNotFoundError, EOFError, ValueError, OSError, zipfile.BadZipFile):
+            pass  # no mark (or a torn local write): the tile is redone
     return done
 
 
@@ -272,9 +285,8 @@ def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid):
     tile, stats = tile_fn(Xi, Xj, diag, *args)
     if store is None:
         return tile, stats
-    zarr.open_array(store, mode="r+")[grid.block(ij[0]), grid.block(ij[1])] = tile
-    path = _done_path(store, ij)
-    with open(path + ".tmp", "wb") as fh:  # the record appears only once the tile is written
-        pickle.dump(stats, fh)
-    os.replace(path + ".tmp", path)
+    arr = zarr.open_array(store.zarr_store(), mode="r+")
+    arr[grid.block(ij[0]), grid.block(ij[1])] = tile
+    # the mark is written only after the tile's chunks: a mark always vouches for a full tile
+    _done_mark(store, ij).write_bytes(_encode_stats(stats))
     return None, stats

@@ -61,6 +61,7 @@ from dr_dask.methods.ikd import (
     fitted_attributes,
     reference_index,
 )
+from dr_dask.storage import Location
 from dr_dask.store import InputData, RunGroup
 
 logger = logging.getLogger(__name__)
@@ -214,12 +215,13 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
     on_disk = est.tile_cache == "disk" or (
         est.tile_cache == "auto" and tile_bytes > MEMORY_TILE_BYTES
     )
-    workdir = run.path if run is not None else tempfile.mkdtemp(prefix="dr_dask_geodesic_")
+    workdir = run.location.child(run.name) if run is not None else Location(
+        tempfile.mkdtemp(prefix="dr_dask_geodesic_"))
     try:
         t0 = time.perf_counter()
         chunk = min(PATH_CHUNK, T)
         paths = zarr.create_array(
-            os.path.join(workdir, "geodesic_paths"), shape=(T, T), chunks=(chunk, chunk),
+            workdir.child("geodesic_paths").zarr_store(), shape=(T, T), chunks=(chunk, chunk),
             dtype=dtype, compressors=None, overwrite=True,
             dimension_names=("sample", "sample_"),
         )
@@ -232,7 +234,7 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
         else:
             xb = Xn.to_delayed().ravel()
             blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
-        store = os.path.join(workdir, "distance") if on_disk else None
+        store = workdir.child("distance") if on_disk else None
         D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
                                store=store, dtype=dtype, client=client, progress=est.progress)
         rowmax, rowsum = _row_stats(grid, stats)
@@ -253,7 +255,7 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
         seconds["eigen"] = time.perf_counter() - t0
     finally:
         if run is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir.delete()
     M = int(est.n_components)
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
     return {

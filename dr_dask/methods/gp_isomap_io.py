@@ -47,8 +47,12 @@ class ModelFormatError(ValueError):
 
 
 def _group(where: Any, mode: str) -> zarr.Group:
+    from dr_dask.storage import Location
+
     if isinstance(where, zarr.Group):
         return where
+    if isinstance(where, Location):  # any local path or URL, with its storage options
+        where = where.zarr_store(read_only=mode == "r")
     try:
         return zarr.open_group(where, mode=mode)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:

@@ -22,8 +22,6 @@ Resolutions of the papers' ambiguities (digest §1.6), all parameters of :class:
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import tempfile
 import time
 import warnings
@@ -38,6 +36,7 @@ from dr_dask.cluster import ClientParam, active_client, compute
 from dr_dask.kernels import get_kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles
+from dr_dask.storage import Location
 from dr_dask.store import InputData, RunGroup, open_dataset, validate
 
 logger = logging.getLogger(__name__)
@@ -467,10 +466,8 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         )
         try:
             if on_disk and run is None:
-                tmpdir = tempfile.mkdtemp(prefix="dr_dask_tiles_")
-            store = (
-                os.path.join(run.path if run else tmpdir, "distance") if on_disk else None
-            )
+                tmpdir = Location(tempfile.mkdtemp(prefix="dr_dask_tiles_"))
+            store = (run.child("distance") if run else tmpdir.child("distance")) if on_disk else None
             t0 = time.perf_counter()
             D, rowmax, rowsum = self._distance_stage(grid, blocks, inverse, store, run)
             seconds = {"distance": time.perf_counter() - t0}
@@ -488,7 +485,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
             seconds["eigen"] = time.perf_counter() - t0
         finally:
             if tmpdir:
-                shutil.rmtree(tmpdir, ignore_errors=True)
+                tmpdir.delete()
         return fitted_attributes(eig, self.n_components, r, sigma2, seconds)
 
     def _distance_stage(self, grid, blocks, inverse, store, run):

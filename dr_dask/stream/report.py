@@ -4,9 +4,11 @@ the embedding by manifold."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
+from dr_dask.storage import location
 from dr_dask.stream.store import STATUS, read_output
 
 logger = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ def _thresholds(refits: list, sigma_t: list, n: int) -> tuple[np.ndarray, np.nda
     return np.asarray(x), np.asarray(y + y[-1:])
 
 
-def stream_report(store: str, out_png: str, window: int = 50) -> dict:
+def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
     """Write a three-panel PNG of a stream store and return summary figures.
 
     Top: per-point predictive variance (under the version that first mapped the point)
@@ -97,7 +99,10 @@ def stream_report(store: str, out_png: str, window: int = 50) -> dict:
     ax3.set_title("embedding by manifold")
     ax3.set_aspect("equal", adjustable="datalim")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    out = location(out_png)
+    with out.open("wb") as fh:
+        fig.savefig(fh, format="png", dpi=110)
+    out_png = out.url
     plt.close(fig)
     counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
     per_manifold = {int(j): int(c) for j, c in zip(*np.unique(man[ok], return_counts=True))}

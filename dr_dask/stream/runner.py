@@ -194,6 +194,8 @@ class StreamRunner:
     handle_signals : bool
         Install SIGTERM/SIGINT handlers (main thread only): finish the chunks in flight,
         checkpoint, return.
+    storage_options : dict, optional
+        For the filesystems of ``out`` and ``source`` when they are URLs.
     """
 
     def __init__(
@@ -211,13 +213,15 @@ class StreamRunner:
         poll_interval: float = 0.5,
         client: Any = None,
         handle_signals: bool = True,
+        storage_options: dict | None = None,
     ):
         if n_s < 1:
             raise ValueError(f"n_s must be >= 1, got {n_s}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        self.store = StreamStore(out)
-        self.source = open_source(source, chunk_size=chunk_size, follow=follow)
+        self.store = StreamStore(out, storage_options)
+        self.source = open_source(source, chunk_size=chunk_size, follow=follow,
+                                  storage_options=storage_options)
         self.n_s = int(n_s)
         self.strict = bool(strict_sequential)
         self.max_in_flight = 1 if self.strict else int(max_in_flight)

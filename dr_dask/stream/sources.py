@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask.storage import Location, location
+
 logger = logging.getLogger(__name__)
 
 
@@ -50,8 +52,8 @@ class ZarrSource:
     has been read; ``follow=True`` keeps polling for appended rows.
     """
 
-    def __init__(self, path: str, chunk_size: int = 1000, follow: bool = False):
-        self.path = path
+    def __init__(self, path: Any, chunk_size: int = 1000, follow: bool = False):
+        self.path = location(path)
         self.chunk_size = int(chunk_size)
         self.follow = follow
         self.initial_offset = 0
@@ -59,7 +61,7 @@ class ZarrSource:
     def _array(self):
         import zarr
 
-        return zarr.open_array(self.path, mode="r")
+        return zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
 
     def read(self, offset: int) -> Chunk | None:
         arr = self._array()  # re-opened on every poll so that appended rows become visible
@@ -81,20 +83,20 @@ class DirectorySource:
     """Chunk files (``.npy``) in a directory, processed in name order.
 
     Offset: the name of the last file consumed ("" before the first). Files whose name sorts
-    after it are new, so a writer must write under a temporary name (not ending in ``.npy``)
-    and rename, which is atomic: a half-written file is never picked up.
+    after it are new, so a writer must make each file appear whole: on local disk write under
+    a temporary name (not ending in ``.npy``) and rename; on an object store one PUT is atomic.
     """
 
-    def __init__(self, path: str, pattern: str = ".npy", follow: bool = False):
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"stream directory {path!r} does not exist")
-        self.path = path
+    def __init__(self, path: Any, pattern: str = ".npy", follow: bool = False):
+        self.path = location(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"stream directory {self.path} does not exist")
         self.suffix = pattern
         self.follow = follow
         self.initial_offset = ""
 
     def _pending(self, offset: str) -> list[str]:
-        names = sorted(f for f in os.listdir(self.path) if f.endswith(self.suffix))
+        names = [f for f in self.path.listdir() if f.endswith(self.suffix)]
         return [f for f in names if f > offset]
 
     def read(self, offset: str) -> Chunk | None:
@@ -103,7 +105,8 @@ class DirectorySource:
             return None
         name = pending[0]
         try:
-            data = np.load(os.path.join(self.path, name), allow_pickle=False)
+            with self.path.child(name).open("rb") as fh:
+                data = np.load(fh, allow_pickle=False)
         except Exception as exc:
             return Chunk(None, name, name, f"unreadable file: {exc!r}")
         return Chunk(np.asarray(data), name, name)
@@ -156,18 +159,19 @@ class IteratorSource:
         return self._done
 
 
-def open_source(source: Any, chunk_size: int = 1000, follow: bool = False):
-    """A source object from a path (directory of ``.npy`` files or Zarr array) or an iterable."""
+def open_source(
+    source: Any, chunk_size: int = 1000, follow: bool = False,
+    storage_options: dict | None = None,
+):
+    """A source object from a location (local path or URL of a directory of ``.npy`` files or
+    of a Zarr array) or an iterable."""
     if hasattr(source, "read") and hasattr(source, "exhausted"):
         return source
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if os.path.isdir(path) and not (
-            os.path.exists(os.path.join(path, "zarr.json"))
-            or os.path.exists(os.path.join(path, ".zarray"))
-        ):
-            return DirectorySource(path, follow=follow)
-        if os.path.exists(path):
-            return ZarrSource(path, chunk_size=chunk_size, follow=follow)
-        raise FileNotFoundError(f"stream source {path!r} does not exist")
+    if isinstance(source, (str, os.PathLike, Location)):
+        loc = location(source, storage_options)
+        if loc.child("zarr.json").exists() or loc.child(".zarray").exists():
+            return ZarrSource(loc, chunk_size=chunk_size, follow=follow)
+        if loc.exists():
+            return DirectorySource(loc, follow=follow)
+        raise FileNotFoundError(f"stream source {loc} does not exist")
     return IteratorSource(source)

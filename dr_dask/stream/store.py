@@ -1,6 +1,6 @@
 """The stream's durable state: output rows, the drift buffer, model versions, the checkpoint.
 
-Layout of the output directory (a Zarr v3 group plus plain files):
+Layout of the output location, a local path or URL (a Zarr v3 group plus plain objects):
 
 ``embedding (N, d_g)``, ``variance (N,)``, ``first_variance (N,)``, ``manifold (N,)``,
 ``version (N,)``, ``status (N,)``
@@ -14,20 +14,23 @@ Layout of the output directory (a Zarr v3 group plus plain files):
 ``quarantine/{seq}.json`` (+ ``.npy``)
     Malformed chunks with the reason.
 ``checkpoint.json``
-    The committed state. Written last, atomically (write a temporary file, fsync, rename):
+    The committed state: one object written last (a single PUT on object stores; see
+    :mod:`dr_dask.storage`):
     anything beyond it (rows past ``n_rows``, buffer entries past ``buffer_len``, models newer
     than ``version``, quarantine records from chunk ``n_chunks`` on) is discarded on restart.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
 from typing import Any
 
 import numpy as np
 import zarr
+
+from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
 
@@ -37,34 +40,37 @@ STATUS_NAMES = {v: k for k, v in STATUS.items()}
 ROW_CHUNK = 4096
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def _atomic_write(path: Any, data: bytes) -> None:
+    location(path).write_bytes(data)
 
 
 class StreamStore:
-    """Reader/writer of a stream output directory (one writer: the runner)."""
+    """Reader/writer of a stream output location (one writer: the runner).
 
-    def __init__(self, path: str):
-        self.path = path
+    Parameters
+    ----------
+    path : str or Location
+        Local path or URL.
+    storage_options : dict, optional
+        For the filesystem of a URL.
+    """
+
+    def __init__(self, path: Any, storage_options: dict | None = None):
+        self.location = location(path, storage_options)
+        self.path = self.location.url
         self.group = None
 
     # ------------------------------------------------------------------ layout
     @property
-    def checkpoint_path(self) -> str:
-        return os.path.join(self.path, "checkpoint.json")
+    def checkpoint_path(self) -> Location:
+        return self.location.child("checkpoint.json")
 
     def exists(self) -> bool:
-        return os.path.exists(self.checkpoint_path)
+        return self.checkpoint_path.exists()
 
     def create(self, n_features: int, global_dim: int) -> None:
-        os.makedirs(os.path.join(self.path, "models"), exist_ok=True)
-        os.makedirs(os.path.join(self.path, "quarantine"), exist_ok=True)
-        g = zarr.open_group(self.path, mode="a")
+        self.location.check()
+        g = zarr.open_group(store=self.location.zarr_store(), mode="a")
         spec = {
             "embedding": ((0, global_dim), "f8", (ROW_CHUNK, global_dim), np.nan),
             "variance": ((0,), "f8", (ROW_CHUNK,), np.nan),
@@ -82,7 +88,8 @@ class StreamStore:
         self.group = g
 
     def open(self) -> None:
-        self.group = zarr.open_group(self.path, mode="a")
+        self.group = zarr.open_group(store=self.location.zarr_store(), mode="a",
+                                     use_consolidated=False)
 
     def __getitem__(self, name: str) -> zarr.Array:
         if self.group is None:
@@ -91,11 +98,11 @@ class StreamStore:
 
     # ------------------------------------------------------------------ checkpoint
     def read_checkpoint(self) -> dict:
-        with open(self.checkpoint_path) as fh:
-            return json.load(fh)
+        return json.loads(self.checkpoint_path.read_bytes())
 
     def write_checkpoint(self, state: dict) -> None:
-        _atomic_write(self.checkpoint_path, json.dumps(state).encode())
+        """The commit mark of everything written before it."""
+        self.checkpoint_path.write_json(state)
 
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
@@ -108,14 +115,15 @@ class StreamStore:
             arr = self[name]
             if arr.shape[0] != b:
                 arr.resize((b, *arr.shape[1:]))
-        mdir = os.path.join(self.path, "models")
-        for f in os.listdir(mdir):
-            if f.startswith("v") and f.endswith(".pkl") and int(f[1:-4]) > state["version"]:
-                os.remove(os.path.join(mdir, f))
-        qdir = os.path.join(self.path, "quarantine")
-        for f in os.listdir(qdir):
+        # listings here only find debris to delete; the checkpoint says what is committed
+        mdir = self.location.child("models")
+        for f in mdir.listdir():  # model groups models/v{k} newer than the checkpoint
+            if f.startswith("v") and f[1:].isdigit() and int(f[1:]) > state["version"]:
+                mdir.child(f).delete()
+        qdir = self.location.child("quarantine")
+        for f in qdir.listdir():
             if f.split(".")[0].isdigit() and int(f.split(".")[0]) >= state["n_chunks"]:
-                os.remove(os.path.join(qdir, f))
+                qdir.child(f).delete()
 
     # ------------------------------------------------------------------ rows
     def append_rows(self, start: int, emb, var, manifold, version, status) -> int:
@@ -171,33 +179,31 @@ class StreamStore:
     def save_model(self, version: int, model: Any, batch: np.ndarray) -> None:
         from dr_dask.methods.gp_isomap_io import save_gp_isomap
 
-        save_gp_isomap(model, os.path.join(self.path, "models", f"v{version}"), batch)
+        save_gp_isomap(model, self.location.child("models", f"v{version}"), batch)
 
     def load_model(self, version: int) -> tuple[Any, np.ndarray]:
         from dr_dask.methods.gp_isomap_io import load_gp_isomap
 
-        return load_gp_isomap(os.path.join(self.path, "models", f"v{version}"))
+        return load_gp_isomap(self.location.child("models", f"v{version}"))
 
     def quarantine(self, seq: int, record: dict, data: np.ndarray | None) -> None:
-        qdir = os.path.join(self.path, "quarantine")
+        qdir = self.location.child("quarantine")
         if data is not None:
             try:
-                np.save(os.path.join(qdir, f"{seq:09d}.npy"), np.asarray(data))
+                buf = io.BytesIO()
+                np.save(buf, np.asarray(data), allow_pickle=False)
+                qdir.child(f"{seq:09d}.npy").write_bytes(buf.getvalue())
             except Exception:  # an object array or similar: the record alone must do
                 logger.debug("could not save quarantined chunk %d data", seq)
-        _atomic_write(os.path.join(qdir, f"{seq:09d}.json"), json.dumps(record).encode())
+        qdir.child(f"{seq:09d}.json").write_json(record)  # the entry's mark, after its data
 
     def quarantine_records(self) -> list[dict]:
-        qdir = os.path.join(self.path, "quarantine")
-        out = []
-        for f in sorted(os.listdir(qdir)):
-            if f.endswith(".json"):
-                with open(os.path.join(qdir, f)) as fh:
-                    out.append(json.load(fh))
-        return out
+        qdir = self.location.child("quarantine")
+        return [json.loads(qdir.child(f).read_bytes()) for f in qdir.listdir()
+                if f.endswith(".json")]
 
 
-def read_output(path: str) -> dict:
+def read_output(path: Any, storage_options: dict | None = None) -> dict:
     """The committed output of a stream store as NumPy arrays (rows up to the checkpoint).
 
     Returns
@@ -206,7 +212,7 @@ def read_output(path: str) -> dict:
     ``version``, ``status``
     (all (N,)), ``checkpoint`` (dict) and ``quarantine`` (list of records).
     """
-    store = StreamStore(path)
+    store = StreamStore(path, storage_options)
     state = store.read_checkpoint()
     n = state["n_rows"]
     out = {name: np.asarray(store[name][:n])

@@ -1,0 +1,109 @@
+"""``dr-dask bench io``: the same IKD fit read from local disk and from an S3 server.
+
+The S3 side is a real S3 protocol server: ``AWS_ENDPOINT_URL`` if set (MinIO, a cloud bucket
+given as ``--bucket``), else moto in server mode started here on 127.0.0.1 (moto is a test
+dependency). Requests are counted at the server when it is ours (every client and worker
+request reaches it), which is what an object store bills and rate-limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import uuid
+
+import numpy as np
+import zarr
+
+from dr_dask.bench._common import median_time
+from dr_dask.storage import Location
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a local S3 server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _RequestCounter(logging.Handler):
+    """Counts the access-log lines of the in-process S3 server (one per HTTP request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def _write(loc: Location, X: np.ndarray, chunk_rows: int) -> None:
+    g = zarr.open_group(store=loc.zarr_store(), mode="w")
+    g.create_array("X", data=X, chunks=(chunk_rows, X.shape[1]),
+                   dimension_names=("sample", "feature"))
+
+
+def _fit(loc: Location, n_components: int, client) -> np.ndarray:
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.store import open_dataset
+
+    est = IKD(n_components, dtype="float32", random_state=0, client=client)
+    return est.fit(open_dataset(loc, "X")).embedding_
+
+
+def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
+              bucket: str | None = None) -> dict:
+    """Time the IKD fit from local disk and from S3 in this one run; report both, the ratio
+    and the S3 requests made by the S3 fit."""
+    server = None
+    counter = _RequestCounter()
+    options: dict = {}
+    if bucket is None:
+        from moto.server import ThreadedMotoServer
+
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        # explicit options, not the environment: they travel to workers started before this
+        options = {"key": "bench", "secret": "bench-secret",
+                   "endpoint_url": f"http://127.0.0.1:{port}"}
+        bucket = f"dr-dask-bench-{uuid.uuid4().hex[:8]}"
+        Location(f"s3://{bucket}", options).fs.mkdir(bucket)
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(counter)
+    old_level = werkzeug.level
+    werkzeug.setLevel(logging.INFO)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(T, 3)).astype(np.float32)
+    X = np.tanh(z @ rng.normal(size=(3, N)).astype(np.float32)) + 0.1 * rng.normal(
+        size=(T, N)).astype(np.float32)
+    chunk_rows = max(1, min(T, 2_000))
+    try:
+        with tempfile.TemporaryDirectory(prefix="dr_dask_bench_io_") as tmp:
+            local = Location(tmp).child("x.zarr")
+            remote = Location(f"s3://{bucket}/bench-io/x.zarr", options)
+            _write(local, X, chunk_rows)
+            _write(remote, X, chunk_rows)
+            _fit(local, 2, client)  # warm up: numba, imports, worker caches
+            t_local, e_local = median_time(lambda: _fit(local, 2, client), repeats)
+            counter.count = 0
+            t_s3, e_s3 = median_time(lambda: _fit(remote, 2, client), repeats)
+            requests = counter.count // repeats if server is not None else None
+            remote.delete()
+    finally:
+        werkzeug.removeHandler(counter)
+        werkzeug.setLevel(old_level)
+        if server is not None:
+            server.stop()
+    return {
+        "case": "IKD fit (full solver, float32) from local Zarr vs from S3",
+        "T": T, "N": N, "chunk_rows": chunk_rows, "repeats": repeats,
+        "local_seconds": t_local, "s3_seconds": t_s3, "ratio_s3_to_local": t_s3 / t_local,
+        "target_ratio": 1.3, "s3_requests_per_fit": requests,
+        "server": "moto (in-process, 127.0.0.1)" if server is not None else "AWS_ENDPOINT_URL",
+        "same_embedding": bool(np.allclose(e_local, e_s3, rtol=1e-4, atol=1e-5)),
+    }

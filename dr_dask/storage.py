@@ -1,0 +1,337 @@
+"""The storage boundary: a *location* (local path or URL + ``storage_options``) as a Zarr store
+and an fsspec filesystem. Nothing else in the package touches a user's location directly.
+
+Why FsspecStore (and zarr's LocalStore for plain paths), not obstore's ObjectStore: fsspec is
+already how xarray, dask and zarr users reach S3/GCS/Azure (``s3fs``, ``gcsfs``, ``adlfs``), it
+reads credentials and endpoints from the usual places (``AWS_*`` including
+``AWS_ENDPOINT_URL``, config files) and takes the same ``storage_options`` users pass to
+``xarray.open_zarr``; the non-Zarr objects (marks, reports, checkpoints) go through the very same
+filesystem object. zarr marks ``ObjectStore`` experimental and obstore would be a second
+credential system. Local paths use ``LocalStore`` (zarr's native store; it creates directories
+and avoids the async wrapper), but every commit rule below is written against the filesystem
+API and so is one code path for local disk, ``memory://`` and ``s3://``.
+
+Commit rule (object stores have no rename): write the data objects, then one small mark object
+(:meth:`Location.write_json`). Readers trust marks only. A single PUT is atomic on object
+stores; on local disk :meth:`Location.write_bytes` gives the same guarantee with a temporary
+name and ``os.replace`` (the one place a rename is used, invisible to callers).
+
+Local paths are made absolute when a :class:`Location` is built (on the client), so a worker
+whose working directory differs reads the same files. ``storage_options`` travel with a pickled
+Location (workers need them) but never appear in its ``str``/``repr``: only :attr:`url` is ever
+recorded or printed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Which package gives fsspec each common protocol (for the "install X" error).
+_PACKAGES = {
+    "s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+    "abfss": "adlfs", "adl": "adlfs", "http": "aiohttp", "https": "aiohttp",
+}
+
+#: Bounded timeouts/retries for S3 so an unreachable endpoint fails in seconds, not minutes
+#: (botocore defaults: 60 s connect timeout, several retries). Users may override them.
+_S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
+                                  "retries": {"max_attempts": 3}}}
+
+
+class StorageError(ValueError):
+    """A location is unusable: unknown scheme, missing bucket, refused credentials, unreachable."""
+
+
+def _split_scheme(url: str) -> tuple[str, str]:
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        return scheme.lower(), rest
+    return "", url
+
+
+class Location:
+    """A local path or URL plus ``storage_options``.
+
+    Parameters
+    ----------
+    url : str or os.PathLike or Location
+        ``/abs/path``, ``rel/path``, ``file:///path``, ``s3://bucket/key``, ``gs://…``,
+        ``az://…``, ``memory://…``.
+    storage_options : dict, optional
+        Passed to the fsspec filesystem (``key``, ``secret``, ``endpoint_url``, ``anon``, …).
+    """
+
+    def __init__(self, url: Any, storage_options: dict | None = None):
+        if isinstance(url, Location):
+            storage_options = {**url.storage_options, **(storage_options or {})}
+            url = url.url
+        url = os.fspath(url)
+        scheme, rest = _split_scheme(url)
+        if scheme in ("", "file", "local"):
+            url = os.path.abspath(os.path.expanduser(rest if scheme else url))
+            scheme = ""
+        self.url: str = url.rstrip("/") if scheme else url
+        self.scheme = scheme
+        self.storage_options: dict = dict(storage_options or {})
+        self._fs: Any = None
+
+    # ------------------------------------------------------------------ identity
+    def __repr__(self) -> str:
+        return f"Location({self.url!r})"
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Location) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __getstate__(self) -> dict:
+        return {"url": self.url, "scheme": self.scheme, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _fs=None)
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == ""
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.url.rstrip("/"))
+
+    def child(self, *parts: str) -> Location:
+        """The location ``self/part/...`` with the same storage options."""
+        sep = os.sep if self.is_local else "/"
+        out = Location.__new__(Location)
+        out.__setstate__({"url": sep.join([self.url.rstrip(sep), *parts]), "scheme": self.scheme,
+                          "storage_options": self.storage_options})
+        return out
+
+    def contains(self, other: Location) -> bool:
+        """``other`` is this location or lies inside it."""
+        a, b = self.url.rstrip("/"), other.url.rstrip("/")
+        if self.is_local:
+            a, b = os.path.realpath(a), os.path.realpath(b)
+        sep = os.sep if self.is_local else "/"
+        return a == b or b.startswith(a + sep)
+
+    # ------------------------------------------------------------------ backends
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (created on first use, in the process that uses it)."""
+        if self._fs is None:
+            self._fs = filesystem(self.scheme, self.storage_options)
+        return self._fs
+
+    @property
+    def path(self) -> str:
+        """The path inside :attr:`fs` (bucket/key for object stores)."""
+        return self.url if self.is_local else self.fs._strip_protocol(self.url)
+
+    def zarr_store(self, read_only: bool = False) -> Any:
+        """A zarr 3 store rooted here."""
+        import zarr
+
+        if self.is_local:
+            return zarr.storage.LocalStore(self.url, read_only=read_only)
+        return zarr.storage.FsspecStore.from_url(
+            self.url, storage_options=_options(self.scheme, self.storage_options),
+            read_only=read_only,
+        )
+
+    # ------------------------------------------------------------------ objects
+    def exists(self) -> bool:
+        """An object or a prefix (directory) is here."""
+        return bool(_guard(self, self.fs.exists, self.path))
+
+    def check(self) -> None:
+        """Fail early and clearly (StorageError) when the store behind this location cannot be
+        used: unreachable endpoint, refused credentials, missing bucket/container."""
+        if self.is_local:
+            return
+        root = self.path.split("/", 1)[0]
+        try:
+            _guard(self, self.fs.ls, root, detail=False)
+        except FileNotFoundError:
+            raise StorageError(f"{self.url}: bucket/container {root!r} does not exist") from None
+
+    def read_bytes(self) -> bytes:
+        return _guard(self, self.fs.cat_file, self.path)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write one object (a single PUT on object stores)."""
+        if self.is_local:  # a local file appears whole too: temporary name, then rename
+            os.makedirs(os.path.dirname(self.url), exist_ok=True)
+            tmp = f"{self.url}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self.url)
+            return
+        _guard(self, self.fs.pipe_file, self.path, data)
+
+    def create_bytes(self, data: bytes) -> bool:
+        """Write the object only if absent (create-if-absent); False when it already exists.
+
+        Atomic where the backend offers it: ``O_CREAT | O_EXCL`` on local disk, a conditional
+        PUT (``If-None-Match: *``) on S3. Other filesystems check, then write (a small race).
+        """
+        if self.is_local:
+            os.makedirs(os.path.dirname(self.url), exist_ok=True)
+            try:
+                fd = os.open(self.url, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return True
+        if self.scheme in ("s3", "s3a"):
+            try:
+                _guard(self, self.fs.pipe_file, self.path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        if self.exists():
+            return False
+        self.write_bytes(data)
+        return True
+
+    def read_json(self, default: Any = None) -> Any:
+        """The JSON object here, or ``default`` when absent or unparsable (a torn local write)."""
+        try:
+            return json.loads(self.read_bytes())
+        except (FileNotFoundError, ValueError):
+            return default
+
+    def write_json(self, obj: Any) -> None:
+        """Write one small JSON object (a mark, a checkpoint): a single PUT."""
+        self.write_bytes(json.dumps(obj).encode())
+
+    def open(self, mode: str = "rb") -> Any:
+        if self.is_local and "w" in mode:
+            os.makedirs(os.path.dirname(self.url), exist_ok=True)
+        return _guard(self, self.fs.open, self.path, mode)
+
+    def delete(self) -> None:
+        """Remove the object or everything under this prefix (absent is fine)."""
+        try:
+            if self.fs.exists(self.path):
+                self.fs.rm(self.path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def listdir(self) -> list[str]:
+        """Names directly under this prefix (sorted; [] when absent). Never used to decide
+        whether something is complete: marks do that."""
+        try:
+            entries = self.fs.ls(self.path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
+
+    def find(self) -> dict[str, dict]:
+        """Every object under this prefix, relative key -> info (size, ETag or mtime): one
+        listing (paged on object stores)."""
+        base = self.path.rstrip("/") + "/"
+        try:
+            found = _guard(self, self.fs.find, self.path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {k[len(base):] if k.startswith(base) else k: v for k, v in found.items()}
+
+
+def location(url: Any, storage_options: dict | None = None) -> Location:
+    """``url`` as a :class:`Location` (a Location is returned with options merged)."""
+    if isinstance(url, Location) and not storage_options:
+        return url
+    return Location(url, storage_options)
+
+
+def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
+    """The fsspec filesystem for ``scheme`` ('' = local), or a StorageError naming the package."""
+    import fsspec
+
+    if scheme == "":
+        return fsspec.filesystem("file", auto_mkdir=True, **(storage_options or {}))
+    try:
+        cls = fsspec.get_filesystem_class(scheme)
+    except ImportError:
+        pkg = _PACKAGES.get(scheme, f"the fsspec implementation for {scheme}://")
+        raise StorageError(
+            f"no installed filesystem handles {scheme}:// URLs; install {pkg} "
+            f"(pip install {pkg})"
+        ) from None
+    except ValueError:
+        raise StorageError(f"unknown URL scheme {scheme}:// (no fsspec filesystem)") from None
+    return cls(**_options(scheme, storage_options))
+
+
+def _options(scheme: str, storage_options: dict | None) -> dict:
+    """``storage_options`` over our defaults for ``scheme`` (bounded S3 timeouts)."""
+    options = dict(storage_options or {})
+    if scheme in ("s3", "s3a"):
+        config = {**_S3_DEFAULTS["config_kwargs"], **options.pop("config_kwargs", {})}
+        options = {**_S3_DEFAULTS, **options, "config_kwargs": config}
+    return options
+
+
+def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; turn refused credentials, a missing bucket or an unreachable endpoint into a
+    StorageError naming the location (never the credentials)."""
+    try:
+        return fn(*args, **kwargs)
+    except (FileNotFoundError, FileExistsError):  # answers, not failures: callers handle them
+        raise
+    except PermissionError as exc:
+        raise StorageError(f"access to {loc.url} was refused (check credentials): "
+                           f"{_scrub(exc, loc)}") from None
+    except OSError as exc:
+        raise StorageError(f"cannot reach {loc.url}: {_scrub(exc, loc)}") from None
+    except Exception as exc:  # botocore / aiohttp errors that fsspec does not translate
+        name = type(exc).__name__
+        if any(s in name for s in ("Endpoint", "Connect", "Timeout", "Credential", "ClientError")):
+            raise StorageError(f"cannot reach {loc.url}: {name}: {_scrub(exc, loc)}") from None
+        raise
+
+
+def _scrub(exc: BaseException, loc: Location) -> str:
+    """The exception text with any storage-option value that looks secret removed."""
+    text = str(exc)
+    for key, value in loc.storage_options.items():
+        if isinstance(value, str) and len(value) >= 8 and _secret_key(key):
+            text = text.replace(value, "***")
+    for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY"):
+        if len(os.environ.get(var, "")) >= 8:
+            text = text.replace(os.environ[var], "***")
+    return text
+
+
+def _secret_key(name: str) -> bool:
+    return any(s in name.lower() for s in ("secret", "key", "token", "password", "credential"))
+
+
+def parse_storage_options(pairs: tuple[str, ...] | list[str]) -> dict:
+    """``("KEY=VALUE", ...)`` from the CLI as storage_options (JSON values parsed: numbers,
+    booleans, nested dicts such as ``client_kwargs={"region_name": "eu-west-1"}``)."""
+    out: dict = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise StorageError(f"--storage-option {pair!r} must be KEY=VALUE")
+        key, value = pair.split("=", 1)
+        key = key.strip()
+        if _secret_key(key):  # a key id or secret of digits stays a string
+            out[key] = value
+            continue
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out

@@ -1,0 +1,317 @@
+"""Object stores: every read and write against a real S3 server (moto, 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+from conftest import S3_SECRET, free_port
+
+from dr_dask.cli import main
+from dr_dask.storage import Location, StorageError
+from dr_dask.store import InputError, open_dataset, open_run
+
+T, N = 240, 12
+
+
+def _write_input(url: str, X: np.ndarray) -> None:
+    g = zarr.open_group(store=Location(url).zarr_store(), mode="w")
+    g.create_array("X", data=X, chunks=(80, N), dimension_names=("sample", "feature"))
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(T, 2))
+    W = rng.normal(size=(2, N))
+    return np.tanh(z @ W) + 0.05 * rng.normal(size=(T, N))
+
+
+def _embed(args: list[str]) -> tuple[int, str]:
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", *args])
+    return res.exit_code, res.output
+
+
+@pytest.mark.parametrize("method", [
+    ["ikd", "-n", "2", "--tile-cache", "disk"],
+    ["ikd", "-n", "2", "--solver", "geodesic", "--tile-cache", "disk"],
+    ["isomap", "-n", "2", "--n-neighbors", "8"],
+])
+def test_fit_from_s3_to_s3_equals_local(s3_bucket, tmp_path, data, method):
+    local_in, s3_in = str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"
+    _write_input(local_in, data)
+    _write_input(s3_in, data)
+    local_out, s3_out = str(tmp_path / "out.zarr"), f"s3://{s3_bucket}/out.zarr"
+    code, out = _embed([*method, "--input", f"{local_in}:X", "--out", local_out, "--name", "r"])
+    assert code == 0, out
+    code, out = _embed([*method, "--input", f"{s3_in}:X", "--out", s3_out, "--name", "r"])
+    assert code == 0, out
+    a = np.asarray(open_run(local_out, "r")["embedding"][...])
+    b = open_run(s3_out, "r")
+    assert b.attrs["complete"] and b.metadata.consolidated_metadata is not None
+    np.testing.assert_allclose(np.asarray(b["embedding"][...]), a, rtol=1e-6, atol=1e-8)
+    # nothing leaked into a local directory named after the URL
+    assert not os.path.exists("s3:")
+
+
+def test_secret_never_written(s3_bucket, data, tmp_path):
+    s3_in, out = f"s3://{s3_bucket}/in.zarr", f"s3://{s3_bucket}/out.zarr"
+    _write_input(s3_in, data)
+    code, output = _embed(["ikd", "-n", "2", "--input", f"{s3_in}:X", "--out", out,
+                           "--tile-cache", "disk"])
+    assert code == 0
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "--storage-option",
+                                    "key=testing-key-id", "--storage-option",
+                                    f"secret={S3_SECRET}", "evaluate", "--store", out,
+                                    "--embedding", open_run_name(out)])
+    assert res.exit_code == 0, res.output
+    fs = Location(out).fs
+    blobs = [fs.cat_file(p) for p in fs.find(f"{s3_bucket}")]
+    assert blobs and not any(S3_SECRET.encode() in b for b in blobs)
+    assert S3_SECRET not in output + res.output
+
+
+def open_run_name(out: str) -> str:
+    root = zarr.open_group(store=Location(out).zarr_store(read_only=True), mode="r")
+    (name,) = [n for n in root.group_keys()]
+    return name
+
+
+def test_missing_chunk_is_an_error_naming_it(s3_bucket, data):
+    url = f"s3://{s3_bucket}/in.zarr"
+    _write_input(url, data)
+    Location(url).child("X", "c", "1", "0").delete()
+    with pytest.raises(InputError, match=r"in.zarr:X: chunk c/1/0 is missing"):
+        open_dataset(url + ":X")
+
+
+def test_corrupt_chunk_is_an_error_naming_it(tmp_path, data):
+    path = str(tmp_path / "in.zarr")
+    _write_input(path, data)
+    Location(path).child("X", "c", "2", "0").write_bytes(b"garbage")
+    inp = open_dataset(path + ":X")
+    with pytest.raises(InputError, match=r"in.zarr:X: chunk c/2/0 cannot be read"):
+        inp.data.compute(scheduler="threads")
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", "-n", "2",
+                                    "--input", path + ":X", "--out", str(tmp_path / "o.zarr")])
+    assert res.exit_code == 2 and "chunk c/2/0" in res.output
+    # no run group is left for rejected input
+    root = zarr.open_group(str(tmp_path / "o.zarr"), mode="r")
+    assert list(root.group_keys()) == []
+
+
+def test_changed_input_is_a_new_run_or_refused(tmp_path, data):
+    path, out = str(tmp_path / "in.zarr"), str(tmp_path / "o.zarr")
+    _write_input(path, data[:200])
+    args = ["ikd", "-n", "2", "--input", path + ":X", "--out", out]
+    assert _embed(args)[0] == 0
+    _write_input(path, data)  # rows appended: other content
+    code, output = _embed(args)
+    assert code == 0
+    root = zarr.open_group(out, mode="r", use_consolidated=False)
+    assert len(list(root.group_keys())) == 2
+    code, output = _embed([*args, "--name", "nightly"])
+    _write_input(path, data[:200])
+    code, output = _embed([*args, "--name", "nightly"])
+    assert code == 2 and "other input" in output
+    code, output = _embed([*args, "--name", "nightly", "--overwrite"])
+    assert code == 0
+    assert open_run(out, "nightly")["embedding"].shape == (200, 2)
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "unreachable endpoint", "wrong credentials"])
+def test_storage_failures_are_clear_and_fast(s3_bucket, tmp_path, data, monkeypatch, case):
+    import s3fs
+
+    path = str(tmp_path / "in.zarr")
+    _write_input(path, data)
+    out = f"s3://{s3_bucket}/out.zarr"
+    proc = None
+    if case == "missing bucket":
+        out = "s3://no-such-bucket-dr-dask/out.zarr"
+    elif case == "unreachable endpoint":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    else:  # a second S3 server that checks credentials and knows none of ours
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        _wait_port(port)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        t0 = time.perf_counter()
+        code, output = _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out])
+        elapsed = time.perf_counter() - t0
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    assert code == 2, output
+    assert "Traceback" not in output and "out.zarr" in output
+    assert S3_SECRET not in output
+    assert elapsed < 30
+
+
+def _wait_port(port: int, timeout: float = 20) -> None:
+    import socket
+
+    end = time.time() + timeout
+    while time.time() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"server on {port} did not start")
+
+
+def test_unknown_scheme_names_the_package():
+    with pytest.raises(StorageError, match="install gcsfs"):
+        Location("gs://bucket/x.zarr").exists()
+
+
+def test_npy_and_reports_on_s3(s3_bucket, data):
+    url = f"s3://{s3_bucket}/x.npy"
+    with Location(url).open("wb") as fh:
+        np.save(fh, data)
+    inp = open_dataset(url)
+    np.testing.assert_array_equal(inp.data.compute(scheduler="threads"), data)
+    assert inp.identity["path"] == url and inp.identity["fingerprint"]
+
+
+def test_datasets_make_to_s3_and_interrupted_store_is_redone(s3_bucket):
+    import xarray as xr
+
+    url = f"s3://{s3_bucket}/gen.zarr"
+    res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
+                                    "-N", "8", "--chunk-size", "50"])
+    assert res.exit_code == 0, res.output
+    assert not os.path.exists("s3:")
+    ds = xr.open_zarr(url, storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+    assert ds.attrs["complete"] and ds.X.shape == (150, 8)
+    # a killed `make` leaves a store marked incomplete: refused as input, redone by --if-missing
+    meta = Location(url).child("zarr.json")
+    doc = meta.read_json()
+    doc["attributes"]["complete"] = False
+    meta.write_json(doc)
+    with pytest.raises(InputError, match="incomplete dataset"):
+        open_dataset(url + ":X")
+    res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
+                                    "-N", "8", "--if-missing"])
+    assert res.exit_code == 0 and "nothing to do" not in res.output
+    assert open_dataset(url + ":X").data.shape == (150, 8)
+    res = CliRunner().invoke(main, ["datasets", "make", "gp", "--out", url, "-T", "150",
+                                    "-N", "8"])
+    assert res.exit_code == 2 and "overwrite" in res.output
+
+
+def _run_cli(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    return subprocess.Popen([sys.executable, "-m", "dr_dask.cli", "--scheduler", "threads",
+                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _moment_reached(run: Location, moment: str) -> bool:
+    meta = run.child("zarr.json").read_json() or {}
+    if moment == "early":
+        return bool(meta)
+    if moment == "middle":
+        return run.child("distance", "done").exists()
+    return "distance" in meta.get("attributes", {}).get("stages", {})
+
+
+_KILL_ARGS = ["embed", "ikd", "-n", "2", "--tile-cache", "disk", "--tile-size", "96",
+              "--name", "r"]
+
+
+@pytest.fixture(scope="module")
+def kill_input(tmp_path_factory):
+    """480 rows (5 row blocks, 15 tiles) and their uninterrupted local embedding."""
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(2 * T, 2))
+    X = np.tanh(z @ rng.normal(size=(2, N))) + 0.05 * rng.normal(size=(2 * T, N))
+    tmp = tmp_path_factory.mktemp("kill")
+    local_in = str(tmp / "in.zarr")
+    _write_input(local_in, X)
+    proc = _run_cli(*_KILL_ARGS, "--input", f"{local_in}:X", "--out", str(tmp / "o.zarr"))
+    assert proc.wait(timeout=300) == 0
+    return X, np.asarray(open_run(str(tmp / "o.zarr"), "r")["embedding"][...])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["early", "middle", "late"])
+def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment):
+    X, expected = kill_input
+    s3_in = f"s3://{s3_bucket}/in.zarr"
+    _write_input(s3_in, X)
+    out = f"s3://{s3_bucket}/out.zarr"
+    proc = _run_cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    run = Location(out).child("r")
+    t0 = time.time()
+    while not _moment_reached(run, moment) and proc.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -9, f"the run ended before the {moment} moment"
+    assert not (run.child("zarr.json").read_json() or {}).get("attributes", {}).get("complete")
+    rerun = _run_cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    assert rerun.wait(timeout=300) == 0, rerun.stderr.read().decode()
+    np.testing.assert_allclose(np.asarray(open_run(out, "r")["embedding"][...]), expected,
+                               rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
+    """Create-if-absent on local disk (O_EXCL) and on S3: moto honours the conditional PUT
+    (If-None-Match: * -> 412), so the S3 case exercises the real precondition."""
+    from dr_dask.store import Lease, LeaseHeld
+
+    loc = (Location(str(tmp_path / "runs.zarr")) if where == "local"
+           else Location(f"s3://{s3_bucket}/runs.zarr")).child("r", "lease.json")
+    first = Lease(loc, ttl=30).acquire()
+    with pytest.raises(LeaseHeld, match="holds .*lease.json until"):
+        Lease(loc, ttl=30).acquire()
+    first.release()
+    assert not loc.exists()
+    killed = Lease(loc, ttl=0.5).acquire()
+    killed._stop.set()  # the process dies: no renewal, no release
+    time.sleep(0.8)
+    taker = Lease(loc, ttl=30).acquire()  # expired: taken over
+    assert loc.read_json()["owner"] == taker.owner
+    taker.release()
+
+
+def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, data):
+    path, out = str(tmp_path / "in.zarr"), str(tmp_path / "o.zarr")
+    _write_input(path, data)
+    from dr_dask.store import Lease
+
+    holder = Lease(Location(out).child("r", "lease.json"), ttl=30).acquire()
+    try:
+        code, output = _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out,
+                               "--name", "r"])
+    finally:
+        holder.release()
+    assert code == 1 and "retry later" in output and "Traceback" not in output
+    assert not open_run(out, "r").attrs["stages"]  # the second run did no work
+    assert _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out, "--name", "r"])[0] == 0
+
+
+def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path):
+    import socket
+
+    from dr_dask.store import Lease
+
+    loc = Location(str(tmp_path / "lease.json"))
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    loc.write_json({"owner": f"{socket.gethostname()}:{proc.pid}:x", "expires": time.time() + 60})
+    Lease(loc, ttl=30).acquire().release()
