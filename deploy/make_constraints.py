@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 #: The extras deploy/Dockerfile installs.
-EXTRAS = ("netcdf", "kubernetes")
+EXTRAS = ("netcdf", "kubernetes", "s3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -9,6 +9,7 @@ LocalCluster started for the whole job.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -125,6 +126,9 @@ def _run(ctx: click.Context, wf: Workflow) -> None:
         prefix = [sys.executable, "-m", "dr_dask.cli", "--scheduler", address, *verbose]
         for key, value in root["tls"].items():
             prefix += [f"--tls-{key.replace('_', '-')}", value]
+        for key, value in (root.get("storage_options") or {}).items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            prefix += ["--storage-option", f"{key}={text}"]
         for step in wf.steps:
             click.echo(f"[{wf.name}] {step.name}: dr-dask {shlex.join(step.args)}", err=True)
             code = run_step(step, [*prefix, *step.args], click.echo)
