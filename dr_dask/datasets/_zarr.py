@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import zarr
 
-from dr_dask.cluster import active_client
+from dr_dask.cluster import active_client, gather, share
 from dr_dask.report import plain_json
 
 if TYPE_CHECKING:  # xarray is only needed for in-memory results; workers never import it
@@ -307,7 +307,7 @@ def _write_store(gen: Generator, store: Path, chunk_size: int, dtype: str, clien
             _write_block(gen, mapping, latent[a : a + chunk_size], a, array_path, dtype)
     else:
         logger.info("generating %d chunks on %s", len(starts), client)
-        mapping_future = client.scatter(mapping, broadcast=True, hash=False)
+        mapping_future = share(mapping, client)
         futures = client.map(
             _write_block,
             [gen] * len(starts),
@@ -318,7 +318,7 @@ def _write_store(gen: Generator, store: Path, chunk_size: int, dtype: str, clien
             [dtype] * len(starts),
             pure=False,
         )
-        written = sum(client.gather(futures))
+        written = sum(gather(futures, client))
         if written != T:  # pragma: no cover - would be a bug in the chunking
             raise RuntimeError(f"workers wrote {written} rows of X, expected {T}")
     with warnings.catch_warnings():
