@@ -118,7 +118,7 @@ def wait_for(futures: list, client: Client, progress: bool = False) -> None:
     from distributed import wait
 
     if progress:
-        show_progress(futures)
+        show_progress(futures, client)
     since: float | None = None
     while True:
         try:
@@ -141,14 +141,14 @@ def wait_for(futures: list, client: Client, progress: bool = False) -> None:
             raise ClusterLost(_STAGE.get(), f"no worker for {NO_WORKER_TIMEOUT:.0f} s")
 
 
-def show_progress(futures: list) -> None:
+def show_progress(futures: list, client: Client) -> None:
     """A progress bar on stderr until ``futures`` finish; only when stderr is a terminal, so
     redirected output stays free of escape codes (distributed's bar writes to stdout)."""
     if not sys.stderr.isatty():
         return
     from distributed import progress as dprogress
 
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), client.as_current():
         dprogress(futures)
 
 

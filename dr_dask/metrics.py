@@ -260,7 +260,7 @@ def neighbourhood_scores(
     """
     import dask
 
-    from dr_dask.cluster import active_client, compute, gather, share
+    from dr_dask.cluster import active_client, compute, gather, run_stage, share
 
     Xn = _numpy(X, "X")
     Yn = _numpy(Y, "Y")
@@ -277,10 +277,12 @@ def neighbourhood_scores(
     starts = list(range(0, T, b))
     blocks = [(s, nbr_x[s:s + b], nbr_y[s:s + b]) for s in starts]
     if client is not None:
-        Xf, Yf = share(Xn, client), share(Yn, client)
-        futures = [client.submit(_block_neighbourhood, Xf, Yf, s, nx, ny, pure=False)
-                   for s, nx, ny in blocks]
-        parts = gather(futures, client)
+        def scores() -> list:
+            Xf, Yf = share(Xn, client), share(Yn, client)
+            return gather([client.submit(_block_neighbourhood, Xf, Yf, s, nx, ny, pure=False)
+                           for s, nx, ny in blocks], client)
+
+        parts = run_stage("neighbourhood_scores", scores)
     else:
         Xd, Yd = dask.delayed(Xn), dask.delayed(Yn)
         parts = compute(*[dask.delayed(_block_neighbourhood)(Xd, Yd, s, nx, ny)
