@@ -426,12 +426,12 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
                 f"n_components={self.n_components} is more than the data supports: {N} features "
                 f"give at most {max(N - 1, 0)} components (each sample is centred across "
                 f"features); use n_components <= {max(N - 1, 1)} or more features")
-        validate(
+        run_stage("validate", lambda: validate(
             inp,
             min_samples=self.n_components + 2,
             constant_rows=self.similarity == "correlation",
             client=self.client,
-        )
+        ))
         self.n_features_in_ = int(inp.data.shape[1])
         if self.solver == "full" and self.n_landmarks is None:
             result = self._fit_full(inp, run)
