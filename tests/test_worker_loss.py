@@ -158,25 +158,25 @@ def test_cli_survives_worker_loss(tmp_path, data):
     np.save(tmp_path / "x.npy", X)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
-    def embed(out: str, kill: bool):
-        cmd = [sys.executable, "-m", "dr_dask.cli", "--workers", "2", "embed", "ikd",
-               "--input", str(tmp_path / "x.npy"), "--out", out, "-n", "2", "--tile-size",
-               "60", "--name", "r"]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if kill:  # a worker appears as a grandchild (CLI -> nanny -> worker) once it runs
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                grand = [g for ch in psutil.Process(proc.pid).children()
-                         for g in ch.children()]
-                if grand:
-                    time.sleep(1.0)
-                    grand[0].send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.1)
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err.decode()[-2000:]
-        return np.asarray(zarr.open_group(out, mode="r")["r"]["embedding"][...])
-
-    got = embed(str(tmp_path / "b.zarr"), kill=True)
+    out = str(tmp_path / "runs.zarr")
+    cmd = [sys.executable, "-m", "dr_dask.cli", "--workers", "2", "embed", "ikd", "--input",
+           str(tmp_path / "x.npy"), "--out", out, "-n", "2", "--tile-size", "60", "--name", "r"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # the LocalCluster's workers are spawned children of the CLI process; the run group
+    # appears in OUT when the fit starts
+    deadline = time.monotonic() + 120
+    workers: list = []
+    while not (workers and os.path.exists(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        workers = [ch for ch in psutil.Process(proc.pid).children()
+                   if "spawn_main" in " ".join(ch.cmdline())]
+    assert workers and os.path.exists(out), "the fit did not start"
+    time.sleep(0.5)
+    assert proc.poll() is None, "the command finished before the kill"
+    workers[0].send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "Restarting worker" in err.decode()  # the kill landed while the cluster was up
+    got = np.asarray(zarr.open_group(out, mode="r")["r"]["embedding"][...])
     np.testing.assert_allclose(got, IKD(2, tile_size=60, random_state=0).fit(X).embedding_,
                                atol=1e-8)

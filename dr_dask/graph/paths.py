@@ -194,7 +194,8 @@ class GeodesicRows:
         """All rows as one in-memory array (only for moderate sizes)."""
         out = np.empty(self.shape, dtype=dtype or self.dtype)
         for s, e, b in zip(self.bounds[:-1], self.bounds[1:], self.blocks):
-            out[s:e] = _materialise(b.result() if hasattr(b, "result") else b)
+            # one block at a time, and never waiting forever on a cluster that is gone
+            out[s:e] = _materialise(gather([b], self.client)[0] if self.client else b)
         return out
 
     def release(self) -> None:
