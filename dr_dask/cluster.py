@@ -191,6 +191,8 @@ def local_cluster_kwargs(n_workers: int | None = None, memory_fraction: float = 
     the GIL, but BLAS already threads inside a task poorly at 2 cores), and a per-worker memory
     limit so that the whole cluster stays within ``memory_fraction`` of physical RAM.
     """
+    if n_workers is not None and (not isinstance(n_workers, int) or n_workers < 1):
+        raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
     cores = os.cpu_count() or 1
     n_workers = n_workers or cores
     total = psutil.virtual_memory().total

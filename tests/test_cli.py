@@ -66,6 +66,10 @@ def test_workers_must_be_positive(tmp_path, npy):
     res = CliRunner().invoke(main, ["--workers", "-1", "embed", "ikd", "-n", "2", "--input", npy,
                                     "--out", str(tmp_path / "o.zarr")])
     assert res.exit_code == 2 and "--workers" in res.output and "x>=1" in res.output
+    from dr_dask.cluster import local_cluster_kwargs
+
+    with pytest.raises(ValueError, match="n_workers must be a positive integer, got -1"):
+        local_cluster_kwargs(-1)  # the API refuses it too, instead of a hanging cluster
 
 
 def test_help_documents_exit_codes():
@@ -128,7 +132,7 @@ def test_progress_goes_to_stderr_on_a_terminal_only(cluster_client, capsys, monk
 @pytest.mark.cluster
 def test_stdout_is_json_and_distributed_is_quiet(tmp_path, npy):
     """On a LocalCluster with stdout and stderr redirected: stdout is exactly the JSON summary
-    (no escape codes), stderr has no distributed INFO lines; -v brings them back."""
+    (no escape codes), stderr has no distributed INFO lines (the ~35 a LocalCluster logs)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("DASK_LOGGING__DISTRIBUTED", None)
     base = [sys.executable, "-m", "dr_dask.cli"]
@@ -139,6 +143,3 @@ def test_stdout_is_json_and_distributed_is_quiet(tmp_path, npy):
     summary = json.loads(res.stdout)
     assert summary["shape"] == [60, 2] and "\x1b" not in res.stdout
     assert "INFO" not in res.stderr and len(res.stderr.splitlines()) <= 3, res.stderr
-    loud = subprocess.run([*base, "-v", *args, "--out", str(tmp_path / "b.zarr")], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert loud.returncode == 0 and "distributed.scheduler INFO" in loud.stderr
