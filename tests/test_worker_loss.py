@@ -48,8 +48,7 @@ def data():
 def _kill_one_worker_after(client, delay: float) -> threading.Timer:
     """SIGKILL one live worker process (not its nanny) after ``delay`` seconds.
 
-    The worker is chosen when the timer fires, from the nannies' processes: the worker killed
-    at the previous moment may still be restarting, and the fit must survive that too."""
+    The worker is chosen when the timer fires, from the nannies' live processes."""
     def kill() -> None:
         procs = [n.process for n in list(client.cluster.workers.values())]
         pids = [p.pid for p in procs if p is not None and p.pid and psutil.pid_exists(p.pid)]
@@ -62,8 +61,12 @@ def _kill_one_worker_after(client, delay: float) -> threading.Timer:
 
 
 def _survives(client, fit, atol: float) -> None:
-    """``fit()`` with a worker killed at each moment returns the undisturbed result."""
-    client.wait_for_workers(2, timeout=60)
+    """``fit()`` with a worker killed at each moment returns the undisturbed result.
+
+    No waiting for the nanny to bring a killed worker back between moments: in this
+    distributed a nanny sometimes takes a minute to restart a SIGKILLed worker, and a fit must
+    survive running on whatever workers remain anyway."""
+    client.wait_for_workers(1, timeout=60)
     t0 = time.perf_counter()
     expected = np.asarray(fit())
     duration = time.perf_counter() - t0
@@ -73,14 +76,6 @@ def _survives(client, fit, atol: float) -> None:
         timer.join()
         np.testing.assert_allclose(got, expected, atol=atol, rtol=1e-6,
                                    err_msg=f"worker killed at {moment:.0%} of the fit")
-    # the next test starts with both workers again (restarted by their nannies, or else
-    # by a restart of the cluster's workers: test hygiene, not the property under test)
-    deadline = time.monotonic() + 60
-    while len(client.run(os.getpid, on_error="ignore")) < 2:
-        if time.monotonic() > deadline:
-            client.restart(wait_for_workers=True, timeout=120)
-            break
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("solver", ["full", "geodesic", "blockwise", "landmark"])
