@@ -12,11 +12,15 @@ to the container it runs in.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from typing import Any
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
+from typing import Any, TypeVar
 
 import dask
 from dask.system import CPU_COUNT
@@ -27,6 +31,129 @@ logger = logging.getLogger(__name__)
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 SCHEDULER_FILE_ENV = "DASK_SCHEDULER_FILE"
+
+#: Attempts of one stage when workers are lost under it (the first run included).
+STAGE_ATTEMPTS = 3
+#: Seconds a computation may wait with no worker at all before it is abandoned.
+NO_WORKER_TIMEOUT = 60.0
+
+#: The stage running in this context, named in errors that tell the user where to resume.
+_STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("dr_dask_stage", default="fit")
+
+T = TypeVar("T")
+
+
+class ClusterLost(RuntimeError):
+    """The cluster went away (or kept losing workers) under a stage; rerun to resume from it."""
+
+    def __init__(self, stage: str, why: str):
+        super().__init__(f"stage {stage!r} could not finish: {why}. Rerun to resume from stage "
+                         f"{stage!r} (completed stages of a run are kept)")
+        self.stage = stage
+
+
+def _lost_worker_errors() -> tuple[type[BaseException], ...]:
+    """What a computation raises when a worker dies under it (results forgotten, connection
+    closed, a task that killed its workers too often)."""
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return (CancelledError, CommClosedError, KilledWorker)
+
+
+def run_stage(name: str, fn: Callable[[], T], attempts: int = STAGE_ATTEMPTS) -> T:
+    """Run ``fn()`` as stage ``name``, rerun from its start when workers are lost under it.
+
+    Lost results that dask can recompute from lineage never get here (the scheduler reruns
+    them); this catches what cannot be recovered inside the stage (futures forgotten, closed
+    connections, ``KilledWorker``) and runs the whole stage again, at most ``attempts`` times,
+    then raises :class:`ClusterLost` naming the stage.
+    """
+    token = _STAGE.set(name)
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except ClusterLost:
+                raise
+            except _lost_worker_errors() as exc:
+                if attempt == attempts:
+                    raise ClusterLost(name, f"workers lost {attempts} times ({exc!r})") from exc
+                logger.warning("stage %r lost workers (%r); running it again (%d of %d)",
+                               name, exc, attempt + 1, attempts)
+        raise AssertionError("unreachable")
+    finally:
+        _STAGE.reset(token)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def share(value: Any, client: Client | None = None) -> Any:
+    """A handle on ``value`` for many tasks, sent to each worker once and recomputable.
+
+    With a client: the future of a task that returns ``value``. Unlike ``client.scatter``
+    the value then lives in the task graph on the scheduler, so when the worker holding it
+    dies, dask recomputes it instead of failing every task that needs it. Without a client
+    the value itself.
+    """
+    client = active_client(client)
+    if client is None:
+        return value
+    with warnings.catch_warnings():  # the value is in the graph on purpose, once
+        warnings.filterwarnings("ignore", message=".*large graph", category=UserWarning)
+        return client.submit(_identity, value, pure=False)
+
+
+def gather(futures: list, client: Client, progress: bool = False) -> list:
+    """``client.gather(futures)``, but never waiting forever on a cluster that is gone
+    (see :func:`wait_for`)."""
+    wait_for(futures, client, progress)
+    return client.gather(futures)
+
+
+def wait_for(futures: list, client: Client, progress: bool = False) -> None:
+    """Wait until ``futures`` are finished (or failed), never forever on a cluster that is gone.
+
+    Raises :class:`ClusterLost` (naming the current stage) when the scheduler is unreachable
+    or has had no worker for :data:`NO_WORKER_TIMEOUT` seconds.
+    """
+    from distributed import wait
+
+    if progress:
+        show_progress(futures, client)
+    since: float | None = None
+    while True:
+        try:
+            with client.as_current():  # wait() acts on the current client, not the futures'
+                wait(futures, timeout=2.0)
+            break
+        except TimeoutError:
+            pass
+        try:
+            if client.status not in ("running", "connecting"):
+                raise OSError(f"client is {client.status}")
+            n_workers = len(client.nthreads(callback_timeout=30))
+        except (OSError, TimeoutError) as exc:
+            raise ClusterLost(_STAGE.get(), f"the scheduler is unreachable ({exc!r})") from exc
+        if n_workers:
+            since = None
+        elif since is None:
+            since = time.monotonic()
+        elif time.monotonic() - since > NO_WORKER_TIMEOUT:
+            raise ClusterLost(_STAGE.get(), f"no worker for {NO_WORKER_TIMEOUT:.0f} s")
+
+
+def show_progress(futures: list, client: Client) -> None:
+    """A progress bar on stderr until ``futures`` finish; only when stderr is a terminal, so
+    redirected output stays free of escape codes (distributed's bar writes to stdout)."""
+    if not sys.stderr.isatty():
+        return
+    from distributed import progress as dprogress
+
+    with contextlib.redirect_stdout(sys.stderr), client.as_current():
+        dprogress(futures)
 
 
 class ClientParam:
@@ -71,6 +198,8 @@ def local_cluster_kwargs(n_workers: int | None = None, memory_fraction: float = 
     workers: ``dask.system.CPU_COUNT`` (CPU affinity and cgroup CPU quota) and
     ``distributed.system.MEMORY_LIMIT`` (cgroup memory limit and RLIMIT_RSS), not the host's.
     """
+    if n_workers is not None and (not isinstance(n_workers, int) or n_workers < 1):
+        raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
     cores = max(1, int(CPU_COUNT))
     n_workers = n_workers or cores
     total = MEMORY_LIMIT
@@ -175,9 +304,4 @@ def compute(*collections: Any, client: Client | None = None, progress: bool = Fa
             with ProgressBar(out=sys.stderr):
                 return dask.compute(*collections, scheduler="threads")
         return dask.compute(*collections, scheduler="threads")
-    futures = client.compute(list(collections))
-    if progress and sys.stderr.isatty():
-        from distributed import progress as dprogress
-
-        dprogress(futures)
-    return tuple(client.gather(futures))
+    return tuple(gather(client.compute(list(collections)), client, progress=progress))

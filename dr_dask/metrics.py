@@ -260,7 +260,7 @@ def neighbourhood_scores(
     """
     import dask
 
-    from dr_dask.cluster import active_client, compute
+    from dr_dask.cluster import active_client, compute, gather, run_stage, share
 
     Xn = _numpy(X, "X")
     Yn = _numpy(Y, "Y")
@@ -277,10 +277,12 @@ def neighbourhood_scores(
     starts = list(range(0, T, b))
     blocks = [(s, nbr_x[s:s + b], nbr_y[s:s + b]) for s in starts]
     if client is not None:
-        Xf, Yf = client.scatter([Xn, Yn], broadcast=True, hash=False)
-        futures = [client.submit(_block_neighbourhood, Xf, Yf, s, nx, ny, pure=False)
-                   for s, nx, ny in blocks]
-        parts = client.gather(futures)
+        def scores() -> list:
+            Xf, Yf = share(Xn, client), share(Yn, client)
+            return gather([client.submit(_block_neighbourhood, Xf, Yf, s, nx, ny, pure=False)
+                           for s, nx, ny in blocks], client)
+
+        parts = run_stage("neighbourhood_scores", scores)
     else:
         Xd, Yd = dask.delayed(Xn), dask.delayed(Yn)
         parts = compute(*[dask.delayed(_block_neighbourhood)(Xd, Yd, s, nx, ny)
@@ -510,7 +512,7 @@ def consistency_index(
     from sklearn.base import clone
     from sklearn.utils import check_random_state
 
-    from dr_dask.cluster import active_client, compute
+    from dr_dask.cluster import active_client, compute, gather, share
 
     if deformation not in ("thesis", "bump"):
         raise ValueError(f"deformation must be 'thesis' or 'bump', got {deformation!r}")
@@ -531,11 +533,10 @@ def consistency_index(
     pairs = [(int(f // p), int(f % p)) for f in flat]
     client = active_client(client)
     if client is not None:
-        est, Xf, Xrf, Yf = client.scatter([estimator, Xn, Xr, Y0], broadcast=True,
-                                            hash=False)
+        est, Xf, Xrf, Yf = (share(v, client) for v in (estimator, Xn, Xr, Y0))
         futures = [client.submit(_tci_candidate, est, Xf, Xrf, Yf, i, j, gamma, deformation,
                                  epsilon, pure=False) for i, j in pairs]
-        scores = client.gather(futures)
+        scores = gather(futures, client)
     else:
         task = dask.delayed(_tci_candidate)
         Xd, Xrd, Yd = dask.delayed(Xn), dask.delayed(Xr), dask.delayed(Y0)

@@ -51,3 +51,22 @@ def test_live_client_neither_pickled_nor_copied(name, roll, cluster_client):
     if hasattr(est, "transform"):  # IKD defines no out-of-sample map
         Xnew = roll[:20] + 0.01
         np.testing.assert_allclose(back.transform(Xnew), est.transform(Xnew), atol=1e-9)
+
+
+@pytest.mark.parametrize("make, X, message", [
+    (lambda: IKD(5, random_state=0), np.random.default_rng(0).normal(size=(50, 2)),
+     "n_components=5 is more than the data supports: 2 features give at most 1"),
+    (lambda: IKD(3, random_state=0), np.random.default_rng(0).normal(size=(50, 3)),
+     "n_components=3 is more than the data supports: 3 features give at most 2"),
+    (lambda: Isomap(n_neighbors=1), np.zeros((1, 3)), "n_components=2 needs at least 3 samples"),
+    (lambda: LSDR(n_components=3), np.random.default_rng(0).normal(size=(50, 2)),
+     "n_components=3 is more than the data supports: 2 features"),
+    (lambda: IKD(2, tile_size=0), np.random.default_rng(0).normal(size=(50, 4)),
+     "tile_size must be a positive integer"),
+])
+def test_more_components_than_the_data_supports(make, X, message):
+    """Asked for more than the data holds, an estimator says so in fit, before any work."""
+    before = X.copy()
+    with pytest.raises(ValueError, match=message):
+        make().fit(X)
+    np.testing.assert_array_equal(X, before)

@@ -137,8 +137,10 @@ def test_bad_inputs(roll2000):
         Isomap(n_neighbors=5, radius=1.0).fit(X)
     with pytest.raises(ValueError, match=r"n_landmarks=301 must be in \[1, 300\]"):
         LandmarkIsomap(n_landmarks=301).fit(X)
-    with pytest.raises(ValueError, match="n_components=5 must be in"):
+    with pytest.raises(ValueError, match="n_components=5 needs at least 6 landmarks"):
         LandmarkIsomap(n_landmarks=5, n_components=5).fit(X)
+    with pytest.raises(ValueError, match="n_components=2 needs at least 3 samples .* got 1"):
+        Isomap().fit(X[:1])
     bad = X.copy()
     bad[17, 1] = np.nan
     with pytest.raises(ValueError, match=r"rows \[17\]"):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -16,8 +19,53 @@ logger = logging.getLogger(__name__)
 #: An existing PEM file (a certificate or key) for the ``--tls-*`` options.
 PEM = click.Path(exists=True, dir_okay=False)
 
+EXIT_CODES = """\b
+Exit codes:
+  0  success
+  1  internal error (a bug: rerun with -v for the traceback), or the cluster was lost
+     (the message names the stage a rerun resumes from)
+  2  user error: bad option, parameter or input (a message, no traceback)"""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
+SEED = click.IntRange(0, 2**32 - 1)
+#: Counts and sizes.
+POSITIVE = click.IntRange(min=1)
+#: Scales, bandwidths, thresholds and intervals.
+POSITIVE_REAL = click.FloatRange(min=0, min_open=True)
+
+
+class App(click.Group):
+    """The root group: turns any exception escaping a command into the documented exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001  (every failure maps to a documented code)
+            # imported only now: importing distributed before main() configured logging
+            # would let it install its own handlers
+            from dr_dask.cluster import ClusterLost
+            from dr_dask.storage import StorageError
+            from dr_dask.store import InputError
+
+            # rejected below a command that did not catch it: bad input, an unusable location
+            if isinstance(exc, (InputError, StorageError)):
+                fail(str(exc))
+            if isinstance(exc, ClusterLost):
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
+            # a bug: say so briefly, the traceback only when asked
+            click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+            if (ctx.obj or {}).get("verbose"):
+                traceback.print_exc(file=sys.stderr)
+            else:
+                click.echo("(rerun with -v for the traceback)", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="dr-dask")
 @click.option(
     "--scheduler",
@@ -34,7 +82,8 @@ PEM = click.Path(exists=True, dir_okay=False)
     help="Join the cluster described by this scheduler file (dask-jobqueue, dask-mpi, "
     "'dask scheduler --scheduler-file'); default: $DASK_SCHEDULER_FILE.",
 )
-@click.option("--workers", type=int, default=None, help="Worker processes for the LocalCluster.")
+@click.option("--workers", type=POSITIVE, default=None,
+              help="Worker processes for the LocalCluster (default: one per core).")
 @click.option("--tls-ca-file", type=PEM, default=None,
               help="CA certificate (PEM): talk TLS to the scheduler (tls://HOST:8786) and "
               "check its certificate. Needs --tls-cert and --tls-key. Default: the dask config "
@@ -49,7 +98,8 @@ PEM = click.Path(exists=True, dir_okay=False)
     help="fsspec storage option for every URL (repeatable), e.g. endpoint_url=http://host:9000 "
     "or anon=true; credentials otherwise come from AWS_* / GOOGLE_* / AZURE_* and config files.",
 )
-@click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
+@click.option("-v", "--verbose", count=True,
+              help="-v for info logs (dask's included), -vv for debug. Default: warnings only.")
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -65,13 +115,16 @@ def main(
     """Out-of-core, distributed nonlinear dimensionality reduction on Dask and Zarr.
 
     Every location (inputs, outputs, reports) is a local path or a URL: s3://, gs://, az://,
-    memory://, file://.
+    memory://, file://. Results and JSON summaries go to stdout; logs, progress bars (on a
+    terminal only) and errors go to stderr.
     """
     from dr_dask.storage import StorageError, parse_storage_options
 
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     # the application, not the library, configures logging
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    if not verbose:
+        quiet_distributed()
     try:
         options = parse_storage_options(storage_option)
     except StorageError as exc:
@@ -97,6 +150,16 @@ def security(tls: dict[str, str]):  # -> distributed.Security | None (imported l
     from dr_dask.cluster import tls_security
 
     return tls_security(tls["ca_file"], tls["cert"], tls["key"])
+
+
+def quiet_distributed() -> None:
+    """Hold distributed's loggers (which it configures itself, at INFO) to warnings, here and
+    in the worker processes a LocalCluster starts (they read it from the environment)."""
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "warning"
+    import dask
+
+    dask.config.set({"logging.distributed": "warning"})
+    logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

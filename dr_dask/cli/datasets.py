@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from dr_dask.cli._app import cluster, datasets, fail, storage_options
+from dr_dask.cli._app import POSITIVE, POSITIVE_REAL, SEED, cluster, datasets, fail, storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -21,16 +21,17 @@ def _names() -> list[str]:
 @datasets.command("make")
 @click.argument("name")
 @click.option("--out", "out", required=True, help="Zarr store to write (path or URL).")
-@click.option("-T", "--n-samples", "n_samples", type=int, default=1000, show_default=True, help="Samples (rows).")
-@click.option("-N", "--n-features", "n_features", type=int, default=400, show_default=True, help="Features (columns).")
-@click.option("-M", "--n-components", "n_components", type=int, default=None, help="Latent dimensions [dataset default].")
-@click.option("--noise", type=float, default=None, help="Noise standard deviation [dataset default].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-@click.option("--length-scale", type=float, default=None, help="GP length scale [3.0] (gp only).")
+@click.option("-T", "--n-samples", "n_samples", type=POSITIVE, default=1000, show_default=True, help="Samples (rows).")
+@click.option("-N", "--n-features", "n_features", type=POSITIVE, default=400, show_default=True, help="Features (columns).")
+@click.option("-M", "--n-components", "n_components", type=POSITIVE, default=None, help="Latent dimensions [dataset default].")
+@click.option("--noise", type=click.FloatRange(min=0), default=None, help="Noise standard deviation [dataset default].")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
+@click.option("--length-scale", type=POSITIVE_REAL, default=None, help="GP length scale [3.0] (gp only).")
 @click.option("--method", type=click.Choice(["auto", "exact", "rff"]), default=None, help="GP sampling [auto] (gp only).")
 @click.option("--bump", type=click.Choice(["l2", "l1"]), default=None, help="Bump form [l2] (bump only).")
-@click.option("--chunk-size", type=int, default=5000, show_default=True, help="Rows per Zarr chunk.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64", show_default=True)
+@click.option("--chunk-size", type=POSITIVE, default=5000, show_default=True, help="Rows per Zarr chunk.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64", show_default=True,
+              help="Storage type of X.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--if-missing", is_flag=True,
               help="Do nothing if OUT holds a complete dataset (an interrupted one is redone).")

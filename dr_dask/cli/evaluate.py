@@ -8,7 +8,7 @@ from typing import Any
 import click
 import numpy as np
 
-from dr_dask.cli._app import bench, cluster, fail, main, storage_options
+from dr_dask.cli._app import POSITIVE, SEED, bench, cluster, fail, main, storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 @click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
 @click.option("--latent", default=None, help="True latent: VAR of the input store, PATH:VAR or .npy.")
 @click.option("--out", default=None, help="Report directory (default: STORE/NAME.report).")
-@click.option("-k", "--n-neighbors", type=int, default=10, show_default=True,
+@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
               help="k of trustworthiness/continuity/kNN preservation.")
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
@@ -182,15 +182,16 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 
 @main.command()
 @click.option("--input", "source", required=True, help="Input data STORE[:VAR], file.nc or .npy.")
-@click.option("-n", "--n-components", type=int, required=True, help="Output dimension.")
+@click.option("-n", "--n-components", type=POSITIVE, required=True, help="Output dimension.")
 @click.option("--methods", default="ikd,ikd-geodesic,isomap,pca,lsdr", show_default=True,
               help=f"Comma-separated, from: {', '.join(METHODS)}.")
 @click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
 @click.option("--latent", default=None, help="True latent: VAR of the input store, PATH:VAR or .npy.")
 @click.option("--out", required=True, help="Output directory (compare.json, compare.png, .npz).")
-@click.option("-k", "--n-neighbors", type=int, default=10, show_default=True,
+@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
               help="Graph k of the methods and k of the neighbourhood metrics.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True,
+              help="Random seed of every method.")
 @click.pass_context
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""

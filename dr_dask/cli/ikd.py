@@ -8,7 +8,18 @@ import os
 
 import click
 
-from dr_dask.cli._app import bench, busy, cluster, embed, fail, main, storage_options
+from dr_dask.cli._app import (
+    POSITIVE,
+    POSITIVE_REAL,
+    SEED,
+    bench,
+    busy,
+    cluster,
+    embed,
+    fail,
+    main,
+    storage_options,
+)
 from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
@@ -17,28 +28,39 @@ logger = logging.getLogger(__name__)
 def ikd_options(fn):
     """Options shared by the commands that build an IKD estimator."""
     options = [
-        click.option("-n", "--n-components", type=int, required=True, help="Latent dimension M."),
+        click.option("-n", "--n-components", type=POSITIVE, required=True,
+                     help="Latent dimension M (at most the number of features - 1)."),
         click.option("--kernel", default="se", show_default=True,
                      help="se | rational_quadratic | gamma_exponential | matern"),
-        click.option("--alpha", type=float, default=1.0, show_default=True, help="RQ alpha."),
-        click.option("--gamma", type=float, default=1.0, show_default=True, help="gamma-exp gamma."),
-        click.option("--nu", type=float, default=1.5, show_default=True, help="Matérn nu."),
+        click.option("--alpha", type=POSITIVE_REAL, default=1.0, show_default=True,
+                     help="Rational-quadratic alpha (> 0)."),
+        click.option("--gamma", type=click.FloatRange(0, 2, min_open=True), default=1.0,
+                     show_default=True, help="Gamma-exponential gamma, in (0, 2]."),
+        click.option("--nu", type=POSITIVE_REAL, default=1.5, show_default=True,
+                     help="Matérn nu (> 0)."),
         click.option("--similarity", type=click.Choice(["correlation", "covariance"]),
-                     default="correlation", show_default=True),
+                     default="correlation", show_default=True,
+                     help="Sample similarity S = Xn Xn^T from correlations or covariances."),
         click.option("--reference", type=click.Choice(["min_max", "min_mean", "center"]),
                      default=None, help="Reference point (default: per solver)."),
         click.option("--solver", type=click.Choice(["full", "geodesic", "blockwise"]),
-                     default="full", show_default=True),
-        click.option("--n-neighbors", type=int, default=5, show_default=True,
+                     default="full", show_default=True,
+                     help="full: all T x T distances (tiled); geodesic: along a kNN graph; "
+                     "blockwise: per-clique solves merged."),
+        click.option("--n-neighbors", type=POSITIVE, default=5, show_default=True,
                      help="Geodesic solver: kNN graph size."),
-        click.option("--landmarks", "n_landmarks", type=int, default=None,
+        click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=None,
                      help="Landmark IKD with this many landmarks (large T)."),
         click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64",
-                     show_default=True),
-        click.option("--tile-size", type=int, default=4096, show_default=True),
+                     show_default=True,
+                     help="Precision of the distance tiles (float32 halves memory and disk)."),
+        click.option("--tile-size", type=POSITIVE, default=4096, show_default=True,
+                     help="Rows per tile of the T x T distance matrix (memory per task grows "
+                     "with its square)."),
         click.option("--tile-cache", type=click.Choice(["auto", "memory", "disk"]), default="auto",
                      show_default=True, help="Where distance tiles live between passes."),
-        click.option("--seed", "random_state", type=int, default=0, show_default=True),
+        click.option("--seed", "random_state", type=SEED, default=0, show_default=True,
+                     help="Random seed of every randomized step."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -73,16 +95,20 @@ def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
         busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
-    click.echo(f"embedding written to {run.path} (array 'embedding')")
-    click.echo(json.dumps(run.group.attrs.get("summary", {}), indent=2))
+    # stdout is the JSON summary alone, for scripts; the human note goes to stderr
+    click.echo(f"embedding written to {run.path} (array 'embedding')", err=True)
+    click.echo(json.dumps({"path": run.path, **run.group.attrs.get("summary", {})}, indent=2))
 
 
 @main.command()
 @click.option("--out", default="dr_dask_quickstart", show_default=True,
               help="Directory for the dataset, the run, the metrics and the plot.")
-@click.option("-T", "n_samples", type=int, default=1000, show_default=True)
-@click.option("-N", "n_features", type=int, default=500, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-T", "n_samples", type=click.IntRange(min=10), default=1000, show_default=True,
+              help="Samples (rows) of the generated dataset.")
+@click.option("-N", "n_features", type=click.IntRange(min=3), default=500, show_default=True,
+              help="Features (columns) of the generated dataset.")
+@click.option("--seed", type=SEED, default=0, show_default=True,
+              help="Random seed of the data and the fit.")
 @click.pass_context
 def quickstart(ctx, out, n_samples, n_features, seed):
     """Generate the paper's GP-mapping dataset, run IKD on a LocalCluster, report.
@@ -104,7 +130,8 @@ def quickstart(ctx, out, n_samples, n_features, seed):
 @click.option("--quick", is_flag=True, help="Small sizes (a smoke run, minutes -> seconds).")
 @click.option("--only", type=click.Choice(["gemm", "incore", "outofcore"]), multiple=True,
               help="Run only these cases (default: all).")
-@click.option("--out-of-core-T", "ooc_T", type=int, default=60_000, show_default=True)
+@click.option("--out-of-core-T", "ooc_T", type=click.IntRange(min=100), default=60_000,
+              show_default=True, help="Samples of the out-of-core case.")
 @click.option("--workdir", default=None, help="Where the out-of-core tiles go (default: a temp dir).")
 @click.option("--json", "json_path", default=None, help="Also write the results here.")
 @click.pass_context

@@ -7,7 +7,17 @@ import logging
 
 import click
 
-from dr_dask.cli._app import bench, busy, cluster, embed, fail, storage_options
+from dr_dask.cli._app import (
+    POSITIVE,
+    POSITIVE_REAL,
+    SEED,
+    bench,
+    busy,
+    cluster,
+    embed,
+    fail,
+    storage_options,
+)
 from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
@@ -20,18 +30,23 @@ logger = logging.getLogger(__name__)
 @click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
 @click.option("--drop-cache", is_flag=True,
               help="Delete the run's tile cache (distance tiles, geodesic rows) once it completes.")
-@click.option("-n", "--n-components", type=int, default=2, show_default=True)
-@click.option("-k", "--n-neighbors", type=int, default=10, show_default=True)
-@click.option("--radius", type=float, default=None, help="Epsilon rule instead of k (full only).")
-@click.option("--landmarks", "n_landmarks", type=int, default=None,
+@click.option("-n", "--n-components", type=POSITIVE, default=2, show_default=True,
+              help="Embedding dimension (below the number of samples).")
+@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
+              help="Neighbours per point in the kNN graph.")
+@click.option("--radius", type=POSITIVE_REAL, default=None,
+              help="Epsilon rule instead of k (full only).")
+@click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=None,
               help="Landmark Isomap with this many landmarks (large T).")
 @click.option("--landmark-method", type=click.Choice(["maxmin", "random"]), default="maxmin",
-              show_default=True)
+              show_default=True, help="How landmarks are chosen.")
 @click.option("--on-disconnected", type=click.Choice(["bridge", "raise", "ignore"]),
-              default="bridge", show_default=True)
+              default="bridge", show_default=True,
+              help="A disconnected kNN graph: bridge its components, fail, or embed as is.")
 @click.option("--geodesic-store", default=None,
               help="Zarr path for the geodesic rows (T x T squared, or L x T) instead of memory.")
-@click.option("--seed", "random_state", type=int, default=0, show_default=True)
+@click.option("--seed", "random_state", type=SEED, default=0, show_default=True,
+              help="Random seed of every randomized step.")
 @click.pass_context
 def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_neighbors, radius,
                  n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state):
@@ -61,8 +76,9 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
         busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
-    click.echo(f"embedding written to {run.path} (array 'embedding')")
-    click.echo(json.dumps(run.group.attrs.get("summary", {}), indent=2))
+    # stdout is the JSON summary alone, for scripts; the human note goes to stderr
+    click.echo(f"embedding written to {run.path} (array 'embedding')", err=True)
+    click.echo(json.dumps({"path": run.path, **run.group.attrs.get("summary", {})}, indent=2))
 
 
 @bench.command("isomap")

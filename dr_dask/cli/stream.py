@@ -9,7 +9,16 @@ import logging
 import click
 import numpy as np
 
-from dr_dask.cli._app import bench, cluster, fail, storage_options, stream
+from dr_dask.cli._app import (
+    POSITIVE,
+    POSITIVE_REAL,
+    SEED,
+    bench,
+    cluster,
+    fail,
+    storage_options,
+    stream,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -17,16 +26,21 @@ logger = logging.getLogger(__name__)
 @stream.command("make-scenario")
 @click.argument("out", type=click.Path())
 @click.option("--scenario", type=click.Choice(["shift", "drift"]), default="shift",
-              show_default=True)
-@click.option("--n-per-patch", type=int, default=1000, show_default=True,
+              show_default=True,
+              help="shift: the stream moves to unseen patches; drift: it drifts gradually.")
+@click.option("--n-per-patch", type=POSITIVE, default=1000, show_default=True,
               help="shift: train and test points per patch (paper: 1000).")
-@click.option("--n-batch", type=int, default=1000, show_default=True, help="drift: batch size.")
-@click.option("--n-stream", type=int, default=3000, show_default=True, help="drift: stream size.")
-@click.option("--ambient-dim", type=int, default=3, show_default=True)
+@click.option("--n-batch", type=POSITIVE, default=1000, show_default=True,
+              help="drift: batch size.")
+@click.option("--n-stream", type=POSITIVE, default=3000, show_default=True,
+              help="drift: stream size.")
+@click.option("--ambient-dim", type=click.IntRange(min=3), default=3, show_default=True,
+              help="Dimension the 2-D swiss roll is embedded in (>= 3).")
 @click.option("--kind", type=click.Choice(["npy-dir", "zarr"]), default="npy-dir",
               show_default=True, help="Stream source format.")
-@click.option("--chunk-size", type=int, default=250, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--chunk-size", type=POSITIVE, default=250, show_default=True,
+              help="Rows per stream chunk.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
 def make_scenario(out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, kind, chunk_size,
                   seed):
     """Write the Euler swiss-roll SCENARIO (batch, stream source, ground truth) to OUT."""
@@ -62,21 +76,28 @@ def _load_batch(path: str, storage_options: dict) -> np.ndarray:
               "or URL).")
 @click.option("--batch", help="Batch to fit the model on (Zarr/NetCDF/.npy), if no --model.")
 @click.option("--holdout", help="Held-out batch-distribution points to calibrate sigma_t.")
-@click.option("--sigma-t", type=float, default=None,
+@click.option("--sigma-t", type=POSITIVE_REAL, default=None,
               help="Novelty threshold (overrides calibration).")
-@click.option("--n-s", type=int, default=1000, show_default=True,
+@click.option("--n-s", type=POSITIVE, default=1000, show_default=True,
               help="Buffer size triggering a refit.")
-@click.option("--chunk-size", type=int, default=1000, show_default=True,
+@click.option("--chunk-size", type=POSITIVE, default=1000, show_default=True,
               help="Rows per Zarr chunk.")
 @click.option("--strict", is_flag=True, help="Algorithm 1's point-by-point semantics.")
-@click.option("--max-in-flight", type=int, default=2, show_default=True)
+@click.option("--max-in-flight", type=POSITIVE, default=2, show_default=True,
+              help="Chunks mapped on the cluster at once.")
 @click.option("--follow", is_flag=True, help="Keep polling the source for new data.")
-@click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between polls.")
-@click.option("--n-neighbors", type=int, default=10, show_default=True)
-@click.option("--kernel", default="geodesic_se", show_default=True)
-@click.option("--length-scale", type=float, default=None)
-@click.option("--noise-variance", type=float, default=0.01, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--poll", type=POSITIVE_REAL, default=1.0, show_default=True,
+              help="Seconds between polls.")
+@click.option("--n-neighbors", type=POSITIVE, default=10, show_default=True,
+              help="Graph k of the model fitted on --batch.")
+@click.option("--kernel", default="geodesic_se", show_default=True,
+              help="GP kernel of the model fitted on --batch.")
+@click.option("--length-scale", type=POSITIVE_REAL, default=None,
+              help="GP length scale (default: fitted).")
+@click.option("--noise-variance", type=click.FloatRange(min=0), default=0.01,
+              show_default=True, help="GP noise variance.")
+@click.option("--seed", type=SEED, default=0, show_default=True,
+              help="Random seed of the model fit.")
 @click.pass_context
 def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, strict,
         max_in_flight, follow, poll, n_neighbors, kernel, length_scale,
@@ -133,7 +154,7 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
 @stream.command("report")
 @click.argument("store")
 @click.option("--out", "out_png", default=None, help="PNG path (default STORE/report.png).")
-@click.option("--window", type=int, default=50, show_default=True, help="Running-mean window.")
+@click.option("--window", type=POSITIVE, default=50, show_default=True, help="Running-mean window.")
 @click.pass_context
 def report(ctx, store, out_png, window):
     """Plot variance over stream time (running mean, refits) and the embedding by version."""

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import zarr
 
-from dr_dask.cluster import active_client
+from dr_dask.cluster import active_client, gather, share
 from dr_dask.report import plain_json
 from dr_dask.storage import Location, location
 
@@ -311,7 +311,7 @@ def _write_store(gen: Generator, store: Location, chunk_size: int, dtype: str, c
             _write_block(gen, mapping, latent[a : a + chunk_size], a, array_path, dtype)
     else:
         logger.info("generating %d chunks on %s", len(starts), client)
-        mapping_future = client.scatter(mapping, broadcast=True, hash=False)
+        mapping_future = share(mapping, client)
         futures = client.map(
             _write_block,
             [gen] * len(starts),
@@ -322,7 +322,7 @@ def _write_store(gen: Generator, store: Location, chunk_size: int, dtype: str, c
             [dtype] * len(starts),
             pure=False,
         )
-        written = sum(client.gather(futures))
+        written = sum(gather(futures, client))
         if written != T:  # pragma: no cover - would be a bug in the chunking
             raise RuntimeError(f"workers wrote {written} rows of X, expected {T}")
     with warnings.catch_warnings():

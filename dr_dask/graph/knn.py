@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
 
-from dr_dask.cluster import active_client, compute
+from dr_dask.cluster import active_client, compute, share
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def _default_block(n: int) -> int:
 
 
 def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[Any]]:
-    """Row offsets and blocks of X: dask delayed blocks, scattered futures or in-memory arrays."""
+    """Row offsets and blocks of X: dask delayed blocks, shared futures or in-memory arrays."""
     if isinstance(X, da.Array):
         X = X.astype(np.float64).rechunk((block_size, -1))
         offsets = [0, *np.cumsum(X.chunks[0]).tolist()]
@@ -71,9 +71,8 @@ def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[A
     offsets = [*range(0, n, block_size), n]
     blocks = [X[s:e] for s, e in zip(offsets[:-1], offsets[1:])]
     if client is not None:
-        # hash=False: equal data scattered again by the next fit must not reuse a key that the
-        # scheduler is still releasing ("lost dependencies")
-        blocks = client.scatter(blocks, hash=False)
+        # recomputable futures (not scattered data): a block lost with its worker is sent again
+        blocks = [share(b, client) for b in blocks]
     return offsets, blocks
 
 

@@ -1,6 +1,6 @@
 """Shortest paths over blocks of sources on the workers, and out-of-sample geodesics.
 
-The graph (T*k edges, small) is broadcast to every worker once; each task runs
+The graph (T*k edges, small) is sent to every worker once, as a task result dask can recompute; each task runs
 ``scipy.sparse.csgraph.dijkstra(indices=block)`` for a block of sources. The resulting row blocks
 stay where they were computed (:class:`GeodesicRows`): on the workers as futures, in this
 process, or in a Zarr array written by the workers. Callers then run reductions and products
@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import zarr
 from scipy.sparse.csgraph import dijkstra
 
-from dr_dask.cluster import active_client
+from dr_dask.cluster import active_client, gather, share, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class GeodesicRows:
                     blocks.append(_dijkstra_to_store(graph, sources[s:e], directed, square,
                                                      dtype, store, s))
         else:
-            g = client.scatter(graph, broadcast=True, hash=False)
+            g = share(graph, client)
             if store is None:
                 blocks = [client.submit(_dijkstra_block, g, sources[s:e], directed, square, dtype)
                           for s, e in zip(bounds[:-1], bounds[1:])]
@@ -165,35 +165,37 @@ class GeodesicRows:
                 blocks = [client.submit(_dijkstra_to_store, g, sources[s:e], directed, square,
                                         dtype, store, s)
                           for s, e in zip(bounds[:-1], bounds[1:])]
-            # surface a disconnected graph (or any failure) now, not at first use; waits for all
+            # surface a disconnected graph (or any failure) now, not at first use; waits for all.
+            # Row blocks held on the workers stay futures: recomputed from the graph if lost
+            wait_for(blocks, client)
             for f in blocks:
-                if f.exception() is not None:
+                if f.status == "error":
                     f.result()
             if store is not None:
-                blocks = client.gather(blocks)
+                blocks = gather(blocks, client)
                 client = None  # the handles are plain Zarr slices now
         return cls((len(sources), T), bounds, blocks, client, store, dtype)
 
     def map(self, func: Callable, *args: Any) -> list:
         """``[func(block, start, *args) for each row block]``, run where the blocks live.
 
-        ``func`` must be a picklable module-level function; large ``args`` are scattered once.
+        ``func`` must be a picklable module-level function; large ``args`` are sent once.
         """
         spans = self.bounds[:-1]
         if self.client is None:
             return [_apply(b, func, s, args) for b, s in zip(self.blocks, spans)]
-        scattered = tuple(self.client.scatter(a, broadcast=True, hash=False)
-                          if isinstance(a, np.ndarray)
-                          and a.nbytes > 1 << 20 else a for a in args)
-        futures = [self.client.submit(_apply, b, func, s, scattered, pure=False)
+        shared = tuple(share(a, self.client) if isinstance(a, np.ndarray) and a.nbytes > 1 << 20
+                       else a for a in args)
+        futures = [self.client.submit(_apply, b, func, s, shared, pure=False)
                    for b, s in zip(self.blocks, spans)]
-        return self.client.gather(futures)
+        return gather(futures, self.client)
 
     def gather(self, dtype: Any = None) -> np.ndarray:
         """All rows as one in-memory array (only for moderate sizes)."""
         out = np.empty(self.shape, dtype=dtype or self.dtype)
         for s, e, b in zip(self.bounds[:-1], self.bounds[1:], self.blocks):
-            out[s:e] = _materialise(b.result() if hasattr(b, "result") else b)
+            # one block at a time, and never waiting forever on a cluster that is gone
+            out[s:e] = _materialise(gather([b], self.client)[0] if self.client else b)
         return out
 
     def release(self) -> None:
@@ -219,7 +221,7 @@ def shortest_paths(
     sources : ndarray of shape (S,), optional
         Source nodes (default: all, giving the T x T geodesic matrix).
     client : distributed.Client, optional
-        The graph is scattered once to all workers; each task handles one block of sources.
+        The graph is sent once to each worker; each task handles one block of sources.
     block_size : int
         Sources per task.
     out : zarr.Array or str, optional

@@ -21,7 +21,7 @@ import dask
 import numpy as np
 import zarr
 
-from dr_dask.cluster import active_client, compute
+from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -119,11 +119,8 @@ class TiledSymmetric:
         self.n_passes = 0
 
     def _share(self, value: Any) -> Any:
-        """Send a small array to the workers once per pass rather than once per task."""
-        client = active_client(self.client)
-        if client is None or not isinstance(value, np.ndarray):
-            return value
-        return client.scatter(value, broadcast=True, hash=False)
+        """Send an array to the workers once per pass rather than once per task."""
+        return share(value, self.client) if isinstance(value, np.ndarray) else value
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
         """``A @ V`` for V of shape (T, b): one pass over the tiles."""
@@ -201,8 +198,7 @@ def build_tiles(
         if any(b % grid.max_block for b in grid.bounds[:-1]):
             raise ValueError("tile grid must be regular to align tiles with Zarr chunks")
         done = _open_tile_store(store, grid, dtype)
-    shared_args = tuple(client.scatter(a, broadcast=True, hash=False) if client else a
-                        for a in fn_args)
+    shared_args = tuple(share(a, client) for a in fn_args)
     todo = [ij for ij in grid.upper() if ij not in done]
     if done:
         logger.info("resuming tiles: %d of %d already written", len(done), len(grid.upper()))
@@ -213,14 +209,12 @@ def build_tiles(
         for (i, j) in todo
     ]
     if store is None and client is not None:
-        # keep tiles on the workers: futures of (tile, stats), tiles never gathered
+        # keep tiles on the workers: futures of (tile, stats), tiles never gathered. They are
+        # computed results, not scattered data: a tile lost with its worker is recomputed
         futures = client.compute(tasks)
-        if progress:
-            from distributed import progress as dprogress
-
-            dprogress(futures)
         tiles = {ij: client.submit(_first, f, pure=False) for ij, f in zip(grid.upper(), futures)}
-        stats = client.gather([client.submit(_second, f, pure=False) for f in futures])
+        stats = gather([client.submit(_second, f, pure=False) for f in futures], client,
+                       progress=progress)
         del futures
         return TiledSymmetric(grid, tiles, client), stats
     results = dict(zip(todo, compute(*tasks, client=client, progress=progress)))

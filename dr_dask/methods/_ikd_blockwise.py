@@ -39,7 +39,7 @@ import dask
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from dr_dask.cluster import active_client, compute
+from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.graph.cliques import maximal_cliques
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.linalg.eigen import top_eigh
@@ -119,10 +119,10 @@ def _solve_all(S: np.ndarray, jobs: list[np.ndarray], inverse, reference, M, cli
     order = np.argsort([-len(j) for j in jobs], kind="stable")
     batches = [order[b::n_batches] for b in range(n_batches)]  # round robin over sizes
     if client is not None:
-        S_f = client.scatter(S, broadcast=True, hash=False)
+        S_f = share(S, client)
         futures = [client.submit(_solve_batch, S_f, [jobs[i] for i in b], inverse, reference,
                                  M, pure=False) for b in batches]
-        parts = client.gather(futures)
+        parts = gather(futures, client)
     else:
         S_d = dask.delayed(S, traverse=False)
         task = dask.delayed(_solve_batch, pure=True)

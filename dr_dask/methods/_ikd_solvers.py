@@ -108,17 +108,19 @@ def fit(est: Any, inp: InputData, run: RunGroup | None) -> dict:
         ``embedding_``, ``eigenvalues_``, ``explained_variance_ratio_``, ``reference_index_``,
         ``sigma2_``, ``stage_seconds_`` and solver-specific attributes.
     """
+    from dr_dask.cluster import run_stage
+
     check_solver_params(est, int(inp.data.shape[0]))
     if est.n_landmarks is not None:
         from dr_dask.methods._ikd_geodesic import fit_landmarks
 
-        return fit_landmarks(est, inp)
+        return run_stage("landmark", lambda: fit_landmarks(est, inp))
     if est.solver == "geodesic":
         from dr_dask.methods._ikd_geodesic import fit_geodesic
 
-        return fit_geodesic(est, inp, run)
+        return run_stage("geodesic", lambda: fit_geodesic(est, inp, run))
     if est.solver == "blockwise":
         from dr_dask.methods._ikd_blockwise import fit_blockwise
 
-        return fit_blockwise(est, inp)
+        return run_stage("blockwise", lambda: fit_blockwise(est, inp))
     raise ValueError(f"no solver {est.solver!r} besides 'full' in this dispatcher")

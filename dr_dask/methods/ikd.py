@@ -32,7 +32,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from dr_dask.cluster import ClientParam, active_client, compute
+from dr_dask.cluster import ClientParam, active_client, compute, run_stage
 from dr_dask.kernels import get_kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles
@@ -392,6 +392,10 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
             raise ValueError(f"variance must be positive, got {self.variance!r}")
         if not self.length_scale > 0:
             raise ValueError(f"length_scale must be positive, got {self.length_scale!r}")
+        if (not isinstance(self.tile_size, (int, np.integer)) or isinstance(self.tile_size, bool)
+                or self.tile_size < 1):
+            raise ValueError(f"tile_size must be a positive integer (rows per tile), got "
+                             f"{self.tile_size!r}")
         self._kernel = get_kernel(self.kernel, alpha=self.alpha, gamma=self.gamma, nu=self.nu)
 
     # -- fitting --------------------------------------------------------------------------
@@ -414,12 +418,20 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         """
         self._check_params()
         inp = X if isinstance(X, InputData) else open_dataset(X)
-        validate(
+        N = int(inp.data.shape[1])
+        if self.n_components > N - 1:
+            # each sample is centred across its features, so the samples span at most N - 1
+            # dimensions: more components would be degenerate eigenvectors, not structure
+            raise ValueError(
+                f"n_components={self.n_components} is more than the data supports: {N} features "
+                f"give at most {max(N - 1, 0)} components (each sample is centred across "
+                f"features); use n_components <= {max(N - 1, 1)} or more features")
+        run_stage("validate", lambda: validate(
             inp,
             min_samples=self.n_components + 2,
             constant_rows=self.similarity == "correlation",
             client=self.client,
-        )
+        ))
         self.n_features_in_ = int(inp.data.shape[1])
         if self.solver == "full" and self.n_landmarks is None:
             result = self._fit_full(inp, run)
@@ -469,19 +481,22 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
                 tmpdir = Location(tempfile.mkdtemp(prefix="dr_dask_tiles_"))
             store = (run.child("distance") if run else tmpdir.child("distance")) if on_disk else None
             t0 = time.perf_counter()
-            D, rowmax, rowsum = self._distance_stage(grid, blocks, inverse, store, run)
+            D, rowmax, rowsum = run_stage(
+                "distance", lambda: self._distance_stage(grid, blocks, inverse, store, run))
             seconds = {"distance": time.perf_counter() - t0}
             r = reference_index(rowmax, rowsum, self._reference)
-            if r is None:
+
+            def eigen() -> dict:
                 d_ref = None
-            else:  # row r of D, recomputed from X: O(TN) rather than reading a tile row
-                (xr,) = compute(Xn[r], client=client)
-                (s_r,) = compute(Xn @ xr, client=client)
-                d_ref = inverse(s_r[None, :].astype(np.float64))[0]
-                d_ref[r] = 0.0
-            G = GramOperator(D, d_ref, rowsum / T)
+                if r is not None:  # row r of D, recomputed from X: O(TN), not a tile row read
+                    (xr,) = compute(Xn[r], client=client)
+                    (s_r,) = compute(Xn @ xr, client=client)
+                    d_ref = inverse(s_r[None, :].astype(np.float64))[0]
+                    d_ref[r] = 0.0
+                return self._eigen_stage(GramOperator(D, d_ref, rowsum / T), run)
+
             t0 = time.perf_counter()
-            eig = self._eigen_stage(G, run)
+            eig = run_stage("eigen", eigen)
             seconds["eigen"] = time.perf_counter() - t0
         finally:
             if tmpdir:

@@ -35,7 +35,7 @@ from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from dr_dask.cluster import ClientParam, active_client
+from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph import (
     GeodesicRows,
     connect_components,
@@ -73,6 +73,18 @@ def _as_training(X: Any) -> np.ndarray:
     if bad.any():
         raise ValueError(f"X has NaN or infinite values in rows {np.flatnonzero(bad)[:10].tolist()}")
     return X
+
+
+def _n_components(n_components: Any, n_points: int, points: str) -> int:
+    """n_components, checked against the data: classical MDS of n points has at most n - 1
+    dimensions."""
+    if not isinstance(n_components, (int, np.integer)) or n_components < 1:
+        raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
+    if n_components >= n_points:
+        raise ValueError(
+            f"n_components={n_components} needs at least {n_components + 1} {points} (n points "
+            f"embed in at most n - 1 dimensions), got {n_points}")
+    return int(n_components)
 
 
 def _neighbour_graph(X: np.ndarray, n_neighbors: int | None, radius: float | None,
@@ -292,9 +304,7 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         """Fit on X of shape (T, N) (ndarray or dask array). Returns self."""
         X = _as_training(X)
         T = X.shape[0]
-        d = int(self.n_components)
-        if not 1 <= d < T:
-            raise ValueError(f"n_components={self.n_components} must be in [1, {T - 1}]")
+        d = _n_components(self.n_components, T, "samples")
         solver = self.eigen_solver
         if solver not in ("auto", "dense", "lanczos"):
             raise ValueError(f"eigen_solver must be 'auto', 'dense' or 'lanczos', got {solver!r}")
@@ -303,6 +313,10 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         if solver == "dense" and T > DIST_MATRIX_MAX:
             raise ValueError(f"eigen_solver='dense' forms a T x T matrix; T={T} > "
                              f"{DIST_MATRIX_MAX}: use 'lanczos'")
+        return run_stage("isomap", lambda: self._fit(X, d, solver))
+
+    def _fit(self, X: np.ndarray, d: int, solver: str) -> Isomap:
+        T = X.shape[0]
         client = active_client(self.client)
         timings = {}
         t0 = time.perf_counter()
@@ -474,13 +488,15 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         """Fit on X of shape (T, N) (ndarray or dask array). Returns self."""
         X = _as_training(X)
         T = X.shape[0]
-        L, d = int(self.n_landmarks), int(self.n_components)
+        L = int(self.n_landmarks)
         if not 1 <= L <= T:
             raise ValueError(f"n_landmarks={self.n_landmarks} must be in [1, {T}] "
                              f"(the number of samples)")
-        if not 1 <= d < L:
-            raise ValueError(f"n_components={self.n_components} must be in [1, {L - 1}] "
-                             f"for {L} landmarks")
+        d = _n_components(self.n_components, L, "landmarks")
+        return run_stage("landmark_isomap", lambda: self._fit(X, L, d))
+
+    def _fit(self, X: np.ndarray, L: int, d: int) -> LandmarkIsomap:
+        T = X.shape[0]
         client = active_client(self.client)
         timings = {}
         t0 = time.perf_counter()

@@ -41,7 +41,7 @@ from scipy.stats import beta as beta_dist
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 
-from dr_dask.cluster import ClientParam
+from dr_dask.cluster import ClientParam, run_stage
 
 logger = logging.getLogger(__name__)
 
@@ -294,6 +294,9 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         if bad.size:
             raise ValueError(f"X has non-finite values in rows {bad[:10].tolist()}")
         n, p = X.shape
+        if self.n_components > p:
+            raise ValueError(f"n_components={self.n_components} is more than the data supports: "
+                             f"{p} features give at most {p} components")
         if self.graph == "delaunay":
             if p > self.max_delaunay_dim:
                 raise ValueError(
@@ -442,7 +445,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         Q = np.empty((r, r))
         step = max(1, (1 << 27) // (8 * n))  # source blocks of ~128 MB of geodesic rows
         for s in range(0, r, step):
-            rows = shortest_paths(G, skeleton[s:s + step], client=self.client)
+            rows = run_stage("skeleton_geodesics", lambda s=s: shortest_paths(
+                G, skeleton[s:s + step], client=self.client))
             Q[s:s + step] = rows[:, skeleton]
         Q = (Q + Q.T) / 2  # Dijkstra is symmetric up to rounding
         np.fill_diagonal(Q, np.inf)

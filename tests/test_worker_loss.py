@@ -1,0 +1,180 @@
+"""Worker loss: a fit survives a SIGKILLed worker with the same result as an undisturbed run.
+
+Each fit runs on its own 2-process LocalCluster (the nanny restarts a killed worker), first
+undisturbed to get the reference result and duration, then once for each moment: a worker
+process is SIGKILLed early, midway and late (10%, 50%, 90% of the undisturbed duration).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+MOMENTS = (0.1, 0.5, 0.9)
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           dashboard_address=None, memory_limit="2GB")
+    c = Client(cluster, set_as_default=False)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3 * np.pi, 240)
+    h = rng.uniform(0, 5, 240)
+    roll = np.c_[t * np.cos(t), h, t * np.sin(t)]
+    lift = np.tanh(roll @ rng.normal(size=(3, 12)) / 4) + 0.01 * rng.normal(size=(240, 12))
+    return roll, lift
+
+
+def _kill_one_worker_after(client, delay: float) -> threading.Timer:
+    """SIGKILL one live worker process (not its nanny) after ``delay`` seconds.
+
+    The worker is chosen when the timer fires, from the nannies' live processes."""
+    def kill() -> None:
+        procs = [n.process for n in list(client.cluster.workers.values())]
+        pids = [p.pid for p in procs if p is not None and p.pid and psutil.pid_exists(p.pid)]
+        if pids:
+            os.kill(min(pids), signal.SIGKILL)
+
+    timer = threading.Timer(delay, kill)
+    timer.start()
+    return timer
+
+
+def _survives(client, fit, atol: float) -> None:
+    """``fit()`` with a worker killed at each moment returns the undisturbed result.
+
+    No waiting for the nanny to bring a killed worker back between moments: in this
+    distributed a nanny sometimes takes a minute to restart a SIGKILLed worker, and a fit must
+    survive running on whatever workers remain anyway."""
+    client.wait_for_workers(1, timeout=60)
+    t0 = time.perf_counter()
+    expected = np.asarray(fit())
+    duration = time.perf_counter() - t0
+    for moment in MOMENTS:
+        timer = _kill_one_worker_after(client, moment * duration)
+        got = np.asarray(fit())
+        timer.join()
+        np.testing.assert_allclose(got, expected, atol=atol, rtol=1e-6,
+                                   err_msg=f"worker killed at {moment:.0%} of the fit")
+
+
+@pytest.mark.parametrize("solver", ["full", "geodesic", "blockwise", "landmark"])
+def test_ikd_survives_worker_loss(client, data, solver):
+    from dr_dask.methods.ikd import IKD
+
+    _, X = data
+    kw = {"n_landmarks": 40, "solver": "geodesic"} if solver == "landmark" else {"solver": solver}
+    if solver == "full":
+        kw["tile_size"] = 80  # 6 tiles: a kill lands between and inside tile tasks
+    _survives(client, lambda: IKD(2, random_state=0, client=client, **kw).fit(X).embedding_,
+              atol=1e-8)
+
+
+@pytest.mark.parametrize("landmarks", [False, True])
+def test_isomap_survives_worker_loss(client, data, landmarks):
+    from dr_dask.methods.isomap import Isomap, LandmarkIsomap
+
+    roll, _ = data
+    if landmarks:
+        est = LandmarkIsomap(n_neighbors=10, n_landmarks=40, random_state=0, client=client,
+                             block_size=10)
+    else:
+        est = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0, client=client,
+                     block_size=30)
+    _survives(client, lambda: est.fit(roll).embedding_, atol=1e-8)
+
+
+def test_lsdr_survives_worker_loss(client, data):
+    from dr_dask.methods.lsdr import LSDR
+
+    roll, _ = data
+    _survives(client, lambda: LSDR(n_components=2, random_state=0,
+                                   client=client).fit(roll).embedding_, atol=1e-8)
+
+
+def test_metrics_survive_worker_loss(client, data):
+    from dr_dask.metrics import neighbourhood_scores
+
+    roll, X = data
+
+    def scores():
+        out = neighbourhood_scores(X, roll[:, :2], 7, block_rows=30, client=client)
+        return [out[k] for k in sorted(out)]
+
+    _survives(client, scores, atol=1e-12)
+
+
+def test_gone_cluster_stops_with_the_stage_to_resume(data, monkeypatch):
+    """With every worker gone for good, a fit stops within a bounded time naming its stage."""
+    from distributed import Client, LocalCluster
+
+    from dr_dask import cluster as dc
+    from dr_dask.methods.ikd import IKD
+
+    monkeypatch.setattr(dc, "NO_WORKER_TIMEOUT", 3.0)
+    _, X = data
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None, memory_limit="2GB") as lc, \
+            Client(lc, set_as_default=False) as c:
+        c.wait_for_workers(1)
+        lc.scale(0)  # the cluster loses its only worker and gets no other
+        t0 = time.perf_counter()
+        with pytest.raises(dc.ClusterLost, match="no worker for 3 s. Rerun to resume from "
+                           "stage 'validate'"):
+            IKD(2, tile_size=60, client=c).fit(X)
+        assert time.perf_counter() - t0 < 60
+
+
+def test_cli_survives_worker_loss(tmp_path, data):
+    """A worker killed during ``dr-dask embed ikd`` neither hangs the command nor changes the
+    embedding."""
+    import zarr
+
+    from dr_dask.methods.ikd import IKD
+
+    _, X = data
+    np.save(tmp_path / "x.npy", X)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    out = str(tmp_path / "runs.zarr")
+    cmd = [sys.executable, "-m", "dr_dask.cli", "--workers", "2", "embed", "ikd", "--input",
+           str(tmp_path / "x.npy"), "--out", out, "-n", "2", "--tile-size", "60", "--name", "r"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # the LocalCluster's workers are spawned children of the CLI process; the run group
+    # appears in OUT when the fit starts
+    deadline = time.monotonic() + 120
+    workers: list = []
+    while not (workers and os.path.exists(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        workers = [ch for ch in psutil.Process(proc.pid).children()
+                   if "spawn_main" in " ".join(ch.cmdline())]
+    assert workers and os.path.exists(out), "the fit did not start"
+    time.sleep(0.5)
+    assert proc.poll() is None, "the command finished before the kill"
+    workers[0].send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "Restarting worker" in err.decode()  # the kill landed while the cluster was up
+    got = np.asarray(zarr.open_group(out, mode="r")["r"]["embedding"][...])
+    np.testing.assert_allclose(got, IKD(2, tile_size=60, random_state=0).fit(X).embedding_,
+                               atol=1e-8)
