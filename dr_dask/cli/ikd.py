@@ -146,9 +146,9 @@ def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
 
 
 @bench.command("io")
-@click.option("-T", "n_samples", type=int, default=20_000, show_default=True, help="Samples.")
-@click.option("-N", "n_features", type=int, default=1_000, show_default=True, help="Features.")
-@click.option("--repeats", type=int, default=1, show_default=True, help="Timed fits per side.")
+@click.option("-T", "n_samples", type=click.IntRange(min=10), default=20_000, show_default=True, help="Samples.")
+@click.option("-N", "n_features", type=click.IntRange(min=3), default=1_000, show_default=True, help="Features.")
+@click.option("--repeats", type=POSITIVE, default=1, show_default=True, help="Timed fits per side.")
 @click.option("--bucket", default=None,
               help="Use this bucket at $AWS_ENDPOINT_URL (default: a local moto S3 server).")
 @click.option("--json", "json_path", default=None, help="Also write the results here.")

@@ -27,7 +27,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
-from dr_dask.cluster import compute
+from dr_dask.cluster import compute, share
 from dr_dask.graph.knn import _check_finite, _exact_distances, _merge, _select_k
 from dr_dask.linalg.eigen import top_eigh
 
@@ -164,8 +164,8 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     kk = min(k + exclude_self + EXTRA, T)
     n_cells = len(starts)
     logger.debug("cell kNN: T=%d in %d cells, projection on %d axes", T, n_cells, p)
-    if client is not None:
-        data = client.scatter([Xs, sq, order], broadcast=True, hash=False)
+    if client is not None:  # recomputable if its worker dies (scattered data is not)
+        data = [share(a, client) for a in (Xs, sq, order)]
     else:
         data = [dask.delayed(a, traverse=False) for a in (Xs, sq, order)]
     task = dask.delayed(_cell_task, pure=True)

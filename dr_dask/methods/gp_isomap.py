@@ -25,7 +25,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import ThreadpoolController
 
-from dr_dask.cluster import ClientParam, active_client
+from dr_dask.cluster import ClientParam, active_client, gather
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
@@ -403,7 +403,8 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         if client is not None:
             futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
                     for P, s in zip(parts, seeds)]
-            results = client.gather(futs)
+            # the parts travel in the graph: a killed worker's fits are rerun elsewhere
+            results = gather(futs, client)
         else:
             results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
         self.local_embedding_ = [r[0] for r in results]
