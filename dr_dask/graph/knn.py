@@ -1,11 +1,13 @@
 """The one exact k-nearest-neighbour search of the package, blockwise and distributed.
 
 The data are split in row blocks. One task finds, for a block of query rows, the nearest rows of
-one data block: a KD-tree (scikit-learn's) up to ``KD_TREE_MAX_DIM`` features, above that brute
-force, cache-sized GEMM tiles folded into running top-k lists by a compiled kernel; a merge task
-per query block keeps the k best candidates over all data blocks by a partial sort. Distances
-of the kept pairs are recomputed directly (``||q - x||``) so that they do not carry the
-cancellation error of the GEMM expansion.
+one data block through a :class:`NeighbourIndex`: a KD-tree (scikit-learn's) up to
+``KD_TREE_MAX_DIM`` features, above that brute force, cache-sized float32 GEMM tiles folded into
+running top-k lists by a compiled kernel, certified against float64 (see the class); a merge
+task per query block keeps the k best candidates over all data blocks by a partial sort.
+Distances of the kept pairs are recomputed directly (``||q - x||``) so that they do not carry
+the rounding and cancellation error of the GEMM expansion. An index built once serves the
+repeated searches of new points (GP-Isomap's mapping).
 """
 
 from __future__ import annotations
