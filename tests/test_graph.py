@@ -24,7 +24,7 @@ from dr_dask.graph import (
     shortest_paths,
     triangulate,
 )
-from dr_dask.graph.knn import kneighbors_local
+from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.linalg.align import procrustes_disparity
 
 
@@ -74,6 +74,29 @@ def test_kneighbors_high_dimensional_brute_force():
     X[417, 3] = np.nan
     with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[417\]"):
         kneighbors(X, 4, block_size=200)
+
+
+def test_float32_search_is_exact_on_near_ties():
+    """The float32 GEMM of new points' search falls back to float64 where rounding could
+    reorder neighbours: here 60 points on a shell whose radii differ by 1e-9 (far below float32
+    resolution), 1000 away from the origin; the answer is the float64 ordering."""
+    rng = np.random.RandomState(3)
+    u = rng.normal(size=(60, 40))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    rank = rng.permutation(60)
+    X = 1000.0 + u * (1.0 + 1e-9 * rank)[:, None]
+    X = np.vstack([X, 1000.0 + rng.normal(size=(200, 40))])  # ordinary rows around them
+    Q = np.vstack([np.full((1, 40), 1000.0), X[60:90] + 0.01])
+    index = NeighbourIndex(X)
+    d, i = index.kneighbors(Q, 5)
+    np.testing.assert_array_equal(i[0], np.argsort(rank)[:5])
+    ref_d, ref_i = skn.NearestNeighbors(n_neighbors=5, algorithm="kd_tree").fit(X).kneighbors(Q)
+    np.testing.assert_array_equal(i[1:], ref_i[1:])
+    np.testing.assert_allclose(d, ref_d, rtol=1e-12)
+    # the same index answers repeated queries; the rows are not modified
+    X0 = X.copy()
+    np.testing.assert_array_equal(index.kneighbors(Q[1:], 5)[1], i[1:])
+    np.testing.assert_array_equal(X, X0)
 
 
 def test_kneighbors_bad_input(roll):
@@ -205,7 +228,7 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points():
     P = rng.normal(size=(200, 3))
     L = P[:20]
     D2 = ((L[:, None] - L[None]) ** 2).sum(-1)
-    coords, pinv, sq_mean, lam = landmark_mds(D2, 3)
+    coords, pinv, sq_mean, _lam = landmark_mds(D2, 3)
     assert procrustes_disparity(L, coords) < 1e-20
     D2_LX = ((L[:, None] - P[None]) ** 2).sum(-1)
     X = triangulate(pinv, D2_LX, sq_mean)

@@ -22,14 +22,18 @@ manifold points (``dr_dask.graph.paths.geodesics_via_neighbors``), the standard 
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import scipy.linalg
 import scipy.optimize
 import scipy.sparse.linalg
+
+from dr_dask.graph.knn import NeighbourIndex
 
 logger = logging.getLogger(__name__)
 
@@ -342,11 +346,17 @@ class ManifoldGP:
     def n_points(self) -> int:
         return self.points.shape[0]
 
-    def neighbours(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Distances and indices (m, k_s) of each point's k_s nearest manifold points."""
-        from dr_dask.graph.knn import kneighbors_local
+    @functools.cached_property
+    def index(self) -> NeighbourIndex:
+        """The batch points prepared once for the neighbour searches of every mapping."""
+        return NeighbourIndex(self.points)
 
-        return kneighbors_local(self.points, min(self.n_neighbors, self.n_points), X)
+    def neighbours(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distances and indices (m, k_s) of each point's k_s nearest manifold points.
+
+        X: finite float64 rows (validated by the caller).
+        """
+        return self.index.kneighbors(X, self.n_neighbors)
 
     def link_distance(self, dist: np.ndarray) -> np.ndarray:
         """Mean distance to the k_s nearest manifold points in units of ``link_scale``, (m,).
@@ -387,20 +397,10 @@ class ManifoldGP:
         """Eq. 8 under the novelty kernel, conditioned on the given neighbours, (m,)."""
         M = idx.shape[1]
         s = -0.5 / self.novelty_length_scale**2
-        sq = np.einsum("ij,ij->i", self.points, self.points) if self.points.shape[1] > 8 else None
         var = np.empty(len(idx))
-        step = max(1, (1 << 22) // (M * max(M, self.points.shape[1])))
+        step = max(1, (1 << 22) // (8 * M * M))  # 4 MB of kernel matrices per step
         for a in range(0, len(idx), step):
-            ix = idx[a : a + step]
-            P = self.points[ix]  # (b, M, D)
-            if P.shape[2] <= 8:  # few coordinates: differences beat tiny batched GEMMs
-                d2 = np.zeros((len(ix), M, M))
-                for c in range(P.shape[2]):
-                    d2 += (P[:, :, None, c] - P[:, None, :, c]) ** 2
-            else:
-                d2 = sq[ix][:, :, None] + sq[ix][:, None, :] - 2.0 * np.matmul(
-                    P, P.transpose(0, 2, 1))
-            K = np.exp(np.maximum(d2, 0.0) * s)
+            K = np.exp(_neighbour_sq_distances(self.points, idx[a : a + step]) * s)
             K[:, np.arange(M), np.arange(M)] += self.novelty_noise
             k = np.exp(dist[a : a + step] ** 2 * s)
             q = np.einsum("bi,bi->b", k, np.linalg.solve(K, k[:, :, None])[:, :, 0])
@@ -414,15 +414,36 @@ class ManifoldGP:
         point's: the held-out analogue of eq. 8 on the batch itself, used to calibrate the
         novelty threshold when no hold-out set exists.
         """
-        from dr_dask.graph.knn import kneighbors_local
-
         M = min(self.n_neighbors, self.n_points - 1)
-        dist, idx = kneighbors_local(self.points, M + 1, self.points)
+        dist, idx = self.index.kneighbors(self.points, M + 1)
         # drop each point itself (duplicates may sort it after a twin: drop by index)
         own = idx == np.arange(self.n_points)[:, None]
         own[own.sum(1) == 0, -1] = True
         keep = ~own
         return self._local_variance(dist[keep].reshape(-1, M), idx[keep].reshape(-1, M))
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _neighbour_sq_distances(points: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """(b, M, M) squared distances among each row's M neighbours ``points[idx[i]]``.
+
+    Direct differences, fused: no (b, M, D) gather, no cancellation of the GEMM expansion.
+    """
+    b, M = idx.shape
+    out = np.empty((b, M, M))
+    for i in range(b):
+        for p in range(M):
+            out[i, p, p] = 0.0
+            x = points[idx[i, p]]
+            for q in range(p + 1, M):
+                y = points[idx[i, q]]
+                acc = 0.0
+                for t in range(x.shape[0]):
+                    diff = x[t] - y[t]
+                    acc += diff * diff
+                out[i, p, q] = acc
+                out[i, q, p] = acc
+    return out
 
 
 def _chol_with_jitter(K: np.ndarray, noise: float) -> tuple[np.ndarray, float]:
