@@ -315,3 +315,89 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path):
     proc.wait()
     loc.write_json({"owner": f"{socket.gethostname()}:{proc.pid}:x", "expires": time.time() + 60})
     Lease(loc, ttl=30).acquire().release()
+
+
+# ----------------------------------------------------------------- worker-written temporaries
+def _s3_options(moto_endpoint: str) -> dict:
+    """Explicit options: the session's cluster workers started before AWS_* were set."""
+    return {"key": "testing-key-id", "secret": S3_SECRET, "endpoint_url": moto_endpoint}
+
+
+def _spy_rows_out(monkeypatch) -> list:
+    """Where each GeodesicRows.compute call was told to write (the real call still runs)."""
+    import dr_dask.methods._ikd_geodesic as geo
+
+    seen, real = [], geo.GeodesicRows.compute
+
+    def compute(graph, sources=None, **kw):
+        rows = real(graph, sources, **kw)
+        if kw.get("out") is not None:
+            loc = kw["out"]
+            seen.append((loc.url, loc.exists(), rows.store.fill_value))
+        return rows
+
+    monkeypatch.setattr(geo.GeodesicRows, "compute", staticmethod(compute))
+    return seen
+
+
+@pytest.mark.cluster
+def test_landmark_ikd_rows_in_the_run_store_from_s3_equal_local(
+        s3_bucket, moto_endpoint, tmp_path, data, cluster_client, monkeypatch):
+    """The L x T rows the workers write live in the run's S3 store (every worker reaches it,
+    unlike the client's /tmp), are dropped after the stage, and the fit equals the local one."""
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.runs import run_embedding
+
+    opts = _s3_options(moto_endpoint)
+    local_in, s3_in = str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"
+    _write_input(local_in, data)
+    _write_input(s3_in, data)
+    kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "tile_cache": "disk",
+          "random_state": 0, "client": cluster_client}
+    seen = _spy_rows_out(monkeypatch)
+    local = run_embedding(IKD(2, **kw), local_in + ":X", str(tmp_path / "o.zarr"),
+                          method="ikd", name="r")
+    out = f"s3://{s3_bucket}/out.zarr"
+    remote = run_embedding(IKD(2, **kw), s3_in + ":X", out, method="ikd", name="r",
+                           storage_options=opts)
+    assert seen[-1][0] == f"{out}/r/landmark_geodesics" and seen[-1][1]
+    assert np.isnan(seen[-1][2])  # a chunk never written reads as NaN: detected
+    assert "landmark_geodesics" not in remote.group  # dropped when the stage is done
+    assert not Location(out, opts).child("r", "landmark_geodesics").exists()
+    np.testing.assert_allclose(remote.read("embedding"), local.read("embedding"),
+                               rtol=1e-6, atol=1e-8)
+
+
+def test_scratch_location_without_a_run_is_used_and_emptied(s3_bucket, data, monkeypatch):
+    from dr_dask.methods.ikd import IKD
+
+    seen = _spy_rows_out(monkeypatch)
+    scratch = f"s3://{s3_bucket}/scratch"
+    kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "random_state": 0}
+    on_s3 = IKD(2, tile_cache="disk", scratch=scratch, **kw).fit(data)
+    assert seen[-1][0].startswith(scratch + "/dr_dask_landmark_geodesics_") and seen[-1][1]
+    assert Location(scratch).find() == {}
+    # a remote input without run or scratch: next to the input, in the input's bucket
+    _write_input(f"s3://{s3_bucket}/in.zarr", data)
+    IKD(2, tile_cache="disk", **kw).fit(open_dataset(f"s3://{s3_bucket}/in.zarr:X"))
+    assert seen[-1][0].startswith(f"s3://{s3_bucket}/dr_dask_landmark_geodesics_")
+    assert Location(f"s3://{s3_bucket}").listdir() == ["in.zarr"]
+    in_memory = IKD(2, tile_cache="memory", **kw).fit(data)
+    np.testing.assert_allclose(on_s3.embedding_, in_memory.embedding_, rtol=1e-6, atol=1e-8)
+
+
+def test_worker_written_chunk_missing_is_an_error(s3_bucket):
+    """A chunk that never reached the store (a worker wrote to its own disk) raises, never
+    reads as a fill value."""
+    import scipy.sparse as sp
+
+    from dr_dask.graph import GeodesicRows
+
+    n = 50
+    path = sp.diags([np.ones(n - 1)], [1], shape=(n, n)).tocsr()
+    out = Location(f"s3://{s3_bucket}/rows")
+    rows = GeodesicRows.compute(path + path.T, np.arange(8), block_size=4, out=out)
+    np.testing.assert_array_equal(rows.gather()[:, 0], np.arange(8))
+    out.child("c", "1", "0").delete()
+    with pytest.raises(RuntimeError, match="chunks missing from the store"):
+        rows.gather()
