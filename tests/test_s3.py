@@ -401,3 +401,30 @@ def test_worker_written_chunk_missing_is_an_error(s3_bucket):
     out.child("c", "1", "0").delete()
     with pytest.raises(RuntimeError, match="chunks missing from the store"):
         rows.gather()
+
+
+def test_geodesic_store_url_gets_the_storage_options(s3_bucket, moto_endpoint, tmp_path, data,
+                                                     monkeypatch):
+    """`--geodesic-store s3://…` is opened with the run's --storage-option values (here the
+    endpoint exists only as an option) and equals a local geodesic store."""
+    args = ["isomap", "-n", "2", "--n-neighbors", "8", "--landmarks", "30", "--name", "r"]
+    local_in = str(tmp_path / "in.zarr")
+    _write_input(local_in, data)
+    code, out = _embed([*args, "--input", f"{local_in}:X", "--out", str(tmp_path / "o.zarr"),
+                        "--geodesic-store", str(tmp_path / "g.zarr")])
+    assert code == 0, out
+    s3_in, store = f"s3://{s3_bucket}/in.zarr", f"s3://{s3_bucket}/geodesics.zarr"
+    _write_input(s3_in, data)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    res = CliRunner().invoke(main, [
+        "--scheduler", "threads", "--storage-option", f"endpoint_url={moto_endpoint}", "embed",
+        *args, "--input", f"{s3_in}:X", "--out", f"s3://{s3_bucket}/o.zarr",
+        "--geodesic-store", store])
+    assert res.exit_code == 0, res.output
+    opts = {"endpoint_url": moto_endpoint}
+    rows = zarr.open_array(store=Location(store, opts).zarr_store(read_only=True), mode="r")
+    np.testing.assert_allclose(rows[...], zarr.open_array(str(tmp_path / "g.zarr"))[...])
+    assert rows.shape == (30, T)
+    np.testing.assert_allclose(
+        open_run(f"s3://{s3_bucket}/o.zarr", "r", storage_options=opts)["embedding"][...],
+        open_run(str(tmp_path / "o.zarr"), "r")["embedding"][...], rtol=1e-6, atol=1e-8)

@@ -8,6 +8,7 @@ import logging
 import click
 
 from dr_dask.cli._app import bench, busy, cluster, embed, fail, storage_options
+from dr_dask.storage import location
 from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ logger = logging.getLogger(__name__)
 @click.option("--on-disconnected", type=click.Choice(["bridge", "raise", "ignore"]),
               default="bridge", show_default=True)
 @click.option("--geodesic-store", default=None,
-              help="Zarr path for the geodesic rows (T x T squared, or L x T) instead of memory.")
+              help="Zarr path or URL for the geodesic rows (T x T squared, or L x T) instead of "
+                   "memory (--storage-option applies).")
 @click.option("--seed", "random_state", type=int, default=0, show_default=True)
 @click.pass_context
 def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_neighbors, radius,
@@ -41,6 +43,8 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
 
     if n_landmarks is not None and radius is not None:
         fail("--radius is only supported by full Isomap (drop --landmarks)")
+    if geodesic_store is not None:
+        geodesic_store = location(geodesic_store, storage_options(ctx))
     try:
         with cluster(ctx) as client:
             if n_landmarks is None:
