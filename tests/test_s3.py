@@ -457,3 +457,33 @@ def test_make_scenario_to_s3_equals_local(s3_bucket, tmp_path, kind):
         offset = chunk.offset
     assert np.vstack(rows).shape == (90, 3)
     assert not os.path.exists("s3:")
+
+
+def test_quickstart_out_on_s3(s3_bucket, moto_endpoint, monkeypatch):
+    """`dr-dask quickstart --out s3://…` (endpoint given as a --storage-option) puts the data,
+    the run, the metrics and the plot in the bucket."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    out = f"s3://{s3_bucket}/qs"
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "--storage-option",
+                                    f"endpoint_url={moto_endpoint}", "quickstart", "--out", out,
+                                    "-T", "120", "-N", "40"])
+    assert res.exit_code == 0, res.output
+    loc = Location(out, {"endpoint_url": moto_endpoint})
+    assert {"data.zarr", "runs.zarr", "metrics.json", "embedding.png"} <= set(loc.listdir())
+    metrics = json.loads(loc.child("metrics.json").read_bytes())
+    assert metrics["ikd"]["run"].startswith(out + "/runs.zarr/") and metrics["ikd"]["r2"] > 0.5
+    assert loc.child("embedding.png").read_bytes().startswith(b"\x89PNG")
+    assert not os.path.exists("s3:")
+
+
+def test_workflow_file_read_from_s3(s3_bucket, moto_endpoint, monkeypatch):
+    wf = Location(f"s3://{s3_bucket}/jobs/nightly.toml")
+    wf.write_bytes(b'[job]\nname = "from-s3"\n\n[[steps]]\nargs = ["datasets", "make", "gp", '
+                   b'"--out", "s3://bucket/d.zarr", "-T", "100"]\n')
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    res = CliRunner().invoke(main, ["--storage-option", f"endpoint_url={moto_endpoint}", "run",
+                                    wf.url, "--check"])
+    assert res.exit_code == 0 and "workflow 'from-s3': 1 steps" in res.output, res.output
+    res = CliRunner().invoke(main, ["--storage-option", f"endpoint_url={moto_endpoint}", "run",
+                                    f"s3://{s3_bucket}/jobs/absent.toml", "--check"])
+    assert res.exit_code == 2 and "cannot read" in res.output and "Traceback" not in res.output
