@@ -24,7 +24,7 @@ from dr_dask.store import (
 logger = logging.getLogger(__name__)
 
 #: Estimator parameters that say how to run, not what to compute: not part of a run's identity.
-_EXECUTION_PARAMS = {"client", "progress", "tile_cache", "tile_size"}
+_EXECUTION_PARAMS = {"client", "progress", "tile_cache", "tile_size", "scratch"}
 
 
 def run_params(estimator: Any) -> dict:

@@ -178,6 +178,16 @@ class Location:
             return
         _guard(self, self.fs.pipe_file, self.path, data)
 
+    def write_npy(self, array: Any) -> None:
+        """Write ``array`` as one ``.npy`` object (no pickled objects)."""
+        import io
+
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(array), allow_pickle=False)
+        self.write_bytes(buf.getvalue())
+
     def create_bytes(self, data: bytes) -> bool:
         """Write the object only if absent (create-if-absent); False when it already exists.
 

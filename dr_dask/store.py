@@ -12,12 +12,16 @@ half-written is ever reported as a result.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import logging
 import os
+import tempfile
+import uuid
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -613,6 +617,45 @@ class RunGroup:
 
     def read(self, name: str) -> np.ndarray:
         return np.asarray(self.group[name][...])
+
+
+@contextlib.contextmanager
+def scratch(name: str, run: RunGroup | None = None, where: Any = None,
+            inp: InputData | None = None, *, keep: bool = False) -> Iterator[Location]:
+    """The location of a stage's worker-written Zarr array, deleted when the stage ends.
+
+    It must be reachable by every worker, not only by this process: the run's array ``name``
+    when there is a run (kept with ``keep``: a cache a rerun resumes from), else a unique
+    location under ``where`` (an estimator's ``scratch`` parameter), else next to a remote
+    input (the workers read it, so they reach its bucket), else a local temporary directory
+    (client and workers share this machine's disk).
+
+    Parameters
+    ----------
+    name : str
+        The array's name in the run (part of the temporary name otherwise).
+    run : RunGroup, optional
+    where : str or Location, optional
+    inp : InputData, optional
+    keep : bool
+        Keep the run's array after the stage.
+    """
+    unique = f"dr_dask_{name}_{uuid.uuid4().hex[:12]}"
+    if run is not None:
+        loc = run.child(name)
+    elif where is not None:
+        loc = location(where).child(unique)
+    elif inp is not None and inp.location is not None and not inp.location.is_local:
+        parent = inp.location.url.rstrip("/").rsplit("/", 1)[0]
+        loc = location(parent, inp.location.storage_options).child(unique)
+    else:
+        loc = location(tempfile.mkdtemp(prefix=f"{unique}_"))
+    logger.debug("scratch for %s: %s", name, loc)
+    try:
+        yield loc
+    finally:
+        if not (keep and run is not None):
+            loc.delete()
 
 
 class LeaseHeld(RuntimeError):

@@ -315,15 +315,19 @@ def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
 
 
 def load(path: str, overrides: Mapping[str, str] | None = None,
-         environ: Mapping[str, str] | None = None) -> Workflow:
-    """Read and validate the workflow file ``path`` (see :func:`parse`)."""
+         environ: Mapping[str, str] | None = None,
+         storage_options: dict | None = None) -> Workflow:
+    """Read and validate the workflow file ``path``, a local path or URL (see :func:`parse`)."""
+    from dr_dask.storage import StorageError, location
+
     try:
-        with open(path, "rb") as fh:
-            spec = tomllib.load(fh)
-    except OSError as exc:
-        raise WorkflowError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
+        spec = tomllib.loads(location(path, storage_options).read_bytes().decode())
+    except FileNotFoundError:
+        raise WorkflowError(f"cannot read {path}: no such file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise WorkflowError(f"{path} is not valid TOML: {exc}") from None
+    except StorageError as exc:  # unreadable: scheme, permissions, credentials, endpoint
+        raise WorkflowError(f"cannot read {path}: {exc}") from None
     return parse(spec, overrides, environ, source=path)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
@@ -315,3 +317,173 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path):
     proc.wait()
     loc.write_json({"owner": f"{socket.gethostname()}:{proc.pid}:x", "expires": time.time() + 60})
     Lease(loc, ttl=30).acquire().release()
+
+
+# ----------------------------------------------------------------- worker-written temporaries
+def _s3_options(moto_endpoint: str) -> dict:
+    """Explicit options: the session's cluster workers started before AWS_* were set."""
+    return {"key": "testing-key-id", "secret": S3_SECRET, "endpoint_url": moto_endpoint}
+
+
+def _spy_rows_out(monkeypatch) -> list:
+    """Where each GeodesicRows.compute call was told to write (the real call still runs)."""
+    import dr_dask.methods._ikd_geodesic as geo
+
+    seen, real = [], geo.GeodesicRows.compute
+
+    def compute(graph, sources=None, **kw):
+        rows = real(graph, sources, **kw)
+        if kw.get("out") is not None:
+            loc = kw["out"]
+            seen.append((loc.url, loc.exists(), rows.store.fill_value))
+        return rows
+
+    monkeypatch.setattr(geo.GeodesicRows, "compute", staticmethod(compute))
+    return seen
+
+
+@pytest.mark.cluster
+def test_landmark_ikd_rows_in_the_run_store_from_s3_equal_local(
+        s3_bucket, moto_endpoint, tmp_path, data, cluster_client, monkeypatch):
+    """The L x T rows the workers write live in the run's S3 store (every worker reaches it,
+    unlike the client's /tmp), are dropped after the stage, and the fit equals the local one."""
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.runs import run_embedding
+
+    opts = _s3_options(moto_endpoint)
+    local_in, s3_in = str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"
+    _write_input(local_in, data)
+    _write_input(s3_in, data)
+    kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "tile_cache": "disk",
+          "random_state": 0, "client": cluster_client}
+    seen = _spy_rows_out(monkeypatch)
+    local = run_embedding(IKD(2, **kw), local_in + ":X", str(tmp_path / "o.zarr"),
+                          method="ikd", name="r")
+    out = f"s3://{s3_bucket}/out.zarr"
+    remote = run_embedding(IKD(2, **kw), s3_in + ":X", out, method="ikd", name="r",
+                           storage_options=opts)
+    assert seen[-1][0] == f"{out}/r/landmark_geodesics" and seen[-1][1]
+    assert np.isnan(seen[-1][2])  # a chunk never written reads as NaN: detected
+    assert "landmark_geodesics" not in remote.group  # dropped when the stage is done
+    assert not Location(out, opts).child("r", "landmark_geodesics").exists()
+    np.testing.assert_allclose(remote.read("embedding"), local.read("embedding"),
+                               rtol=1e-6, atol=1e-8)
+
+
+def test_scratch_location_without_a_run_is_used_and_emptied(s3_bucket, data, monkeypatch):
+    from dr_dask.methods.ikd import IKD
+
+    seen = _spy_rows_out(monkeypatch)
+    scratch = f"s3://{s3_bucket}/scratch"
+    kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "random_state": 0}
+    on_s3 = IKD(2, tile_cache="disk", scratch=scratch, **kw).fit(data)
+    assert seen[-1][0].startswith(scratch + "/dr_dask_landmark_geodesics_") and seen[-1][1]
+    assert Location(scratch).find() == {}
+    # a remote input without run or scratch: next to the input, in the input's bucket
+    _write_input(f"s3://{s3_bucket}/in.zarr", data)
+    IKD(2, tile_cache="disk", **kw).fit(open_dataset(f"s3://{s3_bucket}/in.zarr:X"))
+    assert seen[-1][0].startswith(f"s3://{s3_bucket}/dr_dask_landmark_geodesics_")
+    assert Location(f"s3://{s3_bucket}").listdir() == ["in.zarr"]
+    in_memory = IKD(2, tile_cache="memory", **kw).fit(data)
+    np.testing.assert_allclose(on_s3.embedding_, in_memory.embedding_, rtol=1e-6, atol=1e-8)
+
+
+def test_worker_written_chunk_missing_is_an_error(s3_bucket):
+    """A chunk that never reached the store (a worker wrote to its own disk) raises, never
+    reads as a fill value."""
+    import scipy.sparse as sp
+
+    from dr_dask.graph import GeodesicRows
+
+    n = 50
+    path = sp.diags([np.ones(n - 1)], [1], shape=(n, n)).tocsr()
+    out = Location(f"s3://{s3_bucket}/rows")
+    rows = GeodesicRows.compute(path + path.T, np.arange(8), block_size=4, out=out)
+    np.testing.assert_array_equal(rows.gather()[:, 0], np.arange(8))
+    out.child("c", "1", "0").delete()
+    with pytest.raises(RuntimeError, match="chunks missing from the store"):
+        rows.gather()
+
+
+def test_geodesic_store_url_gets_the_storage_options(s3_bucket, moto_endpoint, tmp_path, data,
+                                                     monkeypatch):
+    """`--geodesic-store s3://…` is opened with the run's --storage-option values (here the
+    endpoint exists only as an option) and equals a local geodesic store."""
+    args = ["isomap", "-n", "2", "--n-neighbors", "8", "--landmarks", "30", "--name", "r"]
+    local_in = str(tmp_path / "in.zarr")
+    _write_input(local_in, data)
+    code, out = _embed([*args, "--input", f"{local_in}:X", "--out", str(tmp_path / "o.zarr"),
+                        "--geodesic-store", str(tmp_path / "g.zarr")])
+    assert code == 0, out
+    s3_in, store = f"s3://{s3_bucket}/in.zarr", f"s3://{s3_bucket}/geodesics.zarr"
+    _write_input(s3_in, data)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    res = CliRunner().invoke(main, [
+        "--scheduler", "threads", "--storage-option", f"endpoint_url={moto_endpoint}", "embed",
+        *args, "--input", f"{s3_in}:X", "--out", f"s3://{s3_bucket}/o.zarr",
+        "--geodesic-store", store])
+    assert res.exit_code == 0, res.output
+    opts = {"endpoint_url": moto_endpoint}
+    rows = zarr.open_array(store=Location(store, opts).zarr_store(read_only=True), mode="r")
+    np.testing.assert_allclose(rows[...], zarr.open_array(str(tmp_path / "g.zarr"))[...])
+    assert rows.shape == (30, T)
+    np.testing.assert_allclose(
+        open_run(f"s3://{s3_bucket}/o.zarr", "r", storage_options=opts)["embedding"][...],
+        open_run(str(tmp_path / "o.zarr"), "r")["embedding"][...], rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["npy-dir", "zarr"])
+def test_make_scenario_to_s3_equals_local(s3_bucket, tmp_path, kind):
+    """`stream make-scenario s3://…` writes the batch, truths and stream source through the
+    storage layer (not into a local ./s3: directory); they read back equal to a local write and
+    the stream source opens from the URL."""
+    from dr_dask.stream.sources import open_source
+
+    args = ["stream", "make-scenario", "--scenario", "drift", "--n-batch", "60",
+            "--n-stream", "90", "--kind", kind, "--chunk-size", "40"]
+    url, local = f"s3://{s3_bucket}/sc", str(tmp_path / "sc")
+    for out in (local, url):
+        res = CliRunner().invoke(main, [*args, out])
+        assert res.exit_code == 0, res.output
+    meta = json.loads(Location(url).child("meta.json").read_bytes())
+    assert meta["source"].startswith(url + "/stream") and meta["n_stream"] == 90
+    for name in ("batch", "batch_truth", "stream_truth", "stream_labels"):
+        got = np.load(io.BytesIO(Location(url).child(f"{name}.npy").read_bytes()))
+        np.testing.assert_array_equal(got, np.load(os.path.join(local, f"{name}.npy")))
+    source, rows = open_source(meta["source"], chunk_size=40), []
+    offset = source.initial_offset
+    while (chunk := source.read(offset)) is not None:
+        rows.append(chunk.data)
+        offset = chunk.offset
+    assert np.vstack(rows).shape == (90, 3)
+    assert not os.path.exists("s3:")
+
+
+def test_quickstart_out_on_s3(s3_bucket, moto_endpoint, monkeypatch):
+    """`dr-dask quickstart --out s3://…` (endpoint given as a --storage-option) puts the data,
+    the run, the metrics and the plot in the bucket."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    out = f"s3://{s3_bucket}/qs"
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "--storage-option",
+                                    f"endpoint_url={moto_endpoint}", "quickstart", "--out", out,
+                                    "-T", "120", "-N", "40"])
+    assert res.exit_code == 0, res.output
+    loc = Location(out, {"endpoint_url": moto_endpoint})
+    assert {"data.zarr", "runs.zarr", "metrics.json", "embedding.png"} <= set(loc.listdir())
+    metrics = json.loads(loc.child("metrics.json").read_bytes())
+    assert metrics["ikd"]["run"].startswith(out + "/runs.zarr/") and metrics["ikd"]["r2"] > 0.5
+    assert loc.child("embedding.png").read_bytes().startswith(b"\x89PNG")
+    assert not os.path.exists("s3:")
+
+
+def test_workflow_file_read_from_s3(s3_bucket, moto_endpoint, monkeypatch):
+    wf = Location(f"s3://{s3_bucket}/jobs/nightly.toml")
+    wf.write_bytes(b'[job]\nname = "from-s3"\n\n[[steps]]\nargs = ["datasets", "make", "gp", '
+                   b'"--out", "s3://bucket/d.zarr", "-T", "100"]\n')
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    res = CliRunner().invoke(main, ["--storage-option", f"endpoint_url={moto_endpoint}", "run",
+                                    wf.url, "--check"])
+    assert res.exit_code == 0 and "workflow 'from-s3': 1 steps" in res.output, res.output
+    res = CliRunner().invoke(main, ["--storage-option", f"endpoint_url={moto_endpoint}", "run",
+                                    f"s3://{s3_bucket}/jobs/absent.toml", "--check"])
+    assert res.exit_code == 2 and "cannot read" in res.output and "Traceback" not in res.output

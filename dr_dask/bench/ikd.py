@@ -22,14 +22,15 @@ from typing import Any
 import numpy as np
 
 from dr_dask.bench._common import PeakRSS, median_time, timed
+from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
 
 
-def _gp_store(path: str, T: int, N: int, *, dtype: str = "float64", seed: int = 0) -> str:
+def _gp_store(path: Any, T: int, N: int, *, dtype: str = "float64", seed: int = 0) -> Any:
     from dr_dask.datasets import make_dataset
 
-    if not os.path.exists(path):
+    if not location(path).exists():
         make_dataset(
             "gp", path, n_samples=T, n_features=N, n_components=3, length_scale=3.0,
             dtype=dtype, random_state=seed,
@@ -37,10 +38,11 @@ def _gp_store(path: str, T: int, N: int, *, dtype: str = "float64", seed: int = 
     return path
 
 
-def _latent(path: str) -> np.ndarray:
+def _latent(path: Any) -> np.ndarray:
     import zarr
 
-    return np.asarray(zarr.open_group(path, mode="r")["latent"][...])
+    group = zarr.open_group(location(path).zarr_store(read_only=True), mode="r")
+    return np.asarray(group["latent"][...])
 
 
 def dense_algorithm1(X: np.ndarray, M: int) -> np.ndarray:
@@ -177,8 +179,12 @@ def run_bench(client: Any, *, quick: bool, only: set, ooc_T: int, workdir: str |
     return results
 
 
-def quickstart_run(out: str, T: int, N: int, seed: int, client: Any) -> dict:
-    """The README's first command: data -> IKD on the cluster -> embedding, metrics, plot."""
+def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
+                   storage_options: dict | None = None) -> dict:
+    """The README's first command: data -> IKD on the cluster -> embedding, metrics, plot.
+
+    ``out`` is a local directory or a URL (with ``storage_options``); everything goes under it.
+    """
     from sklearn.decomposition import PCA
 
     from dr_dask.methods.ikd import IKD
@@ -187,13 +193,14 @@ def quickstart_run(out: str, T: int, N: int, seed: int, client: Any) -> dict:
     from dr_dask.runs import run_embedding
     from dr_dask.store import open_dataset
 
-    data = os.path.join(out, "data.zarr")
+    out = location(out, storage_options)
+    data = out.child("data.zarr")
     _gp_store(data, T, N, seed=seed)
-    inp = open_dataset(data + ":X")
+    inp = open_dataset(data, "X")
     t0 = time.perf_counter()
     run = run_embedding(
         IKD(3, similarity="correlation", random_state=seed, client=client, progress=True),
-        inp, os.path.join(out, "runs.zarr"), method="ikd",
+        inp, out.child("runs.zarr"), method="ikd",
     )
     seconds = time.perf_counter() - t0
     emb = run.read("embedding")
@@ -204,13 +211,13 @@ def quickstart_run(out: str, T: int, N: int, seed: int, client: Any) -> dict:
         "ikd": {"r2": r2_affine(Z, emb), "seconds": seconds, "run": run.path},
         "pca": {"r2": r2_affine(Z, pca)},
     }
-    metrics_path = write_json(metrics, os.path.join(out, "metrics.json"))
+    metrics_path = write_json(metrics, out.child("metrics.json"))
     png = plot_embedding(
-        emb, os.path.join(out, "embedding.png"), color=Z, title="IKD, GP-mapping data",
+        emb, out.child("embedding.png"), color=Z, title="IKD, GP-mapping data",
         metrics={"R² (IKD)": metrics["ikd"]["r2"], "R² (PCA)": metrics["pca"]["r2"],
                  "seconds": seconds},
     )
     return {
         "metrics": metrics,
-        "paths": {"data": data, "embedding": run.path, "metrics": metrics_path, "plot": png},
+        "paths": {"data": data.url, "embedding": run.path, "metrics": metrics_path, "plot": png},
     }

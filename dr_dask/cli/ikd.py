@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import click
 
@@ -102,7 +101,7 @@ def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
 
 @main.command()
 @click.option("--out", default="dr_dask_quickstart", show_default=True,
-              help="Directory for the dataset, the run, the metrics and the plot.")
+              help="Directory or URL for the dataset, the run, the metrics and the plot.")
 @click.option("-T", "n_samples", type=click.IntRange(min=10), default=1000, show_default=True,
               help="Samples (rows) of the generated dataset.")
 @click.option("-N", "n_features", type=click.IntRange(min=3), default=500, show_default=True,
@@ -117,10 +116,14 @@ def quickstart(ctx, out, n_samples, n_features, seed):
     (R^2 against the latent for IKD and the PCA baseline) and OUT/embedding.png.
     """
     from dr_dask.bench.ikd import quickstart_run
+    from dr_dask.storage import StorageError
 
-    os.makedirs(out, exist_ok=True)
-    with cluster(ctx) as client:
-        result = quickstart_run(out, n_samples, n_features, seed, client)
+    try:
+        with cluster(ctx) as client:
+            result = quickstart_run(out, n_samples, n_features, seed, client,
+                                    storage_options(ctx))
+    except StorageError as exc:  # an unusable --out: scheme, credentials, endpoint, bucket
+        fail(str(exc))
     click.echo(json.dumps(result["metrics"], indent=2))
     for label, path in result["paths"].items():
         click.echo(f"{label:>10}: {path}")

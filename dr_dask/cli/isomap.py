@@ -18,6 +18,7 @@ from dr_dask.cli._app import (
     fail,
     storage_options,
 )
+from dr_dask.storage import location
 from dr_dask.store import InputError, LeaseHeld
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ logger = logging.getLogger(__name__)
               default="bridge", show_default=True,
               help="A disconnected kNN graph: bridge its components, fail, or embed as is.")
 @click.option("--geodesic-store", default=None,
-              help="Zarr path for the geodesic rows (T x T squared, or L x T) instead of memory.")
+              help="Zarr path or URL for the geodesic rows (T x T squared, or L x T) instead of "
+                   "memory (--storage-option applies).")
 @click.option("--seed", "random_state", type=SEED, default=0, show_default=True,
               help="Random seed of every randomized step.")
 @click.pass_context
@@ -56,6 +58,8 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
 
     if n_landmarks is not None and radius is not None:
         fail("--radius is only supported by full Isomap (drop --landmarks)")
+    if geodesic_store is not None:
+        geodesic_store = location(geodesic_store, storage_options(ctx))
     try:
         with cluster(ctx) as client:
             if n_landmarks is None:

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 @stream.command("make-scenario")
-@click.argument("out", type=click.Path())
+@click.argument("out")
 @click.option("--scenario", type=click.Choice(["shift", "drift"]), default="shift",
               show_default=True,
               help="shift: the stream moves to unseen patches; drift: it drifts gradually.")
@@ -41,9 +41,11 @@ logger = logging.getLogger(__name__)
 @click.option("--chunk-size", type=POSITIVE, default=250, show_default=True,
               help="Rows per stream chunk.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
-def make_scenario(out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, kind, chunk_size,
-                  seed):
-    """Write the Euler swiss-roll SCENARIO (batch, stream source, ground truth) to OUT."""
+@click.pass_context
+def make_scenario(ctx, out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, kind,
+                  chunk_size, seed):
+    """Write the Euler swiss-roll SCENARIO (batch, stream source, ground truth) to OUT (a
+    directory or URL)."""
     from dr_dask.datasets.swiss_roll import (
         drift_scenario,
         shift_scenario,
@@ -54,7 +56,8 @@ def make_scenario(out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, ki
         sc = shift_scenario(n_per_patch, ambient_dim=ambient_dim, random_state=seed)
     else:
         sc = drift_scenario(n_batch, n_stream, ambient_dim=ambient_dim, random_state=seed)
-    meta = write_scenario(sc, out, kind=kind, chunk_size=chunk_size)
+    meta = write_scenario(sc, out, kind=kind, chunk_size=chunk_size,
+                          storage_options=storage_options(ctx))
     click.echo(json.dumps(meta, indent=2))
 
 

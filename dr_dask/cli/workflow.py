@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from dr_dask.cli._app import cluster, fail, main
+from dr_dask.cli._app import cluster, fail, main, storage_options
 from dr_dask.workflow import EXIT_TRANSIENT, Step, Workflow, WorkflowError, load, run_step
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _plan(wf: Workflow) -> None:
 
 
 @main.command("run")
-@click.argument("workflow", type=click.Path(dir_okay=False))
+@click.argument("workflow")
 @click.option("--check", is_flag=True,
               help="Validate the file and every step's command line, print the plan, run nothing.")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
@@ -89,7 +89,7 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
             fail(f"--param {item!r}: expected NAME=VALUE")
         overrides[name.strip()] = value
     try:
-        wf = load(workflow, overrides)
+        wf = load(workflow, overrides, storage_options=storage_options(ctx))
         for step in wf.steps:
             check_command(step)
     except WorkflowError as exc:

@@ -17,9 +17,10 @@ D=100 benchmarks): all distances, hence all geodesics, are unchanged.
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import fresnel
@@ -142,53 +143,62 @@ def drift_scenario(
 
 
 def write_scenario(
-    scenario: Scenario, path: str, *, kind: str = "npy-dir", chunk_size: int = 250
+    scenario: Scenario, path: Any, *, kind: str = "npy-dir", chunk_size: int = 250,
+    storage_options: dict | None = None,
 ) -> dict:
     """Write a scenario as a stream source plus its batch and ground truth.
 
-    Layout of ``path`` (a directory): ``batch.npy``, ``batch_truth.npy``, ``stream_truth.npy``,
-    ``stream_labels.npy``, ``meta.json`` and the stream itself as ``stream/`` -- either chunk
-    files ``000000.npy, 000001.npy, ...`` (``kind="npy-dir"``) or an appendable Zarr array
-    ``stream.zarr`` (``kind="zarr"``) with ``chunk_size`` rows per Zarr chunk.
+    Layout of ``path`` (a directory or prefix): ``batch.npy``, ``batch_truth.npy``,
+    ``stream_truth.npy``, ``stream_labels.npy``, ``meta.json`` and the stream itself as
+    ``stream/`` -- either chunk files ``000000.npy, 000001.npy, ...`` (``kind="npy-dir"``) or
+    an appendable Zarr array ``stream.zarr`` (``kind="zarr"``) with ``chunk_size`` rows per
+    Zarr chunk. ``meta.json`` is written last: it marks the scenario complete.
+
+    Parameters
+    ----------
+    scenario : Scenario
+    path : str or Location
+        Local path or URL (``s3://…``, ``memory://…``).
+    kind : {"npy-dir", "zarr"}
+    chunk_size : int
+        Stream rows per file or Zarr chunk.
+    storage_options : dict, optional
+        For the filesystem of a URL.
 
     Returns
     -------
     dict
-        The metadata written to ``meta.json`` (``source`` is the stream source path).
+        The metadata written to ``meta.json`` (``source`` is the stream source URL or path).
     """
-    import json
-
     import zarr
 
-    os.makedirs(path, exist_ok=True)
-    np.save(os.path.join(path, "batch.npy"), scenario.batch)
-    np.save(os.path.join(path, "batch_truth.npy"), scenario.batch_truth)
-    np.save(os.path.join(path, "stream_truth.npy"), scenario.stream_truth)
-    np.save(os.path.join(path, "stream_labels.npy"), scenario.stream_labels)
+    from dr_dask.storage import location
+
+    if kind not in ("npy-dir", "zarr"):
+        raise ValueError(f"kind must be 'npy-dir' or 'zarr', got {kind!r}")
+    loc = location(path, storage_options)
+    for name in ("batch", "batch_truth", "stream_truth", "stream_labels"):
+        loc.child(f"{name}.npy").write_npy(getattr(scenario, name))
     if kind == "npy-dir":
-        src = os.path.join(path, "stream")
-        os.makedirs(src, exist_ok=True)
+        src = loc.child("stream")
         for i, s in enumerate(range(0, len(scenario.stream), chunk_size)):
-            np.save(os.path.join(src, f"{i:06d}.npy"), scenario.stream[s : s + chunk_size])
-    elif kind == "zarr":
-        src = os.path.join(path, "stream.zarr")
+            src.child(f"{i:06d}.npy").write_npy(scenario.stream[s : s + chunk_size])
+    else:
+        src = loc.child("stream.zarr")
         arr = zarr.create_array(
-            src, shape=scenario.stream.shape, chunks=(chunk_size, scenario.stream.shape[1]),
-            dtype="f8", overwrite=True,
+            src.zarr_store(), shape=scenario.stream.shape,
+            chunks=(chunk_size, scenario.stream.shape[1]), dtype="f8", overwrite=True,
         )
         arr[:] = scenario.stream
-    else:
-        raise ValueError(f"kind must be 'npy-dir' or 'zarr', got {kind!r}")
     meta = {
         "name": scenario.name,
-        "source": src,
+        "source": src.url,
         "kind": kind,
         "n_batch": int(len(scenario.batch)),
         "n_stream": int(len(scenario.stream)),
         "ambient_dim": int(scenario.batch.shape[1]),
         "first_unseen": int(scenario.first_unseen),
     }
-    with open(os.path.join(path, "meta.json"), "w") as fh:
-        json.dump(meta, fh, indent=2)
+    loc.child("meta.json").write_bytes(json.dumps(meta, indent=2).encode())
     logger.info("wrote %s scenario to %s (%d stream rows)", scenario.name, path, meta["n_stream"])
     return meta

@@ -20,6 +20,7 @@ import zarr
 from scipy.sparse.csgraph import dijkstra
 
 from dr_dask.cluster import active_client, gather, share, wait_for
+from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +58,25 @@ def _dijkstra_to_store(
     return ("zarr", store, start, start + len(sources))
 
 
+def read_stored(arr: zarr.Array, selection: Any) -> np.ndarray:
+    """``arr[selection]`` of an array whose chunks the workers wrote (created with NaN fill by
+    :func:`_open_out`): a chunk that never reached the store reads as NaN and is an error,
+    never a silent fill value (a worker that wrote to a disk the reader cannot see)."""
+    values = np.asarray(arr[selection])
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        raise RuntimeError(
+            f"{arr.store}: rows {selection} of {arr.name or 'the array'} have chunks missing from "
+            "the store (read as fill values): the workers wrote them somewhere this process "
+            "cannot read; use a location every worker and the client share (a URL or a shared "
+            "disk)"
+        )
+    return values
+
+
 def _materialise(block: Any) -> np.ndarray:
     if isinstance(block, tuple) and block and block[0] == "zarr":
         _, store, s, e = block
-        return np.asarray(store[s:e])
+        return read_stored(store, slice(s, e))
     return block
 
 
@@ -73,9 +89,9 @@ def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int, dtype: Any)
         if tuple(out.shape) != shape:
             raise ValueError(f"out has shape {out.shape}, expected {shape}")
         return out
-    return zarr.create_array(
-        store=str(out), shape=shape, dtype=dtype, overwrite=True,
-        chunks=(rows_per_chunk, min(shape[1], 1 << 16)),
+    return zarr.create_array(  # NaN fill: a chunk never written is detected (read_stored)
+        store=location(out).zarr_store(), shape=shape, dtype=dtype, overwrite=True,
+        chunks=(rows_per_chunk, min(shape[1], 1 << 16)), fill_value=np.nan,
     )
 
 
@@ -124,8 +140,9 @@ class GeodesicRows:
             Storage type of the rows (float32 halves memory for L x T landmark rows).
         square : bool
             Store squared distances (Isomap's D^2), squared in float64 before the cast.
-        out : zarr.Array or str, optional
-            Zarr array or path the workers write the rows into.
+        out : zarr.Array, str or Location, optional
+            Zarr array, or local path / URL (a :class:`~dr_dask.storage.Location` carries
+            storage options) of a new array, that the workers write the rows into.
         """
         graph = sp.csr_matrix(graph, dtype=np.float64)
         T = graph.shape[0]
@@ -224,8 +241,8 @@ def shortest_paths(
         The graph is sent once to each worker; each task handles one block of sources.
     block_size : int
         Sources per task.
-    out : zarr.Array or str, optional
-        Write the rows block by block into this Zarr array (or a new one at this path)
+    out : zarr.Array, str or Location, optional
+        Write the rows block by block into this Zarr array (or a new one at this path or URL)
         from the workers; nothing S x T is held in the driver.
     dtype : dtype
         Output dtype.

@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -52,6 +49,7 @@ from dr_dask.graph import (
     kneighbors,
 )
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
+from dr_dask.graph.paths import read_stored
 from dr_dask.linalg.tiles import TileGrid, build_tiles
 from dr_dask.methods.ikd import (
     MEMORY_TILE_BYTES,
@@ -61,8 +59,7 @@ from dr_dask.methods.ikd import (
     fitted_attributes,
     reference_index,
 )
-from dr_dask.storage import Location
-from dr_dask.store import InputData, RunGroup
+from dr_dask.store import InputData, RunGroup, scratch
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +180,7 @@ def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,
                   kernel: GeodesicKernel, dtype: Any):
     """One tile of D from a tile of the path-length array, with the reference statistics."""
     (ri, Xi), (rj, Xj) = bi, bj
-    P = np.asarray(paths[ri, rj])
+    P = read_stored(paths, (ri, rj))
     S = None if kernel.threshold is None else np.asarray(Xi) @ np.asarray(Xj).T
     D = kernel(P, S, diagonal)
     if diagonal:
@@ -215,14 +212,14 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
     on_disk = est.tile_cache == "disk" or (
         est.tile_cache == "auto" and tile_bytes > MEMORY_TILE_BYTES
     )
-    workdir = run.location.child(run.name) if run is not None else Location(
-        tempfile.mkdtemp(prefix="dr_dask_geodesic_"))
-    try:
+    # both arrays are kept in a run (its rerun resumes from them), else temporary
+    with scratch("geodesic_paths", run, est.scratch, inp, keep=True) as path_loc, \
+            scratch("distance", run, est.scratch, inp, keep=True) as tiles:
         t0 = time.perf_counter()
         chunk = min(PATH_CHUNK, T)
         paths = zarr.create_array(
-            workdir.child("geodesic_paths").zarr_store(), shape=(T, T), chunks=(chunk, chunk),
-            dtype=dtype, compressors=None, overwrite=True,
+            path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
+            dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
             dimension_names=("sample", "sample_"),
         )
         GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
@@ -234,7 +231,7 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
         else:
             xb = Xn.to_delayed().ravel()
             blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
-        store = workdir.child("distance") if on_disk else None
+        store = tiles if on_disk else None
         D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
                                store=store, dtype=dtype, client=client, progress=est.progress)
         rowmax, rowsum = _row_stats(grid, stats)
@@ -253,9 +250,6 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
         t0 = time.perf_counter()
         eig = est._eigen_stage(GramOperator(D, d_ref, rowsum / T), run)
         seconds["eigen"] = time.perf_counter() - t0
-    finally:
-        if run is None:
-            workdir.delete()
     M = int(est.n_components)
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
     return {
@@ -287,7 +281,7 @@ def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseK
     return triangulate(pinv, D.T, sq_mean)
 
 
-def fit_landmarks(est: Any, inp: InputData) -> dict:
+def fit_landmarks(est: Any, inp: InputData, run: RunGroup | None = None) -> dict:
     """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
     client = active_client(est.client)
     M, L = int(est.n_components), int(est.n_landmarks)
@@ -320,12 +314,12 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
         T = Xn.shape[0]
         on_disk = est.tile_cache == "disk" or (
             est.tile_cache == "auto" and 4 * L * T > MEMORY_TILE_BYTES)
-        tmpdir = tempfile.mkdtemp(prefix="dr_dask_landmark_rows_") if on_disk else None
-        try:
+        # every worker writes the rows, and this process reads them: in the run's store (or
+        # the scratch location), dropped when the stage is done
+        with scratch("landmark_geodesics", run, est.scratch, inp) as rows_loc:
             t0 = time.perf_counter()
-            rows = GeodesicRows.compute(
-                graph, landmarks, client=client, dtype=np.float32,
-                out=os.path.join(tmpdir, "landmark_geodesics") if on_disk else None)
+            rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
+                                        out=rows_loc if on_disk else None)
             seconds["shortest_paths"] = time.perf_counter() - t0
             kernel = GeodesicKernel(inverse, None)
             t0 = time.perf_counter()
@@ -337,9 +331,6 @@ def fit_landmarks(est: Any, inp: InputData) -> dict:
             embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
                                axis=0)
             rows.release()
-        finally:
-            if tmpdir is not None:
-                shutil.rmtree(tmpdir, ignore_errors=True)
     else:
         t0 = time.perf_counter()
         order = np.argsort(landmarks)

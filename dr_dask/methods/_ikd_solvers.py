@@ -114,7 +114,7 @@ def fit(est: Any, inp: InputData, run: RunGroup | None) -> dict:
     if est.n_landmarks is not None:
         from dr_dask.methods._ikd_geodesic import fit_landmarks
 
-        return run_stage("landmark", lambda: fit_landmarks(est, inp))
+        return run_stage("landmark", lambda: fit_landmarks(est, inp, run))
     if est.solver == "geodesic":
         from dr_dask.methods._ikd_geodesic import fit_geodesic
 

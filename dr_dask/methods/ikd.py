@@ -22,7 +22,6 @@ Resolutions of the papers' ambiguities (digest §1.6), all parameters of :class:
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,8 +35,7 @@ from dr_dask.cluster import ClientParam, active_client, compute, run_stage
 from dr_dask.kernels import get_kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles
-from dr_dask.storage import Location
-from dr_dask.store import InputData, RunGroup, open_dataset, validate
+from dr_dask.store import InputData, RunGroup, open_dataset, scratch, validate
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +260,10 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         Where D's tiles live between eigensolver passes: worker memory, or a Zarr array
         (in the run's group, else a temporary directory). ``auto`` picks memory up to 2 GiB.
         Landmark IKD: where its L x T float32 landmark geodesic rows live, by the same rule.
+    scratch : str or Location, optional
+        Local path or URL for the temporary Zarr arrays of a fit without a run (disk tiles,
+        path lengths, landmark rows), deleted after use; every worker must reach it. Default:
+        next to a remote input, else a local temporary directory.
     tol : float
         Relative residual tolerance of the eigensolver.
     eigen_solver : {"auto", "dense", "lanczos"}
@@ -321,6 +323,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         dtype: str = "float64",
         tile_size: int = 4096,
         tile_cache: str = "auto",
+        scratch: Any = None,
         tol: float = 1e-8,
         eigen_solver: str = "auto",
         n_neighbors: int = 5,
@@ -352,6 +355,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         self.dtype = dtype
         self.tile_size = tile_size
         self.tile_cache = tile_cache
+        self.scratch = scratch
         self.tol = tol
         self.eigen_solver = eigen_solver
         self.n_neighbors = n_neighbors
@@ -471,15 +475,12 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         if client is not None:
             Xn = client.persist(Xn)
         blocks = list(Xn.to_delayed().ravel())
-        tmpdir = None
         tile_bytes = T * (T + grid.max_block) / 2 * np.dtype(self.dtype).itemsize
         on_disk = self.tile_cache == "disk" or (
             self.tile_cache == "auto" and tile_bytes > MEMORY_TILE_BYTES
         )
-        try:
-            if on_disk and run is None:
-                tmpdir = Location(tempfile.mkdtemp(prefix="dr_dask_tiles_"))
-            store = (run.child("distance") if run else tmpdir.child("distance")) if on_disk else None
+        with scratch("distance", run, self.scratch, inp, keep=True) as tiles:
+            store = tiles if on_disk else None
             t0 = time.perf_counter()
             D, rowmax, rowsum = run_stage(
                 "distance", lambda: self._distance_stage(grid, blocks, inverse, store, run))
@@ -498,9 +499,6 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
             t0 = time.perf_counter()
             eig = run_stage("eigen", eigen)
             seconds["eigen"] = time.perf_counter() - t0
-        finally:
-            if tmpdir:
-                tmpdir.delete()
         return fitted_attributes(eig, self.n_components, r, sigma2, seconds)
 
     def _distance_stage(self, grid, blocks, inverse, store, run):

@@ -257,8 +257,9 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
     random_state : int, RandomState or None
         Seeds the Lanczos start block.
     client : distributed.Client, optional
-    geodesic_store : str or zarr.Array, optional
-        Zarr array (or path) for the squared geodesics, for T too large for worker memory.
+    geodesic_store : str, Location or zarr.Array, optional
+        Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
+        options) for the squared geodesics, for T too large for worker memory.
     block_size : int
         Dijkstra sources per task.
 
@@ -446,9 +447,10 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
     random_state : int, RandomState or None
         Seeds the landmark choice.
     client : distributed.Client, optional
-    geodesic_store : str or zarr.Array, optional
-        Zarr array (or path) for the L x T geodesics (float32); otherwise they are kept in memory
-        as ``landmark_geodesics_``.
+    geodesic_store : str, Location or zarr.Array, optional
+        Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
+        options) for the L x T geodesics (float32); otherwise they are kept in memory as
+        ``landmark_geodesics_``.
     block_size : int
         Landmark sources per Dijkstra task.
 

@@ -22,7 +22,6 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from typing import Any
@@ -190,9 +189,7 @@ class StreamStore:
         qdir = self.location.child("quarantine")
         if data is not None:
             try:
-                buf = io.BytesIO()
-                np.save(buf, np.asarray(data), allow_pickle=False)
-                qdir.child(f"{seq:09d}.npy").write_bytes(buf.getvalue())
+                qdir.child(f"{seq:09d}.npy").write_npy(data)
             except Exception:  # an object array or similar: the record alone must do
                 logger.debug("could not save quarantined chunk %d data", seq)
         qdir.child(f"{seq:09d}.json").write_json(record)  # the entry's mark, after its data
