@@ -1,6 +1,6 @@
 """Worker loss: a fit survives a SIGKILLed worker with the same result as an undisturbed run.
 
-Each fit runs on its own 2-process LocalCluster (the nanny restarts a killed worker), first
+Each fit runs on its own 3-process LocalCluster, first
 undisturbed to get the reference result and duration, then once for each moment: a worker
 process is SIGKILLed early, midway and late (10%, 50%, 90% of the undisturbed duration).
 """
@@ -23,13 +23,16 @@ pytestmark = pytest.mark.cluster
 MOMENTS = (0.1, 0.5, 0.9)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client():
+    """A fresh 3-process cluster per test: the kills of one test never leave the next one
+    short of workers (a nanny can take minutes to restart a SIGKILLed worker)."""
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                            dashboard_address=None, memory_limit="2GB")
     c = Client(cluster, set_as_default=False)
+    c.wait_for_workers(3, timeout=120)
     yield c
     c.close()
     cluster.close()
@@ -69,7 +72,6 @@ def _survives(client, fit, atol: float) -> None:
     No waiting for the nanny to bring a killed worker back between moments: in this
     distributed a nanny sometimes takes a minute to restart a SIGKILLed worker, and a fit must
     survive running on whatever workers remain anyway."""
-    client.wait_for_workers(2, timeout=180)
     t0 = time.perf_counter()
     expected = np.asarray(fit())
     duration = time.perf_counter() - t0
