@@ -104,11 +104,23 @@ def run_incremental(source: str, state: str, *, variable: str | None = None,
     if job is not None and job.get("source") != array.url:
         raise InputError(f"state {loc} follows {job.get('source')}, not {array.url}; use "
                          "another --state for another source")
+    client = active_client(client)
+    model = None
+    if not StreamStore(loc).exists():
+        if n_rows < p["n_batch"]:
+            logger.info("%s has %d rows; the first run fits on n_batch=%d", array.url, n_rows,
+                        p["n_batch"])
+            return {"state": loc.url, "source": array.url, "status": "waiting",
+                    "watermark_before": 0, "watermark_after": 0, "n_s": p["n_s"],
+                    **_idle({"version": None, "pending": []}, 0)}
+        # before the lease: rejected rows leave nothing behind (a rare concurrent first run
+        # fits twice, and the lease lets one of them write)
+        model = _first_model(inp, p, client)
     with Lease(loc.child("lease.json")):
-        return _run(inp, array, n_rows, n_features, loc, p, active_client(client))
+        return _run(array, n_rows, n_features, loc, p, client, model)
 
 
-def _run(inp, array, n_rows: int, n_features: int, loc, p: dict, client: Any) -> dict:
+def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: Any) -> dict:
     from dr_dask.stream.runner import StreamRunner
 
     store = StreamStore(loc)
@@ -116,7 +128,6 @@ def _run(inp, array, n_rows: int, n_features: int, loc, p: dict, client: Any) ->
     history = history_loc.read_json(default=[])
     before = history[-1]["watermark_after"] if history else 0
     summary = {"state": loc.url, "source": array.url, "watermark_before": before, "n_s": p["n_s"]}
-    model = None
     if store.exists():
         ck = store.read_checkpoint()
         if n_rows < ck["source"]:
@@ -127,14 +138,7 @@ def _run(inp, array, n_rows: int, n_features: int, loc, p: dict, client: Any) ->
             logger.info("%s: no row beyond the watermark %d; nothing to do", array.url, before)
             return {**summary, **_idle(ck, before), "status": "nothing to do"}
     else:
-        if n_rows < p["n_batch"]:
-            logger.info("%s has %d rows; the first run fits on n_batch=%d", array.url, n_rows,
-                        p["n_batch"])
-            return {**summary, "status": "waiting", "rows_mapped": 0, "watermark_after": 0,
-                    "model_version": None, "refit": False, "new_versions": [],
-                    "drift_statistic": None, "buffered": 0, "report": None}
         loc.child("job.json").write_json({"source": array.url, "n_features": n_features})
-        model = _first_model(inp, p, client)
     runner = StreamRunner(
         loc, array, model, n_s=p["n_s"], chunk_size=p["chunk_size"],
         strict_sequential=bool(p["strict"]), max_in_flight=p["max_in_flight"], client=client,

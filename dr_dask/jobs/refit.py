@@ -103,7 +103,9 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
         run = run_embedding(est, inp, out, method=method, name=name, storage_options=storage_options)
         seconds = time.perf_counter() - t0
     emb = run.read("embedding")
+    t0 = time.perf_counter()
     metrics = _evaluate(est, inp, emb, p, client)
+    evaluate_seconds = time.perf_counter() - t0
     metrics["procrustes_disparity_vs_previous"], note = _vs_previous(out, previous, inp, emb)
     summary = run.group.attrs.get("summary", {})
     report_dir = out.child(f"{name}.report")
@@ -111,9 +113,8 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
         "status": "done", "run": name, "runs": out.url, "method": method,
         "input": inp.name, "n_samples": int(emb.shape[0]), "n_components": int(emb.shape[1]),
         "previous": previous.get("run") if previous else None, "previous_note": note,
-        "metrics": metrics, "fit_seconds": seconds,
-        "fit_seconds_total": summary.get("fit_seconds", seconds),  # all attempts of a resumed fit
-        "peak_rss_gb": mem.peak / 2**30, "finished": now(),
+        "metrics": metrics, "fit_seconds": seconds, "evaluate_seconds": evaluate_seconds,
+        "peak_rss_gb": mem.peak_gb, "finished": now(),
         "report": report_dir.child("report.json").url, "latest": latest_loc.url,
     }
     from dr_dask.jobs.reports import refit_report
@@ -137,8 +138,12 @@ def _evaluate(est: Any, inp, emb: np.ndarray, p: dict, client: Any) -> dict:
     Xs = np.asarray(inp.data[rows].compute(), dtype=np.float64)
     small = clone(est).set_params(client=None)  # subsample fits run in-process or as tasks
     if D <= p["max_ti_dim"] and D < len(rows):
-        Yfull = clone(small).set_params(n_components=D).fit_transform(Xs)
-        metrics.update(trustability_index(Xs, np.asarray(Yfull), client=client))
+        # TI is defined at d = p; IKD centres each sample across features, so it gives at most
+        # p - 1 components: its full embedding is zero-padded (a zero axis adds no residual)
+        d_full = D - 1 if type(est).__name__ == "IKD" else D
+        Yfull = np.asarray(clone(small).set_params(n_components=d_full).fit_transform(Xs))
+        Yfull = np.pad(Yfull, ((0, 0), (0, D - d_full)))
+        metrics.update(trustability_index(Xs, Yfull, client=client), ti_dim=d_full)
     else:
         logger.warning("TI skipped: it needs a fit at d = p = %d (max_ti_dim %d)", D,
                        p["max_ti_dim"])
