@@ -1,0 +1,386 @@
+"""The one place that draws: the figures of reports and the quickstart, and the page that lays
+them out beside a short table.
+
+Every function draws on its own :class:`matplotlib.figure.Figure` with an Agg canvas (no pyplot:
+no display, no global backend switch, no figure registry that keeps figures alive), so drawing
+works on headless workers and inside other applications. Font sizes are passed explicitly
+instead of through ``rcParams`` so nothing global changes.
+
+A figure function returns a Figure of a fixed readable size (:data:`PANEL` inches at
+:data:`DPI`); :func:`report_page` renders each one at that size and places the pixels side by
+side with the table, so fonts are never shrunk to fit a page.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dr_dask.storage import location
+
+logger = logging.getLogger(__name__)
+
+#: Pixels per inch of every figure and page.
+DPI = 100
+#: Size (inches) of one panel: 640 x 480 pixels.
+PANEL = (6.4, 4.8)
+#: Size (inches) of a time-series panel: wide, because time runs along x.
+WIDE_PANEL = (10.0, 4.8)
+#: Points drawn per scatter; larger embeddings are subsampled (seeded) so the picture stays
+#: readable and small.
+MAX_POINTS = 20_000
+#: Font sizes (points): titles, axis labels, ticks and legends, table cells.
+TITLE, LABEL, TICK, CELL = 13, 11, 10, 11
+#: Categorical colours (labels, manifolds) are a legend up to this many classes, else a colour bar.
+MAX_LEGEND = 12
+
+
+def _figure(size: tuple[float, float] = PANEL) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _axes(fig: Any, title: str, xlabel: str, ylabel: str) -> Any:
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=TITLE)
+    ax.set_xlabel(xlabel, fontsize=LABEL)
+    ax.set_ylabel(ylabel, fontsize=LABEL)
+    ax.tick_params(labelsize=TICK)
+    return ax
+
+
+def _values(x: Any) -> np.ndarray:
+    return np.asarray(x.compute() if hasattr(x, "compute") else x)
+
+
+def colour_values(color: Any, n: int) -> tuple[np.ndarray | None, list | None]:
+    """Colour values of ``n`` points and, for categorical colours, the category names.
+
+    ``color`` is labels (integers, strings: categorical) or a latent (floats; its first column
+    when 2-D: continuous). Raises ValueError when its rows do not match ``n``.
+    """
+    if color is None:
+        return None, None
+    c = _values(color)
+    if c.shape[0] != n:
+        raise ValueError(f"colour values have {c.shape[0]} rows but the embedding has {n}")
+    if c.ndim > 1:
+        c = c[:, 0]
+    if np.issubdtype(c.dtype, np.floating):
+        return c.astype(float), None
+    names, codes = np.unique(c, return_inverse=True)
+    return codes.astype(float), names.tolist()
+
+
+def embedding_figure(
+    Y: Any, color: Any = None, *, label: str | None = None, title: str = "embedding",
+    random_state: int = 0,
+) -> Any:
+    """Scatter of an embedding's first two coordinates, coloured by a latent or by labels.
+
+    Parameters
+    ----------
+    Y : array-like of shape (T, d)
+        The embedding (a 1-D embedding is drawn against zero).
+    color : array-like of shape (T,) or (T, M), optional
+        Floats (a latent: its first column, colour bar) or labels/manifold indices
+        (categorical: a legend up to :data:`MAX_LEGEND` classes).
+    label : str, optional
+        What the colour shows (the colour bar's or legend's title), e.g. ``"latent z1"``.
+    title : str
+    random_state : int
+        Seeds the subsample drawn above :data:`MAX_POINTS` points.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    Y = np.asarray(_values(Y), dtype=float)
+    Y = Y[:, None] if Y.ndim == 1 else Y
+    c, categories = colour_values(color, Y.shape[0])
+    idx = np.arange(Y.shape[0])
+    if Y.shape[0] > MAX_POINTS:
+        idx = np.sort(np.random.default_rng(random_state).choice(Y.shape[0], MAX_POINTS,
+                                                                 replace=False))
+    x = Y[idx, 0]
+    y = Y[idx, 1] if Y.shape[1] > 1 else np.zeros_like(x)
+    fig = _figure()
+    ax = _axes(fig, title, "component 1", "component 2" if Y.shape[1] > 1 else "")
+    size = 12 if len(idx) <= 2000 else 4
+    if c is None:
+        ax.scatter(x, y, s=size, linewidths=0, color="tab:blue")
+    elif categories is not None and len(categories) <= MAX_LEGEND:
+        cmap = _cmap("tab10" if len(categories) <= 10 else "tab20")
+        for j, name in enumerate(categories):
+            sel = c[idx] == j
+            ax.scatter(x[sel], y[sel], s=size, linewidths=0, color=cmap(j), label=str(name))
+        ax.legend(title=label, fontsize=TICK, title_fontsize=LABEL, markerscale=2.5 if
+                  size < 12 else 1.5, loc="best", framealpha=0.8)
+    else:
+        sc = ax.scatter(x, y, c=c[idx], s=size, linewidths=0, cmap="viridis")
+        bar = fig.colorbar(sc, ax=ax)
+        bar.set_label(label or "colour", fontsize=LABEL)
+        bar.ax.tick_params(labelsize=TICK)
+    if Y.shape[1] > 1:
+        ax.set_aspect("equal", adjustable="datalim")
+    return fig
+
+
+def _cmap(name: str) -> Any:
+    from matplotlib import colormaps
+
+    return colormaps[name]
+
+
+def running_mean(x: Any, window: int) -> np.ndarray:
+    """Trailing running mean over ``window`` values (NaNs ignored), same length as x."""
+    x = np.asarray(x, dtype=np.float64)
+    ok = np.isfinite(x)
+    c = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
+    n = np.concatenate([[0], np.cumsum(ok)])
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(idx - window, 0)
+    cnt = n[idx] - n[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, (c[idx] - c[lo]) / cnt, np.nan)
+
+
+def variance_figure(
+    times: Any, variance: Any, threshold: Any, refits: Sequence[Any] = (), *,
+    window: int = 50, flagged: Any = None, groups: Any = None, title: str = "predictive variance",
+) -> Any:
+    """Per-point predictive variance over stream time, its running mean, the threshold in force
+    and a mark at every refit.
+
+    Parameters
+    ----------
+    times : array-like of shape (n,)
+        Stream position of each point.
+    variance : array-like of shape (n,)
+        Its predictive variance (NaN: not drawn).
+    threshold : float or array-like of shape (n,)
+        The threshold in force at each point (a step line).
+    refits : sequence of float or of dict
+        Refit times; a dict gives ``trigger_row`` (dotted mark) and ``publish_row`` (solid).
+    window : int
+        Points of the trailing running mean.
+    flagged : array-like of bool, shape (n,), optional
+        Points drawn as x (flagged as off the model) instead of dots.
+    groups : array-like of int, shape (n,), optional
+        Colour of each point (e.g. its manifold).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    t = np.asarray(times, dtype=float)
+    v = np.asarray(variance, dtype=float)
+    if v.shape != t.shape:
+        raise ValueError(f"variance has shape {v.shape} but times has {t.shape}")
+    thr = np.broadcast_to(np.asarray(threshold, dtype=float), t.shape)
+    flag = np.zeros(t.shape, bool) if flagged is None else np.asarray(flagged, bool)
+    g = np.zeros(t.shape, int) if groups is None else np.asarray(groups).astype(int)
+    cmap = _cmap("tab10")
+    fig = _figure(WIDE_PANEL)
+    ax = _axes(fig, title, "stream position", "predictive variance (log)")
+    colour_note = "" if groups is None else " (colour: manifold)"
+    for sel, marker, what in ((~flag, "o", "point"), (flag, "x", "flagged point")):
+        sel = sel & np.isfinite(v)
+        if sel.any():
+            ax.scatter(t[sel], v[sel], s=6, c=cmap(np.mod(np.maximum(g[sel], 0), 10)),
+                       marker=marker, alpha=0.6, linewidths=0.6 if marker == "x" else 0)
+            # the legend's marker in neutral grey: the colours are the groups'
+            ax.scatter([], [], s=12, color="dimgray", marker=marker, label=what + colour_note)
+    ax.plot(t, running_mean(v, window), color="black", lw=1.5, label=f"running mean (w={window})")
+    ax.step(t, thr, where="post", color="red", ls="--", lw=1.5, label="threshold")
+    for i, r in enumerate(refits):
+        trigger, publish = ((r.get("trigger_row"), r.get("publish_row")) if isinstance(r, Mapping)
+                            else (None, r))
+        if trigger is not None:
+            ax.axvline(trigger, color="gray", ls=":", lw=1.2,
+                       label="refit triggered" if i == 0 else None)
+        if publish is not None:
+            ax.axvline(publish, color="gray", ls="-", lw=1.2,
+                       label="refit published" if i == 0 else None)
+    if np.any(np.isfinite(v) & (v > 0)):
+        ax.set_yscale("log")
+    ax.legend(fontsize=TICK, loc="upper left", framealpha=0.8)
+    return fig
+
+
+def spectrum_figure(
+    eigenvalues: Any, *, n_kept: int | None = None, title: str = "eigenvalue spectrum",
+) -> Any:
+    """Bars of eigenvalues by index, the kept ones highlighted, each labelled with its value.
+
+    Parameters
+    ----------
+    eigenvalues : array-like of shape (k,)
+        In decreasing order (an indefinite operator's negative ones are drawn below zero).
+    n_kept : int, optional
+        How many leading ones the embedding uses (default: all).
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    w = np.asarray(eigenvalues, dtype=float).ravel()
+    if w.size == 0:
+        raise ValueError("no eigenvalues to draw")
+    kept = w.size if n_kept is None else int(n_kept)
+    index = np.arange(1, w.size + 1)
+    fig = _figure()
+    ax = _axes(fig, title, "index", "eigenvalue")
+    colours = ["tab:blue" if i <= kept else "lightgray" for i in index]
+    bars = ax.bar(index, w, color=colours)
+    if w.size <= 20:
+        ax.bar_label(bars, labels=[f"{x:.3g}" for x in w], fontsize=TICK)
+        ax.set_xticks(index)
+    ax.axhline(0, color="black", lw=0.8)
+    if kept < w.size:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color="tab:blue", label="kept"),
+                           Patch(color="lightgray", label="not kept")], fontsize=TICK)
+    ax.margins(y=0.15)
+    return fig
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (float, np.floating)):
+        return "-" if not math.isfinite(v) else f"{v:.4g}"
+    return str(v)
+
+
+def table_rows(table: Mapping[str, Any]) -> tuple[list[str], list[str], list[list[str]]]:
+    """Column names, row names and cell strings of a report table.
+
+    ``table`` is either ``{row: value}`` (one column) or ``{column: {row: value}}`` (e.g. one
+    column per method); numbers are shown to 4 significant digits.
+    """
+    if table and all(isinstance(v, Mapping) for v in table.values()):
+        cols = list(table)
+        rows = list(dict.fromkeys(r for c in cols for r in table[c]))
+        return cols, rows, [[_cell(table[c].get(r)) for c in cols] for r in rows]
+    return ["value"], list(table), [[_cell(v)] for v in table.values()]
+
+
+def table_figure(table: Mapping[str, Any], title: str | None = None) -> Any:
+    """A readable table (:func:`table_rows`) as its own figure, sized to its rows and columns."""
+    cols, rows, cells = table_rows(table)
+    # the row names are the first column: every cell then lies inside the figure
+    grid = [[r, *c] for r, c in zip(rows, cells)]
+    chars = [max(len(h), *(len(g[j]) for g in grid)) + 2 if grid else len(h) + 2
+             for j, h in enumerate(["", *cols])]
+    fig = _figure((max(0.105 * sum(chars) + 0.3, 2.5),
+                   0.34 * (len(rows) + 1) + (0.6 if title else 0.3)))
+    ax = fig.add_subplot()
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=TITLE)
+    if not rows:
+        ax.text(0.5, 0.5, "no figures", ha="center", va="center", fontsize=CELL)
+        return fig
+    t = ax.table(cellText=grid, colLabels=["", *cols], bbox=[0, 0, 1, 1],
+                 colWidths=[c / sum(chars) for c in chars], cellLoc="right")
+    t.auto_set_font_size(False)
+    t.set_fontsize(CELL)
+    for (i, j), cell in t.get_celld().items():
+        if j == 0 or i == 0:  # row names left-aligned, header bold
+            cell.set_text_props(ha="left" if j == 0 else "center",
+                                weight="bold" if i == 0 else "normal")
+    return fig
+
+
+def render(fig: Any) -> np.ndarray:
+    """The figure's RGB pixels, shape (height, width, 3), at its own size and DPI."""
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def _pad(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    out = np.full((height, width, 3), 255, np.uint8)
+    out[: img.shape[0], : img.shape[1]] = img
+    return out
+
+
+def _grid(images: list[np.ndarray], ncol: int) -> np.ndarray:
+    rows = []
+    for i in range(0, len(images), ncol):
+        row = images[i: i + ncol]
+        h = max(im.shape[0] for im in row)
+        rows.append(np.concatenate([_pad(im, h, im.shape[1]) for im in row], axis=1))
+    w = max(r.shape[1] for r in rows)
+    return np.concatenate([_pad(r, r.shape[0], w) for r in rows], axis=0)
+
+
+def write_png(pixels: Any, path: Any, storage_options: dict | None = None) -> str:
+    """Write a Figure or an RGB pixel array as one PNG object at ``path`` (local path, URL or
+    :class:`~dr_dask.storage.Location`); return its URL."""
+    from matplotlib.image import imsave
+
+    buf = io.BytesIO()
+    if hasattr(pixels, "savefig"):
+        pixels.savefig(buf, format="png", dpi=DPI)
+    else:
+        imsave(buf, np.asarray(pixels), format="png")
+    loc = location(path, storage_options)
+    loc.write_bytes(buf.getvalue())
+    logger.info("wrote %s", loc.url)
+    return loc.url
+
+
+def report_page(
+    path: Any, panels: Sequence[Any], table: Mapping[str, Any] | None = None, *,
+    title: str | None = None, ncol: int = 3, storage_options: dict | None = None,
+) -> str:
+    """One PNG: the panels (figures of this module) in rows of ``ncol``, the table beside them
+    (below them when it has several columns or the panels fill more than one row).
+
+    Parameters
+    ----------
+    path : str or Location
+        Where the PNG goes (local path or URL).
+    panels : sequence of matplotlib.figure.Figure
+    table : dict, optional
+        ``{row: value}`` or ``{column: {row: value}}`` (see :func:`table_rows`).
+    title : str, optional
+        The table's title.
+    ncol : int
+        Panels per row.
+    storage_options : dict, optional
+
+    Returns
+    -------
+    str
+        The PNG's URL.
+    """
+    if not panels and not table:
+        raise ValueError("an empty report page: no panels and no table")
+    images = [render(p) for p in panels]
+    tab = render(table_figure(table, title)) if table is not None else None
+    # the table takes the last row's free slot, or widens a single full row when it is one
+    # column of values; otherwise it goes below the panels
+    cols = ncol
+    beside = tab is not None and bool(images) and len(images) % ncol != 0
+    if tab is not None and len(images) == ncol and len(table_rows(table)[0]) == 1:
+        beside, cols = True, ncol + 1
+    if beside:
+        images.append(tab)
+    page = _grid(images, cols) if images else tab
+    if tab is not None and not beside and images:
+        w = max(page.shape[1], tab.shape[1])
+        page = np.concatenate([_pad(page, page.shape[0], w), _pad(tab, tab.shape[0], w)], axis=0)
+    return write_png(page, path, storage_options)
