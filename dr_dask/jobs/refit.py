@@ -118,8 +118,10 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
         "report": report_dir.child("report.json").url, "latest": latest_loc.url,
     }
     from dr_dask.jobs.reports import refit_report
+    from dr_dask.report import plain_json
 
-    refit_report(report_dir, result, emb, summary.get("eigenvalues"), out, previous)
+    result = plain_json(result)
+    refit_report(report_dir, result, emb, summary.get("eigenvalues"))
     latest_loc.write_json(result)  # last: moved only once the run and its report are written
     logger.info("refit %s: %s on %d rows; latest -> %s", method, name, emb.shape[0], name)
     return result
