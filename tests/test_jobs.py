@@ -151,6 +151,15 @@ def test_nightly_bad_input_is_exit_2_and_writes_nothing(X, tmp_path):
     listing = sorted(os.listdir(state))
     ck = Location(state).child("checkpoint.json").read_bytes()
     _rejected(job(f"{src}:X", "--state", state), "follows", "another --state")
+    # the weekly refit rejects the same way, before it writes anything
+    runs = tmp_path / "runs.zarr"
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "job", "refit",
+                                    str(tmp_path / "missing.zarr"), "--runs", str(runs)])
+    _rejected(res, "does not exist")
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "job", "refit", f"{nan_src}:X",
+                                    "--runs", str(runs), "--method", "isomap"])
+    _rejected(res, "refit: isomap on", "nan.zarr:X")
+    assert not os.path.exists(runs / "latest.json")
     assert sorted(os.listdir(state)) == listing
     assert Location(state).child("checkpoint.json").read_bytes() == ck
 

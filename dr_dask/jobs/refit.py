@@ -23,7 +23,7 @@ import numpy as np
 
 from dr_dask.cluster import active_client
 from dr_dask.jobs._common import job_params, now, open_stored
-from dr_dask.storage import location
+from dr_dask.storage import StorageError, location
 from dr_dask.store import InputError, open_run, run_name
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,13 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
 
     with PeakRSS() as mem:
         t0 = time.perf_counter()
-        run = run_embedding(est, inp, out, method=method, name=name, storage_options=storage_options)
+        try:
+            run = run_embedding(est, inp, out, method=method, name=name,
+                                storage_options=storage_options)
+        except ValueError as exc:  # rejected data or parameters (no run group is left)
+            if isinstance(exc, InputError | StorageError):
+                raise
+            raise InputError(f"refit: {method} on {inp.name}: {exc}") from exc
         seconds = time.perf_counter() - t0
     emb = run.read("embedding")
     t0 = time.perf_counter()
