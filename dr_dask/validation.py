@@ -34,7 +34,7 @@ import numpy as np
 from sklearn.utils.validation import check_array, validate_data
 
 from dr_dask.storage import Location
-from dr_dask.store import InputData, open_dataset
+from dr_dask.store import InputData, _describe_rows, open_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -129,13 +129,28 @@ def check_input(
                     f"{tuple(inp.data.shape)}) while a minimum of {min_samples} is required "
                     f"by {type(estimator).__name__}.")
             return inp
-        values = validate_data(estimator, inp.data.compute(), reset=reset, dtype=dtype,
-                               ensure_min_samples=min_samples)
+        values = _validate(estimator, inp.data.compute(), inp.sample_ids, reset=reset,
+                           dtype=dtype, ensure_min_samples=min_samples)
         return InputData(inp.data, inp.sample_ids, inp.identity, inp.location, values)
-    values = validate_data(estimator, X, reset=reset, dtype=dtype, ensure_min_samples=min_samples)
+    values = _validate(estimator, X, None, reset=reset, dtype=dtype,
+                       ensure_min_samples=min_samples)
     inp = open_dataset(values)
     inp.values = values
     return inp
+
+
+def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:
+    """scikit-learn's ``validate_data``; its non-finite message names the offending rows."""
+    try:
+        return validate_data(estimator, X, **params)
+    except ValueError as exc:
+        if not str(exc).startswith("Input X contains"):
+            raise
+        values = np.asarray(X)
+        bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
+        # the first line is scikit-learn's; the rest of its message is about supervised models
+        first = str(exc).splitlines()[0]
+        raise ValueError(f"{first} Non-finite values in {_describe_rows(bad, sample_ids)}.") from None
 
 
 def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
