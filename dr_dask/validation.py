@@ -76,6 +76,7 @@ def check_input(
     in_memory: bool = False,
     dtype: Any = FLOAT_DTYPES,
     min_samples: int = 1,
+    min_features: int = 1,
     variable: str | None = None,
     storage_options: dict | None = None,
 ) -> InputData:
@@ -99,6 +100,8 @@ def check_input(
         Accepted dtypes of in-memory data; anything else numeric is converted to the first.
     min_samples : int, default=1
         Fewest rows accepted (scikit-learn's ``ensure_min_samples``).
+    min_features : int, default=1
+        Fewest columns accepted (scikit-learn's ``ensure_min_features``).
     variable : str, optional
         Variable of a group, Dataset or NetCDF file.
     storage_options : dict, optional
@@ -123,17 +126,19 @@ def check_input(
         if not in_memory:
             # structure checked by open_dataset; the feature count as scikit-learn does it
             validate_data(estimator, inp.data, reset=reset, skip_check_array=True)
-            if inp.data.shape[0] < min_samples:
-                raise ValueError(
-                    f"Found array with {inp.data.shape[0]} sample(s) (shape="
-                    f"{tuple(inp.data.shape)}) while a minimum of {min_samples} is required "
-                    f"by {type(estimator).__name__}.")
+            shape = tuple(inp.data.shape)
+            for axis, what, least in ((0, "sample", min_samples), (1, "feature", min_features)):
+                if shape[axis] < least:
+                    raise ValueError(
+                        f"Found array with {shape[axis]} {what}(s) (shape={shape}) while a "
+                        f"minimum of {least} is required by {type(estimator).__name__}.")
             return inp
         values = _validate(estimator, inp.data.compute(), inp.sample_ids, reset=reset,
-                           dtype=dtype, ensure_min_samples=min_samples)
+                           dtype=dtype, ensure_min_samples=min_samples,
+                           ensure_min_features=min_features)
         return InputData(inp.data, inp.sample_ids, inp.identity, inp.location, values)
     values = _validate(estimator, X, None, reset=reset, dtype=dtype,
-                       ensure_min_samples=min_samples)
+                       ensure_min_samples=min_samples, ensure_min_features=min_features)
     inp = open_dataset(values)
     inp.values = values
     return inp

@@ -91,6 +91,15 @@ def test_stored_input_read_whole_is_checked_like_in_memory(tmp_path):
         check_input(_Est(), str(tmp_path / "c.npy"), reset=True)
 
 
+@pytest.mark.parametrize("make", [np.asarray, da.from_array])
+def test_too_few_samples_or_features_in_scikit_learns_words(make):
+    with pytest.raises(ValueError, match=r"Found array with 2 sample\(s\) \(shape=\(2, 3\)\) "
+                                         "while a minimum of 3 is required by _Est"):
+        check_input(_Est(), make(X[:2]), reset=True, min_samples=3)
+    with pytest.raises(ValueError, match=r"Found array with 3 feature\(s\) .* minimum of 4"):
+        check_input(_Est(), make(X), reset=True, min_features=4)
+
+
 def test_float32_kept_ints_converted():
     est = _Est()
     assert check_input(est, X.astype(np.float32), reset=True).values.dtype == np.float32
