@@ -158,8 +158,8 @@ def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: A
         raise ValueError(f"{first} Non-finite values in {_describe_rows(bad, sample_ids)}.") from None
 
 
-def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
-                     dtype: Any = np.float64) -> np.ndarray:
+def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = np.float64,
+                     **check_params: Any) -> np.ndarray:
     """A function's user array (not an estimator's input) as a checked NumPy array.
 
     Parameters
@@ -171,6 +171,9 @@ def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
     ensure_2d : bool, default=True
         Refuse 1-D input (scikit-learn's "Reshape your data" message); False keeps 1-D.
     dtype : dtype or tuple of dtypes, default=float64
+    **check_params
+        Further :func:`sklearn.utils.check_array` options (``ensure_all_finite=False`` where
+        the caller names the non-finite rows itself, block by block).
 
     Returns
     -------
@@ -178,7 +181,7 @@ def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
     """
     if hasattr(a, "compute"):
         a = a.compute()
-    return check_array(a, dtype=dtype, ensure_2d=ensure_2d, input_name=name)
+    return check_array(a, dtype=dtype, ensure_2d=ensure_2d, input_name=name, **check_params)
 
 
 # ---------------------------------------------------------------------------------------------
