@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils.validation import check_array, validate_data
 
+from dr_dask.cluster import compute
 from dr_dask.storage import Location
 from dr_dask.store import InputData, _describe_rows, open_dataset
 
@@ -133,7 +134,10 @@ def check_input(
                         f"Found array with {shape[axis]} {what}(s) (shape={shape}) while a "
                         f"minimum of {least} is required by {type(estimator).__name__}.")
             return inp
-        values = _validate(estimator, inp.data.compute(), inp.sample_ids, reset=reset,
+        # read on the estimator's client like all its dask work (threads without one): a
+        # dask input may hold futures of that cluster
+        (values,) = compute(inp.data, client=getattr(estimator, "client", None))
+        values = _validate(estimator, values, inp.sample_ids, reset=reset,
                            dtype=dtype, ensure_min_samples=min_samples,
                            ensure_min_features=min_features)
         return InputData(inp.data, inp.sample_ids, inp.identity, inp.location, values)
