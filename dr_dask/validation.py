@@ -155,7 +155,7 @@ def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: A
     except ValueError as exc:
         if not str(exc).startswith("Input X contains"):
             raise
-        values = np.asarray(X)
+        values = np.asarray(X, dtype=np.float64)  # lists and object arrays too
         bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
         # the first line is scikit-learn's; the rest of its message is about supervised models
         first = str(exc).splitlines()[0]
