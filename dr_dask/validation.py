@@ -208,9 +208,10 @@ class Interval:
     closed: str = "both"
 
     def __contains__(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, self.type):
+        right_type = isinstance(value, self.type) and not isinstance(value, bool)
+        if not right_type:
             return False
-        if isinstance(value, float) and np.isnan(value):
+        if np.isnan(value):
             return False
         low_open = self.closed in ("right", "neither")
         high_open = self.closed in ("left", "neither")
@@ -255,7 +256,7 @@ def _satisfies(value: Any, constraint: Any) -> bool:
     if constraint == "random_state":
         return value is None or isinstance(value, np.random.RandomState) or (
             isinstance(value, Integral) and not isinstance(value, bool)
-            and 0 <= value <= 2**32 - 1)
+            and 0 <= int(value) <= 2**32 - 1)
     if constraint == "array-like":
         return isinstance(value, (np.ndarray, list, tuple))
     if constraint is callable:
