@@ -138,8 +138,7 @@ def classical_mds(
     if isinstance(D2, SymmetricOperator):
         B: Any = CentredOperator(D2)
     else:
-        D2 = np.asarray(D2.compute() if hasattr(D2, "compute") else D2, dtype=np.float64)
-        B = double_centre((D2 + D2.T) / 2)
+        B = double_centre(D2.compute() if hasattr(D2, "compute") else D2)
     res = top_eigh(B, n_components, method=method, tol=tol, max_passes=max_passes,
                    random_state=random_state)
     return MDSResult(scaled_vectors(res.values, res.vectors), res.values, res.vectors,

@@ -266,7 +266,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
                 f"across features); use n_components <= {max(n_features - 1, 1)} or more "
                 "features")
         landmark = self.n_landmarks is not None
-        graph = self.solver == "geodesic" or landmark
+        graph = self.solver == "geodesic"  # landmark IKD with "full" builds no graph
         if graph and self.geodesic_rule == "knn" and not self.n_neighbors < T:
             raise ValueError(f"n_neighbors must be an integer in [1, {T - 1}] (a point is not "
                              f"its own neighbour), got {self.n_neighbors!r}")

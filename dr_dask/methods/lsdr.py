@@ -148,24 +148,6 @@ def prune_edges(
     return alive, n_passes
 
 
-class _CentredSquared:
-    """``B = -1/2 H (Q o Q) H`` as an operator (``Q2`` squared in place; no second r x r copy)."""
-
-    def __init__(self, Q2: np.ndarray):
-        self.Q2 = Q2
-        self.shape = Q2.shape
-        self.row_mean = Q2.mean(1)
-        self.mean = float(self.row_mean.mean())
-
-    def matmat(self, V: np.ndarray) -> np.ndarray:
-        s = V.sum(0)
-        out = self.Q2 @ V
-        out -= self.row_mean[:, None] * s[None, :]
-        out -= np.outer(np.ones(len(self.row_mean)), self.row_mean @ V)
-        out += self.mean * s[None, :]
-        return -0.5 * out
-
-
 def _sqdist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     D = (A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2.0 * (A @ B.T)
     return np.maximum(D, 0.0, out=D)
@@ -414,7 +396,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     def fit(self, X: Any, y: Any = None) -> LSDR:
         """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
         from dr_dask.graph.paths import shortest_paths
-        from dr_dask.linalg.eigen import top_eigh
+        from dr_dask.linalg.eigen import DenseOperator
+        from dr_dask.linalg.mds import classical_mds
 
         self._check_params()
         X = self._check_X(X)
@@ -454,9 +437,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         np.fill_diagonal(Q, 0.0)
         sigma = float(self.bandwidth or np.sqrt(d_b[skeleton] ** 2 + nearest**2).max())
         np.multiply(Q, Q, out=Q)
-        res = top_eigh(_CentredSquared(Q) if r > 1500 else
-                       -0.5 * (Q - Q.mean(0) - Q.mean(1)[:, None] + Q.mean()), d,
-                       random_state=rng)
+        # an operator: Lanczos never copies the r x r matrix (dense below 1500 rows)
+        res = classical_mds(DenseOperator(Q), d, random_state=rng)
         del Q
         lam = res.values
         if np.any(lam <= 0):
