@@ -57,12 +57,16 @@ class InputData:
         fingerprint of the stored chunks): recorded in, and part of the name of, every run.
     location : Location or None
         Where it is stored (None for in-memory inputs).
+    values : ndarray of shape (T, N) or None
+        The checked in-memory array, when there is one
+        (:func:`dr_dask.validation.check_input`).
     """
 
     data: da.Array
     sample_ids: np.ndarray | None = None
     identity: dict = field(default_factory=dict)
     location: Location | None = None
+    values: np.ndarray | None = None
 
     @property
     def path(self) -> str | None:

@@ -158,11 +158,13 @@ def test_user_labels_and_validation():
     assert gp.n_manifolds_ == 3 and gp.embedding_.shape == (180, 2)
     X = sc.batch.copy()
     X[[4, 9]] = np.nan
-    with pytest.raises(ValueError, match=r"rows \[4, 9\]"):
+    with pytest.raises(ValueError, match=r"Input X contains NaN\. .* 2 row\(s\): 4, 9"):
         GPIsomap(n_neighbors=8).fit(X)
-    with pytest.raises(ValueError, match="features"):
+    with pytest.raises(ValueError, match="X has 2 features, but GPIsomap is expecting 3"):
         gp.transform(sc.stream[:, :2])
-    with pytest.raises(ValueError, match="kernel"):
+    with pytest.raises(ValueError, match="X has 2 features, but GPIsomap is expecting 3"):
+        gp.transform(da.from_array(sc.stream[:, :2]))
+    with pytest.raises(ValueError, match="The 'kernel' parameter of GPIsomap must be a str among"):
         GPIsomap(kernel="rbf").fit(sc.batch)
     with pytest.raises(ValueError, match="fewer than"):
         GPIsomap(n_neighbors=8, clusterer=np.r_[np.zeros(175), np.ones(5)]).fit(sc.batch)

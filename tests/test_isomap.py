@@ -139,15 +139,19 @@ def test_bad_inputs(roll2000):
         LandmarkIsomap(n_landmarks=301).fit(X)
     with pytest.raises(ValueError, match="n_components=5 needs at least 6 landmarks"):
         LandmarkIsomap(n_landmarks=5, n_components=5).fit(X)
-    with pytest.raises(ValueError, match="n_components=2 needs at least 3 samples .* got 1"):
+    with pytest.raises(ValueError, match="n_components=2 needs at least 3 samples .* got 2"):
+        Isomap(n_neighbors=1).fit(X[:2])
+    with pytest.raises(ValueError, match=r"Found array with 1 sample\(s\)"):
         Isomap().fit(X[:1])
     bad = X.copy()
     bad[17, 1] = np.nan
-    with pytest.raises(ValueError, match=r"rows \[17\]"):
+    with pytest.raises(ValueError, match=r"Input X contains NaN\. Non-finite values in 1 row\(s\): 17"):
         Isomap().fit(bad)
     fitted = Isomap(n_neighbors=8).fit(X)
-    with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
+    with pytest.raises(ValueError, match="X has 4 features, but Isomap is expecting 3 features"):
         fitted.transform(np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="X has 4 features, but Isomap is expecting 3 features"):
+        fitted.transform(da.zeros((2, 4)))
     with pytest.raises(Exception, match="not fitted"):
         Isomap().transform(X)
 

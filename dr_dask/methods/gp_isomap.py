@@ -17,7 +17,8 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -35,6 +36,15 @@ from dr_dask.methods._manifolds import (
     support_pairs,
     support_set,
     tangent_clusters,
+)
+from dr_dask.validation import (
+    Interval,
+    Options,
+    check_array_like,
+    check_input,
+    check_params,
+    non_negative,
+    positive,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,20 +109,6 @@ def _set_blas_threads(counts: list[int]) -> None:
         getattr(lib, "_real_set_num_threads", lib.set_num_threads)(n)
 
 
-def _check_X(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
-    if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(
-            f"{name} has {X.shape[1]} features but the model was fitted on {n_features}")
-    bad = ~np.isfinite(X).all(axis=1)
-    if bad.any():
-        rows = np.flatnonzero(bad)[:10].tolist()
-        raise ValueError(f"{name} has NaN or infinite values in rows {rows} (first 10 shown)")
-    return X
-
-
 def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
     with _one_blas_thread():
@@ -140,6 +136,11 @@ def _fit_manifold_inner(points: np.ndarray, params: dict, seed: int):
 
 class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     """GP-Isomap: multi-manifold streaming Isomap with predictive variance.
+
+    Input (``fit``, ``transform``, ``map_points``): an array-like, a dask, zarr or xarray
+    array, or a path / URL accepted by :func:`dr_dask.open_dataset`, of shape (n, D); the
+    batch is read whole (the batch phase is in memory, O(n_i^2)); a dask array given to
+    ``transform`` is mapped block by block.
 
     Parameters
     ----------
@@ -274,6 +275,29 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     distance go to the lowest manifold index.
     """
 
+    _parameter_constraints: ClassVar[dict] = {
+        "n_neighbors": [positive(Integral)],
+        "n_components": [positive(Integral)],
+        "kernel": [Options(KERNELS)],
+        "length_scale": [positive(Real), None],
+        "noise_variance": [positive(Real), None],
+        "clusterer": [Options({"tangent", "single"}), "array-like", callable],
+        "tangent_threshold": [Real],
+        "density_persistence": [non_negative(Real), None],
+        "min_cluster_size": [positive(Integral), None],
+        "n_support_nearest": [positive(Integral)],
+        "n_support_farthest": [non_negative(Integral)],
+        "ridge_lambda": [non_negative(Real)],
+        "stitch": [Options({"rigid", "ridge"})],
+        "global_dim": [positive(Integral), None],
+        "stream_neighbors": [positive(Integral), None],
+        "sigma_t": [positive(Real), None],
+        "threshold_quantile": [Interval(Real, 0, 1, closed="right")],
+        "hyper_max_points": [positive(Integral)],
+        "random_state": ["random_state"],
+        "client": "no_validation",
+    }
+
     def __init__(
         self,
         n_neighbors: int = 10,
@@ -320,23 +344,6 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.client = client
 
     # ------------------------------------------------------------------ fit
-    def _validate_params(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        for name in ("n_neighbors", "n_components"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("length_scale", "noise_variance", "sigma_t"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"{name} must be positive or None, got {v}")
-        if not 0 < self.threshold_quantile <= 1:
-            raise ValueError(f"threshold_quantile must be in (0, 1], got {self.threshold_quantile}")
-        if self.stitch not in ("rigid", "ridge"):
-            raise ValueError(f"stitch must be 'rigid' or 'ridge', got {self.stitch!r}")
-        if self.ridge_lambda < 0:
-            raise ValueError(f"ridge_lambda must be >= 0, got {self.ridge_lambda}")
-
     def _cluster(self, X: np.ndarray, client) -> np.ndarray:
         c = self.clusterer
         if isinstance(c, str):
@@ -349,8 +356,6 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
                     density_persistence=self.density_persistence,
                     min_cluster_size=self.min_cluster_size, client=client,
                 )
-            raise ValueError(
-                f"clusterer must be 'tangent', 'single', labels or a callable, got {c!r}")
         labels = np.asarray(c(X) if callable(c) else c)
         if labels.shape != (len(X),):
             raise ValueError(f"clusterer labels have shape {labels.shape}, expected ({len(X)},)")
@@ -364,18 +369,16 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n, D)
-            The batch (a dask array is computed: the batch phase is in-memory, O(n_i^2)).
+        X : array-like, dask / zarr / xarray array or path, of shape (n, D)
+            The batch (read whole: the batch phase is in memory, O(n_i^2)).
         y : ignored
 
         Returns
         -------
         self
         """
-        self._validate_params()
-        if hasattr(X, "compute"):
-            X = X.compute()
-        X = _check_X(X)
+        check_params(self)
+        X = self._points(X, reset=True)
         client = active_client(self.client)
         rng = check_random_state(self.random_state)
         labels = self._cluster(X, client)
@@ -411,7 +414,6 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.manifolds_ = [r[1] for r in results]
         self.labels_ = labels
         self.n_manifolds_ = p
-        self.n_features_in_ = X.shape[1]
         self.outliers_ = X[outlier]
         self._stitch(X[~outlier], labels[~outlier], rng)
         if outlier.any():
@@ -512,7 +514,12 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             The manifold of least variance.
         """
         check_is_fitted(self, "manifolds_")
-        return self._map(_check_X(X, n_features=self.n_features_in_))
+        return self._map(self._points(X, reset=False))
+
+    def _points(self, X: Any, reset: bool) -> np.ndarray:
+        # two points at least: one has no neighbour to build a graph with
+        return check_input(self, X, reset=reset, in_memory=True, dtype=np.float64,
+                           min_samples=2 if reset else 1).values
 
     def transform(self, X: Any, return_variance: bool = False):
         """Global coordinates of new points (and their predictive variance).
@@ -533,11 +540,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         import dask.array as da
 
         if isinstance(X, da.Array):
-            if X.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X has {X.shape[1]} features but the model was fitted on "
-                    f"{self.n_features_in_}")
-            X = X.rechunk({1: -1})
+            X = check_input(self, X, reset=False).data
             dg = self.stitch_rotation_.shape[1]
             out = X.map_blocks(
                 _transform_block, self, dtype=np.float64, chunks=(X.chunks[0], (dg + 1,)),
@@ -644,5 +647,5 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
 
 def _transform_block(block: np.ndarray, model: GPIsomap) -> np.ndarray:
-    emb, var, _ = model._map(np.asarray(block, dtype=np.float64))
+    emb, var, _ = model._map(check_array_like(block, "X"))
     return np.column_stack([emb, var])

@@ -24,7 +24,8 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import dask
 import dask.array as da
@@ -51,6 +52,14 @@ from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.paths import _dijkstra_block
 from dr_dask.linalg.eigen import DENSE_MAX
 from dr_dask.linalg.mds import classical_mds, double_centre
+from dr_dask.validation import (
+    Options,
+    check_array_like,
+    check_input,
+    check_params,
+    non_negative,
+    positive,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +73,27 @@ _CHUNK_BYTES = 1 << 26
 # shared helpers
 
 
-def _as_training(X: Any) -> np.ndarray:
-    if isinstance(X, da.Array):
-        X = X.compute()
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
-    bad = ~np.isfinite(X).all(axis=1)
-    if bad.any():
-        raise ValueError(f"X has NaN or infinite values in rows {np.flatnonzero(bad)[:10].tolist()}")
-    return X
+#: Parameter constraints shared by both estimators (scikit-learn's vocabulary).
+_COMMON_CONSTRAINTS: dict = {
+    "n_components": [positive(Integral)],
+    "on_disconnected": [Options({"bridge", "raise", "ignore"})],
+    "random_state": ["random_state"],
+    "client": "no_validation",
+    "geodesic_store": "no_validation",  # a path, URL, Location or zarr.Array
+    "block_size": [positive(Integral)],
+}
 
 
-def _n_components(n_components: Any, n_points: int, points: str) -> int:
+def _training(estimator: Any, X: Any) -> np.ndarray:
+    """The checked float64 training array (any input kind; MDS needs 2 points at least)."""
+    check_params(estimator)
+    return check_input(estimator, X, reset=True, in_memory=True, dtype=np.float64,
+                       min_samples=2).values
+
+
+def _n_components(n_components: int, n_points: int, points: str) -> int:
     """n_components, checked against the data: classical MDS of n points has at most n - 1
     dimensions."""
-    if not isinstance(n_components, (int, np.integer)) or n_components < 1:
-        raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
     if n_components >= n_points:
         raise ValueError(
             f"n_components={n_components} needs at least {n_components + 1} {points} (n points "
@@ -116,12 +129,7 @@ class _Neighbours:
     radius: float | None
 
     def query(self, Xq: np.ndarray, client: Any = None, local: bool = False):
-        Xq = np.asarray(Xq, dtype=np.float64)
-        if Xq.ndim != 2 or Xq.shape[1] != self.training.shape[1]:
-            raise ValueError(f"X must have shape (n, {self.training.shape[1]}), got {Xq.shape}")
-        bad = ~np.isfinite(Xq).all(axis=1)
-        if bad.any():
-            raise ValueError(f"X has NaN or infinite values in rows {np.flatnonzero(bad)[:10]}")
+        """Neighbours of checked float64 points ``Xq`` (see ``check_input``)."""
         if self.radius is None:
             if local:
                 return kneighbors_local(self.training, self.n_neighbors, Xq)
@@ -166,7 +174,19 @@ def _transform_dask(X: da.Array, fn, n_out: int) -> da.Array:
 
 
 def _call(fn, block: np.ndarray) -> np.ndarray:
-    return fn(block)
+    # a dask input's values are seen only here, block by block
+    return fn(check_array_like(block, "X"))
+
+
+def _out_of_sample(estimator: Any, X: Any) -> np.ndarray | da.Array:
+    """``transform`` of both estimators: a dask array maps lazily, block by block; any other
+    input (array-like, path, zarr, xarray) is checked and mapped in memory."""
+    proj = estimator._projector()
+    if isinstance(X, da.Array):
+        inp = check_input(estimator, X, reset=False)
+        return _transform_dask(inp.data, proj, estimator.embedding_.shape[1])
+    X = check_input(estimator, X, reset=False, in_memory=True, dtype=np.float64).values
+    return proj(X, client=active_client(estimator.client), local=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,6 +256,10 @@ class _IsomapProjector:
 class Isomap(ClientParam, TransformerMixin, BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
+    Input (``fit`` and ``transform``): an array-like, a dask, zarr or xarray array, or a
+    path / URL accepted by :func:`dr_dask.open_dataset`, of shape (T, N); it is read whole
+    (the graph and the geodesics are distributed, the points are not).
+
     Parameters
     ----------
     n_neighbors : int or None
@@ -283,6 +307,15 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         Wall seconds per stage of ``fit``.
     """
 
+    _parameter_constraints: ClassVar[dict] = {
+        **_COMMON_CONSTRAINTS,
+        "n_neighbors": [positive(Integral), None],
+        "radius": [positive(Real), None],
+        "eigen_solver": [Options({"auto", "dense", "lanczos"})],
+        "tol": [non_negative(Real)],
+        "max_iter": [positive(Integral), None],
+    }
+
     def __init__(self, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
                  max_iter: int | None = None, on_disconnected: str = "bridge",
@@ -301,13 +334,11 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         self.block_size = block_size
 
     def fit(self, X: Any, y: Any = None) -> Isomap:
-        """Fit on X of shape (T, N) (ndarray or dask array). Returns self."""
-        X = _as_training(X)
+        """Fit on X of shape (T, N) (see the class docstring for input kinds). Returns self."""
+        X = _training(self, X)
         T = X.shape[0]
         d = _n_components(self.n_components, T, "samples")
         solver = self.eigen_solver
-        if solver not in ("auto", "dense", "lanczos"):
-            raise ValueError(f"eigen_solver must be 'auto', 'dense' or 'lanczos', got {solver!r}")
         if solver == "auto":
             solver = "dense" if T <= DENSE_MAX else "lanczos"
         if solver == "dense" and T > DIST_MATRIX_MAX:
@@ -354,7 +385,6 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         self.dist_matrix_ = np.sqrt(D2, out=D2) if D2 is not None else None
         self.geodesic_store_ = rows.store
         self.training_data_ = X
-        self.n_features_in_ = X.shape[1]
         self.timings_ = timings
         logger.info("Isomap fit: T=%d, eigenvalues %s, %d operator passes, timings %s",
                     T, lam, res.n_passes, timings)
@@ -378,11 +408,7 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         Geodesics to the training points go through each point's ``n_neighbors`` nearest
         training points; the kernel-centred vector is projected with ``1/sqrt(lambda)``.
         """
-        proj = self._projector()
-        if isinstance(X, da.Array):
-            return _transform_dask(X, proj, self.embedding_.shape[1])
-        return proj(np.asarray(X, dtype=np.float64), client=active_client(self.client),
-                    local=False)
+        return _out_of_sample(self, X)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,6 +454,8 @@ class _LandmarkProjector:
 class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
+    Input: as :class:`Isomap`.
+
     Parameters
     ----------
     n_neighbors : int
@@ -468,6 +496,13 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         Wall seconds per stage.
     """
 
+    _parameter_constraints: ClassVar[dict] = {
+        **_COMMON_CONSTRAINTS,
+        "n_neighbors": [positive(Integral)],
+        "n_landmarks": [positive(Integral)],
+        "landmark_method": [Options({"maxmin", "random"})],
+    }
+
     def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
@@ -483,11 +518,11 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.block_size = block_size
 
     def fit(self, X: Any, y: Any = None) -> LandmarkIsomap:
-        """Fit on X of shape (T, N) (ndarray or dask array). Returns self."""
-        X = _as_training(X)
+        """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self."""
+        X = _training(self, X)
         T = X.shape[0]
         L = int(self.n_landmarks)
-        if not 1 <= L <= T:
+        if L > T:
             raise ValueError(f"n_landmarks={self.n_landmarks} must be in [1, {T}] "
                              f"(the number of samples)")
         d = _n_components(self.n_components, L, "landmarks")
@@ -530,7 +565,6 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.landmark_sq_mean_ = mds.sq_mean
         self.eigenvalues_ = mds.eigenvalues
         self.training_data_ = X
-        self.n_features_in_ = X.shape[1]
         self.timings_ = timings
         logger.info("LandmarkIsomap fit: T=%d L=%d timings %s", T, L, timings)
         return self
@@ -547,8 +581,4 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
     def transform(self, X: Any) -> np.ndarray | da.Array:
         """Embed new points of shape (n, N) by triangulation from their landmark geodesics."""
-        proj = self._projector()
-        if isinstance(X, da.Array):
-            return _transform_dask(X, proj, self.embedding_.shape[1])
-        return proj(np.asarray(X, dtype=np.float64), client=active_client(self.client),
-                    local=False)
+        return _out_of_sample(self, X)

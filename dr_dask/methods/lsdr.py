@@ -13,13 +13,15 @@ Pipeline (digest ``seed-lsdr.md`` section 2.4, with its errata resolutions):
 4. Skeleton: local maxima of ``d_B`` over the k graph-nearest neighbours, ties kept (F9).
 5. Classical MDS of the skeleton's geodesics (Dijkstra from skeleton sources on the cluster,
    :func:`dr_dask.graph.paths.shortest_paths`; top eigenpairs by
-   :func:`dr_dask.linalg.eigen.top_eigh` on the implicitly double-centred squared geodesics).
+   :func:`dr_dask.linalg.mds.classical_mds` on the implicitly double-centred squared geodesics).
 6. Nadaraya-Watson average of the skeleton coordinates for every point with the Gaussian kernel
    ``exp(-|x-x'|^2 / (2 sigma^2))`` and the thesis's bandwidth
    ``sigma = max_{i in Sk} sqrt(d_B(i)^2 + min_{j in Sk, j != i} d_G(i, j)^2)`` (F11).
 
-``transform`` of new points uses the Theorem 2 estimator ``K(x)^T K^{-1} Y`` restricted to
-landmarks drawn from the skeleton (digest section 1.3), with the same kernel.
+``transform`` of new points applies step 6 to them (``oos="nw"``, Algorithm 1; the spec's
+default), so ``fit_transform(X)`` equals ``fit(X).transform(X)``; ``oos="interp"`` uses the
+Theorem 2 estimator ``K(x)^T K^{-1} Y`` restricted to landmarks drawn from the skeleton
+(digest section 1.3) instead, which reproduces the embedding at those landmarks only.
 
 Delaunay costs O(n^ceil(p/2)); above ``max_delaunay_dim`` (default 6) ``fit`` refuses with a
 message: reduce first (PCA), or use ``graph="knn"``, a labelled non-thesis candidate graph
@@ -31,7 +33,8 @@ from __future__ import annotations
 
 import logging
 from itertools import combinations
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.linalg
@@ -42,6 +45,15 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 
 from dr_dask.cluster import ClientParam, run_stage
+from dr_dask.validation import (
+    Interval,
+    Options,
+    check_array_like,
+    check_input,
+    check_params,
+    non_negative,
+    positive,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +178,22 @@ def _interp_block(Xb: np.ndarray, XL: np.ndarray, coef: np.ndarray, sigma: float
     return np.exp(-_sqdist(Xb, XL) / (2.0 * sigma**2)) @ coef
 
 
+def _map_rows(X: np.ndarray, block: Any, *args: Any) -> np.ndarray:
+    """``block(rows, *args)`` over blocks of ``_ROW_BLOCK`` rows (bounds the kernel matrix)."""
+    parts = [block(X[s:s + _ROW_BLOCK], *args) for s in range(0, len(X), _ROW_BLOCK)]
+    return np.vstack(parts) if parts else np.zeros((0, args[1].shape[1]))
+
+
+def _checked_block(Xb: np.ndarray, block: Any, *args: Any) -> np.ndarray:
+    # a dask input's values are seen only here, block by block
+    return block(check_array_like(Xb, "X"), *args)
+
+
 class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     """Localized Skeletonization and Dimensionality Reduction (Roy 2021).
+
+    Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /
+    URL accepted by :func:`dr_dask.open_dataset`, of shape (n, p); ``fit`` reads it whole.
 
     Parameters
     ----------
@@ -191,12 +217,17 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         k of the candidate graph when ``graph="knn"``.
     max_delaunay_dim : int
         Refuse ``graph="delaunay"`` above this input dimension p (cost grows like n^(p/2)).
+    oos : {"nw", "interp"}
+        Out-of-sample map of ``transform``: ``nw`` is step 6 (the Nadaraya-Watson average of
+        the skeleton coordinates, as in ``fit``: ``transform`` of the training points gives
+        ``embedding_``); ``interp`` the Theorem 2 kernel interpolator on skeleton landmarks
+        (not in Algorithm 1; ``fit_transform`` still returns the step 6 embedding).
     max_oos_landmarks : int
-        Skeleton points used by the Theorem 2 ``transform`` (random subset above this).
+        Skeleton points used by ``oos="interp"`` (random subset above this).
     oos_ridge : float
-        Jitter added to the kernel matrix diagonal in ``transform``'s solve (numerical only).
+        Jitter added to the kernel matrix diagonal in ``oos="interp"``'s solve (numerical only).
     random_state : int, RandomState or None
-        Seeds the eigensolver's start block and the landmark subset of ``transform``.
+        Seeds the eigensolver's start block and the landmark subset of ``oos="interp"``.
     client : distributed.Client, optional
         Cluster for the geodesic passes; default the active client, else local threads.
 
@@ -216,12 +247,31 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     n_passes_ : int
     sigma_ : float
     mds_eigenvalues_ : ndarray of shape (d,)
+    skeleton_points_ : ndarray of shape (r, n_features)
     oos_landmarks_ : ndarray of shape (L,)
-        Training indices used by ``transform``.
+        Training indices used by ``oos="interp"`` (the skeleton with ``oos="nw"``).
+    oos_points_ : ndarray of shape (L, n_features)
     oos_coef_ : ndarray of shape (L, d)
-        ``(K_LL + ridge I)^{-1} Y_L``.
+        ``(K_LL + ridge I)^{-1} Y_L`` (``oos="interp"`` only, else None).
     n_features_in_ : int
     """
+
+    _parameter_constraints: ClassVar[dict] = {
+        "n_components": [positive(Integral)],
+        "alpha": [Interval(Real, 0, 1, closed="neither")],
+        "n_skeleton_neighbors": [positive(Integral)],
+        "bandwidth": [positive(Real), None],
+        "removal": [Options({"in_place", "sweep"})],
+        "max_passes": [positive(Integral), None],
+        "graph": [Options({"delaunay", "knn"})],
+        "n_graph_neighbors": [positive(Integral)],
+        "max_delaunay_dim": [Interval(Integral, 2, None)],
+        "oos": [Options({"nw", "interp"})],
+        "max_oos_landmarks": [positive(Integral)],
+        "oos_ridge": [non_negative(Real)],
+        "random_state": ["random_state"],
+        "client": "no_validation",
+    }
 
     def __init__(
         self,
@@ -234,6 +284,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         graph: str = "delaunay",
         n_graph_neighbors: int = 10,
         max_delaunay_dim: int = MAX_DELAUNAY_DIM,
+        oos: str = "nw",
         max_oos_landmarks: int = 2000,
         oos_ridge: float = 1e-6,
         random_state: Any = None,
@@ -248,33 +299,18 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         self.graph = graph
         self.n_graph_neighbors = n_graph_neighbors
         self.max_delaunay_dim = max_delaunay_dim
+        self.oos = oos
         self.max_oos_landmarks = max_oos_landmarks
         self.oos_ridge = oos_ridge
         self.random_state = random_state
         self.client = client
 
     # ----------------------------------------------------------------------------- validation
-    def _check_params(self) -> None:
-        if self.removal not in ("in_place", "sweep"):
-            raise ValueError(f"removal must be 'in_place' or 'sweep', got {self.removal!r}")
-        if self.graph not in ("delaunay", "knn"):
-            raise ValueError(f"graph must be 'delaunay' or 'knn', got {self.graph!r}")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if int(self.n_components) < 1:
-            raise ValueError(f"n_components must be >= 1, got {self.n_components}")
-        if int(self.n_skeleton_neighbors) < 1:
-            raise ValueError(f"n_skeleton_neighbors must be >= 1, got {self.n_skeleton_neighbors}")
-        if self.bandwidth is not None and not self.bandwidth > 0:
-            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
-
-    def _check_X(self, X: Any) -> np.ndarray:
-        X = np.asarray(X.compute() if hasattr(X, "compute") else X, dtype=np.float64)
-        if X.ndim != 2:
-            raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
-        bad = np.nonzero(~np.isfinite(X).all(1))[0]
-        if bad.size:
-            raise ValueError(f"X has non-finite values in rows {bad[:10].tolist()}")
+    def _training(self, X: Any) -> np.ndarray:
+        """The checked training array: parameters, values, then what this data supports."""
+        check_params(self)
+        X = check_input(self, X, reset=True, in_memory=True, dtype=np.float64,
+                        min_samples=2).values
         n, p = X.shape
         if self.n_components > p:
             raise ValueError(f"n_components={self.n_components} is more than the data supports: "
@@ -288,7 +324,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
                     "graph, not in the thesis)"
                 )
             if p < 2:
-                raise ValueError("Delaunay needs p >= 2 features; 1-D data is its own embedding")
+                raise ValueError(f"Delaunay needs at least 2 features, got n_features={p}; 1-D "
+                                 "data is its own embedding")
             if n < p + 2:
                 raise ValueError(f"Delaunay in {p}-D needs at least {p + 2} points, got {n}")
         dups = _duplicate_rows(X)
@@ -399,9 +436,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         from dr_dask.linalg.eigen import DenseOperator
         from dr_dask.linalg.mds import classical_mds
 
-        self._check_params()
-        X = self._check_X(X)
-        n, p = X.shape
+        X = self._training(X)
+        n = X.shape[0]
         d, k = int(self.n_components), int(self.n_skeleton_neighbors)
         rng = check_random_state(self.random_state)
         simplices, codes, edges, w, alive, protected, n_passes = self._build_graph(X)
@@ -446,15 +482,15 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
                            int((lam > 0).sum()), d)
         Ys = res.vectors * np.sqrt(np.maximum(lam, 0.0))
         Xs = X[skeleton]
-        emb = np.vstack([_nw_block(X[s:s + _ROW_BLOCK], Xs, Ys, sigma)
-                         for s in range(0, n, _ROW_BLOCK)])
+        emb = _map_rows(X, _nw_block, Xs, Ys, sigma)
 
-        # Theorem 2 out-of-sample map on (a seeded subset of) the skeleton
-        L = skeleton if r <= self.max_oos_landmarks else np.sort(
-            rng.choice(skeleton, self.max_oos_landmarks, replace=False))
-        K = np.exp(-_sqdist(X[L], X[L]) / (2.0 * sigma**2))
-        K[np.diag_indices_from(K)] += self.oos_ridge
-        self.oos_coef_ = scipy.linalg.solve(K, emb[L], assume_a="pos")
+        L, self.oos_coef_ = skeleton, None
+        if self.oos == "interp":  # Theorem 2 map on (a seeded subset of) the skeleton
+            if r > self.max_oos_landmarks:
+                L = np.sort(rng.choice(skeleton, self.max_oos_landmarks, replace=False))
+            K = np.exp(-_sqdist(X[L], X[L]) / (2.0 * sigma**2))
+            K[np.diag_indices_from(K)] += self.oos_ridge
+            self.oos_coef_ = scipy.linalg.solve(K, emb[L], assume_a="pos")
         self.oos_landmarks_ = L
         self.oos_points_ = X[L]
 
@@ -470,7 +506,6 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         self.n_passes_ = n_passes
         self.sigma_ = sigma
         self.mds_eigenvalues_ = lam
-        self.n_features_in_ = p
         return self
 
     def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:
@@ -478,11 +513,11 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         return self.fit(X).embedding_
 
     def transform(self, X: Any) -> Any:
-        """Embed new points with the Theorem 2 estimator ``K(x, X_L) (K_LL + ridge I)^{-1} Y_L``.
+        """Embed new points with the ``oos`` map (step 6 by default).
 
         Parameters
         ----------
-        X : ndarray or dask array of shape (m, n_features)
+        X : array-like, dask / zarr / xarray array or path, of shape (m, n_features)
 
         Returns
         -------
@@ -491,17 +526,15 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         """
         from sklearn.utils.validation import check_is_fitted
 
-        check_is_fitted(self, "oos_coef_")
+        check_is_fitted(self, "oos_points_")
+        if self.oos_coef_ is None:
+            block, args = _nw_block, (self.skeleton_points_, self.skeleton_embedding_)
+        else:
+            block, args = _interp_block, (self.oos_points_, self.oos_coef_)
+        d = args[1].shape[1]
         if hasattr(X, "map_blocks"):
-            if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-                raise ValueError(f"X must have shape (m, {self.n_features_in_}), got {X.shape}")
-            X = X.rechunk({1: -1}).astype(np.float64)
-            return X.map_blocks(_interp_block, self.oos_points_, self.oos_coef_, self.sigma_,
-                                chunks=(X.chunks[0], (self.oos_coef_.shape[1],)),
-                                dtype=np.float64)
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X must have shape (m, {self.n_features_in_}), got {X.shape}")
-        return np.vstack([_interp_block(X[s:s + _ROW_BLOCK], self.oos_points_, self.oos_coef_,
-                                        self.sigma_) for s in range(0, len(X), _ROW_BLOCK)]
-                         or [np.zeros((0, self.oos_coef_.shape[1]))])
+            X = check_input(self, X, reset=False).data
+            return X.map_blocks(_checked_block, block, *args, self.sigma_,
+                                chunks=(X.chunks[0], (d,)), dtype=np.float64)
+        X = check_input(self, X, reset=False, in_memory=True, dtype=np.float64).values
+        return _map_rows(X, block, *args, self.sigma_)

@@ -1,0 +1,317 @@
+"""Input and parameter validation for every estimator and metric: one module.
+
+Inputs. :func:`check_input` is what an estimator's ``fit``/``transform`` calls. In-memory
+array-likes (NumPy, lists, DataFrames) go through scikit-learn's public
+:func:`sklearn.utils.validation.validate_data`, so they are checked, worded and recorded
+exactly as scikit-learn's own estimators do it (``n_features_in_``, ``feature_names_in_``;
+complex, sparse, object, NaN/inf, empty input refused with scikit-learn's messages). Stores,
+paths, URLs, zarr, xarray and dask arrays go through the store boundary
+(:func:`dr_dask.store.open_dataset`) and still set or check ``n_features_in_``. Either way the
+estimator gets one type, :class:`~dr_dask.store.InputData`. :func:`check_array_like` is the
+same for functions (metrics, kNN) that take user arrays but are not estimators.
+
+Parameters. An estimator declares ``_parameter_constraints`` (a dict naming every ``__init__``
+parameter, as scikit-learn's own estimators do) and calls :func:`check_params` first in
+``fit``. The constraint vocabulary (:class:`Interval`, :class:`Options`, ``None``, a type,
+``"random_state"``, ``"array-like"``, ``callable``, ``"no_validation"``) and the message
+("The 'alpha' parameter of LSDR must be a float in the range (0, 1). Got 2 instead.") follow
+scikit-learn's; the implementation is ours because scikit-learn's is private API
+(``sklearn.utils._param_validation``), which its developer guide asks third-party estimators
+not to rely on. Checks that relate two parameters or a parameter to the data stay in the
+estimator, after :func:`check_params`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from sklearn.utils.validation import check_array, validate_data
+
+from dr_dask.storage import Location
+from dr_dask.store import InputData, _describe_rows, open_dataset
+
+logger = logging.getLogger(__name__)
+
+#: dtypes kept as they are; anything else numeric is converted to the first.
+FLOAT_DTYPES = (np.float64, np.float32)
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "Interval",
+    "Options",
+    "ParameterError",
+    "check_array_like",
+    "check_input",
+    "check_params",
+    "is_stored",
+    "non_negative",
+    "positive",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def is_stored(X: Any) -> bool:
+    """True for inputs that go through the store boundary rather than scikit-learn's checks:
+    paths, URLs, :class:`~dr_dask.storage.Location`, dask / zarr / xarray objects."""
+    if isinstance(X, (str, os.PathLike, Location, InputData)):
+        return True
+    module = type(X).__module__.split(".")[0]
+    return module in ("dask", "zarr", "xarray")
+
+
+def check_input(
+    estimator: Any,
+    X: Any,
+    *,
+    reset: bool,
+    in_memory: bool = False,
+    dtype: Any = FLOAT_DTYPES,
+    min_samples: int = 1,
+    min_features: int = 1,
+    variable: str | None = None,
+    storage_options: dict | None = None,
+) -> InputData:
+    """Validate the samples x features input of an estimator's ``fit`` or ``transform``.
+
+    Parameters
+    ----------
+    estimator : estimator instance
+        Its ``n_features_in_`` (and ``feature_names_in_``) is set when ``reset``, else checked.
+    X : array-like, dask / zarr / xarray array, path, URL, Location or InputData
+        Of shape (T, N). Paths take the ``"STORE[:VAR]"`` form of
+        :func:`dr_dask.store.open_dataset`. Never modified.
+    reset : bool
+        True in ``fit`` (record the number of features), False in ``transform`` (check it).
+    in_memory : bool, default=False
+        The estimator works on a NumPy array: a stored input is read whole and then checked
+        like an in-memory one (values included), and ``InputData.values`` holds the array.
+        False: a stored input stays lazy and only its structure is checked here (the values
+        are the caller's, e.g. :func:`dr_dask.store.validate` in a run stage).
+    dtype : dtype or tuple of dtypes, default=(float64, float32)
+        Accepted dtypes of in-memory data; anything else numeric is converted to the first.
+    min_samples : int, default=1
+        Fewest rows accepted (scikit-learn's ``ensure_min_samples``).
+    min_features : int, default=1
+        Fewest columns accepted (scikit-learn's ``ensure_min_features``).
+    variable : str, optional
+        Variable of a group, Dataset or NetCDF file.
+    storage_options : dict, optional
+        For the filesystem of a URL.
+
+    Returns
+    -------
+    InputData
+        ``data`` of shape (T, N) is a row-chunked dask array; ``values`` is the checked
+        NumPy array for in-memory inputs and when ``in_memory``, else None.
+
+    Raises
+    ------
+    ValueError
+        scikit-learn's messages for in-memory data (complex, NaN/inf, empty, wrong number of
+        features, 1-D); :class:`~dr_dask.store.InputError` (a ValueError) for stores.
+    TypeError
+        Sparse input (dense data is required).
+    """
+    if is_stored(X):
+        inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
+        if not in_memory:
+            # structure checked by open_dataset; the feature count as scikit-learn does it
+            validate_data(estimator, inp.data, reset=reset, skip_check_array=True)
+            shape = tuple(inp.data.shape)
+            for axis, what, least in ((0, "sample", min_samples), (1, "feature", min_features)):
+                if shape[axis] < least:
+                    raise ValueError(
+                        f"Found array with {shape[axis]} {what}(s) (shape={shape}) while a "
+                        f"minimum of {least} is required by {type(estimator).__name__}.")
+            return inp
+        values = _validate(estimator, inp.data.compute(), inp.sample_ids, reset=reset,
+                           dtype=dtype, ensure_min_samples=min_samples,
+                           ensure_min_features=min_features)
+        return InputData(inp.data, inp.sample_ids, inp.identity, inp.location, values)
+    values = _validate(estimator, X, None, reset=reset, dtype=dtype,
+                       ensure_min_samples=min_samples, ensure_min_features=min_features)
+    inp = open_dataset(values)
+    inp.values = values
+    return inp
+
+
+def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:
+    """scikit-learn's ``validate_data``; its non-finite message names the offending rows."""
+    try:
+        return validate_data(estimator, X, **params)
+    except ValueError as exc:
+        if not str(exc).startswith("Input X contains"):
+            raise
+        values = np.asarray(X)
+        bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
+        # the first line is scikit-learn's; the rest of its message is about supervised models
+        first = str(exc).splitlines()[0]
+        raise ValueError(f"{first} Non-finite values in {_describe_rows(bad, sample_ids)}.") from None
+
+
+def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
+                     dtype: Any = np.float64) -> np.ndarray:
+    """A function's user array (not an estimator's input) as a checked NumPy array.
+
+    Parameters
+    ----------
+    a : array-like or dask array
+        A dask array is computed (the caller's data are small enough by contract).
+    name : str
+        The argument's name, used in messages ("Input latent contains NaN.").
+    ensure_2d : bool, default=True
+        Refuse 1-D input (scikit-learn's "Reshape your data" message); False keeps 1-D.
+    dtype : dtype or tuple of dtypes, default=float64
+
+    Returns
+    -------
+    ndarray
+    """
+    if hasattr(a, "compute"):
+        a = a.compute()
+    return check_array(a, dtype=dtype, ensure_2d=ensure_2d, input_name=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# parameters
+
+
+class ParameterError(ValueError, TypeError):
+    """A parameter has an invalid type or value (a ValueError and a TypeError, like
+    scikit-learn's ``InvalidParameterError``)."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Numbers of ``type`` (``Integral`` or ``Real``) between ``left`` and ``right`` (None:
+    unbounded); ``closed`` is "both", "left", "right" or "neither". Booleans never match."""
+
+    type: type
+    left: float | None
+    right: float | None
+    closed: str = "both"
+
+    def __contains__(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, self.type):
+            return False
+        if isinstance(value, float) and np.isnan(value):
+            return False
+        low_open = self.closed in ("right", "neither")
+        high_open = self.closed in ("left", "neither")
+        return not (
+            (self.left is not None and (value < self.left or (low_open and value == self.left)))
+            or (self.right is not None
+                and (value > self.right or (high_open and value == self.right))))
+
+    def __str__(self) -> str:
+        kind = "an int" if self.type is Integral else "a float"
+        lo = "-inf" if self.left is None else self.left
+        hi = "inf" if self.right is None else self.right
+        left = "[" if self.closed in ("both", "left") and self.left is not None else "("
+        right = "]" if self.closed in ("both", "right") and self.right is not None else ")"
+        return f"{kind} in the range {left}{lo}, {hi}{right}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of a fixed set of values (strings, typically)."""
+
+    values: frozenset
+
+    def __init__(self, values: Iterable):
+        object.__setattr__(self, "values", frozenset(values))
+
+    def __contains__(self, value: Any) -> bool:
+        try:
+            return value in self.values
+        except TypeError:  # unhashable values are no option
+            return False
+
+    def __str__(self) -> str:
+        return f"a str among {{{', '.join(repr(v) for v in sorted(self.values, key=str))}}}"
+
+
+def _satisfies(value: Any, constraint: Any) -> bool:
+    if constraint is None:
+        return value is None
+    if isinstance(constraint, (Interval, Options)):
+        return value in constraint
+    if constraint == "random_state":
+        return value is None or isinstance(value, np.random.RandomState) or (
+            isinstance(value, Integral) and not isinstance(value, bool)
+            and 0 <= value <= 2**32 - 1)
+    if constraint == "array-like":
+        return isinstance(value, (np.ndarray, list, tuple))
+    if constraint is callable:
+        return callable(value)
+    if constraint == "boolean":
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(constraint, type):
+        return isinstance(value, constraint) and not (
+            isinstance(value, bool) and constraint in (int, float, Integral, Real))
+    raise TypeError(f"unknown parameter constraint {constraint!r}")
+
+
+def _describe(constraint: Any) -> str:
+    if constraint is None:
+        return "None"
+    if constraint is callable:
+        return "a callable"
+    if isinstance(constraint, type):
+        return f"an instance of {constraint.__name__!r}"
+    words = {"random_state": "an int in the range [0, 4294967295], an instance of "
+                             "'numpy.random.RandomState' or None",
+             "array-like": "an array-like", "boolean": "a bool"}
+    return words.get(constraint, str(constraint))
+
+
+def check_params(estimator: Any, constraints: dict[str, list | str] | None = None) -> None:
+    """Check every parameter of ``estimator`` against its declared constraints.
+
+    Parameters
+    ----------
+    estimator : estimator instance
+    constraints : dict, optional
+        ``{parameter: [constraint, ...] or "no_validation"}``; default the estimator's
+        ``_parameter_constraints``. A value is valid when it satisfies any constraint of its
+        list.
+
+    Raises
+    ------
+    ParameterError
+        "The 'alpha' parameter of LSDR must be a float in the range (0, 1). Got 2 instead."
+    """
+    constraints = estimator._parameter_constraints if constraints is None else constraints
+    params = estimator.get_params(deep=False)
+    for name, allowed in constraints.items():
+        if allowed == "no_validation":
+            continue
+        value = params[name]
+        if any(_satisfies(value, c) for c in allowed):
+            continue
+        described = [_describe(c) for c in allowed]
+        listed = (f"{', '.join(described[:-1])} or {described[-1]}" if len(described) > 1
+                  else described[0])
+        raise ParameterError(f"The {name!r} parameter of {type(estimator).__name__} must be "
+                             f"{listed}. Got {value!r} instead.")
+
+
+def non_negative(kind: type = Real) -> Interval:
+    """Numbers >= 0 (shorthand for the most common constraint, with :func:`positive`)."""
+    return Interval(kind, 0, None, closed="left")
+
+
+def positive(kind: type = Real) -> Interval:
+    """Numbers > 0 (``Integral``: >= 1)."""
+    return Interval(kind, 1, None, closed="left") if kind is Integral else Interval(
+        kind, 0, None, closed="neither")
+
