@@ -135,9 +135,9 @@ def test_blockwise_cluster_run_equals_threaded_run(gp_data, cluster_client):
 @pytest.mark.parametrize(
     "params, match",
     [
-        (dict(clique_threshold=1.0), "'clique_threshold' parameter of IKD must be a float in the range \\(0.0, 1.0\\)"),
-        (dict(clique_threshold=0.0), "'clique_threshold' parameter of IKD must be a float in the range \\(0.0, 1.0\\)"),
-        (dict(clique_threshold=-0.2), "'clique_threshold' parameter of IKD must be a float in the range \\(0.0, 1.0\\)"),
+        (dict(clique_threshold=1.0), "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(clique_threshold=0.0), "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(clique_threshold=-0.2), "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
         (dict(min_overlap=2), "min_overlap must be an integer >= 3 \\(M \\+ 1 shared"),
         (dict(max_cliques=0), "'max_cliques' parameter of IKD must be an int in the range \\[1, inf\\)"),
         (dict(shared_points="median"), "'shared_points' parameter of IKD must be a str among"),

@@ -176,8 +176,8 @@ def test_disconnected_graph_raise_or_bridge():
 @pytest.mark.parametrize(
     "params, match",
     [
-        (dict(geodesic_rule="threshold", threshold=1.5), "'threshold' parameter of IKD must be a float in the range \\(0.0, 1.0\\)"),
-        (dict(geodesic_rule="threshold", threshold=0.0), "'threshold' parameter of IKD must be a float in the range \\(0.0, 1.0\\)"),
+        (dict(geodesic_rule="threshold", threshold=1.5), "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(geodesic_rule="threshold", threshold=0.0), "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
         (dict(geodesic_rule="threshold"), "needs threshold"),
         (dict(geodesic_rule="bfs"), "'geodesic_rule' parameter of IKD must be a str among"),
         (dict(n_neighbors=50), "n_neighbors must be an integer in \\[1, 49\\]"),

@@ -4,16 +4,17 @@ IKD (seed 002 Algorithm 1; digest ``seed-ikd.md`` §1.5): the T x T sample simil
 samples, the elementwise inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform
 G = g(D), and the top-M algebraic eigenpairs of G give the latent up to an orthogonal map.
 
-This module is the estimator only. ``fit`` validates the parameters once (scikit-learn's
-declarative ``_parameter_constraints``, then the rules across parameters and the data's size)
-into a frozen :class:`~dr_dask.methods.ikd_core.IKDConfig` and calls one solver, a function
+This module is the estimator only. ``fit`` validates the parameters once (the declarative
+``_parameter_constraints``, checked by :func:`dr_dask.validation.check_params` in
+scikit-learn's wording, then the rules across parameters and the data's size) into a frozen :class:`~dr_dask.methods.ikd_core.IKDConfig` and calls one solver, a function
 ``(config, data, run) -> IKDResult``: :mod:`._ikd_full` (Algorithm 1, tiled),
 :mod:`._ikd_geodesic` (geodesic and landmark IKD) or :mod:`._ikd_blockwise`. Their shared
 primitives live in :mod:`.ikd_core`, which never imports this module. Every solver returns the
 same fields, so every fit sets the same attributes.
 
-One estimator with ``solver=``, not a public estimator per solver: the solvers share 17 of the
-28 parameters (kernel, similarity, clipping, precision, tiling, eigensolver, cluster), the CLI,
+One estimator with ``solver=``, not a public estimator per solver: the solvers share most
+parameters (the kernel and its alpha/gamma/nu, similarity, variance, length scale, clipping,
+precision, tiling, eigensolver, seed, cluster), the CLI,
 workflows, benches and run identities name IKD with its ``solver``, and the result is the
 same kind of object for each. A class per solver would repeat those parameters and their
 docstrings four times for the gain of hiding a handful of solver options; instead each option
@@ -40,7 +41,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
@@ -49,7 +49,8 @@ from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
 from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.storage import Location
-from dr_dask.store import InputData, RunGroup, open_dataset, validate
+from dr_dask.store import RunGroup, validate
+from dr_dask.validation import Interval, Options, check_input, check_params, positive
 
 logger = logging.getLogger(__name__)
 
@@ -147,34 +148,34 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     """
 
     _parameter_constraints: ClassVar[dict] = {
-        "n_components": [Interval(Integral, 1, None, closed="left")],
-        "kernel": [StrOptions({*KERNELS, *ALIASES}), Kernel],
-        "similarity": [StrOptions({"correlation", "covariance"})],
-        "reference": [StrOptions({"min_max", "min_mean", "center"}), None],
-        "variance": [Interval(Real, 0, None, closed="neither"), None],
-        "length_scale": [Interval(Real, 0, None, closed="neither")],
-        "alpha": [Interval(Real, 0, None, closed="neither")],
+        "n_components": [positive(Integral)],
+        "kernel": [Options({*KERNELS, *ALIASES}), Kernel],
+        "similarity": [Options({"correlation", "covariance"})],
+        "reference": [Options({"min_max", "min_mean", "center"}), None],
+        "variance": [positive(Real), None],
+        "length_scale": [positive(Real)],
+        "alpha": [positive(Real)],
         "gamma": [Interval(Real, 0, 2, closed="right")],
-        "nu": [Interval(Real, 0, None, closed="neither")],
-        "solver": [StrOptions(set(SOLVERS))],
+        "nu": [positive(Real)],
+        "solver": [Options(set(SOLVERS))],
         "floor": [Interval(Real, 0, 1, closed="neither")],
         "ceil": [Interval(Real, 0, 1, closed="right")],
-        "dtype": [StrOptions({"float32", "float64"})],
-        "tile_size": [Interval(Integral, 1, None, closed="left")],
-        "tile_cache": [StrOptions({"auto", "memory", "disk"})],
+        "dtype": [Options({"float32", "float64"})],
+        "tile_size": [positive(Integral)],
+        "tile_cache": [Options({"auto", "memory", "disk"})],
         "scratch": [str, os.PathLike, Location, None],
-        "tol": [Interval(Real, 0, None, closed="neither")],
-        "eigen_solver": [StrOptions({"auto", "dense", "lanczos"})],
-        "n_neighbors": [Interval(Integral, 1, None, closed="left")],
+        "tol": [positive(Real)],
+        "eigen_solver": [Options({"auto", "dense", "lanczos"})],
+        "n_neighbors": [positive(Integral)],
         "threshold": [Interval(Real, 0, 1, closed="neither"), None],
-        "geodesic_rule": [StrOptions({"knn", "threshold"})],
-        "on_disconnected": [StrOptions({"bridge", "raise"})],
+        "geodesic_rule": [Options({"knn", "threshold"})],
+        "on_disconnected": [Options({"bridge", "raise"})],
         "clique_threshold": [Interval(Real, 0, 1, closed="neither"), None],
-        "max_cliques": [Interval(Integral, 1, None, closed="left")],
-        "min_overlap": [Interval(Integral, 1, None, closed="left"), None],
-        "shared_points": [StrOptions({"keep_larger", "average", "weighted"})],
-        "n_landmarks": [Interval(Integral, 1, None, closed="left"), None],
-        "landmark_method": [StrOptions({"maxmin", "random"})],
+        "max_cliques": [positive(Integral)],
+        "min_overlap": [positive(Integral), None],
+        "shared_points": [Options({"keep_larger", "average", "weighted"})],
+        "n_landmarks": [positive(Integral), None],
+        "landmark_method": [Options({"maxmin", "random"})],
         "random_state": ["random_state"],
         "client": "no_validation",
         "progress": ["boolean"],
@@ -250,9 +251,8 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     # -- parameters -----------------------------------------------------------------------
 
     def _config(self, n_samples: int, n_features: int) -> IKDConfig:
-        """The validated configuration: sklearn's declarative checks of each parameter, then
-        the rules that involve several parameters or the data's size."""
-        self._validate_params()
+        """The validated configuration: the rules that involve several parameters or the
+        data's size, after the declarative checks of each parameter (``check_params``)."""
         T, M = int(n_samples), int(self.n_components)
         if not self.floor < self.ceil:
             raise ValueError(f"need floor < ceil (the clip range of S / sigma^2), got floor="
@@ -336,7 +336,8 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like of shape (T, N)
-            numpy, dask, zarr or xarray; or a path accepted by :func:`dr_dask.open_dataset`.
+            numpy, dask, zarr or xarray; or a path accepted by :func:`dr_dask.open_dataset`
+            (checked by :func:`dr_dask.validation.check_input`; never modified).
         y : ignored
         run : RunGroup, optional
             Keep the stages' arrays and marks in this run's Zarr group so that an interrupted
@@ -348,7 +349,10 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         -------
         self
         """
-        inp = X if isinstance(X, InputData) else open_dataset(X)
+        check_params(self)
+        # a correlation needs 2 features; Algorithm 1 needs M + 2 samples
+        inp = check_input(self, X, reset=True, min_samples=int(self.n_components) + 2,
+                          min_features=2)
         T, N = (int(n) for n in inp.data.shape)
         cfg = self._config(T, N)
         run_stage("validate", lambda: validate(
@@ -357,7 +361,6 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
             constant_rows=cfg.similarity == "correlation",
             client=cfg.client,
         ))
-        self.n_features_in_ = N
         if cfg.landmark:
             result = run_stage("landmark", lambda: fit_landmarks(cfg, inp, run))
         elif cfg.solver == "full":  # its distance and eigen stages are retried one by one
