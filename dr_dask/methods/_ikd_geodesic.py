@@ -288,6 +288,9 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -
     """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
     client = active_client(cfg.client)
     M, L = cfg.n_components, int(cfg.n_landmarks)
+    if run is not None:
+        logger.info("landmark IKD: the run holds the L x T rows during the fit; it has no "
+                    "stage to resume, so an interrupted fit starts again")
     seconds: dict[str, float] = {}
     Xn, sigma2 = prepared_rows(cfg, inp)
     if client is not None:
