@@ -190,13 +190,14 @@ def test_classical_mds_recovers_points_dense_and_matrix_free(T):
                 assert source.calls == 1
 
 
-def test_auto_eigensolver_switches_to_lanczos_above_the_threshold(monkeypatch):
-    from dr_dask.linalg import eigen
-
+def test_auto_eigensolver_dense_for_arrays_lanczos_for_large_product_operators():
+    """At T=200 an array is one dense solve; an operator known only by products is not
+    materialised (200 products) but solved by Lanczos, to the same eigenvalues."""
     A = _indefinite(T=200)
-    monkeypatch.setattr(eigen, "DENSE_MAX", 100)
-    op = _ProductsOnly(A)
-    res = eigen.top_eigh(op, 3, tol=1e-10, random_state=0)
-    assert res.n_passes > 1 and op.calls == res.n_passes
     ref = scipy.linalg.eigh(A, subset_by_index=[197, 199])[0][::-1]
-    np.testing.assert_allclose(res.values, ref, rtol=1e-9)
+    dense = top_eigh(A, 3, random_state=0)
+    op = _ProductsOnly(A)
+    lanczos = top_eigh(op, 3, tol=1e-10, random_state=0)
+    assert dense.n_passes == 1 and lanczos.n_passes > 1 and op.calls == lanczos.n_passes
+    for res in (dense, lanczos):
+        np.testing.assert_allclose(res.values, ref, rtol=1e-9)

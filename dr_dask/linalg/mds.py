@@ -71,15 +71,16 @@ class CentredOperator:
     def __init__(self, A: Any):
         self.A = as_operator(A)
         self.shape = tuple(self.A.shape)
+        if getattr(self.A, "to_dense", None) is None:
+            # known only by products: let the eigensolver judge materialising by its size
+            self.to_dense = None
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
         return centred_product(self.A.matmat, V)
 
     def to_dense(self) -> np.ndarray:
         """B as an ndarray (the eigensolver's dense path for small n)."""
-        to_dense = getattr(self.A, "to_dense", None)
-        A = to_dense() if to_dense is not None else self.A.matmat(np.eye(self.shape[0]))
-        return double_centre(A)
+        return double_centre(self.A.to_dense())
 
 
 def scaled_vectors(values: np.ndarray, vectors: np.ndarray) -> np.ndarray:

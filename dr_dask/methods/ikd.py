@@ -100,8 +100,9 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     tol : float
         Relative residual tolerance of the eigensolver.
     eigen_solver : {"auto", "dense", "lanczos"}
-        ``auto`` is :func:`dr_dask.linalg.eigen.top_eigh`'s rule: dense LAPACK up to
-        T = 1500 (g(D) materialised by one product), block Lanczos above.
+        ``auto`` is :func:`dr_dask.linalg.eigen.top_eigh`'s rule for an operator known by
+        products: g(D) materialised for dense LAPACK up to 6 Lanczos blocks
+        (T <= 6 max(2M, M + 8)), block Lanczos above; ``dense`` materialises it at any T.
     random_state : int, RandomState or None
         Seeds the eigensolver (and every randomized step of the other solvers).
     client : distributed.Client, optional

@@ -282,8 +282,9 @@ def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_compone
 def eigen_stage(cfg: IKDConfig, G: GramOperator, run: RunGroup | None) -> dict:
     """Top-M eigenpairs of g(D) (resumed from the run when that stage completed).
 
-    ``eigen_solver="auto"`` is :func:`dr_dask.linalg.eigen.top_eigh`'s: dense LAPACK up to
-    its size threshold (G materialised by one product with the identity), Lanczos above.
+    ``eigen_solver="auto"`` is :func:`dr_dask.linalg.eigen.top_eigh`'s: G is known only by
+    products, so it is materialised for LAPACK up to a few Lanczos blocks (T <= ~60 for M=2),
+    Lanczos above.
     """
     if run is not None and run.is_done("eigen"):
         out = {n: run.read(f"eigen_{n}") for n in ("values", "vectors", "residuals")}
