@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dr_dask.linalg.align import procrustes_disparity  # noqa: F401  (the ONE Procrustes, re-exported)
+from dr_dask.validation import check_array_like
 
 logger = logging.getLogger(__name__)
 
@@ -35,20 +36,11 @@ __all__ = [
 ]
 
 
-def _numpy(a: Any, name: str, ndim: int | None = 2) -> np.ndarray:
-    """Materialise a (small) NumPy/dask array as float64; 1-D inputs become one column."""
-    if hasattr(a, "compute"):
-        a = a.compute()
-    arr = np.asarray(a, dtype=np.float64)
-    if ndim == 2 and arr.ndim == 1:
-        arr = arr[:, None]
-    if ndim is not None and arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        bad = np.unique(np.nonzero(~np.isfinite(arr))[0])
-        raise ValueError(f"{name} has non-finite values in rows {bad[:10].tolist()}"
-                         + (" ..." if bad.size > 10 else ""))
-    return arr
+def _numpy(a: Any, name: str) -> np.ndarray:
+    """Materialise a (small) NumPy/dask array as checked float64; 1-D inputs become one
+    column."""
+    arr = check_array_like(a, name, ensure_2d=False)
+    return arr[:, None] if arr.ndim == 1 else arr
 
 
 def _check_rows(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
@@ -340,8 +332,8 @@ def stress(X: Any, Y: Any, *, block_rows: int | None = None, client: Any = None)
 def _as_rows(a: Any, name: str, chunks: Any = None) -> Any:
     import dask.array as da
 
-    arr = a if isinstance(a, da.Array) else da.from_array(np.asarray(a, dtype=np.float64),
-                                                         chunks=(chunks or 10_000, -1))
+    arr = a if isinstance(a, da.Array) else da.from_array(
+        check_array_like(a, name, ensure_2d=False), chunks=(chunks or 10_000, -1))
     if arr.ndim == 1:
         arr = arr[:, None]
     if arr.ndim != 2:

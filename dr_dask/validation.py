@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils.validation import check_array, validate_data
 
+from dr_dask.cluster import compute
 from dr_dask.storage import Location
 from dr_dask.store import InputData, _describe_rows, open_dataset
 
@@ -133,7 +134,10 @@ def check_input(
                         f"Found array with {shape[axis]} {what}(s) (shape={shape}) while a "
                         f"minimum of {least} is required by {type(estimator).__name__}.")
             return inp
-        values = _validate(estimator, inp.data.compute(), inp.sample_ids, reset=reset,
+        # read on the estimator's client like all its dask work (threads without one): a
+        # dask input may hold futures of that cluster
+        (values,) = compute(inp.data, client=getattr(estimator, "client", None))
+        values = _validate(estimator, values, inp.sample_ids, reset=reset,
                            dtype=dtype, ensure_min_samples=min_samples,
                            ensure_min_features=min_features)
         return InputData(inp.data, inp.sample_ids, inp.identity, inp.location, values)
@@ -151,15 +155,15 @@ def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: A
     except ValueError as exc:
         if not str(exc).startswith("Input X contains"):
             raise
-        values = np.asarray(X)
+        values = np.asarray(X, dtype=np.float64)  # lists and object arrays too
         bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
         # the first line is scikit-learn's; the rest of its message is about supervised models
         first = str(exc).splitlines()[0]
         raise ValueError(f"{first} Non-finite values in {_describe_rows(bad, sample_ids)}.") from None
 
 
-def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
-                     dtype: Any = np.float64) -> np.ndarray:
+def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = np.float64,
+                     **check_params: Any) -> np.ndarray:
     """A function's user array (not an estimator's input) as a checked NumPy array.
 
     Parameters
@@ -171,6 +175,9 @@ def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
     ensure_2d : bool, default=True
         Refuse 1-D input (scikit-learn's "Reshape your data" message); False keeps 1-D.
     dtype : dtype or tuple of dtypes, default=float64
+    **check_params
+        Further :func:`sklearn.utils.check_array` options (``ensure_all_finite=False`` where
+        the caller names the non-finite rows itself, block by block).
 
     Returns
     -------
@@ -178,7 +185,7 @@ def check_array_like(a: Any, name: str, *, ensure_2d: bool = True,
     """
     if hasattr(a, "compute"):
         a = a.compute()
-    return check_array(a, dtype=dtype, ensure_2d=ensure_2d, input_name=name)
+    return check_array(a, dtype=dtype, ensure_2d=ensure_2d, input_name=name, **check_params)
 
 
 # ---------------------------------------------------------------------------------------------

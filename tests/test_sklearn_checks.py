@@ -99,8 +99,11 @@ def test_every_estimator_accepts_the_same_inputs(estimator, roll):
             assert estimator.n_features_in_ == 3
             np.testing.assert_allclose(got, want, atol=1e-8, err_msg=repr(source))
     if hasattr(estimator, "transform"):  # IKD has no out-of-sample map
-        np.testing.assert_allclose(estimator.transform(str(where / "x.npy")),
-                                   estimator.transform(X), atol=1e-8)
+        want = estimator.transform(X)
+        np.testing.assert_allclose(estimator.transform(str(where / "x.npy")), want, atol=1e-8)
+        lazy = estimator.transform(da.from_array(X, chunks=((50, 70), (2, 1))))
+        assert lazy.chunks[0] == (50, 70)  # a dask input keeps its row chunks
+        np.testing.assert_allclose(lazy.compute(scheduler="threads"), want, atol=1e-8)
 
 
 # ------------------------------------------------------------------------------- parameters

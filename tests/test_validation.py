@@ -135,3 +135,18 @@ def test_check_array_like_names_the_argument():
         check_array_like(np.array([[1.0, np.nan]]), "latent")
     np.testing.assert_array_equal(check_array_like(da.from_array(X), "X"), X)
     assert check_array_like([1, 2, 3], "labels", ensure_2d=False).shape == (3,)
+
+
+def test_functions_check_user_arrays_in_the_same_words():
+    """kNN and the metrics validate their in-memory arguments through this module."""
+    from dr_dask.graph.knn import kneighbors
+    from dr_dask.metrics import r2_affine
+
+    latent = X[:, :2].copy()
+    latent[5, 0] = np.nan
+    with pytest.raises(ValueError, match="Input latent contains NaN"):
+        r2_affine(latent, X)
+    with pytest.raises(ValueError, match="Complex data not supported"):
+        kneighbors(X + 1j, 3)
+    with pytest.raises(ValueError, match="Reshape your data"):
+        kneighbors(X, 3, query=X[0])

@@ -26,6 +26,7 @@ import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
 
 from dr_dask.cluster import active_client, compute, share
+from dr_dask.validation import check_array_like
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def _check_2d(X: Any, name: str) -> Any:
     if X is None:
         return None
     if not isinstance(X, da.Array):
-        X = np.asarray(X, dtype=np.float64)
+        # the values are checked block by block, where the rows can be named (_check_finite)
+        return check_array_like(X, name, ensure_all_finite=False)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
     if X.shape[0] == 0:

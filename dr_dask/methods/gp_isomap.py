@@ -540,7 +540,8 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         import dask.array as da
 
         if isinstance(X, da.Array):
-            X = check_input(self, X, reset=False).data
+            check_input(self, X, reset=False)
+            X = X.rechunk({1: -1})  # the caller's row chunks are kept
             dg = self.stitch_rotation_.shape[1]
             out = X.map_blocks(
                 _transform_block, self, dtype=np.float64, chunks=(X.chunks[0], (dg + 1,)),

@@ -183,8 +183,8 @@ def _out_of_sample(estimator: Any, X: Any) -> np.ndarray | da.Array:
     input (array-like, path, zarr, xarray) is checked and mapped in memory."""
     proj = estimator._projector()
     if isinstance(X, da.Array):
-        inp = check_input(estimator, X, reset=False)
-        return _transform_dask(inp.data, proj, estimator.embedding_.shape[1])
+        check_input(estimator, X, reset=False)  # the caller's row chunks are kept
+        return _transform_dask(X, proj, estimator.embedding_.shape[1])
     X = check_input(estimator, X, reset=False, in_memory=True, dtype=np.float64).values
     return proj(X, client=active_client(estimator.client), local=False)
 

@@ -533,7 +533,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
             block, args = _interp_block, (self.oos_points_, self.oos_coef_)
         d = args[1].shape[1]
         if hasattr(X, "map_blocks"):
-            X = check_input(self, X, reset=False).data
+            check_input(self, X, reset=False)
+            X = X.rechunk({1: -1})  # the caller's row chunks are kept
             return X.map_blocks(_checked_block, block, *args, self.sigma_,
                                 chunks=(X.chunks[0], (d,)), dtype=np.float64)
         X = check_input(self, X, reset=False, in_memory=True, dtype=np.float64).values
