@@ -33,7 +33,7 @@ from scipy import special
 logger = logging.getLogger(__name__)
 
 KERNELS: tuple[str, ...] = ("se", "rational_quadratic", "gamma_exponential", "matern")
-_ALIASES = {"squared_exponential": "se", "rq": "rational_quadratic"}
+ALIASES = {"squared_exponential": "se", "rq": "rational_quadratic"}
 
 # Entries are processed in blocks of this many so that the temporaries of the multi-step
 # formulas (Matérn Newton) stay in cache instead of streaming 25M-entry arrays through RAM.
@@ -414,7 +414,7 @@ def get_kernel(
     if isinstance(name, Kernel):
         return name
     key = str(name).strip().lower()
-    key = _ALIASES.get(key, key)
+    key = ALIASES.get(key, key)
     if key == "se":
         return SquaredExponential()
     if key == "rational_quadratic":
@@ -425,7 +425,7 @@ def get_kernel(
         return Matern(nu)
     raise ValueError(
         f"unknown kernel {name!r}; valid names: {', '.join(KERNELS)} "
-        f"(aliases: {', '.join(f'{a}={b}' for a, b in _ALIASES.items())})"
+        f"(aliases: {', '.join(f'{a}={b}' for a, b in ALIASES.items())})"
     )
 
 

@@ -91,12 +91,12 @@ def test_user_error_exits_2_without_traceback(tmp_path):
 def test_internal_error_exits_1(tmp_path, npy, monkeypatch):
     """A bug (here: the eigensolver raising a ZeroDivisionError) exits 1 with a one-line
     message; -v adds the traceback."""
-    from dr_dask.methods import ikd
+    from dr_dask.methods import ikd_core
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(ikd, "top_eigh", broken)
+    monkeypatch.setattr(ikd_core, "top_eigh", broken)
     args = ["embed", "ikd", "-n", "2", "--input", npy]
     res = CliRunner().invoke(main, ["--scheduler", "threads", *args,
                                     "--out", str(tmp_path / "a.zarr")])

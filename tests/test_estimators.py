@@ -49,7 +49,7 @@ def test_live_client_neither_pickled_nor_copied(name, roll, cluster_client):
     (lambda: LSDR(n_components=3), np.random.default_rng(0).normal(size=(50, 2)),
      "n_components=3 is more than the data supports: 2 features"),
     (lambda: IKD(2, tile_size=0), np.random.default_rng(0).normal(size=(50, 4)),
-     "tile_size must be a positive integer"),
+     "'tile_size' parameter of IKD must be an int in the range \\[1, inf\\)"),
 ])
 def test_more_components_than_the_data_supports(make, X, message):
     """Asked for more than the data holds, an estimator says so in fit, before any work."""

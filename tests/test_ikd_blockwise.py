@@ -11,7 +11,8 @@ from dr_dask.graph.cliques import maximal_cliques
 from dr_dask.kernels import get_kernel
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._ikd_blockwise import merge_cliques, threshold_rule
-from dr_dask.methods.ikd import IKD, InverseKernel
+from dr_dask.methods.ikd import IKD
+from dr_dask.methods.ikd_core import InverseKernel
 from dr_dask.metrics import r2_affine
 
 
@@ -134,12 +135,12 @@ def test_blockwise_cluster_run_equals_threaded_run(gp_data, cluster_client):
 @pytest.mark.parametrize(
     "params, match",
     [
-        (dict(clique_threshold=1.0), "clique_threshold must be in \\(0, 1\\)"),
-        (dict(clique_threshold=0.0), "clique_threshold must be in \\(0, 1\\)"),
-        (dict(clique_threshold=-0.2), "clique_threshold must be in \\(0, 1\\)"),
+        (dict(clique_threshold=1.0), "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(clique_threshold=0.0), "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(clique_threshold=-0.2), "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
         (dict(min_overlap=2), "min_overlap must be an integer >= 3 \\(M \\+ 1 shared"),
-        (dict(max_cliques=0), "max_cliques must be"),
-        (dict(shared_points="median"), "shared_points must be one of"),
+        (dict(max_cliques=0), "'max_cliques' parameter of IKD must be an int in the range \\[1, inf\\)"),
+        (dict(shared_points="median"), "'shared_points' parameter of IKD must be a str among"),
         (dict(n_landmarks=10), "no landmark variant"),
     ],
 )

@@ -135,3 +135,69 @@ def test_procrustes_matches_scipy_and_recovers_a_similarity():
     assert rigid.scale == 1.0
     with pytest.raises(ValueError, match="identical points"):
         procrustes_disparity(A, np.ones_like(A))
+
+
+def test_double_centring_dense_tiles_new_rows_and_operator_agree():
+    """One centring serves the whole matrix, a tile of it (given the whole's means), new rows
+    against training means, and the matrix-free operator."""
+    from dr_dask.linalg.mds import CentredOperator, double_centre
+
+    rng = np.random.default_rng(0)
+    P = rng.normal(size=(30, 3))
+    D2 = ((P[:, None] - P[None]) ** 2).sum(-1)
+    J = np.eye(30) - 1.0 / 30
+    B = -0.5 * J @ D2 @ J
+    np.testing.assert_allclose(double_centre(D2), B, atol=1e-12)
+    r = D2.mean(axis=1)
+    np.testing.assert_allclose(double_centre(D2[5:12, 20:], r[5:12], r[20:], r.mean()),
+                               B[5:12, 20:], atol=1e-12)
+    # training rows centred as "new" rows reproduce B's rows
+    np.testing.assert_allclose(double_centre(D2[:4], col_mean=r, total=r.mean()), B[:4],
+                               atol=1e-12)
+    V = rng.normal(size=(30, 4))
+    np.testing.assert_allclose(CentredOperator(D2).matmat(V), B @ V, atol=1e-10)
+    np.testing.assert_allclose(CentredOperator(D2).to_dense(), B, atol=1e-12)
+
+
+class _ProductsOnly:
+    """An operator known only through products (no to_dense), counting them."""
+
+    def __init__(self, A):
+        self.A, self.shape, self.calls = A, A.shape, 0
+
+    def matmat(self, V):
+        self.calls += 1
+        return self.A @ V
+
+
+@pytest.mark.parametrize("T", [3, 4, 7, 40])
+def test_classical_mds_recovers_points_dense_and_matrix_free(T):
+    """Pairwise distances of a rank-2 configuration are reproduced, from an array (dense) and
+    from an operator (materialised below the size threshold, Lanczos when asked)."""
+    from dr_dask.linalg.mds import classical_mds
+
+    rng = np.random.default_rng(T)
+    P = rng.normal(size=(T, 2))
+    D2 = ((P[:, None] - P[None]) ** 2).sum(-1)
+    for source, method in [(D2, "auto"), (_ProductsOnly(D2), "auto"),
+                           (_ProductsOnly(D2), "lanczos")]:
+        res = classical_mds(source, 2, method=method, tol=1e-12, random_state=0)
+        Y = res.embedding
+        np.testing.assert_allclose(((Y[:, None] - Y[None]) ** 2).sum(-1), D2, atol=1e-8)
+        if method == "auto":  # T <= DENSE_MAX: one dense solve (one product if an operator)
+            assert res.n_passes == 1
+            if isinstance(source, _ProductsOnly):
+                assert source.calls == 1
+
+
+def test_auto_eigensolver_dense_for_arrays_lanczos_for_large_product_operators():
+    """At T=200 an array is one dense solve; an operator known only by products is not
+    materialised (200 products) but solved by Lanczos, to the same eigenvalues."""
+    A = _indefinite(T=200)
+    ref = scipy.linalg.eigh(A, subset_by_index=[197, 199])[0][::-1]
+    dense = top_eigh(A, 3, random_state=0)
+    op = _ProductsOnly(A)
+    lanczos = top_eigh(op, 3, tol=1e-10, random_state=0)
+    assert dense.n_passes == 1 and lanczos.n_passes > 1 and op.calls == lanczos.n_passes
+    for res in (dense, lanczos):
+        np.testing.assert_allclose(res.values, ref, rtol=1e-9)

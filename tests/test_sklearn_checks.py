@@ -24,18 +24,12 @@ CHECKED = [
     GPIsomap(n_neighbors=5, random_state=0),
 ]
 
-_IKD_ON_I14K = "IKD: made to pass on issue-i14k (IKD.fit does not use dr_dask.validation yet)"
 EXPECTED_FAILURES = {
     IKD: {
-        "check_estimators_dtypes": "IKD: made to pass on issue-i14k (its integer data has a "
-                                   "constant row: correlation is undefined there)",
-        "check_complex_data": _IKD_ON_I14K,
-        "check_dtype_object": _IKD_ON_I14K,
-        "check_estimators_empty_data_messages": _IKD_ON_I14K,
-        "check_estimator_sparse_tag": _IKD_ON_I14K,
-        "check_estimator_sparse_array": _IKD_ON_I14K,
-        "check_estimator_sparse_matrix": _IKD_ON_I14K,
-        "check_fit2d_1feature": _IKD_ON_I14K,
+        # by design: the correlation similarity (the default, the authors') is undefined on a
+        # constant row, and this check's integer data have one; the message names the row and
+        # points to similarity='covariance'
+        "check_estimators_dtypes": "IKD refuses constant rows under similarity='correlation'",
     },
     LSDR: {
         # by design: the Delaunay tessellation of repeated points is degenerate, and the
@@ -80,8 +74,7 @@ def roll(tmp_path_factory):
 
 
 FAST = [
-    pytest.param(IKD(2, random_state=0), marks=pytest.mark.xfail(
-        strict=True, reason="IKD: made to pass on issue-i14k (a list is refused)")),
+    IKD(2, random_state=0),
     Isomap(n_neighbors=8),
     LandmarkIsomap(n_neighbors=8, n_landmarks=30, random_state=0),
     LSDR(n_components=2),
@@ -126,8 +119,6 @@ def test_every_parameter_is_declared_and_checked(estimator):
     """scikit-learn's check_param_validation (not part of check_estimator): each parameter
     has a constraint, and a value of no valid type is refused by fit, naming the parameter,
     before any work."""
-    if isinstance(estimator, IKD):
-        pytest.xfail("IKD: made to pass on issue-i14k (no _parameter_constraints yet)")
     params = estimator.get_params(deep=False)
     assert set(estimator._parameter_constraints) == set(params)
     X = np.random.default_rng(0).uniform(size=(20, 3))

@@ -87,9 +87,10 @@ def test_structural_errors(group_store, tmp_path):
         open_dataset(np.array([["a", "b"], ["c", "d"]]))
     with pytest.raises(InputError, match="does not exist"):
         open_dataset(str(tmp_path / "nope.zarr"))
-    with pytest.raises(InputError, match="at least 5"):
+    # in-memory input: scikit-learn's checks and wording (dr_dask.validation)
+    with pytest.raises(ValueError, match=r"4 sample\(s\) .* minimum of 5 is required by IKD"):
         IKD(3).fit(np.random.default_rng(0).normal(size=(4, 10)))
-    with pytest.raises(InputError, match="2-D"):
+    with pytest.raises(ValueError, match="Expected 2D array, got 1D array"):
         IKD(1).fit(np.arange(10.0))
 
 

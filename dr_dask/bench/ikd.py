@@ -117,7 +117,7 @@ def bench_incore(client: Any, T: int, N: int, workdir: str, repeats: int = 3) ->
         "r2_dr_dask": r2_affine(Z, E_ikd),
         "peak_rss_gb_dense": mem_dense.peak_gb,
         "peak_rss_gb_dr_dask": mem_ikd.peak_gb,
-        "dr_dask_stage_seconds": est.stage_seconds_,
+        "dr_dask_stage_seconds": est.timings_,
         "eigen_passes": est.eigen_passes_,
     }
 
@@ -147,7 +147,7 @@ def bench_outofcore(client: Any, T: int, N: int, workdir: str) -> dict:
     return {
         "T": T, "N": N, "dtype": "float32",
         **stages,
-        "stage_seconds": est.stage_seconds_,
+        "stage_seconds": est.timings_,
         "eigen_passes": est.eigen_passes_,
         "r2": r2,
         "peak_rss_gb_process_tree": mem.peak_gb,

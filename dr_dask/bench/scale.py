@@ -38,7 +38,8 @@ KNN_QUERIES = 1000
 
 
 def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str) -> Any:
-    from dr_dask.methods.ikd import IKD, MEMORY_TILE_BYTES
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.methods.ikd_core import MEMORY_TILE_BYTES
     from dr_dask.methods.isomap import LandmarkIsomap
 
     if method == "landmark_ikd":
@@ -129,7 +130,7 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
                 data = inp if method == "landmark_ikd" else inp.data
                 seconds, peak, est = timed_fits(
                     lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1)
-                stages = getattr(est, "stage_seconds_", None) or getattr(est, "timings_", {})
+                stages = est.timings_
                 rows.append({
                     "method": method, "T": T, "n_landmarks": L, "seconds": seconds,
                     "peak_rss_gb": peak, "r2": r2_affine(Z, est.embedding_),

@@ -22,7 +22,7 @@ from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
 from dr_dask.cluster import compute
-from dr_dask.linalg.eigen import top_eigh
+from dr_dask.linalg.mds import classical_mds
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,15 @@ class LandmarkMDS(NamedTuple):
     sq_mean : ndarray of shape (L,)
         ``delta_mean``: mean squared distance from each landmark to the landmarks.
     eigenvalues : ndarray of shape (d,)
+    residuals : ndarray of shape (d,)
+        ``||B v - lambda v||`` of each eigenpair of the centred matrix B.
     """
 
     coords: np.ndarray
     pinv: np.ndarray
     sq_mean: np.ndarray
     eigenvalues: np.ndarray
+    residuals: np.ndarray
 
 
 def select_landmarks(
@@ -144,7 +147,7 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
     Returns
     -------
     LandmarkMDS
-        Unpacks as ``coords, pinv, sq_mean, eigenvalues``.
+        Unpacks as ``coords, pinv, sq_mean, eigenvalues, residuals``.
 
     Raises
     ------
@@ -158,10 +161,7 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
     if not 1 <= n_components < L:
         raise ValueError(f"n_components={n_components} must be in [1, {L - 1}] for {L} landmarks")
     D2 = (D2 + D2.T) / 2
-    sq_mean = D2.mean(axis=1)
-    # B = -1/2 H D2 H without forming H
-    B = -0.5 * (D2 - sq_mean[:, None] - sq_mean[None, :] + sq_mean.mean())
-    res = top_eigh(B, n_components, method="dense")
+    res = classical_mds(D2, n_components, method="dense")
     lam, V = res.values, res.vectors
     if np.any(lam <= 0):
         raise ValueError(
@@ -170,7 +170,7 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
         )
     V = V * np.where(V[np.abs(V).argmax(axis=0), range(V.shape[1])] < 0, -1.0, 1.0)
     root = np.sqrt(lam)
-    return LandmarkMDS(V * root, (V / root).T, sq_mean, lam)
+    return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals)
 
 
 def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from dr_dask.graph.knn import NeighbourIndex
+from dr_dask.linalg.mds import classical_mds, double_centre
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +56,6 @@ INADMISSIBLE = 1e30
 QUERY_BLOCK_BYTES = 1 << 19
 
 
-def _double_centre(S: np.ndarray) -> np.ndarray:
-    """``-1/2 H S H`` without forming H."""
-    S = S - S.mean(0, keepdims=True)
-    S = S - S.mean(1, keepdims=True)
-    return -0.5 * S
-
-
 def cailliez_constant(G: np.ndarray) -> float:
     """Cailliez additive constant: largest real eigenvalue of ``[[0, 2B], [-I, -4P]]``.
 
@@ -70,8 +64,8 @@ def cailliez_constant(G: np.ndarray) -> float:
     only applied through products (ARPACK, ``which="LR"``).
     """
     n = G.shape[0]
-    B = _double_centre(G**2)
-    P = _double_centre(G)
+    B = double_centre(G**2)
+    P = double_centre(G)
 
     def mv(v):
         a, b = v[:n], v[n:]
@@ -115,9 +109,7 @@ class KernelSpec:
             return cls(kind, cailliez=c)
         D2 = _offset(G, c) ** 2
         if kind == "spectral":
-            from dr_dask.linalg.eigen import top_eigh
-
-            res = top_eigh(_double_centre(D2), n_components, random_state=random_state)
+            res = classical_mds(D2, n_components, random_state=random_state)
             return cls(kind, cailliez=c, eigvals=res.values, eigvecs=res.vectors)
         warnings.warn(
             "kernel='literal_btilde' (element-wise exp of B~, eq. 18) is indefinite and is offered "
@@ -138,7 +130,7 @@ class KernelSpec:
         if self.kind == "spectral":
             Q = self.eigvecs
             return np.eye(G.shape[0]) + (Q * np.expm1(-self.eigvals / s)) @ Q.T
-        return np.exp(-_double_centre(_offset(G, self.cailliez) ** 2) / s)
+        return np.exp(-double_centre(_offset(G, self.cailliez) ** 2) / s)
 
     def cross(
         self, g: np.ndarray, ell: float, out: np.ndarray | None = None
@@ -153,9 +145,10 @@ class KernelSpec:
         if self.kind == "literal_btilde":
             # Law-Jain inner products of the new point with the batch points (eq. 3)
             gc2 = (g + self.cailliez) ** 2
-            m = gc2.mean(1, keepdims=True)
-            f = 0.5 * (self.row_means[None, :] - self.grand_mean + m - gc2)
-            kss = np.exp(-(m[:, 0] - 0.5 * self.grand_mean) / s)
+            m = gc2.mean(1)
+            # the new rows centred against the batch's means (out-of-sample MDS)
+            f = double_centre(gc2, m, self.row_means, self.grand_mean)
+            kss = np.exp(-(m - 0.5 * self.grand_mean) / s)
             return np.exp(-f / s, out=out), kss
         if out is None:
             g = g.copy()

@@ -25,6 +25,11 @@ Merges (authors' ``combine_two_eig``): the larger clique's frame is kept; with a
 reflection, translation; digest A12); with fewer, a bridging sub-problem of the M + 2 points
 of each side most similar to the closest pair (no shared point) or to a shared point (the one
 with the smallest alignment error) is solved and both sides are aligned to it.
+
+``fit_blockwise(config, data, run) -> IKDResult``. A run keeps the clique search (the cliques
+and the final s0): a rerun reuses them and redoes only the similarities and the merge. No
+single g(D) exists, so ``eigenvalues`` are those of the centred Gram matrix ``Zc^T Zc`` of the
+merged embedding (its squared singular values) and ``eigen_residuals``/``eigen_passes`` are None.
 """
 
 from __future__ import annotations
@@ -43,13 +48,16 @@ from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.graph.cliques import maximal_cliques
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.linalg.eigen import top_eigh
-from dr_dask.methods.ikd import (
+from dr_dask.methods.ikd_core import (
+    IKDConfig,
+    IKDResult,
     InverseKernel,
     embedding_from_eigenpairs,
     gram_dense,
+    prepared_rows,
     reference_index,
 )
-from dr_dask.store import InputData
+from dr_dask.store import InputData, RunGroup
 
 logger = logging.getLogger(__name__)
 
@@ -419,41 +427,57 @@ def merge_cliques(
             "explained_variance_ratio": evr, "seconds": seconds}
 
 
-def fit_blockwise(est: Any, inp: InputData) -> dict:
-    """Blockwise IKD of ``inp`` with the settings of ``est`` (an :class:`IKD`)."""
-    client = active_client(est.client)
-    M = int(est.n_components)
+def _clique_stage(k: np.ndarray, cfg: IKDConfig, n_features: int,
+                  run: RunGroup | None) -> tuple[list[np.ndarray], float, bool]:
+    """:func:`find_cliques` with the configured threshold (resumed from a run's group)."""
+    if run is not None and run.is_done("cliques"):
+        info = run.stage_info("cliques")
+        members, offsets = run.read("clique_members"), run.read("clique_offsets")
+        return np.split(members, offsets[1:-1]), float(info["s0"]), bool(info["average"])
+    user = cfg.clique_threshold is not None
+    s0 = float(cfg.clique_threshold) if user else threshold_rule(n_features)
+    cliques, s0, average = find_cliques(k, s0, cfg.n_components, cfg.max_cliques, user)
+    if run is not None:
+        run.write("clique_members", np.concatenate(cliques), ("member",))
+        run.write("clique_offsets", np.cumsum([0] + [len(c) for c in cliques]), ("clique_",))
+        run.mark_done("cliques", s0=s0, average=average)
+    return cliques, s0, average
+
+
+def fit_blockwise(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -> IKDResult:
+    """Blockwise IKD of ``inp``: similarities, cliques, per-clique IKD, merges."""
+    client = active_client(cfg.client)
+    M = cfg.n_components
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    Xn, sigma2 = est.prepared_rows(inp)
-    T, N = Xn.shape
+    Xn, sigma2 = prepared_rows(cfg, inp)
+    N = Xn.shape[1]
     (S,) = compute(Xn @ Xn.T, client=client)
     S = np.asarray(S, dtype=np.float64)
     seconds["similarity"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    user = est.clique_threshold is not None
-    s0 = float(est.clique_threshold) if user else threshold_rule(N)
-    cliques, s0, average = find_cliques(S / sigma2, s0, M, int(est.max_cliques), user)
+    cliques, s0, average = _clique_stage(S / sigma2, cfg, N, run)
     seconds["cliques"] = time.perf_counter() - t0
     logger.info("blockwise IKD: s0=%.3f, %d cliques", s0, len(cliques))
     res = merge_cliques(
-        S, cliques, est.inverse_kernel(sigma2), est._reference, M,
-        min_overlap=est.min_overlap, shared_points="average" if average else est.shared_points,
+        S, cliques, cfg.inverse_kernel(sigma2), cfg.reference, M,
+        min_overlap=cfg.min_overlap, shared_points="average" if average else cfg.shared_points,
         client=client,
     )
     seconds.update(res["seconds"])
     embedding = res["embedding"]
     centred = embedding - embedding.mean(axis=0)
-    return {
-        "embedding_": embedding,
-        # eigenvalues of the centred Gram matrix of the merged embedding (no single g(D) exists)
-        "eigenvalues_": np.sort(np.linalg.eigvalsh(centred.T @ centred))[::-1],
-        "explained_variance_ratio_": res["explained_variance_ratio"],
-        "reference_index_": None,
-        "sigma2_": sigma2,
-        "stage_seconds_": seconds,
-        "clique_threshold_": s0,
-        "cliques_": res["cliques"],
-        "merge_log_": res["merge_log"],
-    }
+    return IKDResult(
+        embedding=embedding,
+        eigenvalues=np.sort(np.linalg.eigvalsh(centred.T @ centred))[::-1],
+        eigen_residuals=None,
+        eigen_passes=None,
+        explained_variance_ratio=res["explained_variance_ratio"],
+        reference_index=None,
+        sigma2=sigma2,
+        timings=seconds,
+        clique_threshold=s0,
+        cliques=res["cliques"],
+        merge_log=res["merge_log"],
+    )

@@ -18,12 +18,17 @@ Out of core: Dijkstra runs over blocks of sources on the workers
 (:class:`dr_dask.graph.GeodesicRows`), writing the T x T path lengths into a Zarr array with
 square chunks; the upper tiles of D = f^-1(s_geo) are then built from tiles of that array
 (:func:`dr_dask.linalg.tiles.build_tiles`), in worker memory or on disk, and the eigensolver
-only sees ``D @ V`` through :class:`~dr_dask.methods.ikd.GramOperator`.
+only sees ``D @ V`` through :class:`~dr_dask.methods.ikd_core.GramOperator`.
 
 Landmark IKD (not in the papers; issue 3 item 6): L landmarks, the L x T geodesic (or, with
 ``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
 triangulation of every point from its L distances, summed over landmark row blocks where
 they live. Memory and time are O(L T), which is how IKD reaches 10^6 rows.
+
+Both solvers are functions ``(config, data, run) -> IKDResult``. A run keeps the geodesic
+solver's path lengths and tiles and resumes its eigen stage; landmark IKD writes its L x T rows
+into the run's store (where every worker reaches them) and drops them after the stage: it has
+no stage to resume, so a rerun of an interrupted landmark fit starts again.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +54,19 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
 from dr_dask.graph.paths import read_stored
+from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles
-from dr_dask.methods.ikd import (
-    MEMORY_TILE_BYTES,
+from dr_dask.methods.ikd_core import (
     GramOperator,
+    IKDConfig,
+    IKDResult,
     InverseKernel,
-    _row_stats,
-    fitted_attributes,
+    eigen_result,
+    eigen_stage,
+    prepared_rows,
     reference_index,
+    row_stats,
+    tile_stats,
 )
 from dr_dask.store import InputData, RunGroup, scratch
 
@@ -101,14 +110,16 @@ def _threshold_edges(Xi, Xj, i0: int, j0: int, diagonal: bool, sigma2: float, s0
     return r + i0, c + j0, edge_weight(k[r, c], floor, ceil)
 
 
-def neighbour_graph(est: Any, Xn: Any, sigma2: float, client: Any) -> tuple[sp.csr_matrix, dict]:
-    """Symmetric graph with weights ``-log(s / sigma^2)`` per the estimator's rule, connected.
+def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float,
+                    client: Any) -> tuple[sp.csr_matrix, dict]:
+    """Symmetric graph with weights ``-log(s / sigma^2)`` per the configured rule, connected.
 
     Parameters
     ----------
-    est : IKD
+    cfg : IKDConfig
     Xn : dask array of shape (T, N)
-        Rows with ``S = Xn Xn^T`` (:meth:`IKD.prepared_rows`), persisted when on a cluster.
+        Rows with ``S = Xn Xn^T`` (:func:`~dr_dask.methods.ikd_core.prepared_rows`), persisted
+        when on a cluster.
     sigma2 : float
 
     Returns
@@ -118,16 +129,16 @@ def neighbour_graph(est: Any, Xn: Any, sigma2: float, client: Any) -> tuple[sp.c
         ``n_components`` of the raw graph and ``n_edges``.
     """
     T = Xn.shape[0]
-    floor, ceil = est.floor, est.ceil
+    floor, ceil = cfg.floor, cfg.ceil
     norms = None
-    if est.similarity == "correlation" and est.variance is None:
+    if cfg.similarity == "correlation" and cfg.variance is None:
         Xu = Xn  # already unit rows, sigma^2 = 1
     else:
         (norms,) = compute(Xn.map_blocks(_row_norms, drop_axis=1, dtype=np.float64),
                            client=client)
         Xu = Xn.map_blocks(_unit_rows, dtype=np.float64)
-    if est.geodesic_rule == "knn":
-        dist, idx = kneighbors(Xu, int(est.n_neighbors), client=client)
+    if cfg.geodesic_rule == "knn":
+        dist, idx = kneighbors(Xu, int(cfg.n_neighbors), client=client)
         k = 1.0 - 0.5 * dist**2  # correlation of the unit rows
         if norms is not None:
             k = k * norms[:, None] * norms[idx] / sigma2
@@ -138,7 +149,7 @@ def neighbour_graph(est: Any, Xn: Any, sigma2: float, client: Any) -> tuple[sp.c
         task = dask.delayed(_threshold_edges, pure=True)
         parts = compute(*[
             task(blocks[i], blocks[j], grid.bounds[i], grid.bounds[j], i == j, sigma2,
-                 float(est.threshold), floor, ceil)
+                 float(cfg.threshold), floor, ceil)
             for i, j in grid.upper()
         ], client=client)
         r, c, w = (np.concatenate([p[n] for p in parts]) for n in range(3))
@@ -148,10 +159,10 @@ def neighbour_graph(est: Any, Xn: Any, sigma2: float, client: Any) -> tuple[sp.c
     n_comp, _ = connected_components(graph, directed=False)
     if n_comp > 1:
         X = None
-        if est.on_disconnected == "bridge":
+        if cfg.on_disconnected == "bridge":
             (X,) = compute(Xu, client=client)
         graph = connect_components(
-            graph, X, on_disconnected=est.on_disconnected,
+            graph, X, on_disconnected=cfg.on_disconnected,
             bridge_weight=functools.partial(_bridge_weight, floor=floor, ceil=ceil),
         )
     return graph, {"n_components": int(n_comp), "n_edges": int(graph.nnz // 2)}
@@ -185,36 +196,32 @@ def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,
     D = kernel(P, S, diagonal)
     if diagonal:
         D = 0.5 * (D + D.T)  # Dijkstra from i and from j may differ in the last bit
-    stats = (D.max(axis=1), D.max(axis=0), D.sum(axis=1), D.sum(axis=0))
-    return D.astype(dtype, copy=False), stats
+    return D.astype(dtype, copy=False), tile_stats(D)
 
 
 def _tagged(rows: slice, block: Any) -> tuple:
     return rows, block
 
 
-def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
-    """Geodesic IKD of ``inp`` with the settings of ``est`` (an :class:`IKD`)."""
-    client = active_client(est.client)
-    dtype = np.dtype(est.dtype)
+def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
+    """Geodesic IKD of ``inp``: graph, path lengths, distance tiles, eigenpairs of g(D)."""
+    client = active_client(cfg.client)
+    dtype = cfg.dtype
     seconds: dict[str, float] = {}
-    Xn, sigma2 = est.prepared_rows(inp)
+    Xn, sigma2 = prepared_rows(cfg, inp)
     if client is not None:
         Xn = client.persist(Xn)
     T = Xn.shape[0]
     t0 = time.perf_counter()
-    graph, info = neighbour_graph(est, Xn, sigma2, client)
+    graph, info = neighbour_graph(cfg, Xn, sigma2, client)
     seconds["graph"] = time.perf_counter() - t0
-    kernel = GeodesicKernel(est.inverse_kernel(sigma2),
-                            None if est.geodesic_rule == "knn" else float(est.threshold))
+    kernel = GeodesicKernel(cfg.inverse_kernel(sigma2),
+                            None if cfg.geodesic_rule == "knn" else float(cfg.threshold))
     grid = TileGrid.from_chunks(Xn.chunks[0])
-    tile_bytes = T * (T + grid.max_block) / 2 * dtype.itemsize
-    on_disk = est.tile_cache == "disk" or (
-        est.tile_cache == "auto" and tile_bytes > MEMORY_TILE_BYTES
-    )
+    on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * dtype.itemsize)
     # both arrays are kept in a run (its rerun resumes from them), else temporary
-    with scratch("geodesic_paths", run, est.scratch, inp, keep=True) as path_loc, \
-            scratch("distance", run, est.scratch, inp, keep=True) as tiles:
+    with scratch("geodesic_paths", run, cfg.scratch, inp, keep=True) as path_loc, \
+            scratch("distance", run, cfg.scratch, inp, keep=True) as tiles:
         t0 = time.perf_counter()
         chunk = min(PATH_CHUNK, T)
         paths = zarr.create_array(
@@ -233,11 +240,11 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
             blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
         store = tiles if on_disk else None
         D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
-                               store=store, dtype=dtype, client=client, progress=est.progress)
-        rowmax, rowsum = _row_stats(grid, stats)
+                               store=store, dtype=dtype, client=client, progress=cfg.progress)
+        rowmax, rowsum = row_stats(grid, stats)
         seconds["distance"] = time.perf_counter() - t0
 
-        r = reference_index(rowmax, rowsum, est._reference)
+        r = reference_index(rowmax, rowsum, cfg.reference)
         d_ref = None
         if r is not None:
             S_r = None
@@ -248,15 +255,11 @@ def fit_geodesic(est: Any, inp: InputData, run: RunGroup | None) -> dict:
             d_ref = kernel(np.asarray(paths[r : r + 1, :]), S_r)[0]
             d_ref[r] = 0.0
         t0 = time.perf_counter()
-        eig = est._eigen_stage(GramOperator(D, d_ref, rowsum / T), run)
+        eig = eigen_stage(cfg, GramOperator(D, d_ref, rowsum / T), run)
         seconds["eigen"] = time.perf_counter() - t0
-    M = int(est.n_components)
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
-    return {
-        **fitted_attributes(eig, M, r, sigma2, seconds),
-        "graph_components_": info["n_components"],
-        "graph_edges_": info["n_edges"],
-    }
+    return eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
+                        graph_edges=info["n_edges"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,42 +284,39 @@ def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseK
     return triangulate(pinv, D.T, sq_mean)
 
 
-def fit_landmarks(est: Any, inp: InputData, run: RunGroup | None = None) -> dict:
+def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -> IKDResult:
     """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
-    client = active_client(est.client)
-    M, L = int(est.n_components), int(est.n_landmarks)
-    if est.reference not in (None, "center"):
-        warnings.warn(
-            f"reference={est.reference!r} is ignored by landmark IKD: landmark MDS centres the "
-            "landmark distances (the 'center' reference)", UserWarning, stacklevel=4,
-        )
+    client = active_client(cfg.client)
+    M, L = cfg.n_components, int(cfg.n_landmarks)
+    if run is not None:
+        logger.info("landmark IKD: the run holds the L x T rows during the fit; it has no "
+                    "stage to resume, so an interrupted fit starts again")
     seconds: dict[str, float] = {}
-    Xn, sigma2 = est.prepared_rows(inp)
+    Xn, sigma2 = prepared_rows(cfg, inp)
     if client is not None:
         Xn = client.persist(Xn)
-    inverse = est.inverse_kernel(sigma2)
+    inverse = cfg.inverse_kernel(sigma2)
 
     t0 = time.perf_counter()
     # max-min: farthest points in correlation distance (Euclidean on unit rows); only the
     # rows it samples are computed
     landmarks = select_landmarks(Xn.map_blocks(_unit_rows, dtype=np.float64), L,
-                                 method=est.landmark_method, random_state=est.random_state,
+                                 method=cfg.landmark_method, random_state=cfg.random_state,
                                  client=client)
     seconds["landmarks"] = time.perf_counter() - t0
 
     info: dict = {}
-    if est.solver == "geodesic":
+    if cfg.solver == "geodesic":
         t0 = time.perf_counter()
-        graph, info = neighbour_graph(est, Xn, sigma2, client)
+        graph, info = neighbour_graph(cfg, Xn, sigma2, client)
         seconds["graph"] = time.perf_counter() - t0
         # the L x T float32 rows stay in worker memory up to the tile budget, else in a
         # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
         T = Xn.shape[0]
-        on_disk = est.tile_cache == "disk" or (
-            est.tile_cache == "auto" and 4 * L * T > MEMORY_TILE_BYTES)
+        on_disk = cfg.on_disk(4 * L * T)
         # every worker writes the rows, and this process reads them: in the run's store (or
         # the scratch location), dropped when the stage is done
-        with scratch("landmark_geodesics", run, est.scratch, inp) as rows_loc:
+        with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc:
             t0 = time.perf_counter()
             rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
                                         out=rows_loc if on_disk else None)
@@ -346,19 +346,17 @@ def fit_landmarks(est: Any, inp: InputData, run: RunGroup | None = None) -> dict
                           for b in Xn.to_delayed().ravel()], client=client)
         embedding = np.vstack(parts)
     seconds["triangulate"] = time.perf_counter() - t0
-    D2 = 0.5 * (D_LL + D_LL.T)
-    mean = D2.mean(axis=1)
-    B = -0.5 * (D2 - mean[:, None] - mean[None, :] + mean.mean())
-    out = {
-        "embedding_": embedding,
-        "eigenvalues_": mds.eigenvalues,
-        "explained_variance_ratio_": float(np.sum(mds.eigenvalues**2) / np.sum(B * B)),
-        "reference_index_": None,
-        "sigma2_": sigma2,
-        "stage_seconds_": seconds,
-        "landmarks_": landmarks,
-    }
-    if info:
-        out["graph_components_"] = info["n_components"]
-        out["graph_edges_"] = info["n_edges"]
-    return out
+    B = double_centre((D_LL + D_LL.T) / 2)
+    return IKDResult(
+        embedding=embedding,
+        eigenvalues=mds.eigenvalues,
+        eigen_residuals=mds.residuals,
+        eigen_passes=1,  # landmark MDS is one dense L x L eigenproblem
+        explained_variance_ratio=float(np.sum(mds.eigenvalues**2) / np.sum(B * B)),
+        reference_index=None,
+        sigma2=sigma2,
+        timings=seconds,
+        graph_components=info.get("n_components"),
+        graph_edges=info.get("n_edges"),
+        landmarks=landmarks,
+    )

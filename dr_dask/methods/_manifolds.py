@@ -353,14 +353,10 @@ def global_frame(
 
 def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
     """Classical MDS of points from their ambient Euclidean distances, (m, n_components)."""
-    from dr_dask.linalg.eigen import top_eigh
+    from dr_dask.linalg import mds
 
-    D2 = _sq_dists(X, X)
-    B = D2 - D2.mean(0, keepdims=True)
-    B = -0.5 * (B - B.mean(1, keepdims=True))
     k = min(n_components, X.shape[0] - 1)
-    res = top_eigh(B, k, random_state=random_state)
-    Y = res.vectors * np.sqrt(np.maximum(res.values, 0.0))
+    Y = mds.classical_mds(_sq_dists(X, X), k, random_state=random_state).embedding
     if k < n_components:
         Y = np.pad(Y, ((0, 0), (0, n_components - k)))
     return Y

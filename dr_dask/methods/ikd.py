@@ -1,14 +1,25 @@
-"""Inverse Kernel Decomposition (Li & Wu), out-of-core on Dask.
+"""Inverse Kernel Decomposition (Li & Wu), out-of-core on Dask: the estimator.
 
 IKD (seed 002 Algorithm 1; digest ``seed-ikd.md`` §1.5): the T x T sample similarity S over
 samples, the elementwise inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform
 G = g(D), and the top-M algebraic eigenpairs of G give the latent up to an orthogonal map.
 
-At scale nothing T x T is held by one process: D is produced as upper-triangle tiles from row
-blocks of X (kept on the workers, or in a Zarr array for large T), the reference point is a
-reduction over tile statistics, and G is never formed: for a reference point r,
-``G V = 1/2 (d_r 1^T V + 1 d_r^T V - D V)``, and for MDS centring ``G V = -1/2 J D J V``, so the
-block Lanczos solver only ever needs products ``D V``.
+This module is the estimator only. ``fit`` validates the parameters once (the declarative
+``_parameter_constraints``, checked by :func:`dr_dask.validation.check_params` in
+scikit-learn's wording, then the rules across parameters and the data's size) into a frozen :class:`~dr_dask.methods.ikd_core.IKDConfig` and calls one solver, a function
+``(config, data, run) -> IKDResult``: :mod:`._ikd_full` (Algorithm 1, tiled),
+:mod:`._ikd_geodesic` (geodesic and landmark IKD) or :mod:`._ikd_blockwise`. Their shared
+primitives live in :mod:`.ikd_core`, which never imports this module. Every solver returns the
+same fields, so every fit sets the same attributes.
+
+One estimator with ``solver=``, not a public estimator per solver: the solvers share most
+parameters (the kernel and its alpha/gamma/nu, similarity, variance, length scale, clipping,
+precision, tiling, eigensolver, seed, cluster), the CLI,
+workflows, benches and run identities name IKD with its ``solver``, and the result is the
+same kind of object for each. A class per solver would repeat those parameters and their
+docstrings four times for the gain of hiding a handful of solver options; instead each option
+says which solver reads it, and options of another solver are ignored, as scikit-learn's
+estimators do (``SVC``'s ``degree`` without ``kernel="poly"``).
 
 Resolutions of the papers' ambiguities (digest §1.6), all parameters of :class:`IKD`:
 
@@ -22,206 +33,28 @@ Resolutions of the papers' ambiguities (digest §1.6), all parameters of :class:
 from __future__ import annotations
 
 import logging
-import time
+import os
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import fields
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
-import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from dr_dask.cluster import ClientParam, active_client, compute, run_stage
-from dr_dask.kernels import get_kernel
-from dr_dask.linalg.eigen import DenseOperator, top_eigh
-from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles
-from dr_dask.store import InputData, RunGroup, open_dataset, scratch, validate
+from dr_dask.cluster import ClientParam, run_stage
+from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
+from dr_dask.methods._ikd_blockwise import fit_blockwise
+from dr_dask.methods._ikd_full import fit_full
+from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
+from dr_dask.methods.ikd_core import IKDConfig
+from dr_dask.storage import Location
+from dr_dask.store import RunGroup, validate
+from dr_dask.validation import Interval, Options, check_input, check_params, positive
 
 logger = logging.getLogger(__name__)
 
-SIMILARITIES = ("correlation", "covariance")
-REFERENCES = ("min_max", "min_mean", "center")
 SOLVERS = ("full", "geodesic", "blockwise")
-
-#: Tiles stay in worker memory when the upper triangle is at most this many bytes.
-MEMORY_TILE_BYTES = 2 * 2**30
-
-
-# --------------------------------------------------------------------------------------------
-# similarity rows and the inverse-kernel transform (picklable: they run on workers)
-
-
-def normalise_rows(block: np.ndarray, similarity: str, dtype: Any) -> np.ndarray:
-    """Rows scaled so that ``S = Xn Xn^T``: centred per sample across features, then
-    divided by sqrt(N - 1) (covariance, Algorithm 1) or by their norm (correlation)."""
-    X = np.asarray(block, dtype=np.float64)
-    Xc = X - X.mean(axis=1, keepdims=True)
-    if similarity == "correlation":
-        Xc /= np.linalg.norm(Xc, axis=1, keepdims=True)
-    else:
-        Xc /= np.sqrt(X.shape[1] - 1)
-    return Xc.astype(dtype, copy=False)
-
-
-@dataclass(frozen=True)
-class InverseKernel:
-    """``S -> D = l^2 f^-1(clip(S / sigma^2, floor, ceil))`` with a zero diagonal."""
-
-    kernel: Any
-    sigma2: float
-    floor: float
-    ceil: float
-    length_scale: float
-
-    def __call__(self, S: np.ndarray, diagonal: bool = False) -> np.ndarray:
-        k = np.clip(S / np.asarray(self.sigma2, S.dtype), self.floor, self.ceil)
-        D = self.kernel.inverse(k)
-        if self.length_scale != 1.0:
-            D *= self.length_scale**2
-        if diagonal:
-            np.fill_diagonal(D, 0.0)
-        return D
-
-
-def distance_tile(Xi: np.ndarray, Xj: np.ndarray, diagonal: bool, inverse: InverseKernel):
-    """One tile of D from two row blocks, with the statistics the reference point needs."""
-    D = inverse(Xi @ Xj.T, diagonal)
-    D64 = D.astype(np.float64, copy=False)
-    stats = (D64.max(axis=1), D64.max(axis=0), D64.sum(axis=1), D64.sum(axis=0))
-    return D, stats
-
-
-def _row_stats(grid: TileGrid, stats: list) -> tuple[np.ndarray, np.ndarray]:
-    """Full-row maxima and sums of D from the upper tiles' row and column statistics."""
-    rowmax = np.full(grid.size, -np.inf)
-    rowsum = np.zeros(grid.size)
-    for (i, j), (rmax, cmax, rsum, csum) in zip(grid.upper(), stats):
-        bi, bj = grid.block(i), grid.block(j)
-        rowmax[bi] = np.maximum(rowmax[bi], rmax)
-        rowsum[bi] += rsum
-        if i != j:
-            rowmax[bj] = np.maximum(rowmax[bj], cmax)
-            rowsum[bj] += csum
-    return rowmax, rowsum
-
-
-# --------------------------------------------------------------------------------------------
-# the reference transform g(D) as an operator
-
-
-def reference_index(rowmax: np.ndarray, rowsum: np.ndarray, reference: str) -> int | None:
-    """Reference point of digest §1.4: argmin_i max_j d_ij (paper), argmin mean, or None
-    for MDS centring."""
-    if reference == "min_max":
-        return int(np.argmin(rowmax))
-    if reference == "min_mean":
-        return int(np.argmin(rowsum))
-    return None
-
-
-class GramOperator:
-    """g(D) without forming it: products need only ``D @ V``.
-
-    The first product also computes ``||g(D)||_F^2`` (``frobenius_sq``) tile by tile, riding
-    along with the pass over the tiles that the product makes anyway.
-
-    Parameters
-    ----------
-    D : ndarray or TiledSymmetric of shape (T, T)
-        The inverse-kernel distance matrix (zero diagonal).
-    d_ref : ndarray of shape (T,) or None
-        Row r of D for a reference point; ``None`` means MDS double centring.
-    row_mean : ndarray of shape (T,), optional
-        Row means of D (the centred norm needs them); without them, and without ``d_ref``, the
-        norm is not computed.
-    """
-
-    def __init__(self, D: Any, d_ref: np.ndarray | None, row_mean: np.ndarray | None = None):
-        self.D = D if hasattr(D, "matmat") else DenseOperator(D)
-        self.d_ref = d_ref
-        self.row_mean = row_mean
-        self.shape = self.D.shape
-        self.frobenius_sq: float | None = None
-
-    def _d_times(self, V: np.ndarray) -> np.ndarray:
-        if self.d_ref is None and self.row_mean is None:
-            return self.D.matmat(V)
-        if self.row_mean is None:
-            self.row_mean = np.zeros(self.shape[0])  # unused by the reference-point form
-        if self.frobenius_sq is None and hasattr(self.D, "matmat_reduce"):
-            W, parts = self.D.matmat_reduce(
-                V, _gram_frobenius_tile, self.d_ref, self.row_mean, float(self.row_mean.mean())
-            )
-            self.frobenius_sq = float(sum(parts))
-            return W
-        if self.frobenius_sq is None:  # an in-memory D: one elementwise pass here
-            full = slice(None)
-            self.frobenius_sq = _gram_frobenius_tile(
-                np.asarray(self.D.A), full, full, True, self.d_ref, self.row_mean,
-                float(self.row_mean.mean()),
-            )
-        return self.D.matmat(V)
-
-    def matmat(self, V: np.ndarray) -> np.ndarray:
-        if self.d_ref is None:
-            Vc = V - V.mean(axis=0)
-            W = self._d_times(Vc)
-            return -0.5 * (W - W.mean(axis=0))
-        d = self.d_ref[:, None]
-        return 0.5 * (d * V.sum(axis=0) + (d * V).sum(axis=0) - self._d_times(V))
-
-
-def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
-    """Dense g(D) for small T (per-clique solves, tests)."""
-    if d_ref_index is None:
-        J = D - D.mean(axis=0)
-        return -0.5 * (J - J.mean(axis=1, keepdims=True))
-    d = D[:, d_ref_index]
-    return 0.5 * (d[:, None] + d[None, :] - D)
-
-
-def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
-    """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror)."""
-    D = D.astype(np.float64, copy=False)
-    if d_ref is None:
-        G = -0.5 * (D - row_mean[rows, None] - row_mean[None, cols] + total_mean)
-    else:
-        G = 0.5 * (d_ref[rows, None] + d_ref[None, cols] - D)
-    return float(np.sum(G * G)) * (1.0 if diagonal else 2.0)
-
-
-def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_components: int):
-    """U~ = [sqrt(lambda_m) u_m]; non-positive eigenvalues give zero columns (digest A8)."""
-    n_pos = int(np.sum(values[:n_components] > 0))
-    if n_pos < n_components:
-        warnings.warn(
-            f"only {n_pos} of the top {n_components} eigenvalues of g(D) are positive; "
-            "the remaining embedding columns are zero",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return vectors[:, :n_components] * np.sqrt(np.clip(values[:n_components], 0, None))
-
-
-def fitted_attributes(eig: dict, n_components: int, r: int | None, sigma2: float,
-                      seconds: dict) -> dict:
-    """The fitted attributes shared by every solver that ends in one eigenproblem of g(D)."""
-    M = int(n_components)
-    values = eig["values"]
-    return {
-        "embedding_": embedding_from_eigenpairs(values, eig["vectors"], M),
-        "eigenvalues_": values[:M],
-        "eigen_residuals_": eig["residuals"][:M],
-        "explained_variance_ratio_": float(np.sum(values[:M] ** 2) / eig["frobenius_sq"]),
-        "reference_index_": r,
-        "sigma2_": sigma2,
-        "eigen_passes_": int(eig["n_passes"]),
-        "stage_seconds_": seconds,
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# the estimator
 
 
 class IKD(ClientParam, TransformerMixin, BaseEstimator):
@@ -267,6 +100,9 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     tol : float
         Relative residual tolerance of the eigensolver.
     eigen_solver : {"auto", "dense", "lanczos"}
+        ``auto`` is :func:`dr_dask.linalg.eigen.top_eigh`'s rule for an operator known by
+        products: g(D) materialised for dense LAPACK up to 6 Lanczos blocks
+        (T <= 6 max(2M, M + 8)), block Lanczos above; ``dense`` materialises it at any T.
     random_state : int, RandomState or None
         Seeds the eigensolver (and every randomized step of the other solvers).
     client : distributed.Client, optional
@@ -279,31 +115,72 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
 
     Attributes
     ----------
+    Every solver sets every attribute below (``None`` where it has no such quantity).
+
     embedding_ : ndarray of shape (T, M)
     eigenvalues_ : ndarray of shape (M,)
+        Top algebraic eigenvalues of g(D) (``full``, ``geodesic``); of the landmarks'
+        centred matrix ``-1/2 H D_LL H`` (landmark IKD); for ``blockwise``, which has no single
+        g(D), the eigenvalues of ``Zc^T Zc`` for the centred merged embedding ``Zc`` (its
+        squared singular values, largest first).
+    eigen_residuals_ : ndarray of shape (M,) or None
+        ``||G v - lambda v||`` of each returned pair; None for ``blockwise``.
+    eigen_passes_ : int or None
+        Products with g(D) the eigensolver made (1 for a dense solve); None for ``blockwise``.
     explained_variance_ratio_ : float
-        sum_{m<=M} lambda_m^2 / ||g(D)||_F^2.
+        sum_{m<=M} lambda_m^2 / ||g(D)||_F^2 (landmark IKD: of the landmarks' matrix;
+        blockwise: the clique-size-weighted mean over the cliques).
     reference_index_ : int or None
-        Row used as the reference point (None with ``center``).
+        Row used as the reference point (None with ``center``, landmark and blockwise IKD).
     sigma2_ : float
-    eigen_residuals_ : ndarray of shape (M,)
-        ``||G v - lambda v||`` of each returned pair.
-    eigen_passes_ : int
-        Passes over the tiles the eigensolver made.
-    stage_seconds_ : dict
-        Wall time of each stage.
+    timings_ : dict
+        Wall time in seconds of each stage, by stage name.
     n_features_in_ : int
-    graph_components_, graph_edges_ : int
+    graph_components_, graph_edges_ : int or None
         ``solver="geodesic"``: components of the neighbour graph before repair, and its edges.
-    cliques_ : list of ndarray
+    cliques_ : list of ndarray or None
         ``solver="blockwise"``: the cliques the merge used.
-    merge_log_ : list of dict
+    merge_log_ : list of dict or None
         ``solver="blockwise"``: each merge, its overlap and alignment residual (or fallback).
-    clique_threshold_ : float
+    clique_threshold_ : float or None
         ``solver="blockwise"``: the s0 used (given, or the authors' N-based rule).
-    landmarks_ : ndarray of shape (L,)
+    landmarks_ : ndarray of shape (L,) or None
         With ``n_landmarks``: indices of the landmark rows.
     """
+
+    _parameter_constraints: ClassVar[dict] = {
+        "n_components": [positive(Integral)],
+        "kernel": [Options({*KERNELS, *ALIASES}), Kernel],
+        "similarity": [Options({"correlation", "covariance"})],
+        "reference": [Options({"min_max", "min_mean", "center"}), None],
+        "variance": [positive(Real), None],
+        "length_scale": [positive(Real)],
+        "alpha": [positive(Real)],
+        "gamma": [Interval(Real, 0, 2, closed="right")],
+        "nu": [positive(Real)],
+        "solver": [Options(set(SOLVERS))],
+        "floor": [Interval(Real, 0, 1, closed="neither")],
+        "ceil": [Interval(Real, 0, 1, closed="right")],
+        "dtype": [Options({"float32", "float64"})],
+        "tile_size": [positive(Integral)],
+        "tile_cache": [Options({"auto", "memory", "disk"})],
+        "scratch": [str, os.PathLike, Location, None],
+        "tol": [positive(Real)],
+        "eigen_solver": [Options({"auto", "dense", "lanczos"})],
+        "n_neighbors": [positive(Integral)],
+        "threshold": [Interval(Real, 0, 1, closed="neither"), None],
+        "geodesic_rule": [Options({"knn", "threshold"})],
+        "on_disconnected": [Options({"bridge", "raise"})],
+        "clique_threshold": [Interval(Real, 0, 1, closed="neither"), None],
+        "max_cliques": [positive(Integral)],
+        "min_overlap": [positive(Integral), None],
+        "shared_points": [Options({"keep_larger", "average", "weighted"})],
+        "n_landmarks": [positive(Integral), None],
+        "landmark_method": [Options({"maxmin", "random"})],
+        "random_state": ["random_state"],
+        "client": "no_validation",
+        "progress": ["boolean"],
+    }
 
     def __init__(
         self,
@@ -374,33 +251,83 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
 
     # -- parameters -----------------------------------------------------------------------
 
-    def _check_params(self) -> None:
-        def one_of(name: str, value: Any, options: tuple) -> None:
-            if value not in options:
-                raise ValueError(f"{name} must be one of {options}, got {value!r}")
-
-        if not isinstance(self.n_components, (int, np.integer)) or self.n_components < 1:
-            raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
-        one_of("similarity", self.similarity, SIMILARITIES)
-        self._reference = self.reference or ("center" if self.solver == "geodesic" else "min_max")
-        one_of("reference", self._reference, REFERENCES)
-        one_of("solver", self.solver, SOLVERS)
-        one_of("dtype", str(np.dtype(self.dtype)), ("float32", "float64"))
-        one_of("tile_cache", self.tile_cache, ("auto", "memory", "disk"))
-        if not 0 < self.floor < self.ceil <= 1:
+    def _config(self, n_samples: int, n_features: int) -> IKDConfig:
+        """The validated configuration: the rules that involve several parameters or the
+        data's size, after the declarative checks of each parameter (``check_params``)."""
+        T, M = int(n_samples), int(self.n_components)
+        if not self.floor < self.ceil:
+            raise ValueError(f"need floor < ceil (the clip range of S / sigma^2), got floor="
+                             f"{self.floor}, ceil={self.ceil}")
+        if M > n_features - 1:
+            # each sample is centred across its features, so the samples span at most N - 1
+            # dimensions: more components would be degenerate eigenvectors, not structure
             raise ValueError(
-                f"need 0 < floor < ceil <= 1 (the normalised kernel domain), got floor="
-                f"{self.floor}, ceil={self.ceil}"
-            )
-        if self.variance is not None and not self.variance > 0:
-            raise ValueError(f"variance must be positive, got {self.variance!r}")
-        if not self.length_scale > 0:
-            raise ValueError(f"length_scale must be positive, got {self.length_scale!r}")
-        if (not isinstance(self.tile_size, (int, np.integer)) or isinstance(self.tile_size, bool)
-                or self.tile_size < 1):
-            raise ValueError(f"tile_size must be a positive integer (rows per tile), got "
-                             f"{self.tile_size!r}")
-        self._kernel = get_kernel(self.kernel, alpha=self.alpha, gamma=self.gamma, nu=self.nu)
+                f"n_components={M} is more than the data supports: {n_features} features "
+                f"give at most {max(n_features - 1, 0)} components (each sample is centred "
+                f"across features); use n_components <= {max(n_features - 1, 1)} or more "
+                "features")
+        landmark = self.n_landmarks is not None
+        graph = self.solver == "geodesic"  # landmark IKD with "full" builds no graph
+        if graph and self.geodesic_rule == "knn" and not self.n_neighbors < T:
+            raise ValueError(f"n_neighbors must be an integer in [1, {T - 1}] (a point is not "
+                             f"its own neighbour), got {self.n_neighbors!r}")
+        if graph and self.geodesic_rule == "threshold" and self.threshold is None:
+            raise ValueError("geodesic_rule='threshold' needs threshold (s0 in (0, 1))")
+        if (self.solver == "blockwise" and self.min_overlap is not None
+                and self.min_overlap < M + 1):
+            raise ValueError(f"min_overlap must be an integer >= {M + 1} (M + 1 shared points "
+                             f"make the rigid alignment unique), got {self.min_overlap!r}")
+        if landmark:
+            if self.solver == "blockwise":
+                raise ValueError(
+                    "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no "
+                    "landmark variant (use solver='geodesic' or 'full' with n_landmarks)")
+            if not M + 1 <= self.n_landmarks <= T:
+                raise ValueError(
+                    f"n_landmarks must be an integer in [{M + 1}, {T}] (more than n_components, "
+                    f"at most the number of samples), got {self.n_landmarks!r}")
+            if self.solver == "geodesic" and self.geodesic_rule == "threshold":
+                raise ValueError(
+                    "landmark IKD supports geodesic_rule='knn' only (the threshold rule needs "
+                    "every similarity next to the L x T geodesics)")
+            if self.reference not in (None, "center"):
+                warnings.warn(
+                    f"reference={self.reference!r} is ignored by landmark IKD: landmark MDS "
+                    "centres the landmark distances (the 'center' reference)", UserWarning,
+                    stacklevel=3)
+        # MDS centring on geodesic covariances recovers the latent far better (issue 3)
+        reference = self.reference or ("center" if self.solver == "geodesic" else "min_max")
+        return IKDConfig(
+            n_components=M,
+            kernel=get_kernel(self.kernel, alpha=self.alpha, gamma=self.gamma, nu=self.nu),
+            similarity=self.similarity,
+            reference="center" if landmark else reference,
+            variance=None if self.variance is None else float(self.variance),
+            length_scale=float(self.length_scale),
+            solver=self.solver,
+            floor=float(self.floor),
+            ceil=float(self.ceil),
+            dtype=np.dtype(self.dtype),
+            tile_size=int(self.tile_size),
+            tile_cache=self.tile_cache,
+            scratch=self.scratch,
+            tol=float(self.tol),
+            eigen_solver=self.eigen_solver,
+            n_neighbors=int(self.n_neighbors),
+            threshold=None if self.threshold is None else float(self.threshold),
+            geodesic_rule=self.geodesic_rule,
+            on_disconnected=self.on_disconnected,
+            clique_threshold=(None if self.clique_threshold is None
+                              else float(self.clique_threshold)),
+            max_cliques=int(self.max_cliques),
+            min_overlap=None if self.min_overlap is None else int(self.min_overlap),
+            shared_points=self.shared_points,
+            n_landmarks=None if self.n_landmarks is None else int(self.n_landmarks),
+            landmark_method=self.landmark_method,
+            random_state=self.random_state,
+            client=self.client,
+            progress=bool(self.progress),
+        )
 
     # -- fitting --------------------------------------------------------------------------
 
@@ -410,145 +337,42 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like of shape (T, N)
-            numpy, dask, zarr or xarray; or a path accepted by :func:`dr_dask.open_dataset`.
+            numpy, dask, zarr or xarray; or a path accepted by :func:`dr_dask.open_dataset`
+            (checked by :func:`dr_dask.validation.check_input`; never modified).
         y : ignored
         run : RunGroup, optional
-            Keep the tiles and stage marks in this run's Zarr group so that an interrupted
-            fit, rerun, resumes from the last complete stage.
+            Keep the stages' arrays and marks in this run's Zarr group so that an interrupted
+            fit, rerun, resumes after the last complete stage: ``full`` and ``geodesic`` keep
+            their tiles and eigenpairs, ``blockwise`` its cliques; landmark IKD writes its
+            L x T rows there (every worker reaches the run's store) and starts again.
 
         Returns
         -------
         self
         """
-        self._check_params()
-        inp = X if isinstance(X, InputData) else open_dataset(X)
-        N = int(inp.data.shape[1])
-        if self.n_components > N - 1:
-            # each sample is centred across its features, so the samples span at most N - 1
-            # dimensions: more components would be degenerate eigenvectors, not structure
-            raise ValueError(
-                f"n_components={self.n_components} is more than the data supports: {N} features "
-                f"give at most {max(N - 1, 0)} components (each sample is centred across "
-                f"features); use n_components <= {max(N - 1, 1)} or more features")
+        check_params(self)
+        # a correlation needs 2 features; Algorithm 1 needs M + 2 samples
+        inp = check_input(self, X, reset=True, min_samples=int(self.n_components) + 2,
+                          min_features=2)
+        T, N = (int(n) for n in inp.data.shape)
+        cfg = self._config(T, N)
         run_stage("validate", lambda: validate(
             inp,
-            min_samples=self.n_components + 2,
-            constant_rows=self.similarity == "correlation",
-            client=self.client,
+            min_samples=cfg.n_components + 2,
+            constant_rows=cfg.similarity == "correlation",
+            client=cfg.client,
         ))
-        self.n_features_in_ = int(inp.data.shape[1])
-        if self.solver == "full" and self.n_landmarks is None:
-            result = self._fit_full(inp, run)
+        if cfg.landmark:
+            result = run_stage("landmark", lambda: fit_landmarks(cfg, inp, run))
+        elif cfg.solver == "full":  # its distance and eigen stages are retried one by one
+            result = fit_full(cfg, inp, run)
         else:
-            from dr_dask.methods import _ikd_solvers
-
-            result = _ikd_solvers.fit(self, inp, run)
-        for name, value in result.items():
-            setattr(self, name, value)
+            solve = fit_geodesic if cfg.solver == "geodesic" else fit_blockwise
+            result = run_stage(cfg.solver, lambda: solve(cfg, inp, run))
+        for f in fields(result):
+            setattr(self, f"{f.name}_", getattr(result, f.name))
         return self
 
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> np.ndarray:
         """Fit and return ``embedding_`` of shape (T, M)."""
         return self.fit(X, y, **fit_params).embedding_
-
-    def prepared_rows(self, inp: InputData) -> tuple[da.Array, float]:
-        """Row-normalised data Xn (S = Xn Xn^T) and sigma^2, for this estimator's settings."""
-        dtype = np.dtype(self.dtype)
-        X = inp.data.rechunk({0: self.tile_size, 1: -1})
-        Xn = X.map_blocks(normalise_rows, self.similarity, dtype, dtype=dtype)
-        if self.variance is not None:
-            return Xn, float(self.variance)
-        if self.similarity == "correlation":
-            return Xn, 1.0
-        (sq,) = compute((Xn.astype(np.float64) ** 2).sum(axis=1).mean(), client=self.client)
-        return Xn, float(sq)  # mean of diag(S), Algorithm 1 line 3
-
-    def inverse_kernel(self, sigma2: float) -> InverseKernel:
-        return InverseKernel(self._kernel, sigma2, self.floor, self.ceil, self.length_scale)
-
-    def _fit_full(self, inp: InputData, run: RunGroup | None) -> dict:
-        client = active_client(self.client)
-        Xn, sigma2 = self.prepared_rows(inp)
-        inverse = self.inverse_kernel(sigma2)
-        T = Xn.shape[0]
-        grid = TileGrid.from_chunks(Xn.chunks[0])
-        if client is not None:
-            Xn = client.persist(Xn)
-        blocks = list(Xn.to_delayed().ravel())
-        tile_bytes = T * (T + grid.max_block) / 2 * np.dtype(self.dtype).itemsize
-        on_disk = self.tile_cache == "disk" or (
-            self.tile_cache == "auto" and tile_bytes > MEMORY_TILE_BYTES
-        )
-        with scratch("distance", run, self.scratch, inp, keep=True) as tiles:
-            store = tiles if on_disk else None
-            t0 = time.perf_counter()
-            D, rowmax, rowsum = run_stage(
-                "distance", lambda: self._distance_stage(grid, blocks, inverse, store, run))
-            seconds = {"distance": time.perf_counter() - t0}
-            r = reference_index(rowmax, rowsum, self._reference)
-
-            def eigen() -> dict:
-                d_ref = None
-                if r is not None:  # row r of D, recomputed from X: O(TN), not a tile row read
-                    (xr,) = compute(Xn[r], client=client)
-                    (s_r,) = compute(Xn @ xr, client=client)
-                    d_ref = inverse(s_r[None, :].astype(np.float64))[0]
-                    d_ref[r] = 0.0
-                return self._eigen_stage(GramOperator(D, d_ref, rowsum / T), run)
-
-            t0 = time.perf_counter()
-            eig = run_stage("eigen", eigen)
-            seconds["eigen"] = time.perf_counter() - t0
-        return fitted_attributes(eig, self.n_components, r, sigma2, seconds)
-
-    def _distance_stage(self, grid, blocks, inverse, store, run):
-        """Tiles of D (resumed from the run's group when that stage completed)."""
-        from dr_dask.linalg.tiles import ZarrTile
-
-        if run is not None and store is not None and run.is_done("distance"):
-            logger.info("distance tiles: reusing the completed stage in %s", run.path)
-            tiles = {ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()}
-            return (
-                TiledSymmetric(grid, tiles, self.client),
-                run.read("distance_rowmax"),
-                run.read("distance_rowsum"),
-            )
-        logger.info(
-            "distance tiles: T=%d in %d blocks (%d tiles) %s",
-            grid.size, grid.n_blocks, len(grid.upper()), f"on disk at {store}" if store else "in memory",
-        )
-        D, stats = build_tiles(
-            grid, blocks, distance_tile, fn_args=(inverse,), store=store,
-            dtype=np.dtype(self.dtype), client=self.client, progress=self.progress,
-        )
-        rowmax, rowsum = _row_stats(grid, stats)
-        if run is not None and store is not None:
-            run.write("distance_rowmax", rowmax, ("sample",))
-            run.write("distance_rowsum", rowsum, ("sample",))
-            run.mark_done("distance", sigma2=inverse.sigma2)
-        return D, rowmax, rowsum
-
-    def _eigen_stage(self, G: GramOperator, run: RunGroup | None) -> dict:
-        M = self.n_components
-        if run is not None and run.is_done("eigen"):
-            out = {n: run.read(f"eigen_{n}") for n in ("values", "vectors", "residuals")}
-            info = run.stage_info("eigen")
-            return {**out, "n_passes": info["n_passes"], "frobenius_sq": info["frobenius_sq"]}
-        method = self.eigen_solver
-        if method == "auto":
-            method = "lanczos"
-        op = G
-        if method == "dense":  # only sensible for small T; the user asked for it
-            op = G.matmat(np.eye(G.shape[0]))
-        res = top_eigh(op, M, method=method, tol=self.tol, random_state=self.random_state)
-        logger.info(
-            "eigensolver: %d passes, converged=%s, max residual %.2e",
-            res.n_passes, res.converged, res.residuals.max(),
-        )
-        out = {"values": res.values, "vectors": res.vectors, "residuals": res.residuals}
-        if run is not None:
-            for n, v in out.items():
-                run.write(f"eigen_{n}", v, ("component",) if v.ndim == 1 else ("sample", "component"))
-            run.mark_done("eigen", n_passes=res.n_passes, converged=res.converged,
-                          frobenius_sq=G.frobenius_sq)
-        return {**out, "n_passes": res.n_passes, "frobenius_sq": G.frobenius_sq}

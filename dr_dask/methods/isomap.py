@@ -50,7 +50,8 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.paths import _dijkstra_block
-from dr_dask.linalg.eigen import DENSE_MAX, top_eigh
+from dr_dask.linalg.eigen import DENSE_MAX
+from dr_dask.linalg.mds import classical_mds, double_centre
 from dr_dask.validation import (
     Options,
     check_array_like,
@@ -192,17 +193,20 @@ def _out_of_sample(estimator: Any, X: Any) -> np.ndarray | da.Array:
 # full Isomap
 
 
-class _CentredSquaredGeodesics:
-    """``B = -1/2 H D2 H`` as an operator over row blocks of D2 (SymmetricOperator protocol)."""
+class _SquaredGeodesics:
+    """D2 as an operator over its row blocks (SymmetricOperator protocol); ``dense`` is D2
+    when it is in memory anyway (the dense eigensolver then uses it without a copy)."""
 
-    def __init__(self, rows: GeodesicRows):
+    def __init__(self, rows: GeodesicRows, dense: np.ndarray | None = None):
         self.rows = rows
+        self.dense = dense
         self.shape = rows.shape
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
-        Vc = V - V.mean(axis=0)
-        P = np.vstack(self.rows.map(_block_matmul, Vc))
-        return -0.5 * (P - P.mean(axis=0))
+        return np.vstack(self.rows.map(_block_matmul, V))
+
+    def to_dense(self) -> np.ndarray:
+        return self.dense if self.dense is not None else self.rows.gather(np.float64)
 
 
 def _block_matmul(block: np.ndarray, start: int, V: np.ndarray) -> np.ndarray:
@@ -211,10 +215,6 @@ def _block_matmul(block: np.ndarray, start: int, V: np.ndarray) -> np.ndarray:
 
 def _block_row_means(block: np.ndarray, start: int) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float64)
-
-
-def _centred_matrix(D2: np.ndarray, row_mean: np.ndarray) -> np.ndarray:
-    return -0.5 * (D2 - row_mean[:, None] - row_mean[None, :] + row_mean.mean())
 
 
 @dataclass
@@ -240,9 +240,8 @@ class _IsomapProjector:
         return shortest_paths(self.graph, U, client=client)
 
     def project(self, g: np.ndarray) -> np.ndarray:
-        g2 = g * g
-        f = -0.5 * (g2 - self.sq_row_mean - g2.mean(axis=1, keepdims=True)
-                    + self.sq_row_mean.mean())
+        # new rows centred against the training means (the out-of-sample form of MDS)
+        f = double_centre(g * g, col_mean=self.sq_row_mean, total=self.sq_row_mean.mean())
         lam = self.eigenvalues
         scale = np.where(lam > 0, 1.0 / np.sqrt(np.where(lam > 0, lam, 1.0)), 0.0)
         return (f @ self.vectors) * scale
@@ -369,12 +368,9 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
             D2 = rows.gather(np.float64)
             rows.release()
             rows = GeodesicRows((T, T), [0, T], [D2], None, rows.store, D2.dtype)
-        if solver == "dense":
-            res = top_eigh(_centred_matrix(D2, sq_mean), d, method="dense")
-        else:
-            res = top_eigh(_CentredSquaredGeodesics(rows), d, method="lanczos", tol=self.tol,
-                           max_passes=self.max_iter or 100,
-                           random_state=check_random_state(self.random_state))
+        res = classical_mds(_SquaredGeodesics(rows, D2), d, method=solver, tol=self.tol,
+                            max_passes=self.max_iter or 100,
+                            random_state=check_random_state(self.random_state))
         rows.release()
         timings["eigen"] = time.perf_counter() - t0
         lam, V = res.values, _fix_signs(res.vectors)

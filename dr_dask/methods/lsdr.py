@@ -13,7 +13,7 @@ Pipeline (digest ``seed-lsdr.md`` section 2.4, with its errata resolutions):
 4. Skeleton: local maxima of ``d_B`` over the k graph-nearest neighbours, ties kept (F9).
 5. Classical MDS of the skeleton's geodesics (Dijkstra from skeleton sources on the cluster,
    :func:`dr_dask.graph.paths.shortest_paths`; top eigenpairs by
-   :func:`dr_dask.linalg.eigen.top_eigh` on the implicitly double-centred squared geodesics).
+   :func:`dr_dask.linalg.mds.classical_mds` on the implicitly double-centred squared geodesics).
 6. Nadaraya-Watson average of the skeleton coordinates for every point with the Gaussian kernel
    ``exp(-|x-x'|^2 / (2 sigma^2))`` and the thesis's bandwidth
    ``sigma = max_{i in Sk} sqrt(d_B(i)^2 + min_{j in Sk, j != i} d_G(i, j)^2)`` (F11).
@@ -158,24 +158,6 @@ def prune_edges(
         if max_passes is None:
             logger.warning("edge pruning still changing after %d passes", cap)
     return alive, n_passes
-
-
-class _CentredSquared:
-    """``B = -1/2 H (Q o Q) H`` as an operator (``Q2`` squared in place; no second r x r copy)."""
-
-    def __init__(self, Q2: np.ndarray):
-        self.Q2 = Q2
-        self.shape = Q2.shape
-        self.row_mean = Q2.mean(1)
-        self.mean = float(self.row_mean.mean())
-
-    def matmat(self, V: np.ndarray) -> np.ndarray:
-        s = V.sum(0)
-        out = self.Q2 @ V
-        out -= self.row_mean[:, None] * s[None, :]
-        out -= np.outer(np.ones(len(self.row_mean)), self.row_mean @ V)
-        out += self.mean * s[None, :]
-        return -0.5 * out
 
 
 def _sqdist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -451,7 +433,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     def fit(self, X: Any, y: Any = None) -> LSDR:
         """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
         from dr_dask.graph.paths import shortest_paths
-        from dr_dask.linalg.eigen import top_eigh
+        from dr_dask.linalg.eigen import DenseOperator
+        from dr_dask.linalg.mds import classical_mds
 
         X = self._training(X)
         n = X.shape[0]
@@ -490,9 +473,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         np.fill_diagonal(Q, 0.0)
         sigma = float(self.bandwidth or np.sqrt(d_b[skeleton] ** 2 + nearest**2).max())
         np.multiply(Q, Q, out=Q)
-        res = top_eigh(_CentredSquared(Q) if r > 1500 else
-                       -0.5 * (Q - Q.mean(0) - Q.mean(1)[:, None] + Q.mean()), d,
-                       random_state=rng)
+        # an operator: Lanczos never copies the r x r matrix (dense below 1500 rows)
+        res = classical_mds(DenseOperator(Q), d, random_state=rng)
         del Q
         lam = res.values
         if np.any(lam <= 0):

@@ -1,0 +1,146 @@
+"""Double centring and classical MDS: the package's one implementation of each.
+
+Classical (Torgerson) MDS embeds points from squared distances ``D2`` through the top
+eigenpairs of ``B = -1/2 H D2 H`` (``H = I - 11^T/n``). Every method needs the centring in one
+of three shapes, all here:
+
+- :func:`double_centre`, dense: a whole matrix, one tile of a larger one, or the rows of new
+  points against a training set's means (the out-of-sample form), by passing the means;
+- :class:`CentredOperator`, matrix-free: ``B V`` from products ``D2 V`` only (rank-one
+  corrections, never H), for out-of-core distances;
+- :func:`classical_mds`: either of them through the one eigensolver,
+  :func:`dr_dask.linalg.eigen.top_eigh` (dense below its size threshold, Lanczos above).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dr_dask.linalg.eigen import SymmetricOperator, as_operator, top_eigh
+
+logger = logging.getLogger(__name__)
+
+
+def double_centre(
+    A: Any,
+    row_mean: np.ndarray | None = None,
+    col_mean: np.ndarray | None = None,
+    total: float | None = None,
+) -> np.ndarray:
+    """``-1/2 (A - r 1^T - 1 c^T + t)``, which is ``-1/2 H A H`` with A's own means.
+
+    Parameters
+    ----------
+    A : array-like of shape (n, m)
+        Squared distances (or any matrix to centre).
+    row_mean, col_mean : ndarray of shape (n,) and (m,), optional
+        Means to subtract; default A's own. Pass a larger matrix's means to centre one of its
+        tiles, or the training means to centre the distance rows of new points.
+    total : float, optional
+        Grand mean; default A's own.
+
+    Returns
+    -------
+    ndarray of shape (n, m), float64
+    """
+    A = np.asarray(A, dtype=np.float64)
+    r = A.mean(axis=1) if row_mean is None else np.asarray(row_mean, dtype=np.float64)
+    c = A.mean(axis=0) if col_mean is None else np.asarray(col_mean, dtype=np.float64)
+    t = float(A.mean()) if total is None else float(total)
+    return -0.5 * (A - r[:, None] - c[None, :] + t)
+
+
+def centred_product(matmat: Any, V: np.ndarray) -> np.ndarray:
+    """``-1/2 H A H V`` from a function ``matmat(W) = A W`` (A symmetric): one product."""
+    W = np.asarray(matmat(V - V.mean(axis=0)), dtype=np.float64)
+    return -0.5 * (W - W.mean(axis=0))
+
+
+class CentredOperator:
+    """``B = -1/2 H A H`` of a symmetric operator A, known through products only.
+
+    Parameters
+    ----------
+    A : ndarray, dask array or SymmetricOperator of shape (n, n)
+    """
+
+    def __init__(self, A: Any):
+        self.A = as_operator(A)
+        self.shape = tuple(self.A.shape)
+        if getattr(self.A, "to_dense", None) is None:
+            # known only by products: let the eigensolver judge materialising by its size
+            self.to_dense = None
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        return centred_product(self.A.matmat, V)
+
+    def to_dense(self) -> np.ndarray:
+        """B as an ndarray (the eigensolver's dense path for small n)."""
+        return double_centre(self.A.to_dense())
+
+
+def scaled_vectors(values: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """MDS coordinates ``[sqrt(lambda_m) v_m]``; non-positive eigenvalues give zero columns."""
+    return vectors * np.sqrt(np.clip(values, 0.0, None))
+
+
+@dataclass
+class MDSResult:
+    """Classical MDS: coordinates and the eigenpairs of the centred matrix.
+
+    Attributes
+    ----------
+    embedding : ndarray of shape (n, k)
+        ``vectors * sqrt(max(values, 0))``.
+    values : ndarray of shape (k,)
+        Top algebraic eigenvalues of ``-1/2 H D2 H``, largest first.
+    vectors : ndarray of shape (n, k)
+    residuals : ndarray of shape (k,)
+    n_passes : int
+    converged : bool
+    """
+
+    embedding: np.ndarray
+    values: np.ndarray
+    vectors: np.ndarray
+    residuals: np.ndarray
+    n_passes: int
+    converged: bool
+
+
+def classical_mds(
+    D2: Any,
+    n_components: int,
+    *,
+    method: str = "auto",
+    tol: float = 1e-8,
+    max_passes: int = 60,
+    random_state: Any = None,
+) -> MDSResult:
+    """Classical MDS from squared distances.
+
+    Parameters
+    ----------
+    D2 : ndarray, dask array or SymmetricOperator of shape (n, n)
+        Squared distances; an operator stays matrix-free (:class:`CentredOperator`).
+    n_components : int
+        k < n.
+    method, tol, max_passes, random_state
+        Passed to :func:`dr_dask.linalg.eigen.top_eigh`.
+
+    Returns
+    -------
+    MDSResult
+    """
+    if isinstance(D2, SymmetricOperator):
+        B: Any = CentredOperator(D2)
+    else:
+        B = double_centre(D2.compute() if hasattr(D2, "compute") else D2)
+    res = top_eigh(B, n_components, method=method, tol=tol, max_passes=max_passes,
+                   random_state=random_state)
+    return MDSResult(scaled_vectors(res.values, res.vectors), res.values, res.vectors,
+                     res.residuals, res.n_passes, res.converged)

@@ -1,0 +1,323 @@
+"""IKD's shared primitives: the configuration, the result, and what every solver uses.
+
+Nothing here imports the estimator (:mod:`dr_dask.methods.ikd`): the estimator validates its
+parameters once into an :class:`IKDConfig` and hands it to a solver, a function
+``(config, data, run) -> IKDResult`` in :mod:`._ikd_full`, :mod:`._ikd_geodesic` or
+:mod:`._ikd_blockwise`. The solvers depend on this module only, never on each other's
+internals or on estimator state.
+
+IKD (seed 002 Algorithm 1; digest ``seed-ikd.md`` §1.5): the sample similarity S, the
+elementwise inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform G = g(D) and
+its top-M algebraic eigenpairs. G is never formed at scale: for a reference point r,
+``G V = 1/2 (d_r 1^T V + 1 d_r^T V - D V)``, and for MDS centring ``G V = -1/2 J D J V``
+(:func:`dr_dask.linalg.mds.centred_product`), so the eigensolver only needs products ``D V``.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from dr_dask.cluster import compute
+from dr_dask.kernels import Kernel
+from dr_dask.linalg.eigen import DenseOperator, top_eigh
+from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
+from dr_dask.linalg.tiles import TileGrid
+from dr_dask.store import InputData, RunGroup
+
+logger = logging.getLogger(__name__)
+
+#: Tiles stay in worker memory when the upper triangle is at most this many bytes.
+MEMORY_TILE_BYTES = 2 * 2**30
+
+
+# --------------------------------------------------------------------------------------------
+# configuration and result
+
+
+@dataclass(frozen=True)
+class IKDConfig:
+    """IKD's parameters after validation (built once per fit by ``IKD.fit``).
+
+    Same names and meanings as :class:`dr_dask.methods.ikd.IKD`'s parameters, except:
+    ``kernel`` is the :class:`~dr_dask.kernels.Kernel` object (its alpha/gamma/nu applied),
+    ``reference`` is resolved (the per-solver default applied), ``dtype`` is a numpy dtype,
+    ``landmark`` says whether ``n_landmarks`` selects landmark IKD.
+    """
+
+    n_components: int
+    kernel: Kernel
+    similarity: str
+    reference: str
+    variance: float | None
+    length_scale: float
+    solver: str
+    floor: float
+    ceil: float
+    dtype: np.dtype
+    tile_size: int
+    tile_cache: str
+    scratch: Any
+    tol: float
+    eigen_solver: str
+    n_neighbors: int
+    threshold: float | None
+    geodesic_rule: str
+    on_disconnected: str
+    clique_threshold: float | None
+    max_cliques: int
+    min_overlap: int | None
+    shared_points: str
+    n_landmarks: int | None
+    landmark_method: str
+    random_state: Any
+    client: Any
+    progress: bool
+
+    @property
+    def landmark(self) -> bool:
+        return self.n_landmarks is not None
+
+    def inverse_kernel(self, sigma2: float) -> InverseKernel:
+        return InverseKernel(self.kernel, sigma2, self.floor, self.ceil, self.length_scale)
+
+    def on_disk(self, nbytes: float) -> bool:
+        """Whether an array of ``nbytes`` goes to Zarr rather than worker memory."""
+        return self.tile_cache == "disk" or (
+            self.tile_cache == "auto" and nbytes > MEMORY_TILE_BYTES)
+
+
+@dataclass
+class IKDResult:
+    """What every solver returns; ``IKD.fit`` sets each field as the attribute ``<name>_``.
+
+    The common fields are set by every solver (``None`` where a solver has no such quantity,
+    as documented on :class:`~dr_dask.methods.ikd.IKD`); the solver-specific ones are ``None``
+    for the other solvers.
+    """
+
+    embedding: np.ndarray
+    eigenvalues: np.ndarray
+    eigen_residuals: np.ndarray | None
+    eigen_passes: int | None
+    explained_variance_ratio: float
+    reference_index: int | None
+    sigma2: float
+    timings: dict[str, float] = field(default_factory=dict)
+    graph_components: int | None = None
+    graph_edges: int | None = None
+    landmarks: np.ndarray | None = None
+    cliques: list | None = None
+    merge_log: list | None = None
+    clique_threshold: float | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# similarity rows and the inverse-kernel transform (picklable: they run on workers)
+
+
+def normalise_rows(block: np.ndarray, similarity: str, dtype: Any) -> np.ndarray:
+    """Rows scaled so that ``S = Xn Xn^T``: centred per sample across features, then
+    divided by sqrt(N - 1) (covariance, Algorithm 1) or by their norm (correlation)."""
+    X = np.asarray(block, dtype=np.float64)
+    Xc = X - X.mean(axis=1, keepdims=True)
+    if similarity == "correlation":
+        Xc /= np.linalg.norm(Xc, axis=1, keepdims=True)
+    else:
+        Xc /= np.sqrt(X.shape[1] - 1)
+    return Xc.astype(dtype, copy=False)
+
+
+def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
+    """Row-normalised data Xn (S = Xn Xn^T) and sigma^2 for the configuration."""
+    X = inp.data.rechunk({0: cfg.tile_size, 1: -1})
+    Xn = X.map_blocks(normalise_rows, cfg.similarity, cfg.dtype, dtype=cfg.dtype)
+    if cfg.variance is not None:
+        return Xn, float(cfg.variance)
+    if cfg.similarity == "correlation":
+        return Xn, 1.0
+    (sq,) = compute((Xn.astype(np.float64) ** 2).sum(axis=1).mean(), client=cfg.client)
+    return Xn, float(sq)  # mean of diag(S), Algorithm 1 line 3
+
+
+@dataclass(frozen=True)
+class InverseKernel:
+    """``S -> D = l^2 f^-1(clip(S / sigma^2, floor, ceil))`` with a zero diagonal."""
+
+    kernel: Any
+    sigma2: float
+    floor: float
+    ceil: float
+    length_scale: float
+
+    def __call__(self, S: np.ndarray, diagonal: bool = False) -> np.ndarray:
+        k = np.clip(S / np.asarray(self.sigma2, S.dtype), self.floor, self.ceil)
+        D = self.kernel.inverse(k)
+        if self.length_scale != 1.0:
+            D *= self.length_scale**2
+        if diagonal:
+            np.fill_diagonal(D, 0.0)
+        return D
+
+
+def tile_stats(D: np.ndarray) -> tuple:
+    """Row and column maxima and sums of one tile (the reference point needs them)."""
+    D64 = D.astype(np.float64, copy=False)
+    return D64.max(axis=1), D64.max(axis=0), D64.sum(axis=1), D64.sum(axis=0)
+
+
+def row_stats(grid: TileGrid, stats: list) -> tuple[np.ndarray, np.ndarray]:
+    """Full-row maxima and sums of D from the upper tiles' row and column statistics."""
+    rowmax = np.full(grid.size, -np.inf)
+    rowsum = np.zeros(grid.size)
+    for (i, j), (rmax, cmax, rsum, csum) in zip(grid.upper(), stats):
+        bi, bj = grid.block(i), grid.block(j)
+        rowmax[bi] = np.maximum(rowmax[bi], rmax)
+        rowsum[bi] += rsum
+        if i != j:
+            rowmax[bj] = np.maximum(rowmax[bj], cmax)
+            rowsum[bj] += csum
+    return rowmax, rowsum
+
+
+# --------------------------------------------------------------------------------------------
+# the reference transform g(D)
+
+
+def reference_index(rowmax: np.ndarray, rowsum: np.ndarray, reference: str) -> int | None:
+    """Reference point of digest §1.4: argmin_i max_j d_ij (paper), argmin mean, or None
+    for MDS centring."""
+    if reference == "min_max":
+        return int(np.argmin(rowmax))
+    if reference == "min_mean":
+        return int(np.argmin(rowsum))
+    return None
+
+
+class GramOperator:
+    """g(D) without forming it: products need only ``D @ V``.
+
+    The first product also computes ``||g(D)||_F^2`` (``frobenius_sq``) tile by tile, riding
+    along with the pass over the tiles that the product makes anyway.
+
+    Parameters
+    ----------
+    D : ndarray or TiledSymmetric of shape (T, T)
+        The inverse-kernel distance matrix (zero diagonal).
+    d_ref : ndarray of shape (T,) or None
+        Row r of D for a reference point; ``None`` means MDS double centring.
+    row_mean : ndarray of shape (T,)
+        Row means of D (the centred norm needs them).
+    """
+
+    def __init__(self, D: Any, d_ref: np.ndarray | None, row_mean: np.ndarray):
+        self.D = D if hasattr(D, "matmat") else DenseOperator(D)
+        self.d_ref = d_ref
+        self.row_mean = row_mean
+        self.shape = self.D.shape
+        self.frobenius_sq: float | None = None
+
+    def _d_times(self, V: np.ndarray) -> np.ndarray:
+        if self.frobenius_sq is None and hasattr(self.D, "matmat_reduce"):
+            W, parts = self.D.matmat_reduce(
+                V, _gram_frobenius_tile, self.d_ref, self.row_mean, float(self.row_mean.mean())
+            )
+            self.frobenius_sq = float(sum(parts))
+            return W
+        if self.frobenius_sq is None:  # an in-memory D: one elementwise pass here
+            full = slice(None)
+            self.frobenius_sq = _gram_frobenius_tile(
+                np.asarray(self.D.A), full, full, True, self.d_ref, self.row_mean,
+                float(self.row_mean.mean()),
+            )
+        return self.D.matmat(V)
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        if self.d_ref is None:
+            return centred_product(self._d_times, V)
+        d = self.d_ref[:, None]
+        return 0.5 * (d * V.sum(axis=0) + (d * V).sum(axis=0) - self._d_times(V))
+
+
+def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
+    """Dense g(D) for small T (per-clique solves, tests)."""
+    if d_ref_index is None:
+        return double_centre(D)
+    d = D[:, d_ref_index]
+    return 0.5 * (d[:, None] + d[None, :] - D)
+
+
+def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
+    """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror)."""
+    D = D.astype(np.float64, copy=False)
+    if d_ref is None:
+        G = double_centre(D, row_mean[rows], row_mean[cols], total_mean)
+    else:
+        G = 0.5 * (d_ref[rows, None] + d_ref[None, cols] - D)
+    return float(np.sum(G * G)) * (1.0 if diagonal else 2.0)
+
+
+def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_components: int):
+    """U~ = [sqrt(lambda_m) u_m]; non-positive eigenvalues give zero columns (digest A8)."""
+    n_pos = int(np.sum(values[:n_components] > 0))
+    if n_pos < n_components:
+        warnings.warn(
+            f"only {n_pos} of the top {n_components} eigenvalues of g(D) are positive; "
+            "the remaining embedding columns are zero",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return scaled_vectors(values[:n_components], vectors[:, :n_components])
+
+
+# --------------------------------------------------------------------------------------------
+# the eigen stage shared by the full and geodesic solvers
+
+
+def eigen_stage(cfg: IKDConfig, G: GramOperator, run: RunGroup | None) -> dict:
+    """Top-M eigenpairs of g(D) (resumed from the run when that stage completed).
+
+    ``eigen_solver="auto"`` is :func:`dr_dask.linalg.eigen.top_eigh`'s: G is known only by
+    products, so it is materialised for LAPACK up to a few Lanczos blocks (T <= ~60 for M=2),
+    Lanczos above.
+    """
+    if run is not None and run.is_done("eigen"):
+        out = {n: run.read(f"eigen_{n}") for n in ("values", "vectors", "residuals")}
+        info = run.stage_info("eigen")
+        return {**out, "n_passes": info["n_passes"], "frobenius_sq": info["frobenius_sq"]}
+    res = top_eigh(G, cfg.n_components, method=cfg.eigen_solver, tol=cfg.tol,
+                   random_state=cfg.random_state)
+    logger.info(
+        "eigensolver: %d passes, converged=%s, max residual %.2e",
+        res.n_passes, res.converged, res.residuals.max(),
+    )
+    out = {"values": res.values, "vectors": res.vectors, "residuals": res.residuals}
+    if run is not None:
+        for n, v in out.items():
+            run.write(f"eigen_{n}", v, ("component",) if v.ndim == 1 else ("sample", "component"))
+        run.mark_done("eigen", n_passes=res.n_passes, converged=res.converged,
+                      frobenius_sq=G.frobenius_sq)
+    return {**out, "n_passes": res.n_passes, "frobenius_sq": G.frobenius_sq}
+
+
+def eigen_result(eig: dict, cfg: IKDConfig, r: int | None, sigma2: float,
+                 timings: dict, **extra: Any) -> IKDResult:
+    """The result of a solver that ends in one eigenproblem of g(D)."""
+    M = cfg.n_components
+    values = eig["values"]
+    return IKDResult(
+        embedding=embedding_from_eigenpairs(values, eig["vectors"], M),
+        eigenvalues=values[:M],
+        eigen_residuals=eig["residuals"][:M],
+        eigen_passes=int(eig["n_passes"]),
+        explained_variance_ratio=float(np.sum(values[:M] ** 2) / eig["frobenius_sq"]),
+        reference_index=r,
+        sigma2=sigma2,
+        timings=timings,
+        **extra,
+    )
