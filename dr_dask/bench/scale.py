@@ -23,7 +23,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from dr_dask.bench._common import dataset_store, timed_fits
+from dr_dask.bench._common import dataset_store, n_workers, timed_fits
 from dr_dask.cluster import compute
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
         }
     return {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
-        "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
+        "workers": n_workers(client),
         "rows": rows, "slopes": slopes, "knn": knn,
     }
 

@@ -12,19 +12,16 @@ variants are documented in :mod:`dr_dask.methods._gp`.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
-from threadpoolctl import ThreadpoolController
 
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import ClientParam, active_client, gather
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
@@ -38,66 +35,6 @@ from dr_dask.methods._manifolds import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: Seconds without any caller before the BLAS thread count is restored.
-BLAS_RESTORE_DELAY = 1.0
-_BLAS_LOCK = threading.Lock()
-_BLAS_USERS = 0
-_BLAS_ORIGINAL: list[int] | None = None
-_BLAS_TIMER: threading.Timer | None = None
-
-
-@contextlib.contextmanager
-def _one_blas_thread() -> Iterator[None]:
-    """Limit BLAS to one thread while any mapping or manifold fit runs in this process.
-
-    The kernels here are small: a second BLAS thread only contends with the other dask
-    threads or workers (10x slower eigh measured at 2 cores). The limit is process-wide, so
-    it is reference-counted, and restored only after ``BLAS_RESTORE_DELAY`` seconds without a
-    caller: restoring two threads wakes OpenBLAS's pool, which then spins on a core, and doing
-    so between every two chunks of a stream cost a third of the threaded mapping throughput.
-    """
-    global _BLAS_USERS, _BLAS_ORIGINAL, _BLAS_TIMER
-    with _BLAS_LOCK:
-        if _BLAS_TIMER is not None:
-            _BLAS_TIMER.cancel()
-            _BLAS_TIMER = None
-        if _BLAS_ORIGINAL is None:
-            _BLAS_ORIGINAL = [lib.get_num_threads() for lib in _blas_libraries()]
-            _set_blas_threads([1] * len(_BLAS_ORIGINAL))
-        _BLAS_USERS += 1
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            _BLAS_USERS -= 1
-            if _BLAS_USERS == 0:
-                _BLAS_TIMER = threading.Timer(BLAS_RESTORE_DELAY, _restore_blas_threads)
-                _BLAS_TIMER.daemon = True
-                _BLAS_TIMER.start()
-
-
-def _restore_blas_threads() -> None:
-    global _BLAS_ORIGINAL
-    with _BLAS_LOCK:
-        if _BLAS_USERS == 0 and _BLAS_ORIGINAL is not None:  # no caller came back meanwhile
-            _set_blas_threads(_BLAS_ORIGINAL)
-            _BLAS_ORIGINAL = None
-
-
-@functools.cache
-def _blas_libraries() -> list:
-    # scanning the loaded libraries costs ~10 ms: do it once
-    return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-
-
-def _set_blas_threads(counts: list[int]) -> None:
-    # threadpoolctl (>= 3.5) lets only the first thread that limited a pthreads OpenBLAS change
-    # it again and silently ignores every other thread. This limit is taken in dask's pool
-    # threads and released by a timer thread, so it sets the library directly.
-    for lib, n in zip(_blas_libraries(), counts):
-        getattr(lib, "_real_set_num_threads", lib.set_num_threads)(n)
-
 
 def _check_X(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
@@ -113,13 +50,9 @@ def _check_X(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarr
     return X
 
 
+@single_blas_thread()  # small kernels beside dask's threads (see dr_dask.blas)
 def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
-    with _one_blas_thread():
-        return _fit_manifold_inner(points, params, seed)
-
-
-def _fit_manifold_inner(points: np.ndarray, params: dict, seed: int):
     from dr_dask.methods.isomap import Isomap
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
@@ -482,7 +415,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         var = np.zeros(m)
         if not m:
             return emb, var, np.zeros(0, dtype=np.int32)
-        with _one_blas_thread():
+        with single_blas_thread():
             nbrs = [gp.neighbours(X) for gp in self.manifolds_]
             link = np.column_stack([gp.link_distance(nb[0])
                                     for gp, nb in zip(self.manifolds_, nbrs)])
