@@ -33,6 +33,7 @@ from dr_dask.methods._manifolds import (
     support_set,
     tangent_clusters,
 )
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     sigma_t_ : float
     threshold_source_ : {"manual", "loo", "holdout"}
     n_features_in_ : int
+    timings_ : dict
+        Wall seconds per stage of ``fit``: ``clustering``, ``manifolds`` (Isomap + GP per
+        manifold), ``stitch`` and, when ``sigma_t`` is calibrated, ``threshold``.
 
     Notes
     -----
@@ -311,7 +315,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         X = _check_X(X)
         client = active_client(self.client)
         rng = check_random_state(self.random_state)
-        labels = self._cluster(X, client)
+        timings: dict[str, float] = {}
+        with timed(timings, "clustering"):
+            labels = self._cluster(X, client)
         min_size = max(self.n_neighbors + 2, self.n_components + 2)
         outlier = labels < 0
         if outlier.all():
@@ -333,20 +339,22 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         }
         seeds = rng.randint(0, 2**31 - 1, size=p)
         parts = [X[labels == i] for i in range(p)]
-        if client is not None:
-            futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
-                    for P, s in zip(parts, seeds)]
-            # the parts travel in the graph: a killed worker's fits are rerun elsewhere
-            results = gather(futs, client)
-        else:
-            results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
+        with timed(timings, "manifolds"):
+            if client is not None:
+                futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
+                        for P, s in zip(parts, seeds)]
+                # the parts travel in the graph: a killed worker's fits are rerun elsewhere
+                results = gather(futs, client)
+            else:
+                results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
         self.local_embedding_ = [r[0] for r in results]
         self.manifolds_ = [r[1] for r in results]
         self.labels_ = labels
         self.n_manifolds_ = p
         self.n_features_in_ = X.shape[1]
         self.outliers_ = X[outlier]
-        self._stitch(X[~outlier], labels[~outlier], rng)
+        with timed(timings, "stitch"):
+            self._stitch(X[~outlier], labels[~outlier], rng)
         if outlier.any():
             # outliers keep a row in embedding_ (the model's batch order) through the mapping
             emb = np.empty((len(X), self.embedding_.shape[1]))
@@ -363,8 +371,11 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             self.sigma_t_ = float(self.sigma_t)
             self.threshold_source_ = "manual"
         else:
-            self.sigma_t_ = float(np.nanquantile(self.loo_variance(), self.threshold_quantile))
+            with timed(timings, "threshold"):
+                self.sigma_t_ = float(np.nanquantile(self.loo_variance(),
+                                                     self.threshold_quantile))
             self.threshold_source_ = "loo"
+        self.timings_ = timings
         return self
 
     def _stitch(self, X: np.ndarray, labels: np.ndarray, rng) -> None:
