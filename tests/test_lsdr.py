@@ -35,6 +35,7 @@ def test_swiss_roll_recovers_both_coordinates():
     assert best_rho(E, h) >= 0.99
 
 
+@pytest.mark.cluster
 def test_transform_dask_keeps_row_chunks_and_reproduces_landmarks(cluster_client):
     import dask.array as da
 
