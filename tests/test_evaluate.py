@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def test_compare_digits(digits_store, tmp_path, cluster_client):
     res = run(["compare", "--input", f"{digits_store}:X", "-n", "2",
                "--methods", "pca,lsdr,umap", "--labels", "labels", "--out", out], cluster_client)
     assert res.exit_code == 0, res.output
-    report = json.load(open(os.path.join(out, "compare.json")))
+    report = json.loads(Path(out, "compare.json").read_text())
     if importlib.util.find_spec("umap") is None:  # the optional extra is absent: a message
         assert "umap skipped" in res.output
         assert set(report["methods"]) == {"pca", "lsdr"} and "umap" in report["skipped"]

@@ -31,6 +31,9 @@ from dr_dask.resources import PeakRSS, measure, timed, tree_rss
 
 logger = logging.getLogger(__name__)
 
+#: Sizes of ``--quick`` (a smoke run; the tests shrink them further).
+QUICK = {"isomap_T": 3000, "isomap_repeats": 3, "landmark_T": 20_000, "landmark_L": 500}
+
 
 def _sklearn_isomap(X: np.ndarray, n_neighbors: int) -> tuple[np.ndarray, float]:
     from sklearn.manifold import Isomap as SkIsomap
@@ -65,8 +68,8 @@ def bench_isomap_full(client: Any, quick: bool, workdir: str, repeats: int | Non
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.methods.isomap import Isomap
 
-    T = n_samples or (3000 if quick else 20_000)
-    repeats = repeats or (3 if quick else 1)
+    T = n_samples or (QUICK["isomap_T"] if quick else 20_000)
+    repeats = repeats or (QUICK["isomap_repeats"] if quick else 1)
     X, truth = isometric_swiss_roll(T)
     idle_gb = tree_rss() / 1e9
     # baseline first, so that memory our workers keep after a run cannot inflate its figure
@@ -100,8 +103,8 @@ def bench_landmark_isomap(client: Any, quick: bool, workdir: str, n_samples: int
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.methods.isomap import LandmarkIsomap
 
-    T = n_samples or (20_000 if quick else 200_000)
-    L = n_landmarks or (500 if quick else 2000)
+    T = n_samples or (QUICK["landmark_T"] if quick else 200_000)
+    L = n_landmarks or (QUICK["landmark_L"] if quick else 2000)
     X, truth = isometric_swiss_roll(T)
     Xnew, truth_new = isometric_swiss_roll(2000, random_state=1)
     est = LandmarkIsomap(n_neighbors=10, n_components=2, n_landmarks=L, random_state=0,

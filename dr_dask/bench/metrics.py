@@ -20,6 +20,9 @@ from dr_dask.resources import measure
 
 logger = logging.getLogger(__name__)
 
+#: Sizes of ``--quick`` (a smoke run; the tests shrink them further).
+QUICK = {"T": 5000, "T_base": 1000, "lsdr_n": 2000}
+
 
 def _manifold_data(T: int, N: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A noisy swiss roll in the first 3 of N dims and its 2-D PCA embedding."""
@@ -100,7 +103,8 @@ def bench_lsdr(client: Any, n: int) -> dict:
 
 def run_bench(client: Any, quick: bool = False) -> dict:
     """All metric benchmarks; ``quick`` shrinks sizes for a smoke run."""
-    T, T_base, n = (5_000, 1_000, 2_000) if quick else (50_000, 5_000, 20_000)
+    T, T_base, n = ((QUICK["T"], QUICK["T_base"], QUICK["lsdr_n"]) if quick
+                    else (50_000, 5_000, 20_000))
     return {
         "quick": quick,
         "trustworthiness": bench_trustworthiness(client, T, T_base),

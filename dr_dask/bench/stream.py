@@ -27,10 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import write_report
+from dr_dask.bench._common import n_workers, write_report
 from dr_dask.resources import PeakRSS, measure, timed
 
 logger = logging.getLogger(__name__)
+
+#: Sizes of a full run and of ``--quick`` (a smoke run; the tests shrink them further).
+FULL = {"batch_per_patch": 500, "n_stream": 20_000, "layout_batch": 300, "layout_stream": 200,
+        "refit_batch": 2000, "refit_buffer": 1000, "detect_per_patch": 1000, "detect_n_s": 1000}
+QUICK = {**FULL, "n_stream": 4000, "layout_batch": 150, "layout_stream": 100,
+         "refit_batch": 600, "refit_buffer": 300, "detect_per_patch": 300, "detect_n_s": 300}
 
 
 def _map_all(model, S: np.ndarray, chunk: int) -> np.ndarray:
@@ -55,13 +61,14 @@ def _map_cluster(client, model_handle, S: np.ndarray, chunk: int) -> np.ndarray:
     return np.concatenate([r[1] for r in gather(futs, client)])
 
 
-def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client, chunk: int = 2000):
+def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client,
+                     batch_per_patch: int = 500, chunk: int = 2000):
     from sklearn.manifold import Isomap as SkIsomap
 
     from dr_dask.datasets.swiss_roll import patch_points
     from dr_dask.methods.gp_isomap import GPIsomap
 
-    Xb, S = patch_points(500, n_stream, ambient_dim, random_state=ambient_dim)
+    Xb, S = patch_points(batch_per_patch, n_stream, ambient_dim, random_state=ambient_dim)
     res: dict = {"ambient_dim": ambient_dim, "batch": len(Xb), "points": len(S)}
     with timed(res, "fit_seconds"):
         model = GPIsomap(n_neighbors=10, random_state=0).fit(Xb)
@@ -213,15 +220,16 @@ def run_benchmarks(client: Any = None, quick: bool = False, out: str | None = No
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_stream_")
     results: dict = {"quick": quick, "cpu_count": os.cpu_count(),
-                     "workers": len(client.nthreads()) if client is not None else 0}
+                     "workers": n_workers(client)}
     try:
-        n_stream = 4000 if quick else 20000
-        results["throughput"] = [bench_throughput(D, n_stream, repeats, client) for D in (3, 100)]
-        results["layouts"] = bench_layouts(150 if quick else 300, 100 if quick else 200,
+        q = QUICK if quick else FULL
+        results["throughput"] = [bench_throughput(D, q["n_stream"], repeats, client,
+                                                  q["batch_per_patch"]) for D in (3, 100)]
+        results["layouts"] = bench_layouts(q["layout_batch"], q["layout_stream"],
                                            (1,) if quick else (1, 2, 3))
-        results["refit"] = bench_refit(repeats, *((600, 300) if quick else (2000, 1000)))
-        results["detection"] = bench_detection(300 if quick else 1000, 300 if quick else 1000,
-                                               workdir, client)
+        results["refit"] = bench_refit(repeats, q["refit_batch"], q["refit_buffer"])
+        results["detection"] = bench_detection(q["detect_per_patch"], q["detect_n_s"], workdir,
+                                               client)
     finally:
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
