@@ -30,6 +30,12 @@ def n_workers(client: Any) -> int:
     return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
 
 
+def stage_seconds(est: Any) -> dict:
+    """An estimator's wall seconds per stage: ``timings_`` (IKD's ``stage_seconds_`` until
+    issue 14 renames it)."""
+    return getattr(est, "timings_", None) or getattr(est, "stage_seconds_", {})
+
+
 def write_report(results: dict, path: str | None) -> str:
     """Render ``results`` as indented JSON, optionally write it to ``path``, and return it."""
     text = json.dumps(plain_json(results), indent=2)
