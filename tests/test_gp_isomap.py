@@ -130,6 +130,7 @@ def test_calibrate_threshold_and_manual_sigma(patch):
     Xb, Xs, _ = patch
     gp = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(Xb)
     assert gp.threshold_source_ == "loo"
+    assert set(gp.timings_) == {"clustering", "manifolds", "stitch", "threshold"}
     t = gp.calibrate_threshold(Xs, quantile=0.9)
     assert gp.sigma_t_ == t and gp.threshold_source_ == "holdout"
     assert abs(gp.is_novel(Xs).mean() - 0.1) <= 0.02
