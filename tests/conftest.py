@@ -1,8 +1,50 @@
-"""Shared fixtures: one real multi-process LocalCluster for the whole test session."""
+"""Shared fixtures: one real multi-process LocalCluster for the whole test session.
+
+Tests that start or use a cluster are marked ``@pytest.mark.cluster``, so that
+``pytest -m "not cluster"`` starts none. Two guards keep that true: collection fails on a test
+that takes a cluster fixture without the marker, and an unmarked test that starts a dask
+cluster in this process (a ``LocalCluster``, e.g. through a CLI command without
+``--scheduler threads``) fails.
+"""
 
 from __future__ import annotations
 
 import pytest
+
+#: Fixtures that start a cluster.
+CLUSTER_FIXTURES = {"cluster_client"}
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [item.nodeid for item in items
+                if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("cluster") is None]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests using a cluster fixture must be marked @pytest.mark.cluster: "
+            + ", ".join(unmarked))
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_unless_marked(request, monkeypatch):
+    """Fail an unmarked test that starts a dask cluster (SpecCluster: LocalCluster and kin)."""
+    if request.node.get_closest_marker("cluster") is not None:
+        yield
+        return
+    from distributed.deploy.spec import SpecCluster
+
+    started: list[str] = []
+    original = SpecCluster.__init__
+
+    def guarded(self, *args, **kwargs):
+        started.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpecCluster, "__init__", guarded)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} started a {started[0]} but is not marked "
+                    "@pytest.mark.cluster", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -108,6 +108,7 @@ def test_internal_error_exits_1(tmp_path, npy, monkeypatch):
     assert res.exit_code == 1 and "Traceback" in res.output
 
 
+@pytest.mark.cluster
 def test_progress_goes_to_stderr_on_a_terminal_only(cluster_client, capsys, monkeypatch):
     import dask.array as da
 

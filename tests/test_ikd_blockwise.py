@@ -123,6 +123,7 @@ def test_blockwise_recovers_gp_latents(gp_data, shared_points):
     assert est.embedding_.shape == (300, 3) and est.eigenvalues_.shape == (3,)
 
 
+@pytest.mark.cluster
 def test_blockwise_cluster_run_equals_threaded_run(gp_data, cluster_client):
     X, _ = gp_data
     threaded = IKD(3, solver="blockwise", clique_threshold=0.3, random_state=0).fit(X)

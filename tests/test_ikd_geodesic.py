@@ -117,6 +117,7 @@ def test_landmark_ikd_on_similarities_matches_full_ikd():
     assert r2_affine(full.embedding_, lm.embedding_) >= 0.95
 
 
+@pytest.mark.cluster
 def test_cluster_run_equals_threaded_run(cluster_client):
     X, _ = _data("sinusoidal", 500, 60)
     kw = dict(solver="geodesic", n_neighbors=6, tile_size=256, random_state=0, tol=1e-9)

@@ -4,22 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
+from dr_dask.datasets.toy import noisy_spiral, noisy_swiss_roll
 from dr_dask.methods.lsdr import LSDR, prune_edges
-
-
-def spiral(n, seed=0, noise=0.35):
-    rng = np.random.default_rng(seed)
-    theta = rng.uniform(1.5 * np.pi, 4.5 * np.pi, n)
-    X = np.c_[theta * np.cos(theta), theta * np.sin(theta)] + noise * rng.normal(size=(n, 2))
-    return X, theta
-
-
-def swiss_roll(n, seed=0, noise=0.3):
-    rng = np.random.default_rng(seed)
-    t = 1.5 * np.pi * (1 + 2 * rng.uniform(size=n))
-    h = 21 * rng.uniform(size=n)
-    X = np.c_[t * np.cos(t), h, t * np.sin(t)] + noise * rng.normal(size=(n, 3))
-    return X, t, h
 
 
 def best_rho(E, z):
@@ -28,9 +14,12 @@ def best_rho(E, z):
 
 @pytest.mark.parametrize("removal", ["in_place", "sweep"])
 def test_spiral_recovers_angle(removal):
-    X, theta = spiral(800)
+    X, theta = noisy_spiral(800)
     model = LSDR(n_components=1, removal=removal, random_state=0).fit(X)
     assert best_rho(model.embedding_, theta) >= 0.99
+    assert set(model.timings_) == {"graph", "boundary", "shortest_paths", "mds", "smoothing",
+                                   "out_of_sample"}
+    assert all(s >= 0 for s in model.timings_.values())
     # the graph keeps its spanning tree, so it is connected, and pruning removed cross-arm edges
     from scipy.sparse.csgraph import connected_components
 
@@ -38,23 +27,24 @@ def test_spiral_recovers_angle(removal):
     assert len(model.removed_edges_) > 0 and len(model.mst_edges_) == len(X) - 1
     assert 0 < len(model.skeleton_indices_) < len(X)
     # out-of-sample points (Theorem 2 estimator) land in the right place along the spiral
-    Xn, theta_n = spiral(200, seed=5)
+    Xn, theta_n = noisy_spiral(200, 5)
     assert best_rho(model.transform(Xn), theta_n) >= 0.99
 
 
 def test_swiss_roll_recovers_both_coordinates():
-    X, t, h = swiss_roll(1500)
+    X, t, h = noisy_swiss_roll(1500)
     E = LSDR(n_components=2, random_state=0).fit_transform(X)
     assert best_rho(E, t) >= 0.99
     assert best_rho(E, h) >= 0.99
 
 
+@pytest.mark.cluster
 def test_transform_dask_keeps_row_chunks_and_reproduces_the_embedding(cluster_client):
     """transform (step 6, default) of the training points is the embedding; the Theorem 2
     interpolator reproduces it at its landmarks; dask in, dask out, same row chunks."""
     import dask.array as da
 
-    X, _ = spiral(400, seed=1)
+    X, _ = noisy_spiral(400, 1)
     Xd = da.from_array(X, chunks=(130, 2))
     for oos in ("nw", "interp"):
         model = LSDR(n_components=1, oos=oos, random_state=0, client=cluster_client).fit(X)
@@ -71,7 +61,7 @@ def test_transform_dask_keeps_row_chunks_and_reproduces_the_embedding(cluster_cl
 
 def test_single_simultaneous_pass_leaves_more_edges():
     """The digest's F7: one simultaneous pass removes fewer edges than the fixed point."""
-    X, _ = spiral(800)
+    X, _ = noisy_spiral(800)
     from scipy.spatial import Delaunay
 
     s = Delaunay(X).simplices
@@ -84,7 +74,7 @@ def test_single_simultaneous_pass_leaves_more_edges():
 
 
 def test_bad_input_errors():
-    X, _ = spiral(200)
+    X, _ = noisy_spiral(200)
     with pytest.raises(ValueError, match="p=8 exceeds max_delaunay_dim=6.*PCA.*graph='knn'"):
         LSDR().fit(np.random.default_rng(0).normal(size=(100, 8)))
     dup = np.vstack([X, X[[3, 17]]])

@@ -56,6 +56,7 @@ def test_blockwise_equals_in_memory(xy):
     assert whole["raw_stress"] == pytest.approx(np.sqrt(((dx - dy) ** 2).sum()))
 
 
+@pytest.mark.cluster
 def test_blockwise_on_cluster(xy, cluster_client):
     X, Y = xy
     local = metrics.neighbourhood_scores(X, Y, 5, block_rows=len(X))
@@ -137,6 +138,7 @@ def test_reconstruction_residuals_uncorrelated_with_embedding(ti_data):
     assert np.abs(cov).max() < 1e-8
 
 
+@pytest.mark.cluster
 def test_tci_exhaustive_sampled_and_cluster(ti_data, cluster_client):
     X = ti_data[0][:30]
     full = metrics.consistency_index(PCA(2), X, method="exhaustive")

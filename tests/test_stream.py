@@ -289,7 +289,7 @@ def test_kill_during_final_refit_restart_finishes_it(model, model_path, source_d
 @pytest.mark.cluster
 def test_worker_killed_mid_stream_loses_no_row(model, scenario, reference, tmp_path):
     """SIGKILL a worker of a 2-process LocalCluster while the runner maps on it: its tasks
-    and the model are put again, nothing hangs, and the output equals the threaded run."""
+    and the shared model are recomputed, nothing hangs, and the output equals the threaded run."""
     import threading
 
     from distributed import Client, LocalCluster

@@ -101,12 +101,20 @@ name = "embed"
 args = ["embed", "ikd", "--input", "{data}:X", "--out", "{runs}", "-n", "1", "--name", "nightly"]
 """)
     address = cluster_client.scheduler.address
+
+    def transitions():
+        # cumulative task transitions of the session cluster's scheduler: the difference is
+        # this run's work (task_prefixes would count every earlier test's tasks too)
+        return cluster_client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.transition_counter)
+
+    before_run = transitions()
     res = CliRunner().invoke(main, ["--scheduler", address, "run", wf])
     assert res.exit_code == 0, res.output
     run = zarr.open_group(runs, mode="r")["nightly"]
     assert run.attrs["complete"] and run["embedding"].shape == (300, 1)
-    # the scheduler's workers did the work: the cluster saw tasks
-    assert cluster_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.task_prefixes)) > 0
+    # the scheduler's workers did the work: this run's steps sent it tasks
+    assert transitions() > before_run
     # a rerun of the finished job is a no-op that succeeds (resumable, idempotent steps)
     before = run["embedding"][...]
     res = CliRunner().invoke(main, ["--scheduler", address, "run", wf])

@@ -17,13 +17,16 @@ Cases (``CASES`` maps a name to ``fn(client, quick, workdir) -> dict``, the sign
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from dr_dask.bench._common import dataset_store, timed_fits
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
+
+#: Sizes of ``--quick`` (a smoke run; the tests shrink them further).
+QUICK = {"blockwise_T": 1000, "geodesic_T": 5000, "landmark_T": 20_000, "landmark_L": 300}
 
 #: The authors' single-process blockwise code on these cases (issue 3, same machine).
 AUTHORS_SECONDS_RANGE = (15.0, 190.0)
@@ -35,7 +38,7 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
     from dr_dask.metrics import r2_affine
     from dr_dask.store import open_dataset
 
-    T = 1000
+    T = QUICK["blockwise_T"] if quick else 1000
     repeats = 1 if quick else 3
     cases = [("sinusoidal", 100, 1, {}), ("sinusoidal", 400, 1, {}),
              ("gp", 200, 3, {"n_components": 3})]
@@ -71,9 +74,9 @@ def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
     from dr_dask.store import open_dataset
 
     N = 100
-    t0 = time.perf_counter()
-    src, Z = dataset_store(workdir, "sinusoidal", T, N)
-    generate = time.perf_counter() - t0
+    with timed() as t:
+        src, Z = dataset_store(workdir, "sinusoidal", T, N)
+    generate = t["seconds"]
     inp = open_dataset(src)
     secs, peak, est = timed_fits(
         lambda: IKD(1, dtype="float32", random_state=0, client=client, tol=1e-6, **params),
@@ -94,13 +97,13 @@ def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
 
 def bench_geodesic(client: Any, quick: bool, workdir: str) -> dict:
     """Geodesic IKD, sinusoidal T=30,000 (quick 5,000): RSS, time per stage, R^2."""
-    return _large(client, workdir, 5_000 if quick else 30_000, solver="geodesic")
+    return _large(client, workdir, QUICK["geodesic_T"] if quick else 30_000, solver="geodesic")
 
 
 def bench_landmark(client: Any, quick: bool, workdir: str) -> dict:
     """Landmark IKD, sinusoidal T=200,000 (quick 20,000): RSS, time per stage, R^2."""
-    return _large(client, workdir, 20_000 if quick else 200_000, solver="geodesic",
-                  n_landmarks=300 if quick else 1000)
+    return _large(client, workdir, QUICK["landmark_T"] if quick else 200_000, solver="geodesic",
+                  n_landmarks=QUICK["landmark_L"] if quick else 1000)
 
 
 CASES: dict[str, Callable[..., dict]] = {

@@ -15,7 +15,9 @@ import uuid
 import numpy as np
 import zarr
 
-from dr_dask.bench._common import median_time
+from dr_dask.bench._common import n_workers
+from dr_dask.datasets.toy import tanh_lowrank
+from dr_dask.resources import measure
 from dr_dask.storage import Location
 
 logger = logging.getLogger(__name__)
@@ -57,8 +59,9 @@ def _fit(loc: Location, n_components: int, client) -> np.ndarray:
 
 def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
               bucket: str | None = None) -> dict:
-    """Time the IKD fit from local disk and from S3 in this one run; report both, the ratio
-    and the S3 requests made by the S3 fit."""
+    """Time the IKD fit from local disk and from S3 in this one run: every repeat's seconds
+    and their medians, the ratio of the medians, the peak RSS of the process tree for each
+    side, and the S3 requests made by one S3 fit."""
     server = None
     counter = _RequestCounter()
     options: dict = {}
@@ -77,10 +80,7 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
     werkzeug.addHandler(counter)
     old_level = werkzeug.level
     werkzeug.setLevel(logging.INFO)
-    rng = np.random.default_rng(0)
-    z = rng.normal(size=(T, 3)).astype(np.float32)
-    X = np.tanh(z @ rng.normal(size=(3, N)).astype(np.float32)) + 0.1 * rng.normal(
-        size=(T, N)).astype(np.float32)
+    X = tanh_lowrank(T, N, random_state=0)
     chunk_rows = max(1, min(T, 2_000))
     try:
         with tempfile.TemporaryDirectory(prefix="dr_dask_bench_io_") as tmp:
@@ -89,9 +89,9 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
             _write(local, X, chunk_rows)
             _write(remote, X, chunk_rows)
             _fit(local, 2, client)  # warm up: numba, imports, worker caches
-            t_local, e_local = median_time(lambda: _fit(local, 2, client), repeats)
+            on_disk = measure(lambda: _fit(local, 2, client), repeats)
             counter.count = 0
-            t_s3, e_s3 = median_time(lambda: _fit(remote, 2, client), repeats)
+            on_s3 = measure(lambda: _fit(remote, 2, client), repeats)
             requests = counter.count // repeats if server is not None else None
             remote.delete()
     finally:
@@ -102,8 +102,12 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
     return {
         "case": "IKD fit (full solver, float32) from local Zarr vs from S3",
         "T": T, "N": N, "chunk_rows": chunk_rows, "repeats": repeats,
-        "local_seconds": t_local, "s3_seconds": t_s3, "ratio_s3_to_local": t_s3 / t_local,
+        "workers": n_workers(client),
+        "local_seconds_median": on_disk.seconds, "s3_seconds_median": on_s3.seconds,
+        "local_seconds": on_disk.times, "s3_seconds": on_s3.times,
+        "ratio_s3_to_local": on_s3.seconds / on_disk.seconds,
+        "local_peak_rss_gb": on_disk.peak_rss_gb, "s3_peak_rss_gb": on_s3.peak_rss_gb,
         "target_ratio": 1.3, "s3_requests_per_fit": requests,
         "server": "moto (in-process, 127.0.0.1)" if server is not None else "AWS_ENDPOINT_URL",
-        "same_embedding": bool(np.allclose(e_local, e_s3, rtol=1e-4, atol=1e-5)),
+        "same_embedding": bool(np.allclose(on_disk.result, on_s3.result, rtol=1e-4, atol=1e-5)),
     }

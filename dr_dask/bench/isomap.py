@@ -14,58 +14,33 @@ blockwise IKD cases of the same issue are meant to be added to it):
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import PeakRSS, tree_rss
+from dr_dask.bench._common import n_workers
 from dr_dask.bench.ikd_solvers import CASES as IKD_SOLVER_CASES
+from dr_dask.datasets.toy import isometric_swiss_roll
+from dr_dask.resources import PeakRSS, measure, timed, tree_rss
 
 logger = logging.getLogger(__name__)
 
-
-def swiss_roll(n: int, random_state: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's swiss roll and its isometric ground truth (arc length, height).
-
-    The spiral ``(t cos t, t sin t)`` has arc length ``(t sqrt(1 + t^2) + asinh t) / 2``, so
-    ``(arc length, height)`` is an isometric parametrisation: an exact Isomap embedding of the
-    continuous roll, against which Procrustes disparity measures quality.
-    """
-    from sklearn.datasets import make_swiss_roll
-
-    X, t = make_swiss_roll(n, random_state=random_state)
-    arc = 0.5 * (t * np.sqrt(1 + t**2) + np.arcsinh(t))
-    return X, np.column_stack([arc, X[:, 1]])
-
-
-def _measure(fn: Callable[[], Any], repeats: int) -> tuple[float, float, Any]:
-    """Median wall time, peak process-tree RSS (GB, max over repeats) and the last result."""
-    times, peaks, result = [], [], None
-    for _ in range(repeats):
-        result = None
-        gc.collect()
-        with PeakRSS() as mem:
-            t0 = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - t0)
-        peaks.append(mem.peak_gb)
-    return statistics.median(times), max(peaks), result
+#: Sizes of ``--quick`` (a smoke run; the tests shrink them further).
+QUICK = {"isomap_T": 3000, "isomap_repeats": 3, "landmark_T": 20_000, "landmark_L": 500}
 
 
 def _sklearn_isomap(X: np.ndarray, n_neighbors: int) -> tuple[np.ndarray, float]:
     from sklearn.manifold import Isomap as SkIsomap
 
-    t0 = time.perf_counter()
-    emb = SkIsomap(n_neighbors=n_neighbors, n_components=2).fit(X).embedding_
-    return emb, time.perf_counter() - t0
+    with timed() as t:
+        emb = SkIsomap(n_neighbors=n_neighbors, n_components=2).fit(X).embedding_
+    return emb, t["seconds"]
 
 
 def _sklearn_in_child(X: np.ndarray, n_neighbors: int, repeats: int) -> tuple[float, float, Any]:
@@ -93,16 +68,17 @@ def bench_isomap_full(client: Any, quick: bool, workdir: str, repeats: int | Non
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.methods.isomap import Isomap
 
-    T = n_samples or (3000 if quick else 20_000)
-    repeats = repeats or (3 if quick else 1)
-    X, truth = swiss_roll(T)
+    T = n_samples or (QUICK["isomap_T"] if quick else 20_000)
+    repeats = repeats or (QUICK["isomap_repeats"] if quick else 1)
+    X, truth = isometric_swiss_roll(T)
     idle_gb = tree_rss() / 1e9
     # baseline first, so that memory our workers keep after a run cannot inflate its figure
     sk_s, sk_gb, sk_emb = _sklearn_in_child(X, 10, repeats)
-    ours_s, ours_gb, ours = _measure(
+    m = measure(
         lambda: Isomap(n_neighbors=10, n_components=2, random_state=0, client=client).fit(X),
         repeats,
     )
+    ours_s, ours_gb, ours = m.seconds, m.peak_rss_gb, m.result
     return {
         "T": T,
         "n_neighbors": 10,
@@ -127,17 +103,17 @@ def bench_landmark_isomap(client: Any, quick: bool, workdir: str, n_samples: int
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.methods.isomap import LandmarkIsomap
 
-    T = n_samples or (20_000 if quick else 200_000)
-    L = n_landmarks or (500 if quick else 2000)
-    X, truth = swiss_roll(T)
-    Xnew, truth_new = swiss_roll(2000, random_state=1)
-    gc.collect()
+    T = n_samples or (QUICK["landmark_T"] if quick else 200_000)
+    L = n_landmarks or (QUICK["landmark_L"] if quick else 2000)
+    X, truth = isometric_swiss_roll(T)
+    Xnew, truth_new = isometric_swiss_roll(2000, random_state=1)
     est = LandmarkIsomap(n_neighbors=10, n_components=2, n_landmarks=L, random_state=0,
                          client=client)
-    seconds, peak_gb, _ = _measure(lambda: est.fit(X), 1)
-    t0 = time.perf_counter()
-    emb_new = est.transform(Xnew)
-    transform_s = time.perf_counter() - t0
+    fit = measure(lambda: est.fit(X))
+    seconds, peak_gb = fit.seconds, fit.peak_rss_gb
+    with timed() as t:
+        emb_new = est.transform(Xnew)
+    transform_s = t["seconds"]
     return {
         "T": T,
         "n_landmarks": L,
@@ -173,7 +149,7 @@ def run_bench(client: Any, *, quick: bool = False, only: set | None = None,
     if unknown:
         raise ValueError(f"unknown benchmark cases {sorted(unknown)}; known: {sorted(CASES)}")
     results: dict[str, Any] = {
-        "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
+        "workers": n_workers(client),
         "quick": quick,
     }
     try:

@@ -15,28 +15,27 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import PeakRSS, median_time
+from dr_dask.datasets.toy import noisy_spiral, noisy_swiss_roll
+from dr_dask.resources import measure
 
 logger = logging.getLogger(__name__)
+
+#: Sizes of ``--quick`` (a smoke run; the tests shrink them further).
+QUICK = {"T": 5000, "T_base": 1000, "lsdr_n": 2000}
 
 
 def _manifold_data(T: int, N: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A noisy swiss roll in the first 3 of N dims and its 2-D PCA embedding."""
     from sklearn.decomposition import PCA
 
-    rng = np.random.default_rng(seed)
-    t = 1.5 * np.pi * (1 + 2 * rng.uniform(size=T))
-    X = np.zeros((T, N))
-    X[:, :3] = np.c_[t * np.cos(t), 21 * rng.uniform(size=T), t * np.sin(t)]
-    X += 0.3 * rng.normal(size=X.shape)
+    X = noisy_swiss_roll(T, seed, n_features=N)[0]
     return X, PCA(2, random_state=seed).fit_transform(X)
 
 
 def _measure(fn: Any, repeats: int) -> dict:
-    with PeakRSS() as mem:
-        seconds, result = median_time(fn, repeats)
-    return {"median_seconds": seconds, "repeats": repeats, "peak_rss_gb": mem.peak_gb,
-            "result": result}
+    m = measure(fn, repeats)
+    return {"median_seconds": m.seconds, "repeats": repeats, "peak_rss_gb": m.peak_rss_gb,
+            "result": m.result}
 
 
 def bench_trustworthiness(client: Any, T: int, T_base: int, N: int = 10, k: int = 10) -> dict:
@@ -70,18 +69,9 @@ def bench_trustworthiness(client: Any, T: int, T_base: int, N: int = 10, k: int 
     return out
 
 
-def _spiral(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    th = rng.uniform(1.5 * np.pi, 4.5 * np.pi, n)
-    # noise scaled so that the arm thickness relative to the sampling density stays comparable
-    return np.c_[th * np.cos(th), th * np.sin(th)] + 0.35 * rng.normal(size=(n, 2)), th
-
-
 def _roll(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    t = 1.5 * np.pi * (1 + 2 * rng.uniform(size=n))
-    X = np.c_[t * np.cos(t), 21 * rng.uniform(size=n), t * np.sin(t)]
-    return X + 0.3 * rng.normal(size=X.shape), t
+    X, t, _ = noisy_swiss_roll(n, seed)
+    return X, t
 
 
 def bench_lsdr(client: Any, n: int) -> dict:
@@ -90,7 +80,7 @@ def bench_lsdr(client: Any, n: int) -> dict:
     from dr_dask.methods.lsdr import LSDR
 
     out = {}
-    for name, make, d in (("spiral_2d", _spiral, 1), ("swiss_roll_3d", _roll, 2)):
+    for name, make, d in (("spiral_2d", noisy_spiral, 1), ("swiss_roll_3d", _roll, 2)):
         runs = {}
         for size in (max(n // 4, 200), n):
             X, z = make(size, 0)
@@ -99,7 +89,7 @@ def bench_lsdr(client: Any, n: int) -> dict:
             E = model.embedding_
             runs[size] = {
                 "seconds": r["median_seconds"], "peak_rss_gb": r["peak_rss_gb"],
-                "skeleton_size": int(len(model.skeleton_indices_)),
+                "skeleton_size": len(model.skeleton_indices_),
                 "n_passes": int(model.n_passes_),
                 "abs_spearman_latent": max(abs(float(spearmanr(E[:, j], z)[0]))
                                            for j in range(d)),
@@ -113,7 +103,8 @@ def bench_lsdr(client: Any, n: int) -> dict:
 
 def run_bench(client: Any, quick: bool = False) -> dict:
     """All metric benchmarks; ``quick`` shrinks sizes for a smoke run."""
-    T, T_base, n = (5_000, 1_000, 2_000) if quick else (50_000, 5_000, 20_000)
+    T, T_base, n = ((QUICK["T"], QUICK["T_base"], QUICK["lsdr_n"]) if quick
+                    else (50_000, 5_000, 20_000))
     return {
         "quick": quick,
         "trustworthiness": bench_trustworthiness(client, T, T_base),

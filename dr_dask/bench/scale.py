@@ -17,14 +17,14 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-from dr_dask.bench._common import dataset_store, timed_fits
+from dr_dask.bench._common import dataset_store, n_workers, timed_fits
 from dr_dask.cluster import compute
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ def knn_recall(X: Any, k: int, n_queries: int, client: Any, seed: int = 0) -> di
     against the exact (brute-force) neighbours of those rows."""
     from dr_dask.graph import kneighbors
 
-    t0 = time.perf_counter()
-    _, idx = kneighbors(X, k, client=client)
-    seconds = time.perf_counter() - t0
+    with timed() as t:
+        _, idx = kneighbors(X, k, client=client)
+    seconds = t["seconds"]
     rows = np.sort(np.random.default_rng(seed).choice(X.shape[0], n_queries, replace=False))
     Xq = X[rows]
     if isinstance(Xq, da.Array):
@@ -149,7 +149,7 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
         }
     return {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
-        "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
+        "workers": n_workers(client),
         "rows": rows, "slopes": slopes, "knn": knn,
     }
 

@@ -2,8 +2,8 @@
 
 1. Mapping throughput (points/s, variance included) with a 2,000-point batch (the four Euler
    roll patches, 500 each) at D=3 and D=100 (the roll embedded isometrically in R^100):
-   in-process, on a 2-worker LocalCluster (model scattered once, chunks mapped with
-   ``client.map``); baseline scikit-learn
+   in-process, on dask's threads and on the command's cluster (model shared once with
+   :func:`dr_dask.cluster.share`, chunks mapped with ``client.map``); baseline scikit-learn
    ``Isomap.transform`` fitted on the same batch and mapping the same points, same run (the
    faster of one call and the same chunks).
 2. Refit latency for batch 2,000 + buffer 1,000 (the runner's refit task) and the peak RSS of
@@ -23,28 +23,20 @@ import logging
 import os
 import shutil
 import tempfile
-import time
+from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import PeakRSS, median_time, write_report
+from dr_dask.bench._common import n_workers, write_report
+from dr_dask.resources import PeakRSS, measure, timed
 
 logger = logging.getLogger(__name__)
 
-
-def _patch_data(n_batch_per_patch: int, n_stream: int, ambient_dim: int, seed: int):
-    from dr_dask.datasets.swiss_roll import (
-        ambient_embedding,
-        euler_roll,
-        sample_patches,
-    )
-
-    rng = np.random.RandomState(seed)
-    Ub, _ = sample_patches(n_batch_per_patch, random_state=rng)
-    Us, _ = sample_patches(int(np.ceil(n_stream / 4)), random_state=rng)
-    Us = Us[rng.permutation(len(Us))[:n_stream]]
-    X = ambient_embedding(euler_roll(np.vstack([Ub, Us])), ambient_dim, rng)
-    return X[: len(Ub)], X[len(Ub):]
+#: Sizes of a full run and of ``--quick`` (a smoke run; the tests shrink them further).
+FULL = {"batch_per_patch": 500, "n_stream": 20_000, "layout_batch": 300, "layout_stream": 200,
+        "refit_batch": 2000, "refit_buffer": 1000, "detect_per_patch": 1000, "detect_n_s": 1000}
+QUICK = {**FULL, "n_stream": 4000, "layout_batch": 150, "layout_stream": 100,
+         "refit_batch": 600, "refit_buffer": 300, "detect_per_patch": 300, "detect_n_s": 300}
 
 
 def _map_all(model, S: np.ndarray, chunk: int) -> np.ndarray:
@@ -60,46 +52,52 @@ def _map_threads(model, S: np.ndarray, chunk: int) -> np.ndarray:
     return dask.compute(emb, var, scheduler="threads")[1]
 
 
-def _map_cluster(client, model_future, S: np.ndarray, chunk: int) -> np.ndarray:
+def _map_cluster(client, model_handle, S: np.ndarray, chunk: int) -> np.ndarray:
+    from dr_dask.cluster import gather
     from dr_dask.stream.runner import map_chunk
 
-    futs = client.map(map_chunk, [model_future] * ((len(S) + chunk - 1) // chunk),
+    futs = client.map(map_chunk, [model_handle] * ((len(S) + chunk - 1) // chunk),
                       [S[i : i + chunk] for i in range(0, len(S), chunk)], pure=False)
-    return np.concatenate([r[1] for r in client.gather(futs)])
+    return np.concatenate([r[1] for r in gather(futs, client)])
 
 
-def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client, chunk: int = 2000):
+def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client,
+                     batch_per_patch: int = 500, chunk: int = 2000):
     from sklearn.manifold import Isomap as SkIsomap
 
+    from dr_dask.datasets.swiss_roll import patch_points
     from dr_dask.methods.gp_isomap import GPIsomap
 
-    Xb, S = _patch_data(500, n_stream, ambient_dim, seed=ambient_dim)
+    Xb, S = patch_points(batch_per_patch, n_stream, ambient_dim, random_state=ambient_dim)
     res: dict = {"ambient_dim": ambient_dim, "batch": len(Xb), "points": len(S)}
-    t0 = time.perf_counter()
-    model = GPIsomap(n_neighbors=10, random_state=0).fit(Xb)
-    res["fit_seconds"] = time.perf_counter() - t0
+    with timed(res, "fit_seconds"):
+        model = GPIsomap(n_neighbors=10, random_state=0).fit(Xb)
     res["n_manifolds"] = model.n_manifolds_
     sk = SkIsomap(n_neighbors=10, n_components=2).fit(Xb)
     _map_all(model, S[:chunk], chunk)  # warm-up (imports, caches)
     # the baseline at its best: one call (sklearn builds an (m, k, n) temporary, 3.2 GB here,
     # whose page faults make it erratic) or the same 2,000-point chunks as ours
-    t_sk_whole, _ = median_time(lambda: sk.transform(S), repeats)
-    t_sk_chunks, _ = median_time(
-        lambda: [sk.transform(S[i : i + chunk]) for i in range(0, len(S), chunk)], repeats)
+    t_sk_whole = measure(lambda: sk.transform(S), repeats, rss=False).seconds
+    t_sk_chunks = measure(
+        lambda: [sk.transform(S[i : i + chunk]) for i in range(0, len(S), chunk)], repeats,
+        rss=False).seconds
     t_sk = min(t_sk_whole, t_sk_chunks)
     res["sklearn_one_call_pts_per_s"] = len(S) / t_sk_whole
     res["sklearn_chunked_pts_per_s"] = len(S) / t_sk_chunks
-    t_gp, _ = median_time(lambda: _map_all(model, S, chunk), repeats)
+    t_gp = measure(lambda: _map_all(model, S, chunk), repeats, rss=False).seconds
     res["sklearn_transform_pts_per_s"] = len(S) / t_sk
     res["gp_inprocess_pts_per_s"] = len(S) / t_gp
     # what a user gets from `transform` of a dask array on the threaded scheduler: chunks in
     # parallel threads (the min-plus kernel and BLAS release the GIL)
-    t_thr, _ = median_time(lambda: _map_threads(model, S, chunk), repeats)
+    t_thr = measure(lambda: _map_threads(model, S, chunk), repeats, rss=False).seconds
     res["gp_threads_pts_per_s"] = len(S) / t_thr
     if client is not None:
-        fut = client.scatter(model, broadcast=True, hash=False)
-        _map_cluster(client, fut, S[: 2 * chunk], chunk)
-        t_cl, _ = median_time(lambda: _map_cluster(client, fut, S, chunk), repeats)
+        from dr_dask.cluster import share
+
+        handle = share(model, client)  # as the stream runner does: recomputable, once a worker
+        _map_cluster(client, handle, S[: 2 * chunk], chunk)
+        t_cl = measure(lambda: _map_cluster(client, handle, S, chunk), repeats,
+                       rss=False).seconds
         res["gp_cluster_pts_per_s"] = len(S) / t_cl
     best = max(v for k, v in res.items() if k.startswith("gp_") and k.endswith("pts_per_s"))
     res["best_gp_pts_per_s"] = best
@@ -123,10 +121,9 @@ def bench_refit(repeats: int, n_batch: int = 2000, n_buffer: int = 1000) -> dict
         buf = np.vstack([buf, sc.stream[: n_buffer - len(buf)]])
     model = GPIsomap(n_neighbors=10, random_state=0).fit(Xb)
     batch = np.vstack([Xb, buf])
-    t, new = median_time(lambda: refit_model(refit_params(model), batch, model.embedding_),
-                         repeats)
-    return {"batch": len(Xb), "buffer": len(buf), "refit_seconds_median": t,
-            "n_manifolds_after": new.n_manifolds_}
+    m = measure(lambda: refit_model(refit_params(model), batch, model.embedding_), repeats)
+    return {"batch": len(Xb), "buffer": len(buf), "refit_seconds_median": m.seconds,
+            "refit_peak_rss_gb": m.peak_rss_gb, "n_manifolds_after": m.result.n_manifolds_}
 
 
 def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
@@ -137,17 +134,15 @@ def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
     from dr_dask.stream import StreamRunner, read_output
 
     sc = shift_scenario(n_per_patch, random_state=7)
-    t0 = time.perf_counter()
-    model = GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch)
-    fit_s = time.perf_counter() - t0
+    with timed() as fit:
+        model = GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch)
     out = os.path.join(workdir, "detect")
     shutil.rmtree(out, ignore_errors=True)
     chunks = [sc.stream[i : i + 250] for i in range(0, len(sc.stream), 250)]
-    t0 = time.perf_counter()
-    with PeakRSS() as rss:
+    with PeakRSS() as rss, timed() as run:
         summary = StreamRunner(out, chunks, model, n_s=n_s, client=client,
                                handle_signals=False).run()
-    wall = time.perf_counter() - t0
+    wall = run["seconds"]
     o = read_output(out)
     flagged_rows = np.asarray(zarr.open_group(out)["buffer_rows"][:])
     refits = o["checkpoint"]["refits"]
@@ -160,7 +155,7 @@ def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
     tp = np.sum(flagged & unseen & judged)
     res = {
         "n_per_patch": n_per_patch, "n_s": n_s, "stream_rows": len(sc.stream),
-        "fit_seconds": fit_s, "sigma_t": model.sigma_t_,
+        "fit_seconds": fit["seconds"], "sigma_t": model.sigma_t_,
         "precision": float(tp / max(np.sum(flagged & judged), 1)),
         "recall": float(tp / max(np.sum(unseen & judged), 1)),
         "known_false_alarm_rate": float(np.mean(flagged[~unseen])),
@@ -194,10 +189,10 @@ def bench_layouts(n_batch: int, n_stream: int, seeds) -> dict:
         nb = max(n_batch // 2, 60) if kind == "unequal" else n_batch
         for seed in seeds:
             sc = patch_layout(kind, nb, n_stream, random_state=seed)
-            t0 = time.perf_counter()
-            model = GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch)
+            with timed() as fit:
+                model = GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch)
             f = {"kind": kind, "seed": seed, "batch": len(sc.batch),
-                 "fit_seconds": time.perf_counter() - t0, **layout_figures(model, sc)}
+                 "fit_seconds": fit["seconds"], **layout_figures(model, sc)}
             f["targets_met"] = bool(
                 max(f["patch_disparity"]) <= LAYOUT_TARGETS["patch_disparity_max"]
                 and f["beside_own_patch"] >= LAYOUT_TARGETS["beside_own_patch_min"]
@@ -214,29 +209,28 @@ def bench_layouts(n_batch: int, n_stream: int, seeds) -> dict:
             "n_runs_targets_met": sum(r["targets_met"] for r in rows)}
 
 
-def run_benchmarks(quick: bool = False, out: str | None = None, workdir: str | None = None) -> str:
-    """Run every stream benchmark and return the JSON report (also written to ``out``)."""
-    from distributed import Client, LocalCluster
+def run_benchmarks(client: Any = None, quick: bool = False, out: str | None = None,
+                   workdir: str | None = None) -> str:
+    """Run every stream benchmark and return the JSON report (also written to ``out``).
 
-    from dr_dask.cluster import local_cluster_kwargs
-
+    ``client``: the cluster of the cluster-mapping case and of the stream runner; None (dask's
+    threads) skips the cluster case and runs the stream on local threads.
+    """
     repeats = 1 if quick else 3
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_stream_")
-    results: dict = {"quick": quick, "cpu_count": os.cpu_count()}
-    cluster = LocalCluster(**local_cluster_kwargs(n_workers=2))
-    client = Client(cluster, set_as_default=False)
+    results: dict = {"quick": quick, "cpu_count": os.cpu_count(),
+                     "workers": n_workers(client)}
     try:
-        n_stream = 4000 if quick else 20000
-        results["throughput"] = [bench_throughput(D, n_stream, repeats, client) for D in (3, 100)]
-        results["layouts"] = bench_layouts(150 if quick else 300, 100 if quick else 200,
+        q = QUICK if quick else FULL
+        results["throughput"] = [bench_throughput(D, q["n_stream"], repeats, client,
+                                                  q["batch_per_patch"]) for D in (3, 100)]
+        results["layouts"] = bench_layouts(q["layout_batch"], q["layout_stream"],
                                            (1,) if quick else (1, 2, 3))
-        results["refit"] = bench_refit(repeats, *((600, 300) if quick else (2000, 1000)))
-        results["detection"] = bench_detection(300 if quick else 1000, 300 if quick else 1000,
-                                               workdir, None)
+        results["refit"] = bench_refit(repeats, q["refit_batch"], q["refit_buffer"])
+        results["detection"] = bench_detection(q["detect_per_patch"], q["detect_n_s"], workdir,
+                                               client)
     finally:
-        client.close()
-        cluster.close()
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
     return write_report(results, out)

@@ -83,7 +83,8 @@ class App(click.Group):
     "'dask scheduler --scheduler-file'); default: $DASK_SCHEDULER_FILE.",
 )
 @click.option("--workers", type=POSITIVE, default=None,
-              help="Worker processes for the LocalCluster (default: one per core).")
+              help="Worker processes for the LocalCluster (default: one per core); threads of "
+              "dask's pool with --scheduler threads.")
 @click.option("--tls-ca-file", type=PEM, default=None,
               help="CA certificate (PEM): talk TLS to the scheduler (tls://HOST:8786) and "
               "check its certificate. Needs --tls-cert and --tls-key. Default: the dask config "
@@ -170,7 +171,11 @@ def cluster(ctx: click.Context) -> Iterator:
 
     obj = ctx.find_root().obj or {}
     if obj.get("scheduler") == "threads":
-        yield None
+        import dask
+
+        # --workers sizes dask's thread pool, as it sizes a LocalCluster otherwise
+        with dask.config.set({"num_workers": obj["workers"]} if obj.get("workers") else {}):
+            yield None
         return
     try:
         started = session(obj.get("scheduler"), obj.get("workers"), obj.get("scheduler_file"),

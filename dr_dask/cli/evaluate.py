@@ -166,7 +166,7 @@ def _fit_lsdr(est: Any, X: np.ndarray) -> tuple[np.ndarray, str | None]:
 
 def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
     """Fit one method, timing it and sampling the peak RSS of the process tree."""
-    from dr_dask.bench._common import PeakRSS, timed
+    from dr_dask.resources import PeakRSS, timed
 
     note = None
     with PeakRSS() as mem, timed() as t:

@@ -131,7 +131,7 @@ def quickstart(ctx, out, n_samples, n_features, seed):
 
 @bench.command("ikd")
 @click.option("--quick", is_flag=True, help="Small sizes (a smoke run, minutes -> seconds).")
-@click.option("--only", type=click.Choice(["gemm", "incore", "outofcore"]), multiple=True,
+@click.option("--only", type=click.Choice(["similarity", "incore", "outofcore"]), multiple=True,
               help="Run only these cases (default: all).")
 @click.option("--out-of-core-T", "ooc_T", type=click.IntRange(min=100), default=60_000,
               show_default=True, help="Samples of the out-of-core case.")
@@ -139,7 +139,7 @@ def quickstart(ctx, out, n_samples, n_features, seed):
 @click.option("--json", "json_path", default=None, help="Also write the results here.")
 @click.pass_context
 def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
-    """IKD: similarity throughput vs GEMM, in-core vs dense NumPy, out-of-core peak RSS."""
+    """IKD: distance-tile throughput vs GEMM, in-core vs dense NumPy, out-of-core peak RSS."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.ikd import run_bench
 

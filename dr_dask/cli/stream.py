@@ -177,8 +177,11 @@ def report(ctx, store, out_png, window):
 @click.option("--quick", is_flag=True, help="Small sizes, one repeat (smoke run).")
 @click.option("--json", "out_json", default=None, help="Also write the JSON report here.")
 @click.option("--workdir", default=None, help="Scratch directory (default: a temporary one).")
-def bench_stream(quick, out_json, workdir):
+@click.pass_context
+def bench_stream(ctx, quick, out_json, workdir):
     """Mapping throughput vs sklearn, refit latency, runner RSS, shift detection."""
     from dr_dask.bench.stream import run_benchmarks
 
-    click.echo(run_benchmarks(quick=quick, out=out_json, workdir=workdir))
+    with cluster(ctx) as client:
+        report = run_benchmarks(client, quick=quick, out=out_json, workdir=workdir)
+    click.echo(report)

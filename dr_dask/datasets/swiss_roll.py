@@ -82,6 +82,23 @@ def sample_patches(
     return np.vstack(U), labels
 
 
+def patch_points(n_batch_per_patch: int, n_stream: int, ambient_dim: int = 3,
+                 random_state=None) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of all four patches and ``n_stream`` further points of them in random order.
+
+    Returns
+    -------
+    batch : ndarray of shape (4 * n_batch_per_patch, ambient_dim)
+    stream : ndarray of shape (n_stream, ambient_dim)
+    """
+    rng = check_random_state(random_state)
+    Ub, _ = sample_patches(n_batch_per_patch, random_state=rng)
+    Us, _ = sample_patches(int(np.ceil(n_stream / 4)), random_state=rng)
+    Us = Us[rng.permutation(len(Us))[:n_stream]]
+    X = ambient_embedding(euler_roll(np.vstack([Ub, Us])), ambient_dim, rng)
+    return X[: len(Ub)], X[len(Ub):]
+
+
 @dataclass
 class Scenario:
     """A batch and an ordered stream with ground truth.

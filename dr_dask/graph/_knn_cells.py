@@ -25,8 +25,8 @@ import dask
 import dask.array as da
 import numpy as np
 from sklearn.utils import check_random_state
-from threadpoolctl import threadpool_limits
 
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute, share
 from dr_dask.graph.knn import _check_finite, _exact_distances, _merge, _select_k
 from dr_dask.linalg.eigen import top_eigh
@@ -175,7 +175,7 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
              for g in groups]
     # many small GEMMs in parallel threads: BLAS's own threads would only oversubscribe the
     # cores, 50x slower on a loaded machine (dask's workers get one thread from their nanny)
-    with threadpool_limits(1):
+    with single_blas_thread():
         parts = compute(*tasks, client=client)
     dist = np.empty((T, k))
     idx = np.empty((T, k), dtype=np.int64)

@@ -19,8 +19,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 from sklearn.utils import check_random_state
-from threadpoolctl import threadpool_limits
 
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute
 from dr_dask.linalg.mds import classical_mds
 
@@ -123,7 +123,7 @@ def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np
     chosen = np.empty(L, dtype=np.int64)
     chosen[0] = rng.randint(T)
     # L small memory-bound products: BLAS threads would only contend (50x slower under load)
-    with threadpool_limits(1):
+    with single_blas_thread():
         mind = dist_from(chosen[0])
         mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates
         for m in range(1, L):

@@ -50,6 +50,17 @@ def _dijkstra_block(
     return D.astype(dtype, copy=False)
 
 
+def dijkstra_rows(graph: sp.csr_matrix, sources: np.ndarray, *, directed: bool = False,
+                  square: bool = False, dtype: Any = np.float64) -> np.ndarray:
+    """Geodesic rows of ``sources`` in this process, shape (len(sources), n_nodes).
+
+    For a few rows next to the caller's data (e.g. a new point's neighbours); many rows go
+    through :func:`shortest_paths` on the workers. ``square`` gives squared geodesics. Raises
+    ``ValueError`` naming a source that cannot reach every node (a disconnected graph).
+    """
+    return _dijkstra_block(graph, np.asarray(sources), directed, square, dtype)
+
+
 def _dijkstra_to_store(
     graph: sp.csr_matrix, sources: np.ndarray, directed: bool, square: bool, dtype: Any,
     store: zarr.Array, start: int,

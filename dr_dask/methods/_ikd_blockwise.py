@@ -42,8 +42,8 @@ from typing import Any
 
 import dask
 import numpy as np
-from threadpoolctl import threadpool_limits
 
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.graph.cliques import maximal_cliques
 from dr_dask.linalg.align import procrustes_fit
@@ -136,7 +136,7 @@ def _solve_all(S: np.ndarray, jobs: list[np.ndarray], inverse, reference, M, cli
         task = dask.delayed(_solve_batch, pure=True)
         # many small LAPACK calls in parallel threads: BLAS's own threads would only
         # oversubscribe the cores (dask's workers get the same setting from their nanny)
-        with threadpool_limits(1):
+        with single_blas_thread():
             parts = compute(*[task(S_d, [jobs[i] for i in b], inverse, reference, M)
                               for b in batches])
     out: list = [None] * len(jobs)

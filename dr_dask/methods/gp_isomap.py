@@ -12,11 +12,8 @@ variants are documented in :mod:`dr_dask.methods._gp`.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -24,8 +21,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
-from threadpoolctl import ThreadpoolController
 
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import ClientParam, active_client, gather
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
@@ -37,6 +34,7 @@ from dr_dask.methods._manifolds import (
     support_set,
     tangent_clusters,
 )
+from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
     Options,
@@ -49,73 +47,10 @@ from dr_dask.validation import (
 
 logger = logging.getLogger(__name__)
 
-#: Seconds without any caller before the BLAS thread count is restored.
-BLAS_RESTORE_DELAY = 1.0
-_BLAS_LOCK = threading.Lock()
-_BLAS_USERS = 0
-_BLAS_ORIGINAL: list[int] | None = None
-_BLAS_TIMER: threading.Timer | None = None
 
-
-@contextlib.contextmanager
-def _one_blas_thread() -> Iterator[None]:
-    """Limit BLAS to one thread while any mapping or manifold fit runs in this process.
-
-    The kernels here are small: a second BLAS thread only contends with the other dask
-    threads or workers (10x slower eigh measured at 2 cores). The limit is process-wide, so
-    it is reference-counted, and restored only after ``BLAS_RESTORE_DELAY`` seconds without a
-    caller: restoring two threads wakes OpenBLAS's pool, which then spins on a core, and doing
-    so between every two chunks of a stream cost a third of the threaded mapping throughput.
-    """
-    global _BLAS_USERS, _BLAS_ORIGINAL, _BLAS_TIMER
-    with _BLAS_LOCK:
-        if _BLAS_TIMER is not None:
-            _BLAS_TIMER.cancel()
-            _BLAS_TIMER = None
-        if _BLAS_ORIGINAL is None:
-            _BLAS_ORIGINAL = [lib.get_num_threads() for lib in _blas_libraries()]
-            _set_blas_threads([1] * len(_BLAS_ORIGINAL))
-        _BLAS_USERS += 1
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            _BLAS_USERS -= 1
-            if _BLAS_USERS == 0:
-                _BLAS_TIMER = threading.Timer(BLAS_RESTORE_DELAY, _restore_blas_threads)
-                _BLAS_TIMER.daemon = True
-                _BLAS_TIMER.start()
-
-
-def _restore_blas_threads() -> None:
-    global _BLAS_ORIGINAL
-    with _BLAS_LOCK:
-        if _BLAS_USERS == 0 and _BLAS_ORIGINAL is not None:  # no caller came back meanwhile
-            _set_blas_threads(_BLAS_ORIGINAL)
-            _BLAS_ORIGINAL = None
-
-
-@functools.cache
-def _blas_libraries() -> list:
-    # scanning the loaded libraries costs ~10 ms: do it once
-    return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-
-
-def _set_blas_threads(counts: list[int]) -> None:
-    # threadpoolctl (>= 3.5) lets only the first thread that limited a pthreads OpenBLAS change
-    # it again and silently ignores every other thread. This limit is taken in dask's pool
-    # threads and released by a timer thread, so it sets the library directly.
-    for lib, n in zip(_blas_libraries(), counts):
-        getattr(lib, "_real_set_num_threads", lib.set_num_threads)(n)
-
-
+@single_blas_thread()  # small kernels beside dask's threads (see dr_dask.blas)
 def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
-    with _one_blas_thread():
-        return _fit_manifold_inner(points, params, seed)
-
-
-def _fit_manifold_inner(points: np.ndarray, params: dict, seed: int):
     from dr_dask.methods.isomap import Isomap
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
@@ -218,6 +153,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     sigma_t_ : float
     threshold_source_ : {"manual", "loo", "holdout"}
     n_features_in_ : int
+    timings_ : dict
+        Wall seconds per stage of ``fit``: ``clustering``, ``manifolds`` (Isomap + GP per
+        manifold), ``stitch`` and, when ``sigma_t`` is calibrated, ``threshold``.
 
     Notes
     -----
@@ -381,7 +319,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         X = self._points(X, reset=True)
         client = active_client(self.client)
         rng = check_random_state(self.random_state)
-        labels = self._cluster(X, client)
+        timings: dict[str, float] = {}
+        with timed(timings, "clustering"):
+            labels = self._cluster(X, client)
         min_size = max(self.n_neighbors + 2, self.n_components + 2)
         outlier = labels < 0
         if outlier.all():
@@ -403,19 +343,21 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         }
         seeds = rng.randint(0, 2**31 - 1, size=p)
         parts = [X[labels == i] for i in range(p)]
-        if client is not None:
-            futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
-                    for P, s in zip(parts, seeds)]
-            # the parts travel in the graph: a killed worker's fits are rerun elsewhere
-            results = gather(futs, client)
-        else:
-            results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
+        with timed(timings, "manifolds"):
+            if client is not None:
+                futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
+                        for P, s in zip(parts, seeds)]
+                # the parts travel in the graph: a killed worker's fits are rerun elsewhere
+                results = gather(futs, client)
+            else:
+                results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
         self.local_embedding_ = [r[0] for r in results]
         self.manifolds_ = [r[1] for r in results]
         self.labels_ = labels
         self.n_manifolds_ = p
         self.outliers_ = X[outlier]
-        self._stitch(X[~outlier], labels[~outlier], rng)
+        with timed(timings, "stitch"):
+            self._stitch(X[~outlier], labels[~outlier], rng)
         if outlier.any():
             # outliers keep a row in embedding_ (the model's batch order) through the mapping
             emb = np.empty((len(X), self.embedding_.shape[1]))
@@ -432,8 +374,11 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             self.sigma_t_ = float(self.sigma_t)
             self.threshold_source_ = "manual"
         else:
-            self.sigma_t_ = float(np.nanquantile(self.loo_variance(), self.threshold_quantile))
+            with timed(timings, "threshold"):
+                self.sigma_t_ = float(np.nanquantile(self.loo_variance(),
+                                                     self.threshold_quantile))
             self.threshold_source_ = "loo"
+        self.timings_ = timings
         return self
 
     def _stitch(self, X: np.ndarray, labels: np.ndarray, rng) -> None:
@@ -484,7 +429,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         var = np.zeros(m)
         if not m:
             return emb, var, np.zeros(0, dtype=np.int32)
-        with _one_blas_thread():
+        with single_blas_thread():
             nbrs = [gp.neighbours(X) for gp in self.manifolds_]
             link = np.column_stack([gp.link_distance(nb[0])
                                     for gp, nb in zip(self.manifolds_, nbrs)])

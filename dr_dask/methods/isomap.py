@@ -49,7 +49,7 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import kneighbors_local
-from dr_dask.graph.paths import _dijkstra_block
+from dr_dask.graph.paths import dijkstra_rows
 from dr_dask.linalg.eigen import DENSE_MAX
 from dr_dask.linalg.mds import classical_mds, double_centre
 from dr_dask.validation import (
@@ -236,7 +236,7 @@ class _IsomapProjector:
             # the store holds squared geodesics
             return np.sqrt(self.store.get_orthogonal_selection((U, slice(None))))
         if local:
-            return _dijkstra_block(self.graph, U, False, False, np.float64)
+            return dijkstra_rows(self.graph, U)
         return shortest_paths(self.graph, U, client=client)
 
     def project(self, g: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 
 from dr_dask.cluster import ClientParam, run_stage
+from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
     Options,
@@ -254,6 +255,9 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     oos_coef_ : ndarray of shape (L, d)
         ``(K_LL + ridge I)^{-1} Y_L`` (``oos="interp"`` only, else None).
     n_features_in_ : int
+    timings_ : dict
+        Wall seconds per stage: ``graph``, ``boundary``, ``shortest_paths`` (the skeleton's
+        geodesics), ``mds``, ``smoothing``, ``out_of_sample``.
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -440,17 +444,20 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         n = X.shape[0]
         d, k = int(self.n_components), int(self.n_skeleton_neighbors)
         rng = check_random_state(self.random_state)
-        simplices, codes, edges, w, alive, protected, n_passes = self._build_graph(X)
-        e = edges[alive]
-        G = sp.coo_matrix((np.r_[w[alive], w[alive]], (np.r_[e[:, 0], e[:, 1]],
-                                                        np.r_[e[:, 1], e[:, 0]])),
-                          shape=(n, n)).tocsr()
-        boundary = self._boundary(X, simplices, codes, edges, alive)
-        if boundary.size == 0:  # cannot happen for a Delaunay hull; guard the knn heuristic
-            logger.warning("LSDR found no boundary vertices; every point becomes skeletal")
-            d_b = np.zeros(n)
-        else:
-            d_b = dijkstra(G, directed=False, indices=boundary, min_only=True)
+        timings: dict[str, float] = {}
+        with timed(timings, "graph"):
+            simplices, codes, edges, w, alive, protected, n_passes = self._build_graph(X)
+            e = edges[alive]
+            G = sp.coo_matrix((np.r_[w[alive], w[alive]], (np.r_[e[:, 0], e[:, 1]],
+                                                            np.r_[e[:, 1], e[:, 0]])),
+                              shape=(n, n)).tocsr()
+        with timed(timings, "boundary"):
+            boundary = self._boundary(X, simplices, codes, edges, alive)
+            if boundary.size == 0:  # cannot happen for a Delaunay hull; guard the knn heuristic
+                logger.warning("LSDR found no boundary vertices; every point becomes skeletal")
+                d_b = np.zeros(n)
+            else:
+                d_b = dijkstra(G, directed=False, indices=boundary, min_only=True)
         # skeleton: d_B local maxima over the k graph-nearest neighbours, ties kept (F9)
         if k >= n:
             raise ValueError(f"n_skeleton_neighbors={k} must be below the {n} points")
@@ -461,36 +468,40 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
             raise ValueError(f"the skeleton has {r} points, too few for n_components={d}; "
                              "lower n_skeleton_neighbors or alpha")
         logger.info("LSDR: %d boundary, %d skeletal of %d points", boundary.size, r, n)
-        Q = np.empty((r, r))
-        step = max(1, (1 << 27) // (8 * n))  # source blocks of ~128 MB of geodesic rows
-        for s in range(0, r, step):
-            rows = run_stage("skeleton_geodesics", lambda s=s: shortest_paths(
-                G, skeleton[s:s + step], client=self.client))
-            Q[s:s + step] = rows[:, skeleton]
-        Q = (Q + Q.T) / 2  # Dijkstra is symmetric up to rounding
-        np.fill_diagonal(Q, np.inf)
-        nearest = Q.min(1)
-        np.fill_diagonal(Q, 0.0)
-        sigma = float(self.bandwidth or np.sqrt(d_b[skeleton] ** 2 + nearest**2).max())
-        np.multiply(Q, Q, out=Q)
-        # an operator: Lanczos never copies the r x r matrix (dense below 1500 rows)
-        res = classical_mds(DenseOperator(Q), d, random_state=rng)
-        del Q
+        with timed(timings, "shortest_paths"):
+            Q = np.empty((r, r))
+            step = max(1, (1 << 27) // (8 * n))  # source blocks of ~128 MB of geodesic rows
+            for s in range(0, r, step):
+                rows = run_stage("skeleton_geodesics", lambda s=s: shortest_paths(
+                    G, skeleton[s:s + step], client=self.client))
+                Q[s:s + step] = rows[:, skeleton]
+            Q = (Q + Q.T) / 2  # Dijkstra is symmetric up to rounding
+        with timed(timings, "mds"):
+            np.fill_diagonal(Q, np.inf)
+            nearest = Q.min(1)
+            np.fill_diagonal(Q, 0.0)
+            sigma = float(self.bandwidth or np.sqrt(d_b[skeleton] ** 2 + nearest**2).max())
+            np.multiply(Q, Q, out=Q)
+            # an operator: Lanczos never copies the r x r matrix (dense below 1500 rows)
+            res = classical_mds(DenseOperator(Q), d, random_state=rng)
+            del Q
         lam = res.values
         if np.any(lam <= 0):
             logger.warning("only %d of the top %d skeleton MDS eigenvalues are positive",
                            int((lam > 0).sum()), d)
         Ys = res.vectors * np.sqrt(np.maximum(lam, 0.0))
-        Xs = X[skeleton]
-        emb = _map_rows(X, _nw_block, Xs, Ys, sigma)
+        with timed(timings, "smoothing"):
+            Xs = X[skeleton]
+            emb = _map_rows(X, _nw_block, Xs, Ys, sigma)
 
         L, self.oos_coef_ = skeleton, None
         if self.oos == "interp":  # Theorem 2 map on (a seeded subset of) the skeleton
-            if r > self.max_oos_landmarks:
-                L = np.sort(rng.choice(skeleton, self.max_oos_landmarks, replace=False))
-            K = np.exp(-_sqdist(X[L], X[L]) / (2.0 * sigma**2))
-            K[np.diag_indices_from(K)] += self.oos_ridge
-            self.oos_coef_ = scipy.linalg.solve(K, emb[L], assume_a="pos")
+            with timed(timings, "out_of_sample"):
+                if r > self.max_oos_landmarks:
+                    L = np.sort(rng.choice(skeleton, self.max_oos_landmarks, replace=False))
+                K = np.exp(-_sqdist(X[L], X[L]) / (2.0 * sigma**2))
+                K[np.diag_indices_from(K)] += self.oos_ridge
+                self.oos_coef_ = scipy.linalg.solve(K, emb[L], assume_a="pos")
         self.oos_landmarks_ = L
         self.oos_points_ = X[L]
 
@@ -506,6 +517,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         self.n_passes_ = n_passes
         self.sigma_ = sigma
         self.mds_eigenvalues_ = lam
+        self.timings_ = timings
         return self
 
     def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:

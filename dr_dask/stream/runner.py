@@ -1,7 +1,7 @@
 """The GP-Isomap stream runner: map on workers, buffer the uncertain, refit, lose no row.
 
 Per chunk: the chunk is validated (malformed ones are quarantined with their reason), mapped on
-a worker with the current model version (scattered to the workers once per version), and its
+a worker with the current model version (shared with the workers once per version), and its
 rows are written to the output store: confident points (variance <= ``sigma_t_``) with status
 ``confident``, uncertain ones with status ``buffered`` and appended to a durable buffer. Then
 the checkpoint (source offset, row count, buffer) is replaced atomically. Data first,
@@ -11,7 +11,7 @@ exactly once.
 
 When the buffer holds ``n_s`` points, the batch phase is re-run on batch + buffer as a task on
 the cluster while mapping continues. The new version is Procrustes-aligned to the previous
-frame on the previous batch (which it contains), published (saved, then scattered), and the
+frame on the previous batch (which it contains), published (saved, then shared), and the
 buffered points are re-mapped and rewritten with status ``remapped``.
 
 Semantics
@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.cluster import active_client
+from dr_dask.blas import single_blas_thread
+from dr_dask.cluster import active_client, gather, share
 from dr_dask.stream.sources import Chunk, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
@@ -95,24 +96,19 @@ def batch_of(model: Any) -> np.ndarray:
 class _Executor:
     """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode.
 
-    On a cluster the model is scattered once per version. A task lost with a worker (killed,
-    or its copy of the model gone) is resubmitted by :meth:`result` after the model is put
-    again, up to ``MAX_RETRIES`` times, so a dead worker costs time, never rows.
+    On a cluster each model version goes to the workers once through
+    :func:`dr_dask.cluster.share`: a recomputable future, so a worker killed while holding it
+    or mapping a chunk costs dask a recomputation, never rows; results come back through
+    :func:`dr_dask.cluster.gather`, which never waits forever on a cluster that is gone.
     """
-
-    MAX_RETRIES = 3
 
     def __init__(self, client: Any, n_threads: int):
         self.client = client
         self.pool = ThreadPoolExecutor(n_threads) if client is None else None
-        self.model: Any = None
         self.handle: Any = None
 
-    def put_model(self, model: Any) -> Any:
-        self.model = model
-        self.handle = model if self.client is None else self.client.scatter(
-            model, broadcast=True, hash=False)
-        return self.handle
+    def put_model(self, model: Any) -> None:
+        self.handle = share(model, self.client)
 
     def submit(self, fn, *args):
         if self.client is None:
@@ -123,19 +119,10 @@ class _Executor:
         """Submit ``map_chunk`` of X with the current model version."""
         return self.submit(map_chunk, self.handle, X)
 
-    def result(self, future: Any, resubmit) -> Any:
-        """The future's result; on a cluster failure, re-put the model and ``resubmit()``."""
-        for attempt in range(self.MAX_RETRIES + 1):
-            try:
-                return future.result()
-            except Exception as exc:
-                if self.client is None or attempt == self.MAX_RETRIES:
-                    raise
-                logger.warning("task lost (%s: %s); re-putting the model and resubmitting",
-                               type(exc).__name__, exc)
-                self.put_model(self.model)
-                future = resubmit()
-        raise AssertionError("unreachable")
+    def result(self, future: Any) -> Any:
+        if self.client is None:
+            return future.result()
+        return gather([future], self.client)[0]
 
     def close(self) -> None:
         if self.pool is not None:
@@ -161,7 +148,6 @@ class _Refit:
     batch: np.ndarray
     trigger_row: int
     started: float
-    args: tuple
 
 
 class StreamRunner:
@@ -279,7 +265,10 @@ class StreamRunner:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old[sig] = signal.signal(sig, lambda *_: self._stop.set())
         try:
-            self._loop()
+            # one BLAS scope for the whole run: the chunks mapped here (threaded mode, stale
+            # re-evaluations, publications) would otherwise lift and set it chunk by chunk
+            with single_blas_thread():
+                self._loop()
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
@@ -369,7 +358,7 @@ class StreamRunner:
             self._quarantine(job)
             return
         stale = job.version != st["version"]
-        emb, var, man = self.exec.result(job.future, lambda: self.exec.map(job.data))
+        emb, var, man = self.exec.result(job.future)
         version = job.version
         if stale:
             # mapped by a superseded version: re-evaluate what it found uncertain
@@ -399,7 +388,7 @@ class StreamRunner:
             self.store.write_checkpoint(st)
             self._refit_sync()
             data = rest = data[cut:]
-            emb, var, man = self.exec.result(self.exec.map(rest), lambda r=rest: self.exec.map(r))
+            emb, var, man = self.exec.result(self.exec.map(rest))
             version = st["version"]
 
     def _quarantine(self, job: _InFlight) -> None:
@@ -427,9 +416,9 @@ class StreamRunner:
         batch = np.vstack([self.batch, pts])
         logger.info("refit: batch %d + buffer %d (model v%d)", len(self.batch), len(ids),
                     st["version"])
-        args = (refit_params(self.model), batch, self.model.embedding_)
-        self._refit = _Refit(self.exec.submit(refit_model, *args), ids, batch, st["n_rows"],
-                             time.perf_counter(), args)
+        future = self.exec.submit(refit_model, refit_params(self.model), batch,
+                                  self.model.embedding_)
+        self._refit = _Refit(future, ids, batch, st["n_rows"], time.perf_counter())
 
     def _poll_refit(self, wait: bool) -> None:
         st = self.state
@@ -441,7 +430,7 @@ class StreamRunner:
             return
         r, self._refit = self._refit, None
         try:
-            model = self.exec.result(r.future, lambda: self.exec.submit(refit_model, *r.args))
+            model = self.exec.result(r.future)
         except Exception:
             self._refit_failures += 1
             logger.exception("refit failed; retrying once the buffer holds %d points",

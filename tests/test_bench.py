@@ -1,0 +1,102 @@
+"""Every ``dr-dask bench`` command runs on dask's threads (``--scheduler threads``), honours
+``--workers`` and reports its figures, at tiny sizes (the ``--quick`` sizes shrunk further)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from dr_dask.blas import single_blas_thread
+from dr_dask.cli import main
+
+
+def bench(*args: str) -> dict:
+    # one BLAS thread: these runs check that every bench runs and reports, not its speed, and
+    # the eigensolver's many small eigh calls run 20x slower with two BLAS threads on a loaded
+    # 2-core machine (measured: IKD fit T=200 22 s vs 1.1 s)
+    with single_blas_thread():
+        res = CliRunner().invoke(
+            main, ["--scheduler", "threads", "--workers", "1", "bench", *args])
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output
+    return json.loads(res.stdout)
+
+
+def finite_positive(*values: float) -> bool:
+    return all(math.isfinite(v) and v > 0 for v in values)
+
+
+def test_bench_ikd(monkeypatch, tmp_path):
+    from dr_dask.bench import ikd
+
+    monkeypatch.setitem(ikd.QUICK, "similarity_T", 512)
+    monkeypatch.setitem(ikd.QUICK, "incore_T", 300)
+    monkeypatch.setitem(ikd.QUICK, "outofcore_T", 400)
+    monkeypatch.setitem(ikd.QUICK, "N", 40)
+    r = bench("ikd", "--quick", "--workdir", str(tmp_path))
+    assert r["workers"] == 1
+    for dtype in ("float32", "float64"):
+        s = r[f"similarity_{dtype}"]
+        assert s["workers"] == 1 and s["dtype"] == dtype
+        assert finite_positive(s["throughput_ratio"], s["one_tile_ratio"],
+                               s["bare_gemm_tiles_ratio"], s["numpy_gflops"])
+    assert r["incore"]["r2_dr_dask"] > 0.5 and r["incore"]["peak_rss_gb_dr_dask"] > 0
+    assert r["outofcore"]["peak_rss_gb_process_tree"] > 0
+    assert set(r["outofcore"]["stage_seconds"]) >= {"distance", "eigen"}
+
+
+def test_bench_isomap(monkeypatch, tmp_path):
+    from dr_dask.bench import ikd_solvers, isomap
+
+    for key, value in {"isomap_T": 300, "isomap_repeats": 1, "landmark_T": 600,
+                       "landmark_L": 30}.items():
+        monkeypatch.setitem(isomap.QUICK, key, value)
+    for key, value in {"blockwise_T": 200, "geodesic_T": 400, "landmark_T": 600,
+                       "landmark_L": 30}.items():
+        monkeypatch.setitem(ikd_solvers.QUICK, key, value)
+    r = bench("isomap", "--quick", "--workdir", str(tmp_path))
+    assert r["workers"] == 1 and set(r) >= set(isomap.CASES)
+    full = r["isomap_full"]
+    assert full["T"] == 300 and full["disparity_vs_sklearn"] < 1e-2
+    assert finite_positive(full["speedup_vs_sklearn"], full["dr_dask_peak_rss_gb"])
+    assert r["landmark_isomap"]["peak_rss_gb_process_tree"] > 0
+    assert r["geodesic_ikd"]["T"] == 400 and r["landmark_ikd"]["T"] == 600
+
+
+def test_bench_metrics(monkeypatch):
+    from dr_dask.bench import metrics
+
+    for key, value in {"T": 600, "T_base": 300, "lsdr_n": 400}.items():
+        monkeypatch.setitem(metrics.QUICK, key, value)
+    r = bench("metrics", "--quick")
+    assert r["trustworthiness"]["baseline"]["values_agree"]
+    assert r["trustworthiness"]["large"]["T"] == 600
+    assert finite_positive(r["lsdr"]["spiral_2d"]["time_ratio_vs_baseline"])
+
+
+def test_bench_stream(monkeypatch, tmp_path):
+    from dr_dask.bench import stream
+
+    for key, value in {"batch_per_patch": 80, "n_stream": 300, "layout_batch": 60,
+                       "layout_stream": 40, "refit_batch": 240, "refit_buffer": 60,
+                       "detect_per_patch": 80, "detect_n_s": 40}.items():
+        monkeypatch.setitem(stream.QUICK, key, value)
+    r = bench("stream", "--quick", "--workdir", str(tmp_path))
+    assert r["workers"] == 1
+    for t in r["throughput"]:
+        assert "gp_cluster_pts_per_s" not in t  # no cluster under --scheduler threads
+        assert finite_positive(t["gp_threads_pts_per_s"], t["ratio_best_vs_sklearn"])
+    assert r["detection"]["stream_rows"] > 0 and r["detection"]["runner_peak_rss_gb"] > 0
+    assert r["refit"]["refit_seconds_median"] > 0
+
+
+@pytest.mark.slow
+def test_bench_io(s3_bucket):
+    r = bench("io", "-T", "200", "-N", "20", "--repeats", "2", "--bucket", s3_bucket)
+    assert r["workers"] == 1 and r["same_embedding"]
+    assert len(r["local_seconds"]) == len(r["s3_seconds"]) == 2
+    assert r["local_seconds_median"] == pytest.approx(sum(r["local_seconds"]) / 2)  # of two
+    assert finite_positive(r["ratio_s3_to_local"], r["local_peak_rss_gb"], r["s3_peak_rss_gb"])
