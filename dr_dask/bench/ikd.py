@@ -63,7 +63,7 @@ def dense_algorithm1(X: np.ndarray, M: int) -> np.ndarray:
 
 def _distance_tile_stats(Xi: np.ndarray, Xj: np.ndarray, diagonal: bool, inverse: Any):
     """IKD's real tile function, tile dropped: the benchmark times it, not the tiles' memory."""
-    from dr_dask.methods.ikd import distance_tile
+    from dr_dask.methods._ikd_full import distance_tile
 
     return None, distance_tile(Xi, Xj, diagonal, inverse)[1]
 
@@ -76,7 +76,7 @@ def bench_similarity(client: Any, T: int, N: int, dtype: str, repeats: int = 3,
                      block: int = 2048) -> dict:
     """The distance-tile stage's throughput against a bare GEMM of the same rows and dtype.
 
-    Ours: :func:`dr_dask.methods.ikd.distance_tile` (similarity GEMM, inverse kernel, row and
+    Ours: :func:`dr_dask.methods._ikd_full.distance_tile` (similarity GEMM, inverse kernel, row and
     column maxima and sums) over the upper tiles with :func:`~dr_dask.linalg.tiles.build_tiles`
     on the command's scheduler. Baseline, same run: one NumPy GEMM ``X @ X^T`` in this process
     (all BLAS threads) at the full product's flops; the tiles count their own (the upper
@@ -87,7 +87,9 @@ def bench_similarity(client: Any, T: int, N: int, dtype: str, repeats: int = 3,
     from dr_dask.cluster import share
     from dr_dask.kernels import get_kernel
     from dr_dask.linalg.tiles import TileGrid, build_tiles
-    from dr_dask.methods.ikd import IKD, InverseKernel, distance_tile, normalise_rows
+    from dr_dask.methods._ikd_full import distance_tile
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.methods.ikd_core import InverseKernel, normalise_rows
 
     rng = np.random.default_rng(0)
     X = normalise_rows(rng.standard_normal((T, N)), "correlation", dtype)
