@@ -9,11 +9,11 @@ import click
 import numpy as np
 
 from dr_dask.cli._app import POSITIVE, SEED, bench, cluster, fail, main, storage_options
+from dr_dask.methods import METHODS, MethodUnavailable, make_method
 
 logger = logging.getLogger(__name__)
 
 #: Methods ``compare`` knows, in display order.
-METHODS = ("ikd", "ikd-geodesic", "isomap", "pca", "lsdr", "umap", "tsne")
 #: LSDR inside ``compare``: inputs above this dimension are first reduced by PCA (Delaunay is
 #: exponential in p; the reduction is recorded in the report).
 LSDR_INPUT_DIM = 3
@@ -109,47 +109,6 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
 
 
 # -------------------------------------------------------------------------------- compare
-class MethodUnavailable(Exception):
-    """An optional method (package or module) is not installed."""
-
-
-def make_method(name: str, n_components: int, *, n_neighbors: int, seed: int, client: Any):
-    """Estimator for a ``compare`` method name; MethodUnavailable when it cannot be built."""
-    try:
-        if name in ("ikd", "ikd-geodesic"):
-            from dr_dask.methods.ikd import IKD
-
-            solver = "geodesic" if name == "ikd-geodesic" else "full"
-            return IKD(n_components, solver=solver, n_neighbors=n_neighbors, random_state=seed,
-                       client=client)
-        if name == "isomap":
-            from dr_dask.methods.isomap import Isomap
-
-            return Isomap(n_neighbors=n_neighbors, n_components=n_components, random_state=seed,
-                          client=client)
-        if name == "pca":
-            from sklearn.decomposition import PCA
-
-            return PCA(n_components, random_state=seed)
-        if name == "lsdr":
-            from dr_dask.methods.lsdr import LSDR
-
-            return LSDR(n_components, random_state=seed, client=client)
-        if name == "umap":
-            import umap
-
-            return umap.UMAP(n_components=n_components, n_neighbors=n_neighbors,
-                             random_state=seed)
-        if name == "tsne":
-            from sklearn.manifold import TSNE
-
-            return TSNE(n_components, random_state=seed, init="pca",
-                        method="barnes_hut" if n_components < 4 else "exact")
-    except ImportError as exc:
-        raise MethodUnavailable(f"{name} skipped: {exc.name or exc} is not installed") from exc
-    raise click.BadParameter(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-
-
 def _fit_lsdr(est: Any, X: np.ndarray) -> tuple[np.ndarray, str | None]:
     """LSDR on X after the reductions it needs: PCA above LSDR_INPUT_DIM, duplicates merged."""
     note = []

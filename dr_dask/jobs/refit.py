@@ -76,7 +76,7 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     InputError
         Bad source, method or parameter.
     """
-    from dr_dask.cli.evaluate import make_method  # the one factory of the methods by name
+    from dr_dask.methods import make_method
     from dr_dask.runs import run_embedding, run_params
 
     if method not in METHODS:
@@ -96,7 +96,7 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     if previous and previous.get("run") == name:
         logger.info("latest already names %s (same input and parameters): nothing to do", name)
         return {**previous, "status": "nothing to do"}
-    from dr_dask.bench._common import PeakRSS
+    from dr_dask.resources import PeakRSS
 
     with PeakRSS() as mem:
         t0 = time.perf_counter()
