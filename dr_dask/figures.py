@@ -284,7 +284,7 @@ def table_figure(table: Mapping[str, Any], title: str | None = None) -> Any:
     grid = [[r, *c] for r, c in zip(rows, cells)]
     chars = [max(len(h), *(len(g[j]) for g in grid)) + 2 if grid else len(h) + 2
              for j, h in enumerate(["", *cols])]
-    fig = _figure((max(0.105 * sum(chars) + 0.3, 2.5),
+    fig = _figure((max(0.105 * sum(chars) + 0.3, 0.11 * len(title or ""), 2.5),
                    0.34 * (len(rows) + 1) + (0.6 if title else 0.3)))
     ax = fig.add_subplot()
     ax.axis("off")
