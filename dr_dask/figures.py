@@ -256,6 +256,30 @@ def spectrum_figure(
     return fig
 
 
+def loglog_figure(
+    series: Mapping[str, tuple[Any, Any]], *, xlabel: str, ylabel: str, title: str,
+) -> Any:
+    """Lines with markers on log-log axes, one per named series (a power law is a straight line).
+
+    Parameters
+    ----------
+    series : dict of str -> (x, y)
+        Each series' x and y values, array-like of shape (n,); the name goes in the legend.
+    xlabel, ylabel, title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = _figure()
+    ax = _axes(fig, title, xlabel, ylabel)
+    for name, (x, y) in series.items():
+        ax.loglog(np.asarray(x, dtype=float), np.asarray(y, dtype=float), "o-", label=name)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=TICK)
+    return fig
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
