@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 import zarr
@@ -18,8 +19,28 @@ from dr_dask.cli import main
 from dr_dask.workflow import Step, WorkflowError, load, run_step
 
 WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "workflows", "*.toml")))
-#: Every shipped workflow, at a size the test suite can afford (a new workflow needs an entry).
-SMALL = {"nightly-ikd.toml": {"T": "150", "N": "30", "dtype": "float64"}}
+#: Every shipped workflow, at a size the test suite can afford (a new workflow needs an entry);
+#: ``{root}`` is the test's job directory.
+SMALL = {
+    "nightly-ikd.toml": {"T": "150", "N": "30", "dtype": "float64"},
+    "nightly-gp-isomap.toml": {"source": "{root}/landing.zarr:X", "n_batch": "300", "n_s": "40",
+                               "chunk_size": "100"},
+    "weekly-refit.toml": {"source": "{root}/landing.zarr:X", "eval_rows": "150",
+                          "tci_candidates": "4"},
+}
+
+
+def _landing(root: str) -> None:
+    """The store the scheduled jobs read: swiss-roll patches, as rows land in it."""
+    from dr_dask.datasets.swiss_roll import shift_scenario
+
+    sc = shift_scenario(100, random_state=3)
+    zarr.open_group(f"{root}/landing.zarr", mode="w").create_array(
+        "X", data=np.vstack([sc.batch, sc.stream]), chunks=(100, 3))
+
+
+#: Data a workflow reads but does not make, written before it runs.
+SETUP = {"nightly-gp-isomap.toml": _landing, "weekly-refit.toml": _landing}
 
 
 def _workflow(tmp_path, body: str, header: str = '[job]\nname = "test-job"\n') -> str:
@@ -49,7 +70,11 @@ def test_shipped_workflow_passes_check(path):
 @pytest.mark.cluster
 @pytest.mark.parametrize("path", WORKFLOWS, ids=os.path.basename)
 def test_shipped_workflow_runs_end_to_end(path, tmp_path, cluster_client):
-    params = {"root": str(tmp_path / "job"), **SMALL[os.path.basename(path)]}
+    root = str(tmp_path / "job")
+    name = os.path.basename(path)
+    params = {"root": root, **{k: v.format(root=root) for k, v in SMALL[name].items()}}
+    if name in SETUP:
+        SETUP[name](root)
     argv = ["--scheduler", cluster_client.scheduler.address, "run", path]
     for key, value in params.items():
         argv += ["--param", f"{key}={value}"]

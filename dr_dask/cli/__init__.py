@@ -5,6 +5,7 @@ from dr_dask.cli import (  # noqa: F401  (register)
     evaluate,
     ikd,
     isomap,
+    jobs,
     scale,
     stream,
     workflow,

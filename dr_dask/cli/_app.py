@@ -214,3 +214,8 @@ def bench() -> None:
 @main.group()
 def stream() -> None:
     """Stream chunks through a GP-Isomap model with drift-triggered refits."""
+
+
+@main.group()
+def job() -> None:
+    """Scheduled jobs: the nightly incremental GP-Isomap job and the weekly refit."""

@@ -1,0 +1,207 @@
+"""The nightly job: map the rows appended since the last run through the current GP-Isomap
+model, keep a drift history, refit when the drift rule fires.
+
+It is the stream runner (:class:`dr_dask.stream.runner.StreamRunner`) pointed at an appendable
+Zarr array and stopped at its current end: the runner's checkpoint is the durable *watermark*
+(rows consumed), its buffer and ``n_s`` are the drift rule, its ``models/v{k}`` are the model
+versions (each refit Procrustes-aligned to the previous frame). So a rerun after success finds
+no new row and does nothing, and a run killed at any moment resumes from the checkpoint: every
+row of the source ends up exactly once in the output, row i of the output being row i of the
+source.
+
+The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedding``,
+``variance``, ``manifold``, ``version``, ``status``, ``models/v{k}``, ``checkpoint.json``) and:
+
+``job.json``
+    The source it follows (another source is refused).
+``drift_history.json``
+    One entry per run that mapped rows or refitted: watermarks before/after, rows, drift
+    statistic, buffer, model version, refits. Written after the checkpoint; a run killed in
+    between is accounted for by the next one (its entry spans both), so an entry never
+    duplicates or misses rows.
+``report.png``
+    Variance over rows with the threshold and the refits, and the latest embedding.
+``lease.json``
+    One run at a time (:class:`dr_dask.store.Lease`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from dr_dask.cluster import active_client
+from dr_dask.jobs._common import job_params, now, open_stored
+from dr_dask.storage import location
+from dr_dask.store import InputError, Lease
+from dr_dask.stream.store import STATUS, StreamStore
+
+logger = logging.getLogger(__name__)
+
+#: Parameters of :func:`run_incremental` and their defaults.
+DEFAULTS: dict[str, Any] = {
+    "n_batch": 1000,        # first run: rows the batch phase is fitted on
+    "n_s": 1000,            # drift rule: buffered (uncertain) points that trigger a refit
+    "chunk_size": 1000,     # rows per mapping task
+    "max_in_flight": 2,     # chunks mapped at once
+    "strict": False,        # Algorithm 1's point-by-point semantics (reproducible refit points)
+    "n_neighbors": 10,      # first fit: graph k
+    "sigma_t": None,        # first fit: novelty threshold (None: leave-one-out calibration)
+    "random_state": 0,      # first fit
+    "report": True,         # write report.png
+}
+_POSITIVE = ("n_batch", "n_s", "chunk_size", "max_in_flight", "n_neighbors")
+
+
+def run_incremental(source: str, state: str, *, variable: str | None = None,
+                    storage_options: dict | None = None, client: Any = None,
+                    **params: Any) -> dict:
+    """Map the rows of ``source`` appended since the last successful run; refit on drift.
+
+    Parameters
+    ----------
+    source : str
+        An appendable 2-D Zarr array, ``STORE:VAR`` or a group with one 2-D array; local path or
+        URL. Rows are samples; only rows beyond the watermark are read.
+    state : str
+        The job's state location (stream store, models, drift history), created on the first
+        run.
+    variable : str, optional
+        The array of a group (overrides a ``:VAR`` suffix).
+    storage_options : dict, optional
+        For the filesystems of URLs.
+    client : distributed.Client, optional
+        Resolved by :func:`dr_dask.cluster.active_client`; None maps on local threads.
+    **params
+        See :data:`DEFAULTS`: ``n_batch``, ``n_s``, ``chunk_size``, ``max_in_flight``,
+        ``strict``, ``n_neighbors``, ``sigma_t``, ``random_state``, ``report``.
+
+    Returns
+    -------
+    dict
+        ``status`` ("done", "nothing to do", "waiting" for ``n_batch`` rows, "stopped" by a
+        signal), ``rows_mapped``, ``watermark_before``, ``watermark_after``,
+        ``model_version``, ``refit`` (bool), ``new_versions``, ``drift_statistic`` (fraction
+        of this run's rows found uncertain), ``buffered``, ``n_s``, ``state``, ``report``.
+
+    Raises
+    ------
+    InputError
+        Bad source, parameter, or a state that follows another source.
+    LeaseHeld
+        Another run of this job is live.
+    """
+    p = job_params("incremental", DEFAULTS, params, _POSITIVE)
+    if p["sigma_t"] is not None and not float(p["sigma_t"]) > 0:
+        raise InputError(f"incremental: sigma_t must be > 0, got {p['sigma_t']!r}")
+    inp, array = open_stored(source, variable, storage_options, "incremental")
+    n_rows, n_features = inp.data.shape
+    loc = location(state, storage_options)
+    loc.check()
+    job = loc.child("job.json").read_json()
+    if job is not None and job.get("source") != array.url:
+        raise InputError(f"state {loc} follows {job.get('source')}, not {array.url}; use "
+                         "another --state for another source")
+    client = active_client(client)
+    model = None
+    if not StreamStore(loc).exists():
+        if n_rows < p["n_batch"]:
+            logger.info("%s has %d rows; the first run fits on n_batch=%d", array.url, n_rows,
+                        p["n_batch"])
+            return {"state": loc.url, "source": array.url, "status": "waiting",
+                    "watermark_before": 0, "watermark_after": 0, "n_s": p["n_s"],
+                    **_idle({"version": None, "pending": []}, 0)}
+        # before the lease: rejected rows leave nothing behind (a rare concurrent first run
+        # fits twice, and the lease lets one of them write)
+        model = _first_model(inp, p, client)
+    with Lease(loc.child("lease.json")):
+        return _run(array, n_rows, n_features, loc, p, client, model)
+
+
+def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: Any) -> dict:
+    from dr_dask.stream.runner import StreamRunner
+
+    store = StreamStore(loc)
+    history_loc = loc.child("drift_history.json")
+    history = history_loc.read_json(default=[])
+    before = history[-1]["watermark_after"] if history else 0
+    summary = {"state": loc.url, "source": array.url, "watermark_before": before, "n_s": p["n_s"]}
+    if store.exists():
+        ck = store.read_checkpoint()
+        if n_rows < ck["source"]:
+            raise InputError(f"{array.url} has {n_rows} rows, fewer than the watermark "
+                             f"{ck['source']} in {loc}: was the source rewritten?")
+        refit_due = len(ck["pending"]) >= p["n_s"]
+        if ck["source"] == n_rows and not refit_due and before == ck["n_rows"]:
+            logger.info("%s: no row beyond the watermark %d; nothing to do", array.url, before)
+            return {**summary, **_idle(ck, before), "status": "nothing to do"}
+    else:
+        loc.child("job.json").write_json({"source": array.url, "n_features": n_features})
+    runner = StreamRunner(
+        loc, array, model, n_s=p["n_s"], chunk_size=p["chunk_size"],
+        strict_sequential=bool(p["strict"]), max_in_flight=p["max_in_flight"], client=client,
+        storage_options=loc.storage_options,
+    )
+    result = runner.run()
+    ck = store.read_checkpoint()
+    prev_version = history[-1]["model_version"] if history else 0
+    entry = _history_entry(store, ck, before, prev_version, p["n_s"])
+    if entry["rows"] or entry["refit"]:
+        history_loc.write_json([*history, entry])  # after the checkpoint it describes
+    report = None
+    if p["report"]:
+        from dr_dask.jobs.reports import drift_report
+
+        report = drift_report(loc, [*history, entry])
+    status = "stopped" if result["stopped"] else "done"
+    logger.info("incremental %s: rows %d..%d mapped, model v%d%s", status, before,
+                entry["watermark_after"], ck["version"],
+                f", refits {entry['new_versions']}" if entry["refit"] else "")
+    return {**summary, **{k: entry[k] for k in _ENTRY_KEYS}, "status": status, "report": report}
+
+
+_ENTRY_KEYS = ("rows_mapped", "watermark_after", "model_version", "refit", "new_versions", "drift_statistic",
+               "buffered")
+
+
+def _idle(ck: dict, watermark: int) -> dict:
+    return {"rows_mapped": 0, "watermark_after": watermark, "model_version": ck["version"],
+            "refit": False, "new_versions": [], "drift_statistic": None,
+            "buffered": len(ck["pending"]), "report": None}
+
+
+def _first_model(inp, p: dict, client: Any):
+    """The batch phase on the first ``n_batch`` rows (model version 0)."""
+    from dr_dask.methods.gp_isomap import GPIsomap
+
+    X = np.asarray(inp.data[: p["n_batch"]].compute(), dtype=np.float64)
+    logger.info("first run: fitting GP-Isomap on rows 0..%d", p["n_batch"])
+    try:
+        return GPIsomap(n_neighbors=p["n_neighbors"], sigma_t=p["sigma_t"],
+                        random_state=p["random_state"], client=client).fit(X)
+    except ValueError as exc:  # non-finite rows, too few rows for the graph, ...
+        raise InputError(f"{inp.name} rows 0..{p['n_batch']} (n_batch): {exc}") from exc
+
+
+def _history_entry(store: StreamStore, ck: dict, before: int, prev_version: int,
+                   n_s: int) -> dict:
+    """The drift history entry of output rows ``before..n_rows`` (read back from the store)."""
+    after = ck["n_rows"]
+    status = np.asarray(store["status"][before:after])
+    variance = np.asarray(store["first_variance"][before:after])
+    mapped = status != STATUS["quarantined"]
+    # remapped rows were buffered when first mapped: both were found uncertain
+    flagged = np.isin(status, [STATUS["buffered"], STATUS["remapped"]])
+    new = [r["version"] for r in ck["refits"] if r["version"] > prev_version]
+    m = int(mapped.sum())
+    return {
+        "finished": now(), "watermark_before": before, "watermark_after": after,
+        "rows": after - before, "rows_mapped": m, "quarantined": int((~mapped).sum()),
+        "flagged": int(flagged.sum()),
+        "drift_statistic": float(flagged.sum() / m) if m else None,
+        "mean_variance": float(variance[mapped].mean()) if m else None,
+        "sigma_t": float(ck["sigma_t"][-1]), "buffered": len(ck["pending"]), "n_s": n_s,
+        "model_version": ck["version"], "refit": bool(new), "new_versions": new,
+    }
