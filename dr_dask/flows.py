@@ -66,13 +66,16 @@ def cluster_client() -> Iterator[Any]:
 
     The task's worker thread leaves the worker's thread pool while the job runs (``secede``,
     as ``distributed.worker_client`` does), so the job's tasks can use that thread too: with
-    one thread per worker the job would otherwise wait on its own worker.
+    one thread per worker the job would otherwise wait on its own worker. The client is given
+    to the job explicitly and never becomes the worker process's default.
     """
     from distributed import rejoin, secede
     from distributed.worker import thread_state
 
     on_worker = getattr(thread_state, "key", None) is not None
-    with get_dask_client() as client:
+    # not the process's default client: other tasks on this worker (a job's own tasks whose
+    # estimators have client=None) would find it and wait on the cluster from a worker thread
+    with get_dask_client(set_as_default=False) as client:
         if on_worker:
             secede()
         try:

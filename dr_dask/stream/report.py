@@ -14,10 +14,10 @@ from dr_dask.stream.store import STATUS, read_output
 logger = logging.getLogger(__name__)
 
 
-def threshold_in_force(refits: list, sigma_t: list, n: int) -> np.ndarray:
-    """The threshold in force at each of ``n`` stream rows: ``sigma_t[i]`` from the i-th
+def threshold_in_force(refits: list, sigma_t: list, rows: np.ndarray) -> np.ndarray:
+    """The threshold in force at each stream row of ``rows``: ``sigma_t[i]`` from the i-th
     published refit's row on (``sigma_t[0]`` before any refit)."""
-    published = np.searchsorted([r["publish_row"] for r in refits], np.arange(n), side="right")
+    published = np.searchsorted([r["publish_row"] for r in refits], rows, side="right")
     return np.asarray(sigma_t, dtype=float)[np.minimum(published, len(sigma_t) - 1)]
 
 
@@ -49,7 +49,7 @@ def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
     # remapped rows were buffered when first seen: both count as flagged
     flagged = np.isin(status, [STATUS["buffered"], STATUS["remapped"]])
     shown = np.where(ok, var, np.nan)
-    threshold = threshold_in_force(refits, ck["sigma_t"], n)
+    threshold = threshold_in_force(refits, ck["sigma_t"], np.arange(n))
     mean = running_mean(shown, window)
     counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
     per_manifold = {int(j): int(c) for j, c in zip(*np.unique(man[ok], return_counts=True))}
