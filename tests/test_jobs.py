@@ -36,6 +36,30 @@ def X():
     return np.vstack([sc.batch, sc.stream])
 
 
+@pytest.fixture(scope="module")
+def night1(X, tmp_path_factory):
+    """A landing store holding the first night's rows and the job state after its first run
+    (the model fit on the first 300 rows); tests copy both."""
+    root = tmp_path_factory.mktemp("night1")
+    src, state = str(root / "land.zarr"), str(root / "state")
+    _land(src, X[:NIGHT1])
+    summary = run_incremental(f"{src}:X", state, **SMALL)
+    return src, state, summary
+
+
+def _copy_night1(night1, tmp_path) -> tuple[str, str, dict]:
+    src, state, summary = night1
+    shutil.copytree(src, tmp_path / "land.zarr")
+    shutil.copytree(state, tmp_path / "state")
+    # the state records the source it follows: the copy follows the copied source
+    Location(str(tmp_path / "state")).child("job.json").write_json(
+        {"source": str(tmp_path / "land.zarr" / "X"), "n_features": X_WIDTH})
+    return str(tmp_path / "land.zarr"), str(tmp_path / "state"), summary
+
+
+X_WIDTH = 3
+
+
 def _land(url: str, rows: np.ndarray) -> None:
     """Append ``rows`` to the array X of the Zarr store at ``url`` (a night's landing)."""
     g = zarr.open_group(store=Location(url).zarr_store(), mode="a")
@@ -80,10 +104,8 @@ def _contiguous(history: list[dict], n: int) -> None:
     assert sum(h["rows"] for h in history) == n
 
 
-def test_nightly_maps_new_rows_refits_on_drift_and_a_rerun_does_nothing(X, tmp_path):
-    src, state = str(tmp_path / "land.zarr"), str(tmp_path / "state")
-    _land(src, X[:NIGHT1])
-    s1 = run_incremental(f"{src}:X", state, **SMALL)
+def test_nightly_maps_new_rows_refits_on_drift_and_a_rerun_does_nothing(X, night1, tmp_path):
+    src, state, s1 = _copy_night1(night1, tmp_path)
     assert (s1["status"], s1["rows_mapped"], s1["watermark_before"], s1["watermark_after"],
             s1["model_version"], s1["refit"]) == ("done", NIGHT1, 0, NIGHT1, 0, False)
     assert s1["drift_statistic"] < 0.05  # rows of the batch's patches are explained
@@ -176,15 +198,14 @@ def _rows_committed(state: str) -> int:
 
 
 @pytest.mark.cluster
-def test_nightly_killed_midway_and_rerun_loses_and_duplicates_nothing(X, tmp_path,
+def test_nightly_killed_midway_and_rerun_loses_and_duplicates_nothing(X, night1, tmp_path,
                                                                        cluster_client):
     """SIGKILL the CLI mid-night on a multi-process cluster; the rerun finishes the night and
     the result equals an uninterrupted run's, row for row."""
     params = {**SMALL, "chunk_size": 20, "strict": True}
-    src, ref, state = (str(tmp_path / n) for n in ("land.zarr", "ref-state", "state"))
-    _land(src, X[:NIGHT1])
-    run_incremental(f"{src}:X", ref, **params)
-    shutil.copytree(ref, state)  # the same first night for both
+    src, state, _ = _copy_night1(night1, tmp_path)
+    ref = str(tmp_path / "ref-state")
+    shutil.copytree(state, ref)  # the same first night for both
     _land(src, X[NIGHT1:])
     run_incremental(f"{src}:X", ref, **params)  # the uninterrupted second night
 

@@ -113,7 +113,7 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     metrics = _evaluate(est, inp, emb, p, client)
     evaluate_seconds = time.perf_counter() - t0
     metrics["procrustes_disparity_vs_previous"], note = _vs_previous(out, previous, inp, emb)
-    summary = run.group.attrs.get("summary", {})
+    summary: dict = dict(run.group.attrs.get("summary") or {})  # type: ignore[arg-type]
     report_dir = out.child(f"{name}.report")
     result = {
         "status": "done", "run": name, "runs": out.url, "method": method,
@@ -171,7 +171,7 @@ def _vs_previous(out, previous: dict | None, inp, emb: np.ndarray) -> tuple[floa
         return None, "first run: no previous run"
     if previous.get("input") != inp.name:
         return None, f"the previous run embedded another input ({previous.get('input')})"
-    prev = np.asarray(open_run(out, previous["run"])["embedding"][...])
+    prev = np.asarray(open_run(out, previous["run"])["embedding"][...])  # type: ignore[index]
     if prev.shape[0] > emb.shape[0]:
         return None, f"the previous run has more rows ({prev.shape[0]}) than the input now"
     return float(procrustes_disparity(prev, emb[: prev.shape[0]])), (
