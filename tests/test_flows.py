@@ -11,12 +11,12 @@ import zarr
 pytest.importorskip("prefect")
 pytest.importorskip("prefect_dask")
 
-from distributed import get_task_stream  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from distributed import get_task_stream
+from prefect.testing.utilities import prefect_test_harness
 
-from dr_dask import flows  # noqa: E402
-from dr_dask.datasets.swiss_roll import shift_scenario  # noqa: E402
-from dr_dask.storage import Location  # noqa: E402
+from dr_dask import flows
+from dr_dask.datasets.swiss_roll import shift_scenario
+from dr_dask.storage import Location
 
 SMALL = {"n_batch": 300, "n_s": 40, "chunk_size": 50}
 
