@@ -177,9 +177,19 @@ class ClientParam:
 
 
 def active_client(client: Client | None = None) -> Client | None:
-    """Return ``client``, else the process's default distributed client, else ``None``."""
+    """Return ``client``, else the process's default distributed client, else ``None``.
+
+    Inside a task on a worker there is no default: a worker process's default client is the
+    worker's own (any ``get_client()`` there sets it, e.g. prefect-dask's), and work submitted
+    through it from a task that holds a worker thread can wait forever for that thread. A
+    task's ``client=None`` estimator runs in its task.
+    """
     if client is not None:
         return client
+    from distributed.worker import thread_state
+
+    if getattr(thread_state, "key", None) is not None:
+        return None
     try:
         from distributed import default_client
 

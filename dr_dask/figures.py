@@ -256,6 +256,30 @@ def spectrum_figure(
     return fig
 
 
+def loglog_figure(
+    series: Mapping[str, tuple[Any, Any]], *, xlabel: str, ylabel: str, title: str,
+) -> Any:
+    """Lines with markers on log-log axes, one per named series (a power law is a straight line).
+
+    Parameters
+    ----------
+    series : dict of str -> (x, y)
+        Each series' x and y values, array-like of shape (n,); the name goes in the legend.
+    xlabel, ylabel, title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = _figure()
+    ax = _axes(fig, title, xlabel, ylabel)
+    for name, (x, y) in series.items():
+        ax.loglog(np.asarray(x, dtype=float), np.asarray(y, dtype=float), "o-", label=name)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=TICK)
+    return fig
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
@@ -284,7 +308,7 @@ def table_figure(table: Mapping[str, Any], title: str | None = None) -> Any:
     grid = [[r, *c] for r, c in zip(rows, cells)]
     chars = [max(len(h), *(len(g[j]) for g in grid)) + 2 if grid else len(h) + 2
              for j, h in enumerate(["", *cols])]
-    fig = _figure((max(0.105 * sum(chars) + 0.3, 2.5),
+    fig = _figure((max(0.105 * sum(chars) + 0.3, 0.11 * len(title or ""), 2.5),
                    0.34 * (len(rows) + 1) + (0.6 if title else 0.3)))
     ax = fig.add_subplot()
     ax.axis("off")

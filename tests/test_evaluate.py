@@ -49,8 +49,9 @@ def test_compare_digits(digits_store, tmp_path, cluster_client):
         m = entry["metrics"]
         assert 0.5 < m["trustworthiness"] <= 1 and 0.3 < m["knn_accuracy"] <= 1, name
     assert "PCA" in report["methods"]["lsdr"]["note"]  # p=64 > Delaunay limit: reduced first
+    # one readable panel per method (640 x 480 px each), the metrics table beside them
     img = imread(os.path.join(out, "compare.png"))
-    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
+    assert img.ndim == 3 and img.shape[0] >= 480 and img.shape[1] > 2 * 640
     assert np.load(os.path.join(out, "embeddings.npz"))["pca"].shape == (1797, 2)
 
 
@@ -68,11 +69,12 @@ def test_evaluate_stored_run(digits_store, tmp_path, cluster_client):
 
     store = str(tmp_path / "runs.zarr")
     X, y = load_digits(return_X_y=True)
-    emb = PCA(2).fit_transform(X)
+    pca = PCA(2)
+    emb = pca.fit_transform(X)
     group = RunGroup(store, "pca2", params={"method": "pca"},
                      identity=open_dataset(f"{digits_store}:X").identity)
     group.write("embedding", emb, ("sample", "component"))
-    group.mark_complete()
+    group.mark_complete(eigenvalues=pca.explained_variance_.tolist())
     res = run(["evaluate", "--store", store, "--embedding", "pca2", "--labels", "labels"],
               cluster_client)
     assert res.exit_code == 0, res.output
@@ -86,7 +88,10 @@ def test_evaluate_stored_run(digits_store, tmp_path, cluster_client):
     # arbitrary order while we rank a tie as the closer position (1 + #strictly closer)
     assert report["metrics"]["trustworthiness"] == pytest.approx(
         trustworthiness(X, emb, n_neighbors=10), abs=1e-3)
-    assert imread(os.path.join(store, "pca2.report", "embedding.png")).ndim == 3
+    # the spectrum drawn is the run's, and the report's JSON carries it
+    assert report["eigenvalues"] == pytest.approx(pca.explained_variance_.tolist())
+    img = imread(os.path.join(store, "pca2.report", "embedding.png"))
+    assert img.ndim == 3 and img.shape[0] >= 480 and img.shape[1] > 2 * 640
     bad = run(["evaluate", "--store", store, "--embedding", "pca2", "--labels", "short_labels"],
               cluster_client)
     assert bad.exit_code == 2 and "labels has 1792 entries" in bad.output

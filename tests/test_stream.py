@@ -230,7 +230,13 @@ def test_parallel_mode_every_row_once_with_refit(model, scenario, tmp_path):
     assert rep["refits"] == summary["n_refits"] and rep["rows"] == len(scenario.stream)
     # the refitted model gave the unseen patch a manifold of its own
     assert len(rep["manifold_rows"]) == 4
-    assert imread(str(tmp_path / "r.png")).ndim == 3
+    # the numbers the picture marks: thresholds in force in turn, refit rows, status counts
+    ck = o["checkpoint"]
+    assert rep["thresholds"] == pytest.approx(ck["sigma_t"])
+    assert rep["refit_rows"] == [[r["trigger_row"], r["publish_row"]] for r in ck["refits"]]
+    assert rep["status"]["remapped"] == remapped.sum()
+    img = imread(str(tmp_path / "r.png"))  # a wide variance panel and the embedding, readable
+    assert img.ndim == 3 and img.shape[0] >= 480 and img.shape[1] > 1000 + 640
 
 
 @pytest.mark.cluster

@@ -1,4 +1,4 @@
-"""IKD benchmarks (issue 2) and the quickstart job.
+"""IKD benchmarks (issue 2).
 
 Cases, each with its baseline measured in the same run:
 
@@ -17,34 +17,15 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
 
 from dr_dask.bench._common import n_workers
+from dr_dask.quickstart import gp_dataset, read_latent
 from dr_dask.resources import PeakRSS, measure, timed
-from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
-
-
-def _gp_store(path: Any, T: int, N: int, *, dtype: str = "float64", seed: int = 0) -> Any:
-    from dr_dask.datasets import make_dataset
-
-    if not location(path).exists():
-        make_dataset(
-            "gp", path, n_samples=T, n_features=N, n_components=3, length_scale=3.0,
-            dtype=dtype, random_state=seed,
-        )
-    return path
-
-
-def _latent(path: Any) -> np.ndarray:
-    import zarr
-
-    group = zarr.open_group(location(path).zarr_store(read_only=True), mode="r")
-    return np.asarray(group["latent"][...])
 
 
 def dense_algorithm1(X: np.ndarray, M: int) -> np.ndarray:
@@ -138,9 +119,9 @@ def bench_incore(client: Any, T: int, N: int, workdir: str, repeats: int = 3) ->
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
 
-    path = _gp_store(os.path.join(workdir, f"gp_T{T}_N{N}.zarr"), T, N)
+    path = gp_dataset(os.path.join(workdir, f"gp_T{T}_N{N}.zarr"), T, N)
     X = np.asarray(zarr.open_group(path, mode="r")["X"][...])
-    Z = _latent(path)
+    Z = read_latent(path)
     dense = measure(lambda: dense_algorithm1(X, 3), repeats)
     est = IKD(3, similarity="correlation", random_state=0, client=client, tol=1e-8)
     ours = measure(lambda: est.fit_transform(X), repeats)
@@ -169,7 +150,7 @@ def bench_outofcore(client: Any, T: int, N: int, workdir: str) -> dict:
     stages: dict[str, float] = {}
     with PeakRSS() as mem:
         with timed(stages, "generate_seconds"):
-            _gp_store(path, T, N, dtype="float32")
+            gp_dataset(path, T, N, dtype="float32")
         inp = open_dataset(path + ":X")
         run = RunGroup(os.path.join(workdir, "ooc_run.zarr"), "ikd", params={}, identity={},
                        overwrite=True)
@@ -177,7 +158,7 @@ def bench_outofcore(client: Any, T: int, N: int, workdir: str) -> dict:
                   random_state=0, client=client, tol=1e-6)
         with timed(stages, "fit_seconds"):
             est.fit(inp, run=run)
-    r2 = r2_affine(_latent(path), est.embedding_)
+    r2 = r2_affine(read_latent(path), est.embedding_)
     dense_gb = T * T * 8 / 1e9
     return {
         "T": T, "N": N, "dtype": "float32",
@@ -221,47 +202,3 @@ def run_bench(client: Any, *, quick: bool, only: set, ooc_T: int, workdir: str |
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)
     return results
-
-
-def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
-                   storage_options: dict | None = None) -> dict:
-    """The README's first command: data -> IKD on the cluster -> embedding, metrics, plot.
-
-    ``out`` is a local directory or a URL (with ``storage_options``); everything goes under it.
-    """
-    from sklearn.decomposition import PCA
-
-    from dr_dask.methods.ikd import IKD
-    from dr_dask.metrics import r2_affine
-    from dr_dask.report import plot_embedding, write_json
-    from dr_dask.runs import run_embedding
-    from dr_dask.store import open_dataset
-
-    out = location(out, storage_options)
-    data = out.child("data.zarr")
-    _gp_store(data, T, N, seed=seed)
-    inp = open_dataset(data, "X")
-    t0 = time.perf_counter()
-    run = run_embedding(
-        IKD(3, similarity="correlation", random_state=seed, client=client, progress=True),
-        inp, out.child("runs.zarr"), method="ikd",
-    )
-    seconds = time.perf_counter() - t0
-    emb = run.read("embedding")
-    Z = _latent(data)
-    pca = PCA(3, random_state=seed).fit_transform(inp.data.compute())
-    metrics = {
-        "dataset": {"generator": "gp", "T": T, "N": N, "latent_dim": 3, "length_scale": 3.0},
-        "ikd": {"r2": r2_affine(Z, emb), "seconds": seconds, "run": run.path},
-        "pca": {"r2": r2_affine(Z, pca)},
-    }
-    metrics_path = write_json(metrics, out.child("metrics.json"))
-    png = plot_embedding(
-        emb, out.child("embedding.png"), color=Z, title="IKD, GP-mapping data",
-        metrics={"R² (IKD)": metrics["ikd"]["r2"], "R² (PCA)": metrics["pca"]["r2"],
-                 "seconds": seconds},
-    )
-    return {
-        "metrics": metrics,
-        "paths": {"data": data.url, "embedding": run.path, "metrics": metrics_path, "plot": png},
-    }

@@ -155,27 +155,20 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
 
 
 def plot_scale(results: dict, path: str) -> str:
-    """Log-log time and peak RSS against T per method, slopes in the legend, as PNG."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Log-log time and peak RSS against T per method beside a table of the fitted slopes, as
+    PNG (:func:`dr_dask.figures.report_page`)."""
+    from dr_dask.figures import loglog_figure, report_page
 
-    fig = Figure(figsize=(10, 4))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    for ax, key, label, slope_key in ((axes[0], "seconds", "wall time (s)", "time"),
-                                      (axes[1], "peak_rss_gb", "peak RSS, process tree (GB)",
-                                       "peak_rss")):
-        for method, slope in results["slopes"].items():
+    panels = []
+    for key, label in (("seconds", "wall time (s)"), ("peak_rss_gb", "peak RSS, process tree (GB)")):
+        series = {}
+        for method in results["slopes"]:
             mine = [r for r in results["rows"] if r["method"] == method]
-            text = "" if slope[slope_key] is None else f" (slope {slope[slope_key]:.2f})"
-            ax.loglog([r["T"] for r in mine], [r[key] for r in mine], "o-",
-                      label=method + text)
-        ax.set_xlabel("T (points)")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"{results['dataset']} N={results['N']}, k={results['n_neighbors']}, "
-                 f"{results['workers']} workers")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+            series[method] = ([r["T"] for r in mine], [r[key] for r in mine])
+        panels.append(loglog_figure(series, xlabel="T (points)", ylabel=label,
+                                    title=f"{label.split(',')[0]} against T"))
+    table = {m: {"time slope": s["time"], "peak RSS slope": s["peak_rss"]}
+             for m, s in results["slopes"].items()}
+    return report_page(path, panels, table, title=(
+        f"{results['dataset']} N={results['N']}, k={results['n_neighbors']}, "
+        f"{results['workers']} workers"))

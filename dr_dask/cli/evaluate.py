@@ -70,9 +70,10 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
               help="k of trustworthiness/continuity/kNN preservation.")
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
-    """Score a stored embedding: metrics JSON and a PNG (scatter + metric table)."""
+    """Score a stored embedding: metrics JSON and a PNG (embedding, spectrum, metric table)."""
+    from dr_dask.figures import embedding_figure, report_page, spectrum_figure
     from dr_dask.metrics import evaluate_embedding
-    from dr_dask.report import plot_embedding, write_json
+    from dr_dask.report import write_json
     from dr_dask.storage import location
     from dr_dask.store import InputError, open_run
 
@@ -100,9 +101,15 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
         fail(str(exc))
     result = {"store": store, "embedding": name, "input": source, "n_samples": emb.shape[0],
               "n_components": emb.shape[1], "metrics": metrics}
+    eigenvalues = group.attrs.get("summary", {}).get("eigenvalues")
+    if eigenvalues is not None:
+        result["eigenvalues"] = eigenvalues
     write_json(result, out.child("metrics.json"))
-    plot_embedding(emb, out.child("embedding.png"), title=name, metrics=metrics,
-                   color=lab if lab is not None else lat)
+    panels = [embedding_figure(emb, lab if lab is not None else lat, title=name,
+                               label="label" if lab is not None else "latent z1")]
+    if eigenvalues is not None:
+        panels.append(spectrum_figure(eigenvalues, title=f"{name}: eigenvalues"))
+    report_page(out.child("embedding.png"), panels, metrics, title=f"{name} (k={n_neighbors})")
     for key, value in metrics.items():
         click.echo(f"{key:>22}: {value:.4f}")
     click.echo(f"report written to {out}")
@@ -154,8 +161,9 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 @click.pass_context
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""
+    from dr_dask.figures import embedding_figure, report_page
     from dr_dask.metrics import evaluate_embedding
-    from dr_dask.report import plot_comparison, write_json
+    from dr_dask.report import write_json
     from dr_dask.storage import location
     from dr_dask.store import InputError
 
@@ -207,8 +215,10 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
             np.savez(fh, **embeddings)
         table = {m: {"seconds": r["seconds"], "peak_rss_gb": r["peak_rss_gb"], **r["metrics"]}
                  for m, r in results.items()}
-        plot_comparison(embeddings, out.child("compare.png"), metrics=table,
-                        color=lab if lab is not None else lat, random_state=seed)
+        colour, label = (lab, "label") if lab is not None else (lat, "latent z1")
+        report_page(out.child("compare.png"), [
+            embedding_figure(e, colour, label=label, title=m, random_state=seed)
+            for m, e in embeddings.items()], table, title=f"{inp.name}: methods compared")
     else:
         fail(f"no method ran ({'; '.join(skipped.values())}); report written to {out}")
     click.echo(f"comparison written to {out}")

@@ -113,9 +113,10 @@ def quickstart(ctx, out, n_samples, n_features, seed):
     """Generate the paper's GP-mapping dataset, run IKD on a LocalCluster, report.
 
     Writes OUT/data.zarr (X and the true latent), OUT/runs.zarr (the embedding), OUT/metrics.json
-    (R^2 against the latent for IKD and the PCA baseline) and OUT/embedding.png.
+    (R^2 against the latent for IKD and the PCA baseline, IKD's eigenvalues) and
+    OUT/embedding.png (the embedding coloured by the latent, the spectrum, the numbers).
     """
-    from dr_dask.bench.ikd import quickstart_run
+    from dr_dask.quickstart import quickstart_run
     from dr_dask.storage import StorageError
 
     try:
