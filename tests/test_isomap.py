@@ -124,10 +124,11 @@ def test_cluster_equals_threaded(cluster_client, roll2000, monkeypatch):
 
     X, Xnew = roll2000
     X = X[:1200]
-    a = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0).fit(X)
-    # as for T > 10,000: D2 row blocks stay on the workers, Lanczos products run there, and
-    # transform runs Dijkstra from the new points' neighbours on the cluster
+    # as for T > 10,000: float32 D2 row blocks stay on the workers (in this process for a),
+    # Lanczos products run there, and transform runs Dijkstra from the new points' neighbours
+    # on the cluster
     monkeypatch.setattr(iso, "DIST_MATRIX_MAX", 500)
+    a = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0).fit(X)
     b = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0,
                client=cluster_client).fit(X)
     assert b.dist_matrix_ is None
