@@ -10,9 +10,9 @@ The IKD paper's sinusoid (N=1,000 features, one latent dimension) at T=10,000 (`
 
 Each row: median wall seconds over ``repeats``, peak RSS of the whole process tree (the
 workers too), the ratio to scikit-learn's median measured in the same run, and the stage
-seconds of the last fit (where the time goes). Each method starts on freshly restarted
-workers, after an untimed small fit that loads their imports and compiled kernels (not the
-method's cost). The data are generated once,
+seconds of the last fit (where the time goes). An untimed small fit of every method first
+loads the workers' imports and compiled kernels (not the method's cost); methods run in the
+order listed on the same workers. The data are generated once,
 in memory: the methods are timed, not the reads.
 """
 
@@ -101,22 +101,17 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
     }
     small = X[:600].copy()
 
-    def fresh_workers() -> None:
-        # each method starts from fresh workers (memory a previous fit left in their heaps
-        # would count against the next one), warmed up by an untimed small fit of every
-        # method (imports and compiled kernels are loaded once per process, not the method)
-        if client is not None:
-            try:  # a nanny can take minutes to restart its worker on a loaded machine
-                client.restart(timeout=600)
-            except (TimeoutError, OSError) as exc:
-                logger.warning("workers not restarted (%s): the next peak RSS includes memory "
-                               "earlier fits left", exc)
-                out["workers_not_restarted"] = out.get("workers_not_restarted", 0) + 1
+    def warm_up() -> None:
+        # an untimed small fit of every method loads the workers' imports and compiled
+        # kernels (once per process, not the method's cost). Workers are not restarted
+        # between methods (a restart can take minutes on a loaded machine): a method's peak
+        # RSS includes what the heaps of earlier fits kept
         Isomap(n_neighbors=n_neighbors, n_components=1, client=client).fit(small)
         IKD(1, solver="geodesic", n_neighbors=n_neighbors, client=client).fit(small)
         IKD(1, solver="full", client=client).fit(small)
         gc.collect()
 
+    warm_up()
     sk = sk_emb = None
     if not skip_sklearn:
         # the baseline first, so that memory our workers keep cannot inflate its figure
@@ -129,7 +124,7 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
                                     random_state=0, client=client),
     }
     for name, make in fits.items():
-        fresh_workers()
+        gc.collect()
         secs, peak, est = timed_fits(make, X, repeats)
         stages = getattr(est, "timings_", None) or est.stage_seconds_
         out[name] = _row(secs, peak, est, latent, sk, stages)
@@ -138,7 +133,7 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
         logger.info("%s: %.1f s, %.2f GB", name, secs, peak)
     del X
     for size in full_sizes or (T, 2 * T):
-        fresh_workers()
+        gc.collect()
         Xf, lat = _data(workdir, size, N)
         secs, peak, est = timed_fits(lambda: IKD(1, solver="full", random_state=0,
                                                  client=client), Xf, repeats)
