@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 import sklearn.neighbors as skn
 import zarr
-from scipy.sparse.csgraph import shortest_path
+from scipy.sparse.csgraph import dijkstra, shortest_path
 from sklearn.datasets import make_swiss_roll
 
 from dr_dask.graph import (
@@ -25,6 +25,7 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
+from dr_dask.graph.paths import dijkstra_rows
 from dr_dask.linalg.align import procrustes_disparity
 
 
@@ -143,6 +144,57 @@ def test_shortest_paths_matches_scipy(roll, tmp_path):
     assert isinstance(out, zarr.Array) and out.shape == (4, 1500)
     np.testing.assert_allclose(zarr.open_array(str(tmp_path / "g.zarr"))[:], ref[src],
                                rtol=1e-6)
+
+
+def _random_graph(rng, T, p, zero_frac=0.0, symmetric=True):
+    """Random sparse weights with explicit zero-length edges and, optionally, one direction only."""
+    A = sp.random(T, T, density=p, random_state=rng, format="coo")
+    w = A.data * 3
+    w[rng.uniform(size=w.size) < zero_frac] = 0.0
+    keep = A.row != A.col
+    r, c, w = A.row[keep], A.col[keep], w[keep]
+    if symmetric:
+        r, c, w = np.concatenate([r, c]), np.concatenate([c, r]), np.concatenate([w, w])
+    G = sp.csr_matrix((w, (r, c)), shape=(T, T))  # duplicates summed, as any caller's would be
+    G.data[G.data == 0] = 0.0  # explicit zeros stay stored entries
+    return G
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dijkstra_rows_equals_scipy_on_random_graphs(seed):
+    """The compiled kernel gives scipy's undirected distances exactly: symmetric and one-way
+    inputs, explicit zero-length edges, duplicate points, float32 output, squared output."""
+    rng = np.random.RandomState(seed)
+    T = int(rng.randint(2, 120))
+    G = _random_graph(rng, T, min(1.0, 6.0 / T), zero_frac=0.2, symmetric=seed % 2 == 0)
+    G = G + sp.diags(np.arange(T - 1) * 0 + 1.0, 1, shape=(T, T))  # a path: connected
+    G = G.tocsr()
+    ref = dijkstra(G, directed=False)
+    src = rng.permutation(T)[: max(1, T // 2)]
+    np.testing.assert_array_equal(dijkstra_rows(G, src), ref[src])
+    np.testing.assert_array_equal(dijkstra_rows(G, src, square=True, dtype=np.float32),
+                                  (ref[src] ** 2).astype(np.float32))
+
+
+def test_dijkstra_rows_duplicate_points_and_disconnected():
+    X = np.random.RandomState(1).normal(size=(80, 4))
+    X[7] = X[30] = X[31]  # coincident points: zero-length edges
+    with pytest.warns(DuplicatePointsWarning):
+        G = kneighbors_graph(X, 4)
+    np.testing.assert_array_equal(dijkstra_rows(G, np.arange(80)), dijkstra(G, directed=False))
+    rng = np.random.RandomState(2)
+    D = _random_graph(rng, 40, 0.0)  # no edges at all
+    with pytest.raises(ValueError, match="source node 3 cannot reach 39 of 40 nodes"):
+        dijkstra_rows(D, [3])
+    H = sp.block_diag([G, kneighbors_graph(X[:10], 3)]).tocsr()
+    ref = dijkstra(H, directed=False, indices=[0, 85])
+    with pytest.raises(ValueError, match="cannot reach 10 of 90"):
+        dijkstra_rows(H, [0, 85])
+    assert np.isinf(ref).any()  # scipy's silent infinities, which the kernel refuses
+    with pytest.raises(ValueError, match="negative or NaN"):
+        dijkstra_rows(-G, [0])
+    with pytest.raises(ValueError, match=r"node indices in \[0, 80\)"):
+        dijkstra_rows(G, [80])
 
 
 def test_shortest_paths_refuses_disconnected_graph():

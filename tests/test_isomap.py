@@ -75,6 +75,21 @@ def test_isomap_dense_lanczos_and_store_agree(roll2000, our_fit, tmp_path):
     np.testing.assert_allclose(lanczos.transform(Xnew), dense.transform(Xnew), atol=1e-8)
 
 
+def test_isomap_float32_rows_above_dense_size(roll2000, monkeypatch):
+    """Above DIST_MATRIX_MAX the squared geodesics stay on the workers in float32: the
+    embedding still matches the float64 one closely and the eigensolver converges."""
+    import dr_dask.methods.isomap as iso
+
+    X = roll2000[0][:600]
+    ref = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0).fit(X)
+    monkeypatch.setattr(iso, "DIST_MATRIX_MAX", 500)
+    f32 = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0).fit(X)
+    assert f32.dist_matrix_ is None and ref.dist_matrix_ is not None
+    assert procrustes_disparity(ref.embedding_, f32.embedding_) < 1e-9
+    np.testing.assert_allclose(f32.eigenvalues_, ref.eigenvalues_, rtol=1e-6)
+    assert np.all(f32.eigen_residuals_ < 1e-6)
+
+
 def test_isomap_epsilon_rule_matches_sklearn(roll2000):
     X, Xnew = roll2000
     X = X[:1000]
@@ -109,10 +124,11 @@ def test_cluster_equals_threaded(cluster_client, roll2000, monkeypatch):
 
     X, Xnew = roll2000
     X = X[:1200]
-    a = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0).fit(X)
-    # as for T > 10,000: D2 row blocks stay on the workers, Lanczos products run there, and
-    # transform runs Dijkstra from the new points' neighbours on the cluster
+    # as for T > 10,000: float32 D2 row blocks stay on the workers (in this process for a),
+    # Lanczos products run there, and transform runs Dijkstra from the new points' neighbours
+    # on the cluster
     monkeypatch.setattr(iso, "DIST_MATRIX_MAX", 500)
+    a = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0).fit(X)
     b = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0,
                client=cluster_client).fit(X)
     assert b.dist_matrix_ is None

@@ -35,15 +35,17 @@ logger = logging.getLogger(__name__)
 QUICK = {"isomap_T": 3000, "isomap_repeats": 3, "landmark_T": 20_000, "landmark_L": 500}
 
 
-def _sklearn_isomap(X: np.ndarray, n_neighbors: int) -> tuple[np.ndarray, float]:
+def _sklearn_isomap(X: np.ndarray, n_neighbors: int,
+                    n_components: int = 2) -> tuple[np.ndarray, float]:
     from sklearn.manifold import Isomap as SkIsomap
 
     with timed() as t:
-        emb = SkIsomap(n_neighbors=n_neighbors, n_components=2).fit(X).embedding_
+        emb = SkIsomap(n_neighbors=n_neighbors, n_components=n_components).fit(X).embedding_
     return emb, t["seconds"]
 
 
-def _sklearn_in_child(X: np.ndarray, n_neighbors: int, repeats: int) -> tuple[float, float, Any]:
+def _sklearn_in_child(X: np.ndarray, n_neighbors: int, repeats: int,
+                      n_components: int = 2) -> tuple[float, float, Any]:
     """scikit-learn's Isomap in a child process: median fit seconds, peak tree RSS, embedding.
 
     A child, because its Cython shortest paths hold the GIL for minutes: in this process they
@@ -55,9 +57,9 @@ def _sklearn_in_child(X: np.ndarray, n_neighbors: int, repeats: int) -> tuple[fl
 
     times, peaks, emb = [], [], None
     for _ in range(repeats):
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
-            with PeakRSS() as mem:
-                emb, seconds = ex.submit(_sklearn_isomap, X, n_neighbors).result()
+        with (ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex,
+              PeakRSS() as mem):
+            emb, seconds = ex.submit(_sklearn_isomap, X, n_neighbors, n_components).result()
         times.append(seconds)
         peaks.append(mem.peak_gb)
     return statistics.median(times), max(peaks), emb

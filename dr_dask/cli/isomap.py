@@ -103,3 +103,26 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
     with cluster(ctx) as client:
         results = run_bench(client, quick=quick, only=set(only), workdir=workdir)
     click.echo(write_report(results, json_path))
+
+
+@bench.command("geodesic")
+@click.option("--T", "T", type=click.IntRange(min=600), default=10_000, show_default=True,
+              help="Rows of the sinusoid (N=1,000 features).")
+@click.option("--repeats", type=POSITIVE, default=3, show_default=True,
+              help="Timed fits per method (the median is reported).")
+@click.option("--full-T", "full_T", type=click.IntRange(min=600), multiple=True,
+              help="Sizes of the full-IKD rows (default: T and 2T).")
+@click.option("--skip-sklearn", is_flag=True, help="Leave out the scikit-learn baseline.")
+@click.option("--workdir", default=None, help="Where the data go (default: a temp dir).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@click.pass_context
+def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, workdir, json_path):
+    """scikit-learn's Isomap, our Isomap and geodesic IKD on the same sinusoid (k=5), with
+    time ratios to scikit-learn and peak RSS of the process tree; full IKD at T and 2T."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.geodesic import run_geodesic
+
+    with cluster(ctx) as client:
+        results = run_geodesic(client, T=T, repeats=repeats, full_sizes=tuple(full_T) or None,
+                               skip_sklearn=skip_sklearn, workdir=workdir)
+    click.echo(write_report(results, json_path))

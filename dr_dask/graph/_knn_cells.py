@@ -28,7 +28,7 @@ from sklearn.utils import check_random_state
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute, share
-from dr_dask.graph.knn import _check_finite, _exact_distances, _merge, _select_k
+from dr_dask.graph.knn import EXTRA, _check_finite, _rerank_labelled, _select_k
 from dr_dask.linalg.eigen import top_eigh
 
 logger = logging.getLogger(__name__)
@@ -39,8 +39,6 @@ LEAF_SIZE = 256
 N_PROJ = 8
 #: Rows sampled to estimate the principal axes.
 PCA_SAMPLE = 20_000
-#: Candidates kept beyond k for the float64 re-check (float32 ranks near-ties approximately).
-EXTRA = 4
 #: Relative slack on the stopping bound for float32 rounding of the squared distances.
 SLACK = 1e-3
 #: Absolute slack, per unit of squared norm: float32 rounding of ``||x||^2 - 2 <q, x>``.
@@ -117,9 +115,8 @@ def _cell_task(Xs: np.ndarray, sq: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                 break
             c, f = bounds[b], bounds[b + 1]
             _select_k(q @ Xs[c:f].T, sq[c:f], c, best, idx)
-        dist = _exact_distances(q.astype(np.float64), Xs, idx)
-        own = order[s:e] if exclude_self else None
-        d, i = _merge(k, own, (dist, order[idx]))
+        own = order[s:e] if exclude_self else order[:0]
+        d, i = _rerank_labelled(q.astype(np.float64), Xs, idx, k, order, own)
         out_d.append(d)
         out_i.append(i)
     return np.vstack(out_d), np.vstack(out_i)

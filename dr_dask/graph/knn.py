@@ -39,10 +39,12 @@ KD_TREE_MAX_DIM = 15
 #: (query rows, data rows) per GEMM tile of the brute-force search: 2 MB of inner products.
 BRUTE_TILE = (256, 1024)
 #: ``algorithm="auto"`` uses the cell search from this many rows (above ``KD_TREE_MAX_DIM``
-#: features): below it brute force takes seconds and the cell set-up would not pay.
-CELLS_MIN_ROWS = 20_000
-#: Float32 candidates kept beyond k for the float64 re-rank (float32 misorders near-ties).
-EXTRA = 2
+#: features): below it brute force takes about a second and the cell set-up would not pay.
+#: At T=10,000, N=1,000 (the IKD paper's sinusoid) cells cost a third of brute force's CPU.
+CELLS_MIN_ROWS = 5_000
+#: Float32 candidates kept beyond k for the float64 re-rank (float32 misorders near-ties);
+#: shared by the brute-force and the cell search.
+EXTRA = 4
 ALGORITHMS = ("auto", "exact", "cells")
 
 
@@ -101,39 +103,52 @@ def _distance(q: np.ndarray, x: np.ndarray) -> float:
 
 
 @numba.njit(cache=True, nogil=True)
-def _exact_distances(query: np.ndarray, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``||query[i] - data[idx[i, j]]||``, fused: no (Q, k, N) temporary."""
-    out = np.empty(idx.shape, dtype=np.float64)
-    for i in range(idx.shape[0]):
-        for j in range(idx.shape[1]):
-            out[i, j] = _distance(query[i], data[idx[i, j]])
-    return out
+def _rerank_labelled(query: np.ndarray, data: np.ndarray, cand: np.ndarray, k: int,
+                     labels: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each query row's k best candidates by exact float64 distance, fused: distances and a
+    small insertion sort in one pass, no (Q, k, N) temporary.
 
-
-@numba.njit(cache=True, nogil=True)
-def _rerank(query: np.ndarray, data: np.ndarray, cand: np.ndarray,
-            k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's k best candidates by exact distance, ties to the smaller index, fused:
-    distances and the small insertion sort in one pass, no (Q, k, N) temporary."""
+    ``cand[i]`` are rows of ``data`` (negative: padding, skipped); they are reported as
+    ``labels[cand]`` (empty ``labels``: as themselves), ties go to the smaller label, and the
+    label ``own[i]`` is left out (empty ``own``: nothing is). Rows with fewer than k
+    candidates are padded with (inf, -1).
+    """
     m, c = cand.shape
-    dist = np.empty((m, k))
-    idx = np.empty((m, k), dtype=np.int64)
+    dist = np.full((m, k), np.inf)
+    idx = np.full((m, k), -1, dtype=np.int64)
     d = np.empty(c)
     ix = np.empty(c, dtype=np.int64)
     for i in range(m):
+        n = 0
         for j in range(c):
             r = cand[i, j]
+            if r < 0:
+                continue
+            lab = labels[r] if labels.size else r
+            if own.size and lab == own[i]:
+                continue
             v = _distance(query[i], data[r])
-            p = j
-            while p > 0 and (d[p - 1] > v or (d[p - 1] == v and ix[p - 1] > r)):
+            p = n
+            while p > 0 and (d[p - 1] > v or (d[p - 1] == v and ix[p - 1] > lab)):
                 d[p] = d[p - 1]
                 ix[p] = ix[p - 1]
                 p -= 1
             d[p] = v
-            ix[p] = r
-        dist[i] = d[:k]
-        idx[i] = ix[:k]
+            ix[p] = lab
+            n += 1
+        n = min(n, k)
+        dist[i, :n] = d[:n]
+        idx[i, :n] = ix[:n]
     return dist, idx
+
+
+_NONE = np.empty(0, dtype=np.int64)
+
+
+def _rerank(query: np.ndarray, data: np.ndarray, cand: np.ndarray,
+            k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_rerank_labelled` with candidates reported as themselves, none left out."""
+    return _rerank_labelled(query, data, cand, k, _NONE, _NONE)
 
 
 @numba.njit(cache=True, nogil=True)
