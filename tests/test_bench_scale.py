@@ -37,9 +37,9 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     assert [r["T"] for r in report["knn"]] == [800, 1600]
     assert all(r["recall"] == 1.0 for r in report["knn"])  # the exact search at this size
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # --max-T keeps the sizes up to it
+    # --min-T and --max-T keep the sizes between them (one size: a long run alone)
     result = CliRunner().invoke(main, [
-        "--scheduler", "threads", "bench", "scale", "--quick", "--max-T", "1000",
+        "--scheduler", "threads", "bench", "scale", "--quick", "--min-T", "800", "--max-T", "1000",
         "--method", "landmark_isomap", "--landmarks", "40", "--workdir", str(tmp_path / "data"),
         "--json", str(out), "--png", str(png)])
     assert result.exit_code == 0, result.output
@@ -51,7 +51,8 @@ def test_bench_scale_bad_input(tmp_path):
     result = CliRunner().invoke(main, [
         "--scheduler", "threads", "bench", "scale", "--max-T", "5000", "--json", str(out)])
     assert result.exit_code == 2
-    assert "--max-T 5000 is below the smallest size 10000" in result.output
+    assert "no size of [10000, 30000, 100000, 300000, 1000000] is within --max-T 5000" in (
+        result.output)
     assert "Traceback" not in result.output and not out.exists()
     result = CliRunner().invoke(main, ["bench", "scale", "--max-T", "0"])
     assert result.exit_code == 2 and "--max-T" in result.output

@@ -78,8 +78,8 @@ def knn_recall(X: Any, k: int, n_queries: int, client: Any, seed: int = 0) -> di
             "n_queries": n_queries, "k": k}
 
 
-def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
-              n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
+def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
+              max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None) -> dict:
     """Fit each method at each size; return the table rows and the fitted slopes.
 
@@ -88,8 +88,8 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
     client : distributed.Client or None
     quick : bool
         Sizes ``QUICK_SIZES`` instead of ``SIZES``.
-    max_T : int, optional
-        Skip sizes above this.
+    min_T, max_T : int, optional
+        Skip sizes below / above these (one size alone: a long run on its own).
     n_landmarks : int
         L (capped at T / 10 for the small sizes).
     methods : tuple of str
@@ -110,10 +110,11 @@ def run_scale(client: Any, *, quick: bool = False, max_T: int | None = None,
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
-    sizes = [T for T in (QUICK_SIZES if quick else SIZES) if max_T is None or T <= max_T]
+    ladder = QUICK_SIZES if quick else SIZES
+    sizes = [T for T in ladder
+             if (min_T is None or T >= min_T) and (max_T is None or T <= max_T)]
     if not sizes:
-        raise ValueError(f"max_T={max_T} is below the smallest size "
-                         f"{(QUICK_SIZES if quick else SIZES)[0]}")
+        raise ValueError(f"no size of {list(ladder)} is in [min_T={min_T}, max_T={max_T}]")
     own_tmp = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
     os.makedirs(workdir, exist_ok=True)
@@ -160,7 +161,8 @@ def plot_scale(results: dict, path: str) -> str:
     from dr_dask.figures import loglog_figure, report_page
 
     panels = []
-    for key, label in (("seconds", "wall time (s)"), ("peak_rss_gb", "peak RSS, process tree (GB)")):
+    for key, label in (("seconds", "wall time (s)"),
+                       ("peak_rss_gb", "peak RSS, process tree (GB)")):
         series = {}
         for method in results["slopes"]:
             mine = [r for r in results["rows"] if r["method"] == method]

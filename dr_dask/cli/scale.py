@@ -13,6 +13,8 @@ logger = logging.getLogger(__name__)
 
 @bench.command("scale")
 @click.option("--quick", is_flag=True, help="T = 2k, 5k, 10k instead of 10k ... 1M.")
+@click.option("--min-T", "min_T", type=click.IntRange(min=1), default=None,
+              help="Skip the sizes below this T.")
 @click.option("--max-T", "max_T", type=click.IntRange(min=1), default=None,
               help="Skip the sizes above this T.")
 @click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=1000,
@@ -25,17 +27,20 @@ logger = logging.getLogger(__name__)
 @click.option("--png", "png_path", default="scale.png", show_default=True,
               help="The log-log plot of time and peak RSS against T.")
 @click.pass_context
-def bench_scale(ctx, quick, max_T, n_landmarks, methods, workdir, json_path, png_path):
+def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_path, png_path):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M (sinusoidal, N=100, from Zarr):
     time, peak RSS of the process tree, R^2 and the fitted slopes."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.scale import METHODS, QUICK_SIZES, SIZES, plot_scale, run_scale
 
-    smallest = (QUICK_SIZES if quick else SIZES)[0]
-    if max_T is not None and max_T < smallest:
-        fail(f"--max-T {max_T} is below the smallest size {smallest}")
+    ladder = QUICK_SIZES if quick else SIZES
+    if not any((min_T is None or T >= min_T) and (max_T is None or T <= max_T) for T in ladder):
+        bounds = " and ".join(f"{flag} {v}" for flag, v in (("--min-T", min_T), ("--max-T", max_T))
+                              if v is not None)
+        fail(f"no size of {list(ladder)} is within {bounds}")
     with cluster(ctx) as client:
-        results = run_scale(client, quick=quick, max_T=max_T, n_landmarks=n_landmarks,
+        results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
+                            n_landmarks=n_landmarks,
                             methods=tuple(methods) or METHODS, workdir=workdir)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
