@@ -6,9 +6,9 @@ distance, so ``f`` maps ``[0, inf)`` onto ``(0, 1]`` with ``f(0) = 1``, and ``in
 ``inverse`` to every T x T similarity tile, so it is vectorised (no Python loop over entries),
 processes large arrays in cache-sized blocks and keeps float32 input float32.
 
-==========================  ==============================  ==========================================
+==========================  ==============================  ========================================
 name (aliases)              f(d)                            inverse(k)
-==========================  ==============================  ==========================================
+==========================  ==============================  ========================================
 ``se`` (squared_exponential) ``exp(-d/2)``                   ``-2 ln k``
 ``rational_quadratic``      ``(1 + d/(2 alpha))^-alpha``    ``2 alpha (k^(-1/alpha) - 1)``
 (``rq``)
@@ -16,7 +16,7 @@ name (aliases)              f(d)                            inverse(k)
 ``matern``                  ``2^(1-nu)/Gamma(nu) x^nu       root of ``f(d) = k``: closed form for
                             K_nu(x)``, ``x = sqrt(2 nu d)``  nu = 1/2, Newton for nu = 3/2, 5/2,
                                                             safeguarded Newton for other nu
-==========================  ==============================  ==========================================
+==========================  ==============================  ========================================
 
 The gamma-exponential form is the one of seed 000 (``exp(-(r/l)^gamma)``), not the reciprocal
 exponents misprinted in 001/002 (spec seed-ikd.md, A5).
@@ -204,7 +204,8 @@ class GammaExponential(Kernel):
     def __init__(self, gamma: float = 1.0):
         gamma = float(gamma)
         if not 0 < gamma <= 2:
-            raise ValueError(f"gamma must be in (0, 2] for the gamma-exponential kernel, got {gamma!r}")
+            raise ValueError(
+                f"gamma must be in (0, 2] for the gamma-exponential kernel, got {gamma!r}")
         self.gamma = gamma
 
     def params(self):
@@ -308,7 +309,8 @@ class Matern(Kernel):
         y0, y1, s0, s1 = y_nodes[i], y_nodes[i + 1], s_nodes[i] * h, s_nodes[i + 1] * h
         t2 = t * t
         t3 = t2 * t
-        y = (2 * t3 - 3 * t2 + 1) * y0 + (t3 - 2 * t2 + t) * s0 + (3 * t2 - 2 * t3) * y1 + (t3 - t2) * s1
+        y = ((2 * t3 - 3 * t2 + 1) * y0 + (t3 - 2 * t2 + t) * s0
+             + (3 * t2 - 2 * t3) * y1 + (t3 - t2) * s1)
         # outside the table: continue along the end slope (the asymptotic power laws)
         lo, hi = pos < 0, pos > len(u_nodes) - 1
         y = np.where(lo, y_nodes[0] + s_nodes[0] * (u - u_nodes[0]), y)
@@ -374,7 +376,8 @@ class Matern(Kernel):
                 new = yi - g / dg
             bad = ~np.isfinite(new) | (new <= lo_i) | (new >= hi_i)
             new = np.where(bad, 0.5 * (lo_i + hi_i), new)
-            done = (np.abs(new - yi) <= 1e-15 * np.maximum(np.abs(new), 1.0)) | (hi_i - lo_i <= 1e-15)
+            done = ((np.abs(new - yi) <= 1e-15 * np.maximum(np.abs(new), 1.0))
+                    | (hi_i - lo_i <= 1e-15))
             y[idx], lo[idx], hi[idx] = new, lo_i, hi_i
             idx = idx[~done]
         if idx.size:

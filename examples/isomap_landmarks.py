@@ -26,4 +26,5 @@ if __name__ == "__main__":
     print(f"full Isomap stages (s): {full.timings_}")
     print(f"landmark vs full Isomap, Procrustes disparity: "
           f"{procrustes_disparity(full.embedding_, lm.embedding_):.2e}")
-    print(f"full Isomap vs the roll's parameters: {procrustes_disparity(truth, full.embedding_):.2e}")
+    print(f"full Isomap vs the roll's parameters: "
+          f"{procrustes_disparity(truth, full.embedding_):.2e}")

@@ -31,9 +31,10 @@ def inverse_kernel(k: np.ndarray, kernel: str, alpha=1.0, gamma=1.0, nu=1.5) -> 
     if kernel == "matern":
         flat = k.ravel()
         uniq, inv = np.unique(flat, return_inverse=True)
-        out = np.array(
-            [0.0 if u >= 1 else brentq(lambda d: _matern(d, nu) - u, 0, 1e4, xtol=1e-14) for u in uniq]
-        )
+        out = np.array([
+            0.0 if u >= 1 else brentq(lambda d, u=u: _matern(d, nu) - u, 0, 1e4, xtol=1e-14)
+            for u in uniq
+        ])
         return out[inv].reshape(k.shape)
     raise ValueError(kernel)
 

@@ -45,12 +45,15 @@ def test_shapes_defaults_and_determinism(name, M, options):
     assert ds.X.dims == ("sample", "feature") and ds.X.shape == (300, 20)
     assert ds.latent.shape == (300, M) and np.all(np.isfinite(ds.X.values))
     assert ds.attrs["generator"] == name and ds.attrs["params"]["random_state"] == 1
-    again = make_dataset(name, n_samples=300, n_features=20, chunk_size=64, random_state=1, **options)
+    again = make_dataset(name, n_samples=300, n_features=20, chunk_size=64, random_state=1,
+                         **options)
     np.testing.assert_array_equal(ds.X.values, again.X.values)
-    other_chunks = make_dataset(name, n_samples=300, n_features=20, chunk_size=100, random_state=1, **options)
+    other_chunks = make_dataset(name, n_samples=300, n_features=20, chunk_size=100,
+                                random_state=1, **options)
     # noise and latents are chunk-independent exactly; GEMMs of other shapes round differently
     np.testing.assert_allclose(ds.X.values, other_chunks.X.values, rtol=0, atol=1e-12)
-    assert not np.allclose(ds.X.values, make_dataset(name, n_samples=300, n_features=20, random_state=2, **options).X.values)
+    other_seed = make_dataset(name, n_samples=300, n_features=20, random_state=2, **options)
+    assert not np.allclose(ds.X.values, other_seed.X.values)
 
 
 def test_mappings_follow_the_paper_formulas():
@@ -123,7 +126,8 @@ def test_bad_names_and_options_rejected(tmp_path):
 
 @pytest.mark.cluster
 def test_cluster_writes_same_store(tmp_path, cluster_client):
-    kwargs = dict(n_samples=7000, n_features=16, chunk_size=1000, random_state=9, n_features_rff=200)
+    kwargs = dict(n_samples=7000, n_features=16, chunk_size=1000, random_state=9,
+                  n_features_rff=200)
     dist = make_dataset("gp", tmp_path / "d.zarr", client=cluster_client, **kwargs)
     local = make_dataset("gp", tmp_path / "l.zarr", **kwargs)
     a, b = xr.open_zarr(dist), xr.open_zarr(local)
@@ -148,5 +152,6 @@ def test_cli_make(tmp_path):
     assert runner.invoke(main, [*args, "--overwrite"]).exit_code == 0
     unknown = runner.invoke(main, ["datasets", "make", "spiral", "--out", str(tmp_path / "x.zarr")])
     assert unknown.exit_code == 2 and "valid names" in unknown.output
-    wrong = runner.invoke(main, ["datasets", "make", "bump", "--out", str(tmp_path / "y"), "--method", "rff"])
+    wrong = runner.invoke(main, ["datasets", "make", "bump", "--out", str(tmp_path / "y"),
+                                 "--method", "rff"])
     assert wrong.exit_code == 2 and "method" in wrong.output

@@ -177,15 +177,18 @@ def test_disconnected_graph_raise_or_bridge():
 @pytest.mark.parametrize(
     "params, match",
     [
-        (dict(geodesic_rule="threshold", threshold=1.5), "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
-        (dict(geodesic_rule="threshold", threshold=0.0), "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(geodesic_rule="threshold", threshold=1.5),
+         "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
+        (dict(geodesic_rule="threshold", threshold=0.0),
+         "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),
         (dict(geodesic_rule="threshold"), "needs threshold"),
         (dict(geodesic_rule="bfs"), "'geodesic_rule' parameter of IKD must be a str among"),
         (dict(n_neighbors=50), "n_neighbors must be an integer in \\[1, 49\\]"),
         (dict(on_disconnected="ignore"), "'on_disconnected' parameter of IKD must be a str among"),
         (dict(n_landmarks=51), "n_landmarks must be an integer in \\[3, 50\\]"),
         (dict(n_landmarks=2), "n_landmarks must be an integer in \\[3, 50\\]"),
-        (dict(n_landmarks=10, landmark_method="kmeans"), "'landmark_method' parameter of IKD must be a str among"),
+        (dict(n_landmarks=10, landmark_method="kmeans"),
+         "'landmark_method' parameter of IKD must be a str among"),
         (dict(n_landmarks=10, geodesic_rule="threshold", threshold=0.5), "knn' only"),
     ],
 )

@@ -57,7 +57,8 @@ def test_known_values():
     # Matérn 1/2 is exp(-sqrt(d)); 3/2 is (1 + x) e^-x with x = sqrt(3 d)
     assert get_kernel("matern", nu=0.5).inverse(np.array([np.exp(-2.0)]))[0] == pytest.approx(4.0)
     x = 1.7
-    assert get_kernel("matern", nu=1.5).inverse(np.array([(1 + x) * np.exp(-x)]))[0] == pytest.approx(x * x / 3)
+    k = np.array([(1 + x) * np.exp(-x)])
+    assert get_kernel("matern", nu=1.5).inverse(k)[0] == pytest.approx(x * x / 3)
 
 
 def test_general_matern_matches_bessel_formula():

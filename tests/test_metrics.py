@@ -33,8 +33,8 @@ def test_r2_affine_and_knn_accuracy():
 @pytest.mark.parametrize("k", [1, 5, 12])
 def test_trustworthiness_matches_sklearn(xy, k):
     X, Y = xy
-    assert metrics.trustworthiness(X, Y, k) == pytest.approx(sk_trustworthiness(X, Y, n_neighbors=k),
-                                                             abs=1e-12)
+    expected = sk_trustworthiness(X, Y, n_neighbors=k)
+    assert metrics.trustworthiness(X, Y, k) == pytest.approx(expected, abs=1e-12)
     # continuity is trustworthiness with the spaces swapped
     assert metrics.continuity(X, Y, k) == pytest.approx(sk_trustworthiness(Y, X, n_neighbors=k),
                                                         abs=1e-12)

@@ -126,7 +126,7 @@ def test_every_parameter_is_declared_and_checked(estimator):
         if constraint == "no_validation":
             continue
         bad = estimator.set_params(**{name: _BadType()})
-        with pytest.raises(ParameterError, match=f"The '{name}' parameter of "
-                                                 f"{type(estimator).__name__} must be .* Got <bad>"):
+        match = f"The '{name}' parameter of {type(estimator).__name__} must be .* Got <bad>"
+        with pytest.raises(ParameterError, match=match):
             bad.fit(X)
         estimator.set_params(**{name: params[name]})

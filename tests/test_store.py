@@ -1,4 +1,5 @@
-"""The storage boundary: every bad input is a clear error naming the problem; inputs never change."""
+"""The storage boundary: every bad input is a clear error naming the problem; inputs never
+change."""
 
 from __future__ import annotations
 

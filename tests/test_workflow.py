@@ -94,7 +94,8 @@ T = 300
 
 [[steps]]
 name = "generate"
-args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", "${{T}}", "-N", 40, "--if-missing"]
+args = ["datasets", "make", "sinusoidal", "--out", "{data}", "-T", "${{T}}", "-N", 40,
+        "--if-missing"]
 
 [[steps]]
 name = "embed"
@@ -125,7 +126,8 @@ args = ["embed", "ikd", "--input", "{data}:X", "--out", "{runs}", "-n", "1", "--
 def test_failing_step_stops_the_job_with_its_reason(tmp_path):
     wf = _workflow(tmp_path, f"""
 [[steps]]
-args = ["embed", "ikd", "--input", "{tmp_path}/missing.zarr:X", "--out", "{tmp_path}/o.zarr", "-n", "2"]
+args = ["embed", "ikd", "--input", "{tmp_path}/missing.zarr:X", "--out", "{tmp_path}/o.zarr",
+        "-n", "2"]
 
 [[steps]]
 name = "never"
@@ -154,7 +156,8 @@ args = ["datasets", "make", "gp", "--out", "{tmp_path}/never.zarr"]
      ["step 1 ('gen'), args[4]", "unknown parameter 'root'"]),
     ("[[steps]]\nname = 'gen'\nargs = ['datsets', 'list']\n",
      ["step 'gen'", "unknown command 'datsets'", "datasets"]),
-    ("[[steps]]\nname = 'gen'\nargs = ['datasets', 'make', 'gp', '--out', 'd.zarr', '-T', 'many']\n",
+    ("[[steps]]\nname = 'gen'\n"
+     "args = ['datasets', 'make', 'gp', '--out', 'd.zarr', '-T', 'many']\n",
      ["step 'gen' (dr-dask datasets make)", "'many' is not a valid integer"]),
     ("[[steps]]\nname = 'e'\nargs = ['embed', 'ikd', '--inptu', 'd.zarr:X']\n",
      ["step 'e' (dr-dask embed ikd)", "--inptu"]),

@@ -54,7 +54,7 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
         row: dict[str, Any] = {"T": T, "N": N, "M": M}
         for label, c in (("cluster", client), ("one_process", None)):
             secs, peak, est = timed_fits(
-                lambda c=c: IKD(M, solver="blockwise", random_state=0, client=c), X, repeats)
+                lambda c=c, M=M: IKD(M, solver="blockwise", random_state=0, client=c), X, repeats)
             row[f"{label}_seconds"] = secs
             row[f"{label}_peak_rss_gb"] = peak
             row[f"{label}_r2"] = r2_affine(Z, est.embedding_)

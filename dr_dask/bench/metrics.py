@@ -85,7 +85,7 @@ def bench_lsdr(client: Any, n: int) -> dict:
         for size in (max(n // 4, 200), n):
             X, z = make(size, 0)
             model = LSDR(n_components=d, random_state=0, client=client)
-            r = _measure(lambda: model.fit(X), 1)
+            r = _measure(lambda model=model, X=X: model.fit(X), 1)
             E = model.embedding_
             runs[size] = {
                 "seconds": r["median_seconds"], "peak_rss_gb": r["peak_rss_gb"],

@@ -64,7 +64,8 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 @click.option("--input", "source", default=None,
               help="Input data STORE[:VAR] (default: the input recorded in the run).")
 @click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
-@click.option("--latent", default=None, help="True latent: VAR of the input store, PATH:VAR or .npy.")
+@click.option("--latent", default=None,
+              help="True latent: VAR of the input store, PATH:VAR or .npy.")
 @click.option("--out", default=None, help="Report directory (default: STORE/NAME.report).")
 @click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
               help="k of trustworthiness/continuity/kNN preservation.")
@@ -152,7 +153,8 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 @click.option("--methods", default="ikd,ikd-geodesic,isomap,pca,lsdr", show_default=True,
               help=f"Comma-separated, from: {', '.join(METHODS)}.")
 @click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
-@click.option("--latent", default=None, help="True latent: VAR of the input store, PATH:VAR or .npy.")
+@click.option("--latent", default=None,
+              help="True latent: VAR of the input store, PATH:VAR or .npy.")
 @click.option("--out", required=True, help="Output directory (compare.json, compare.png, .npz).")
 @click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
               help="Graph k of the methods and k of the neighbourhood metrics.")

@@ -136,7 +136,8 @@ def quickstart(ctx, out, n_samples, n_features, seed):
               help="Run only these cases (default: all).")
 @click.option("--out-of-core-T", "ooc_T", type=click.IntRange(min=100), default=60_000,
               show_default=True, help="Samples of the out-of-core case.")
-@click.option("--workdir", default=None, help="Where the out-of-core tiles go (default: a temp dir).")
+@click.option("--workdir", default=None,
+              help="Where the out-of-core tiles go (default: a temp dir).")
 @click.option("--json", "json_path", default=None, help="Also write the results here.")
 @click.pass_context
 def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
@@ -150,8 +151,10 @@ def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
 
 
 @bench.command("io")
-@click.option("-T", "n_samples", type=click.IntRange(min=10), default=20_000, show_default=True, help="Samples.")
-@click.option("-N", "n_features", type=click.IntRange(min=3), default=1_000, show_default=True, help="Features.")
+@click.option("-T", "n_samples", type=click.IntRange(min=10), default=20_000, show_default=True,
+              help="Samples.")
+@click.option("-N", "n_features", type=click.IntRange(min=3), default=1_000, show_default=True,
+              help="Features.")
 @click.option("--repeats", type=POSITIVE, default=1, show_default=True, help="Timed fits per side.")
 @click.option("--bucket", default=None,
               help="Use this bucket at $AWS_ENDPOINT_URL (default: a local moto S3 server).")

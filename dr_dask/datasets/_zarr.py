@@ -63,8 +63,10 @@ def seed_entropy(random_state: int | np.random.Generator | None) -> int:
         return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
     if isinstance(random_state, np.random.Generator):
         return int(random_state.integers(0, 2**63 - 1))
-    if isinstance(random_state, (bool, np.bool_)) or not isinstance(random_state, (int, np.integer)):
-        raise ValueError(f"random_state must be an int, a numpy Generator or None, got {random_state!r}")
+    if (isinstance(random_state, (bool, np.bool_))
+            or not isinstance(random_state, (int, np.integer))):
+        raise ValueError(
+            f"random_state must be an int, a numpy Generator or None, got {random_state!r}")
     if random_state < 0:
         raise ValueError(f"random_state must be >= 0, got {random_state}")
     return int(random_state)
@@ -272,9 +274,11 @@ def _to_zarr(
     state = dataset_state(target)
     if state == "foreign":
         # never delete something that is not a dataset store, even when asked to overwrite
-        raise FileExistsError(f"{target} exists and is not a Zarr store of a dataset; remove it yourself")
+        raise FileExistsError(
+            f"{target} exists and is not a Zarr store of a dataset; remove it yourself")
     if state == "complete" and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
+        raise FileExistsError(
+            f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
     if state != "absent":
         logger.info("replacing %s dataset store %s", state, target)
         target.delete()
