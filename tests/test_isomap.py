@@ -161,7 +161,8 @@ def test_bad_inputs(roll2000):
         Isomap().fit(X[:1])
     bad = X.copy()
     bad[17, 1] = np.nan
-    with pytest.raises(ValueError, match=r"Input X contains NaN\. Non-finite values in 1 row\(s\): 17"):
+    match = r"Input X contains NaN\. Non-finite values in 1 row\(s\): 17"
+    with pytest.raises(ValueError, match=match):
         Isomap().fit(bad)
     fitted = Isomap(n_neighbors=8).fit(X)
     with pytest.raises(ValueError, match="X has 4 features, but Isomap is expecting 3 features"):

@@ -445,7 +445,8 @@ def graph_from_neighbors(indices: np.ndarray, weights: np.ndarray, n: int) -> sp
     indices = np.asarray(indices)
     weights = np.asarray(weights, dtype=np.float64)
     if indices.shape != weights.shape or indices.ndim != 2:
-        raise ValueError(f"indices {indices.shape} and weights {weights.shape} must be equal (m, k)")
+        raise ValueError(
+            f"indices {indices.shape} and weights {weights.shape} must be equal (m, k)")
     if indices.shape[0] > n or (indices.size and indices.max() >= n):
         raise ValueError(f"neighbour lists refer to nodes beyond n={n}")
     rows = np.repeat(np.arange(indices.shape[0]), indices.shape[1])

@@ -141,10 +141,10 @@ class _Neighbours:
             raise ValueError(f"rows {rows} of X have no training point within radius="
                              f"{self.radius}; their geodesics are undefined")
         D = np.full((len(idx), counts.max()), np.inf)
-        I = np.full(D.shape, -1, dtype=np.int64)
+        ind = np.full(D.shape, -1, dtype=np.int64)
         for r, (d, i) in enumerate(zip(dist, idx)):
-            D[r, : len(d)], I[r, : len(i)] = d, i
-        return D, I
+            D[r, : len(d)], ind[r, : len(i)] = d, i
+        return D, ind
 
 
 def _chunked_transform(Xq: np.ndarray, nbrs: _Neighbours, rows_for, finish, n_cols: int,
