@@ -5,9 +5,9 @@ blockwise IKD cases of the same issue are meant to be added to it):
 
 - ``isomap_full``: swiss roll T=20,000 (``--quick``: 3,000), scikit-learn's ``Isomap`` (dense
   T x T float64 + KernelPCA/ARPACK, in one child process; its time is the fit alone) vs ours
-  (Dijkstra over source blocks on the workers, matrix-free block Lanczos): median wall times, their ratio, Procrustes disparity
-  between the two embeddings and against the isometric ground truth, peak RSS of the process
-  tree for each.
+  (Dijkstra over source blocks on the workers, matrix-free block Lanczos): median wall times,
+  their ratio, Procrustes disparity between the two embeddings and against the isometric
+  ground truth, peak RSS of the process tree for each.
 - ``landmark_isomap``: swiss roll T=200,000, L=2,000 (``--quick``: 20,000 and 500): wall time
   per stage, peak RSS of the process tree (target <= 6 GB), disparity against the ground truth.
 """

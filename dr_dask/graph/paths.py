@@ -1,9 +1,9 @@
 """Shortest paths over blocks of sources on the workers, and out-of-sample geodesics.
 
 The graph (T*k edges, small) is sent to every worker once, as a task result dask can
-recompute; each task runs :func:`dijkstra_rows` (compiled Dijkstra, a binary heap over the CSR arrays, equal to
-``scipy.sparse.csgraph.dijkstra``) for a block of sources. The resulting row blocks
-stay where they were computed (:class:`GeodesicRows`): on the workers as futures, in this
+recompute; each task runs :func:`dijkstra_rows` (compiled Dijkstra, a 4-ary heap over the
+CSR arrays, equal to ``scipy.sparse.csgraph.dijkstra``) for a block of sources. The resulting
+row blocks stay where they were computed (:class:`GeodesicRows`): on the workers as futures, in this
 process, or in a Zarr array written by the workers. Callers then run reductions and products
 over the blocks (:meth:`GeodesicRows.map`) without ever gathering a T x T matrix.
 """
