@@ -347,7 +347,9 @@ def test_model_format_is_safe_and_versioned(model, scenario, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fraction", [0.05, 0.45, 0.85])
+# one kill point on S3 (30 s each; the local SIGKILL test and the checkpoint unit tests cover
+# the rest): the suite stays under its 15-minute budget
+@pytest.mark.parametrize("fraction", [0.45])
 def test_s3_stream_killed_and_resumed_gives_every_row_once(
     s3_bucket, model_path, source_dir, reference, scenario, fraction
 ):
