@@ -165,7 +165,9 @@ class ClientParam:
     """
 
     def __getstate__(self) -> dict:
-        state = super().__getstate__()  # type: ignore[misc]
+        state = super().__getstate__()
+        # the host estimator's (BaseEstimator's) state is a dict, not object's opaque state
+        assert isinstance(state, dict), type(state)
         return {**state, "client": None} if "client" in state else state
 
     def __sklearn_clone__(self) -> Any:
@@ -173,7 +175,9 @@ class ClientParam:
 
         params = self.get_params(deep=False)  # type: ignore[attr-defined]
         client = params.pop("client", None)
-        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, client=client)
+        # the host estimator's class: its __init__ takes these params (the mixin's is object's)
+        estimator: Callable[..., Any] = type(self)
+        return estimator(**{k: clone(v, safe=False) for k, v in params.items()}, client=client)
 
 
 def active_client(client: Client | None = None) -> Client | None:

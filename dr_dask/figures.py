@@ -394,17 +394,19 @@ def report_page(
     if not panels and not table:
         raise ValueError("an empty report page: no panels and no table")
     images = [render(p) for p in panels]
-    tab = render(table_figure(table, title)) if table is not None else None
+    if table is None:
+        return write_png(_grid(images, ncol), path, storage_options)
+    tab = render(table_figure(table, title))
     # the table takes the last row's free slot, or widens a single full row when it is one
     # column of values; otherwise it goes below the panels
     cols = ncol
-    beside = tab is not None and bool(images) and len(images) % ncol != 0
-    if tab is not None and len(images) == ncol and len(table_rows(table)[0]) == 1:
+    beside = bool(images) and len(images) % ncol != 0
+    if len(images) == ncol and len(table_rows(table)[0]) == 1:
         beside, cols = True, ncol + 1
     if beside:
         images.append(tab)
     page = _grid(images, cols) if images else tab
-    if tab is not None and not beside and images:
+    if not beside and images:
         w = max(page.shape[1], tab.shape[1])
         page = np.concatenate([_pad(page, page.shape[0], w), _pad(tab, tab.shape[0], w)], axis=0)
     return write_png(page, path, storage_options)

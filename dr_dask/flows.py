@@ -26,6 +26,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect import serve as prefect_serve
+from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner, get_dask_client
 
 from dr_dask.cluster import SCHEDULER_ENV, local_cluster_kwargs
@@ -37,7 +38,9 @@ NIGHTLY_CRON = "0 2 * * *"
 WEEKLY_CRON = "0 3 * * 0"
 
 
-def task_runner(scheduler: str | None = None, n_workers: int | None = None) -> DaskTaskRunner:
+# Typed as prefect's TaskRunner[Any]: prefect-dask subclasses a bare `TaskRunner`, which the type
+# variable's default makes a TaskRunner[PrefectConcurrentFuture] that `flow` does not accept.
+def task_runner(scheduler: str | None = None, n_workers: int | None = None) -> TaskRunner[Any]:
     """The flows' task runner: the Dask scheduler at ``scheduler`` (default
     ``$DASK_SCHEDULER_ADDRESS``), else a LocalCluster sized to this container, started for the
     flow run and closed after it.
@@ -75,7 +78,8 @@ def cluster_client() -> Iterator[Any]:
     on_worker = getattr(thread_state, "key", None) is not None
     # not the process's default client: other tasks on this worker (a job's own tasks whose
     # estimators have client=None) would find it and wait on the cluster from a worker thread
-    with get_dask_client(set_as_default=False) as client:
+    # prefect-dask annotates **client_kwargs as Dict[str, Any] (each kwarg a dict): a stub error
+    with get_dask_client(set_as_default=False) as client:  # type: ignore[arg-type]
         if on_worker:
             secede()
         try:

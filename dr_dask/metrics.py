@@ -8,6 +8,7 @@ row blocks (block x T at a time) as tasks on the active Dask client, so memory s
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -274,7 +275,7 @@ def neighbourhood_scores(
             return gather([client.submit(_block_neighbourhood, Xf, Yf, s, nx, ny, pure=False)
                            for s, nx, ny in blocks], client)
 
-        parts = run_stage("neighbourhood_scores", scores)
+        parts: Sequence[Any] = run_stage("neighbourhood_scores", scores)
     else:
         Xd, Yd = dask.delayed(Xn), dask.delayed(Yn)
         parts = compute(*[dask.delayed(_block_neighbourhood)(Xd, Yd, s, nx, ny)
@@ -528,7 +529,7 @@ def consistency_index(
         est, Xf, Xrf, Yf = (share(v, client) for v in (estimator, Xn, Xr, Y0))
         futures = [client.submit(_tci_candidate, est, Xf, Xrf, Yf, i, j, gamma, deformation,
                                  epsilon, pure=False) for i, j in pairs]
-        scores = gather(futures, client)
+        scores: Sequence[Any] = gather(futures, client)
     else:
         task = dask.delayed(_tci_candidate)
         Xd, Xrd, Yd = dask.delayed(Xn), dask.delayed(Xr), dask.delayed(Y0)

@@ -35,7 +35,9 @@ def read_latent(path: Any) -> np.ndarray:
     import zarr
 
     group = zarr.open_group(location(path).zarr_store(read_only=True), mode="r")
-    return np.asarray(group["latent"][...])
+    latent = group["latent"]
+    assert isinstance(latent, zarr.Array), f"{path}: 'latent' is a group, not the latent array"
+    return np.asarray(latent[...])
 
 
 def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
@@ -78,10 +80,10 @@ def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
     )
     seconds = time.perf_counter() - t0
     emb = run.read("embedding")
-    eigenvalues = run.group.attrs["summary"]["eigenvalues"]
+    eigenvalues = run.summary["eigenvalues"]
     Z = read_latent(data)
     pca = PCA(LATENT_DIM, random_state=seed).fit_transform(inp.data.compute())
-    metrics = {
+    metrics: dict[str, dict[str, Any]] = {
         "dataset": {"generator": "gp", "T": T, "N": N, "latent_dim": LATENT_DIM,
                     "length_scale": LENGTH_SCALE},
         "ikd": {"r2": r2_affine(Z, emb), "seconds": seconds, "eigenvalues": eigenvalues,

@@ -23,7 +23,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import dask
 import dask.array as da
@@ -217,7 +217,7 @@ def _open_zarr(
             )
         names = sorted(node.array_keys())
         if variable is None:
-            candidates = [n for n in names if node[n].ndim == 2]
+            candidates = sorted(n for n, a in node.arrays() if a.ndim == 2)
             if len(candidates) != 1:
                 raise InputError(
                     f"{loc} is a Zarr group; name the variable as {loc}:VAR (2-D arrays: "
@@ -225,17 +225,18 @@ def _open_zarr(
                 )
             variable = candidates[0]
         try:
-            arr = node[variable]
+            found = node[variable]
         except KeyError:
             raise InputError(f"{loc} has no variable {variable!r}; it has {names}") from None
-        if not isinstance(arr, zarr.Array):
+        if not isinstance(found, zarr.Array):
             raise InputError(f"{loc}:{variable} is a group, not an array")
+        arr = found
         array_loc, where = loc.child(*variable.split("/")), f"{loc}:{variable}"
         sample_ids = None
         dims = getattr(arr.metadata, "dimension_names", None)
         if dims and dims[0] and dims[0] in names and dims[0] != variable:
             coord = node[dims[0]]
-            if coord.ndim == 1 and coord.shape[0] == arr.shape[0]:
+            if isinstance(coord, zarr.Array) and coord.ndim == 1 and coord.shape[0] == arr.shape[0]:
                 sample_ids = np.asarray(coord[:])
     listing = array_loc.find()  # one listing: the missing-chunk check and the fingerprint
     if arr.ndim == 2:
@@ -250,7 +251,7 @@ def _open_xarray(obj: Any, variable: str | None, path: str | None) -> tuple[Any,
     if isinstance(obj, xr.Dataset):
         data_vars = list(obj.data_vars)
         if variable is None:
-            two_d = [v for v in data_vars if obj[v].ndim == 2]
+            two_d = [str(v) for v in data_vars if obj[v].ndim == 2]
             if len(two_d) != 1:
                 raise InputError(f"{path or 'dataset'}: name the variable (2-D variables: {two_d})")
             variable = two_d[0]
@@ -417,8 +418,8 @@ def validate(
         raise InputError(f"{inp.name} has {T} samples; at least {min_samples} are needed")
     if N < 2 and constant_rows:
         raise InputError(f"{inp.name} has {N} feature(s); a correlation needs at least 2")
-    flags = inp.data.map_blocks(
-        _row_flags, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
+    flags = da.map_blocks(
+        _row_flags, inp.data, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
     )
     (flags,) = compute(flags, client=client)
     bad = np.flatnonzero(flags[:, 0])
@@ -511,8 +512,12 @@ class RunGroup:
             root = self._root()
         params = json.loads(json.dumps(params, default=str))
         identity = json.loads(json.dumps(identity, default=str))
+        self.group: zarr.Group
         if name in root:
-            self.group = root[name]
+            existing = root[name]
+            if not isinstance(existing, zarr.Group):
+                raise InputError(f"{self.path} is an array, not a run; choose another run name")
+            self.group = existing
             old = self.group.attrs.get("params")
             if old is not None and old != params:
                 raise InputError(
@@ -559,20 +564,33 @@ class RunGroup:
         """Location of array ``name`` of this run (tile caches, path matrices)."""
         return self.location.child(self.name, name)
 
+    def _attr_dict(self, key: str) -> dict[str, Any]:
+        # zarr types an attribute as any JSON value; these keys hold the objects this class writes
+        return cast(dict[str, Any], self.group.attrs.get(key) or {})
+
+    @property
+    def _stages(self) -> dict[str, Any]:
+        return self._attr_dict("stages")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (written by :meth:`mark_complete`; empty until then)."""
+        return self._attr_dict("summary")
+
     @property
     def done_stages(self) -> list[str]:
-        return sorted(self.group.attrs.get("stages", {}))
+        return sorted(self._stages)
 
     @property
     def complete(self) -> bool:
         return bool(self.group.attrs.get("complete", False))
 
     def is_done(self, stage: str) -> bool:
-        return stage in self.group.attrs.get("stages", {})
+        return stage in self._stages
 
     def mark_done(self, stage: str, **info: Any) -> None:
         """Record ``stage`` as complete; call only after its arrays are fully written."""
-        stages = dict(self.group.attrs.get("stages", {}))
+        stages = dict(self._stages)
         stages[stage] = {
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             **json.loads(json.dumps(info, default=float)),
@@ -580,7 +598,7 @@ class RunGroup:
         self.group.attrs["stages"] = stages
 
     def stage_info(self, stage: str) -> dict:
-        return dict(self.group.attrs.get("stages", {}).get(stage, {}))
+        return dict(self._stages.get(stage, {}))
 
     def mark_complete(self, **summary: Any) -> None:
         """The last writes of a run: the completion mark, then consolidated metadata of the run
@@ -620,7 +638,9 @@ class RunGroup:
             arr.attrs.update(json.loads(json.dumps(attrs, default=float)))
 
     def read(self, name: str) -> np.ndarray:
-        return np.asarray(self.group[name][...])
+        arr = self.group[name]
+        assert isinstance(arr, zarr.Array), f"{self.path}/{name} is a group"
+        return np.asarray(arr[...])
 
 
 @contextlib.contextmanager
@@ -764,5 +784,5 @@ def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr
         raise InputError(f"{loc}/{name} is not a readable run group: {exc}") from None
 
 
-def _describe(identity: dict) -> str:
+def _describe(identity: Any) -> str:
     return f"shape {identity.get('shape')}, fingerprint {identity.get('fingerprint')}"

@@ -113,7 +113,7 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     metrics = _evaluate(est, inp, emb, p, client)
     evaluate_seconds = time.perf_counter() - t0
     metrics["procrustes_disparity_vs_previous"], note = _vs_previous(out, previous, inp, emb)
-    summary: dict = dict(run.group.attrs.get("summary") or {})  # type: ignore[arg-type]
+    summary = dict(run.summary)
     report_dir = out.child(f"{name}.report")
     result = {
         "status": "done", "run": name, "runs": out.url, "method": method,

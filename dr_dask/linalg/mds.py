@@ -15,12 +15,13 @@ of three shapes, all here:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dr_dask.linalg.eigen import SymmetricOperator, as_operator, top_eigh
+from dr_dask.linalg.eigen import SymmetricOperator, as_operator, materialise, top_eigh
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +72,17 @@ class CentredOperator:
     def __init__(self, A: Any):
         self.A = as_operator(A)
         self.shape = tuple(self.A.shape)
-        if getattr(self.A, "to_dense", None) is None:
-            # known only by products: let the eigensolver judge materialising by its size
-            self.to_dense = None
+        # B has a dense form (the eigensolver's dense path for small n) only when A has one; an
+        # A known only by products leaves it None, so the eigensolver judges materialising by size
+        self.to_dense: Callable[[], np.ndarray] | None = (
+            self._centred_dense if getattr(self.A, "to_dense", None) is not None else None
+        )
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
         return centred_product(self.A.matmat, V)
 
-    def to_dense(self) -> np.ndarray:
-        """B as an ndarray (the eigensolver's dense path for small n)."""
-        return double_centre(self.A.to_dense())
+    def _centred_dense(self) -> np.ndarray:
+        return double_centre(materialise(self.A))
 
 
 def scaled_vectors(values: np.ndarray, vectors: np.ndarray) -> np.ndarray:

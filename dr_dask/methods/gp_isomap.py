@@ -213,6 +213,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     distance go to the lowest manifold index.
     """
 
+    # fitted by fit's _stitch (declared so the type checker knows it before fit assigns it)
+    embedding_: np.ndarray
+
     _parameter_constraints: ClassVar[dict] = {
         "n_neighbors": [positive(Integral)],
         "n_components": [positive(Integral)],
@@ -463,8 +466,10 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
     def _points(self, X: Any, reset: bool) -> np.ndarray:
         # two points at least: one has no neighbour to build a graph with
-        return check_input(self, X, reset=reset, in_memory=True, dtype=np.float64,
-                           min_samples=2 if reset else 1).values
+        values = check_input(self, X, reset=reset, in_memory=True, dtype=np.float64,
+                             min_samples=2 if reset else 1).values
+        assert values is not None  # in_memory=True always holds the checked values
+        return values
 
     def transform(self, X: Any, return_variance: bool = False):
         """Global coordinates of new points (and their predictive variance).

@@ -22,10 +22,11 @@ path/URL that ``zarr.open_group`` accepts.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import zarr
+from zarr.core.metadata import ArrayV3Metadata
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class ModelFormatError(ValueError):
     """The group does not hold a model this version of dr_dask can read."""
 
 
-def _group(where: Any, mode: str) -> zarr.Group:
+def _group(where: Any, mode: Literal["r", "a"]) -> zarr.Group:
     from dr_dask.storage import Location
 
     if isinstance(where, zarr.Group):
@@ -141,7 +142,9 @@ def _array(grp: zarr.Group, name: str) -> np.ndarray:
     arr = grp[name]
     if not isinstance(arr, zarr.Array) or arr.dtype.kind not in "biuf":
         raise ModelFormatError(f"model array {name!r} is not a numeric array")
-    codecs = {c.to_dict()["name"] for c in arr.metadata.codecs}
+    if not isinstance(arr.metadata, ArrayV3Metadata):  # v2 arrays name codecs another way
+        raise ModelFormatError(f"model array {name!r} is not a Zarr v3 array")
+    codecs = {str(c.to_dict()["name"]) for c in arr.metadata.codecs}
     if not codecs <= SAFE_CODECS:
         raise ModelFormatError(f"model array {name!r} uses codecs {sorted(codecs - SAFE_CODECS)}"
                                f"; a model may only use {sorted(SAFE_CODECS)}")
@@ -201,6 +204,8 @@ def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):
     model.manifolds_, model.local_embedding_ = [], []
     for i in range(int(model.n_manifolds_)):
         m = g[f"manifold_{i}"]
+        if not isinstance(m, zarr.Group):
+            raise ModelFormatError(f"model entry manifold_{i} is not a Zarr group")
         a = dict(m.attrs)
         spec = KernelSpec(a["kind"], cailliez=a["cailliez"], grand_mean=a["grand_mean"],
                           **{k: _array(m, k) for k in _SPEC_ARRAYS if k in m})

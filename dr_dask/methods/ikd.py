@@ -277,7 +277,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
                 and self.min_overlap < M + 1):
             raise ValueError(f"min_overlap must be an integer >= {M + 1} (M + 1 shared points "
                              f"make the rigid alignment unique), got {self.min_overlap!r}")
-        if landmark:
+        if self.n_landmarks is not None:  # landmark
             if self.solver == "blockwise":
                 raise ValueError(
                     "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no "

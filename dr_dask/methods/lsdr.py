@@ -32,6 +32,8 @@ one way, since a kNN graph has no simplices).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from itertools import combinations
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -472,8 +474,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
             Q = np.empty((r, r))
             step = max(1, (1 << 27) // (8 * n))  # source blocks of ~128 MB of geodesic rows
             for s in range(0, r, step):
-                rows = run_stage("skeleton_geodesics", lambda s=s: shortest_paths(
-                    G, skeleton[s:s + step], client=self.client))
+                rows = run_stage("skeleton_geodesics", partial(
+                    shortest_paths, G, skeleton[s:s + step], client=self.client))
                 Q[s:s + step] = rows[:, skeleton]
             Q = (Q + Q.T) / 2  # Dijkstra is symmetric up to rounding
         with timed(timings, "mds"):
@@ -539,6 +541,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self, "oos_points_")
+        block: Callable[..., np.ndarray]
+        args: tuple[np.ndarray, np.ndarray]
         if self.oos_coef_ is None:
             block, args = _nw_block, (self.skeleton_points_, self.skeleton_embedding_)
         else:
