@@ -256,7 +256,8 @@ def _open_xarray(obj: Any, variable: str | None, path: str | None) -> tuple[Any,
                 raise InputError(f"{path or 'dataset'}: name the variable (2-D variables: {two_d})")
             variable = two_d[0]
         if variable not in obj.variables:
-            raise InputError(f"{path or 'dataset'} has no variable {variable!r}; it has {data_vars}")
+            raise InputError(
+                f"{path or 'dataset'} has no variable {variable!r}; it has {data_vars}")
         obj = obj[variable]
     dim0 = obj.dims[0] if obj.dims else None
     sample_ids = np.asarray(obj[dim0].values) if dim0 is not None and dim0 in obj.coords else None
@@ -540,7 +541,7 @@ class RunGroup:
                     "params": params,
                     "input": identity,
                     "versions": _versions(),
-                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                    "created": _dt.datetime.now(_dt.UTC).isoformat(),
                     "stages": {},
                     "complete": False,
                 }
@@ -592,7 +593,7 @@ class RunGroup:
         """Record ``stage`` as complete; call only after its arrays are fully written."""
         stages = dict(self._stages)
         stages[stage] = {
-            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "finished": _dt.datetime.now(_dt.UTC).isoformat(),
             **json.loads(json.dumps(info, default=float)),
         }
         self.group.attrs["stages"] = stages
@@ -726,7 +727,7 @@ class Lease:
             held = self.where.read_json() or {}
             if (held.get("owner") != self.owner and held.get("expires", 0) > time.time()
                     and not _dead_on_this_host(held.get("owner", ""))):
-                until = _dt.datetime.fromtimestamp(held["expires"], _dt.timezone.utc)
+                until = _dt.datetime.fromtimestamp(held["expires"], _dt.UTC)
                 raise LeaseHeld(
                     f"another run of this job ({held.get('owner')}) holds {self.where} until "
                     f"{until:%Y-%m-%d %H:%M:%S} UTC (renewed while it runs); retry later"

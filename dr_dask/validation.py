@@ -159,7 +159,8 @@ def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: A
         bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
         # the first line is scikit-learn's; the rest of its message is about supervised models
         first = str(exc).splitlines()[0]
-        raise ValueError(f"{first} Non-finite values in {_describe_rows(bad, sample_ids)}.") from None
+        rows = _describe_rows(bad, sample_ids)
+        raise ValueError(f"{first} Non-finite values in {rows}.") from None
 
 
 def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = np.float64,

@@ -269,7 +269,7 @@ def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
         Naming the key, step and field at fault.
     """
     environ = os.environ if environ is None else environ
-    for key, value in spec.items():
+    for key in spec:
         if key not in _TOP_KEYS:
             raise WorkflowError(f"{source}: unknown top-level key {key!r} (valid keys: "
                                 f"{', '.join(sorted(_TOP_KEYS))})")

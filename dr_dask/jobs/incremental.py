@@ -162,8 +162,8 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
     return {**summary, **{k: entry[k] for k in _ENTRY_KEYS}, "status": status, "report": report}
 
 
-_ENTRY_KEYS = ("rows_mapped", "watermark_after", "model_version", "refit", "new_versions", "drift_statistic",
-               "buffered")
+_ENTRY_KEYS = ("rows_mapped", "watermark_after", "model_version", "refit", "new_versions",
+               "drift_statistic", "buffered")
 
 
 def _idle(ck: dict, watermark: int) -> dict:

@@ -197,7 +197,8 @@ def _block_lanczos(op, k, block_size, tol, max_passes, max_basis, rng) -> EigRes
         res = np.linalg.norm(AQ @ Y[:, :k] - ritz_top * theta[:k], axis=0)
         scale = max(np.abs(theta).max(initial=0.0), np.finfo(float).tiny)
         converged = bool(np.all(res <= tol * scale))
-        logger.debug("pass %d basis %d max rel residual %.2e", passes, Q.shape[1], res.max() / scale)
+        logger.debug("pass %d basis %d max rel residual %.2e", passes, Q.shape[1],
+                     res.max() / scale)
         if converged or passes >= max_passes:
             if not converged:
                 logger.warning(

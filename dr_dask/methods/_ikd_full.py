@@ -84,7 +84,8 @@ def _distance_stage(cfg: IKDConfig, grid, blocks, inverse, store, run):
         )
     logger.info(
         "distance tiles: T=%d in %d blocks (%d tiles) %s",
-        grid.size, grid.n_blocks, len(grid.upper()), f"on disk at {store}" if store else "in memory",
+        grid.size, grid.n_blocks, len(grid.upper()),
+        f"on disk at {store}" if store else "in memory",
     )
     D, stats = build_tiles(
         grid, blocks, distance_tile, fn_args=(inverse,), store=store,

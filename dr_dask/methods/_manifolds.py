@@ -306,10 +306,10 @@ def global_frame(
     """Global coordinates (n, n_components) of a multi-manifold batch, in geodesic units.
 
     One graph holds every manifold's kNN graph plus the ``n_nearest`` closest point pairs of
-    the manifold pairs of a minimum spanning tree over their gaps (the bridges); landmark MDS of its shortest paths
-    (``n_landmarks`` seeded landmarks per manifold) places every point. Within a manifold the
-    paths are its Isomap geodesics, so a manifold keeps its shape here and only needs a
-    rotation and a translation to land on these coordinates.
+    the manifold pairs of a minimum spanning tree over their gaps (the bridges); landmark MDS of
+    its shortest paths (``n_landmarks`` seeded landmarks per manifold) places every point.
+    Within a manifold the paths are its Isomap geodesics, so a manifold keeps its shape here
+    and only needs a rotation and a translation to land on these coordinates.
     """
     from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 

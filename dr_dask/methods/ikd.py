@@ -6,7 +6,8 @@ G = g(D), and the top-M algebraic eigenpairs of G give the latent up to an ortho
 
 This module is the estimator only. ``fit`` validates the parameters once (the declarative
 ``_parameter_constraints``, checked by :func:`dr_dask.validation.check_params` in
-scikit-learn's wording, then the rules across parameters and the data's size) into a frozen :class:`~dr_dask.methods.ikd_core.IKDConfig` and calls one solver, a function
+scikit-learn's wording, then the rules across parameters and the data's size) into a frozen
+:class:`~dr_dask.methods.ikd_core.IKDConfig` and calls one solver, a function
 ``(config, data, run) -> IKDResult``: :mod:`._ikd_full` (Algorithm 1, tiled),
 :mod:`._ikd_geodesic` (geodesic and landmark IKD) or :mod:`._ikd_blockwise`. Their shared
 primitives live in :mod:`.ikd_core`, which never imports this module. Every solver returns the
