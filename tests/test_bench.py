@@ -100,3 +100,18 @@ def test_bench_io(s3_bucket):
     assert len(r["local_seconds"]) == len(r["s3_seconds"]) == 2
     assert r["local_seconds_median"] == pytest.approx(sum(r["local_seconds"]) / 2)  # of two
     assert finite_positive(r["ratio_s3_to_local"], r["local_peak_rss_gb"], r["s3_peak_rss_gb"])
+
+
+def test_bench_geodesic(tmp_path):
+    r = bench("geodesic", "--T", "600", "--repeats", "1", "--full-T", "600",
+              "--workdir", str(tmp_path))
+    assert r["workers"] == 1 and r["T"] == 600
+    for name in ("isomap", "geodesic_ikd"):
+        row = r[name]
+        assert finite_positive(row["seconds_median"], row["peak_rss_gb_process_tree"],
+                               row["ratio_to_sklearn"])
+        assert set(row["stage_seconds"]) >= {"graph", "shortest_paths", "eigen"}
+    # our Isomap is scikit-learn's on the same graph: equal embeddings up to a rigid map
+    assert r["isomap"]["disparity_vs_sklearn"] < 1e-8
+    assert r["geodesic_ikd"]["r2_vs_latent"] > 0.8
+    assert finite_positive(r["full_ikd_T600"]["seconds_median"])

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import dataset_store, timed_fits, tree_rss
+from dr_dask.bench._common import dataset_store, n_workers, timed_fits
 from dr_dask.bench.isomap import _sklearn_in_child
+from dr_dask.resources import tree_rss
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
     X, latent = _data(workdir, T, N)
     out: dict[str, Any] = {
         "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats,
-        "workers": len(client.scheduler_info()["workers"]) if client is not None else 0,
+        "workers": n_workers(client),
         "load_average_before": os.getloadavg(), "targets": TARGETS,
         "idle_process_tree_rss_gb": tree_rss() / 1e9,
     }
@@ -126,8 +127,7 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
     for name, make in fits.items():
         gc.collect()
         secs, peak, est = timed_fits(make, X, repeats)
-        stages = getattr(est, "timings_", None) or est.stage_seconds_
-        out[name] = _row(secs, peak, est, latent, sk, stages)
+        out[name] = _row(secs, peak, est, latent, sk, est.timings_)
         if name == "isomap" and sk_emb is not None:
             out[name]["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, est.embedding_)
         logger.info("%s: %.1f s, %.2f GB", name, secs, peak)
@@ -137,7 +137,7 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
         Xf, lat = _data(workdir, size, N)
         secs, peak, est = timed_fits(lambda: IKD(1, solver="full", random_state=0,
                                                  client=client), Xf, repeats)
-        out[f"full_ikd_T{size}"] = _row(secs, peak, est, lat, None, est.stage_seconds_)
+        out[f"full_ikd_T{size}"] = _row(secs, peak, est, lat, None, est.timings_)
         del Xf
     out["load_average_after"] = os.getloadavg()
     return out
