@@ -78,8 +78,11 @@ def cluster_client() -> Iterator[Any]:
     on_worker = getattr(thread_state, "key", None) is not None
     # not the process's default client: other tasks on this worker (a job's own tasks whose
     # estimators have client=None) would find it and wait on the cluster from a worker thread
-    # prefect-dask annotates **client_kwargs as Dict[str, Any] (each kwarg a dict): a stub error
-    with get_dask_client(set_as_default=False) as client:  # type: ignore[arg-type]
+    # prefect-dask annotates **client_kwargs as Dict[str, Any] (each kwarg a dict): a stub
+    # error (unused where prefect is not installed, e.g. CI's type check)
+    with get_dask_client(
+            set_as_default=False,  # type: ignore[arg-type, unused-ignore]
+    ) as client:
         if on_worker:
             secede()
         try:
