@@ -88,6 +88,23 @@ def test_user_error_exits_2_without_traceback(tmp_path):
     assert "Traceback" not in res.output
 
 
+def test_a_held_lease_exits_1_without_traceback(tmp_path, npy):
+    """Another live run holding the run's lease is transient: exit 1, a clear message, no
+    traceback, and nothing marked complete."""
+    from dr_dask.storage import location
+    from dr_dask.store import Lease, open_run
+
+    out = tmp_path / "o.zarr"
+    with Lease(location(str(out)).child("held", "lease.json")):
+        res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", "-n", "2",
+                                        "--input", npy, "--out", str(out), "--name", "held"])
+    assert res.exit_code == 1, res.output
+    assert res.output.startswith("error: another run of this job") and "retry later" in res.output
+    assert "internal error" not in res.output and "Traceback" not in res.output
+    group = open_run(str(out), "held")  # created before the lease was asked for, never run
+    assert not group.attrs.get("complete", False) and "embedding" not in group
+
+
 def test_internal_error_exits_1(tmp_path, npy, monkeypatch):
     """A bug (here: the eigensolver raising a ZeroDivisionError) exits 1 with a one-line
     message; -v adds the traceback."""

@@ -47,14 +47,14 @@ class App(click.Group):
             # would let it install its own handlers
             from dr_dask.cluster import ClusterLost
             from dr_dask.storage import StorageError
-            from dr_dask.store import InputError
+            from dr_dask.store import InputError, LeaseHeld
 
             # rejected below a command that did not catch it: bad input, an unusable location
             if isinstance(exc, (InputError, StorageError)):
                 fail(str(exc))
-            if isinstance(exc, ClusterLost):
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
+            # transient: another run holds the lease, or the cluster went away; a rerun resumes
+            if isinstance(exc, (LeaseHeld, ClusterLost)):
+                busy(str(exc))
             # a bug: say so briefly, the traceback only when asked
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             if (ctx.obj or {}).get("verbose"):

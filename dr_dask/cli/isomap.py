@@ -12,14 +12,13 @@ from dr_dask.cli._app import (
     POSITIVE_REAL,
     SEED,
     bench,
-    busy,
     cluster,
     embed,
     fail,
     storage_options,
 )
 from dr_dask.storage import location
-from dr_dask.store import InputError, LeaseHeld
+from dr_dask.store import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +75,6 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                 method = "landmark_isomap"
             run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)
-    except LeaseHeld as exc:
-        busy(str(exc))
     except (InputError, ValueError) as exc:
         fail(str(exc))
     # stdout is the JSON summary alone, for scripts; the human note goes to stderr

@@ -12,7 +12,6 @@ from dr_dask.cli._app import (
     POSITIVE,
     POSITIVE_REAL,
     SEED,
-    busy,
     cluster,
     job,
     storage_options,
@@ -55,17 +54,13 @@ def incremental(ctx, source, state, n_batch, n_s, chunk_size, max_in_flight, str
     killed run, rerun, loses and duplicates no row. Prints a JSON summary.
     """
     from dr_dask.jobs import run_incremental
-    from dr_dask.store import LeaseHeld
 
-    try:
-        with cluster(ctx) as client:
-            summary = run_incremental(
-                source, state, storage_options=storage_options(ctx), client=client,
-                n_batch=n_batch, n_s=n_s, chunk_size=chunk_size, max_in_flight=max_in_flight,
-                strict=strict, n_neighbors=n_neighbors, sigma_t=sigma_t, random_state=seed,
-                report=not no_report)
-    except LeaseHeld as exc:
-        busy(str(exc))
+    with cluster(ctx) as client:
+        summary = run_incremental(
+            source, state, storage_options=storage_options(ctx), client=client,
+            n_batch=n_batch, n_s=n_s, chunk_size=chunk_size, max_in_flight=max_in_flight,
+            strict=strict, n_neighbors=n_neighbors, sigma_t=sigma_t, random_state=seed,
+            report=not no_report)
     click.echo(json.dumps(summary, indent=2))
 
 
@@ -96,14 +91,10 @@ def refit(ctx, source, runs, method, n_components, n_neighbors, eval_rows, tci_c
     of this input and these parameters does nothing (exit 0). Prints a JSON summary.
     """
     from dr_dask.jobs import run_refit
-    from dr_dask.store import LeaseHeld
 
-    try:
-        with cluster(ctx) as client:
-            summary = run_refit(
-                source, runs, method=method, n_components=n_components,
-                storage_options=storage_options(ctx), client=client, n_neighbors=n_neighbors,
-                eval_rows=eval_rows, tci_candidates=tci_candidates, random_state=seed)
-    except LeaseHeld as exc:
-        busy(str(exc))
+    with cluster(ctx) as client:
+        summary = run_refit(
+            source, runs, method=method, n_components=n_components,
+            storage_options=storage_options(ctx), client=client, n_neighbors=n_neighbors,
+            eval_rows=eval_rows, tci_candidates=tci_candidates, random_state=seed)
     click.echo(json.dumps(summary, indent=2))

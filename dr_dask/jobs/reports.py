@@ -23,6 +23,7 @@ def drift_report(state: Location, history: list[dict]) -> str:
     At most :data:`dr_dask.figures.MAX_POINTS` of the most recent rows are drawn.
     """
     from dr_dask.figures import MAX_POINTS, embedding_figure, report_page, variance_figure
+    from dr_dask.stream.report import threshold_in_force
     from dr_dask.stream.store import STATUS, StreamStore
 
     store = StreamStore(state)
@@ -32,9 +33,7 @@ def drift_report(state: Location, history: list[dict]) -> str:
     rows = np.arange(lo, n)
     get = {name: np.asarray(store[name][lo:n])
            for name in ("first_variance", "status", "manifold", "version", "embedding")}
-    # the threshold in force at a row: the one of the last version published before it
-    published = np.asarray([r["publish_row"] for r in ck["refits"]], dtype=np.int64)
-    threshold = np.asarray(ck["sigma_t"])[np.searchsorted(published, rows, side="right")]
+    threshold = threshold_in_force(ck["refits"], ck["sigma_t"], rows)
     flagged = np.isin(get["status"], [STATUS["buffered"], STATUS["remapped"]])
     ok = get["status"] != STATUS["quarantined"]
     panels = [
