@@ -150,3 +150,23 @@ def test_functions_check_user_arrays_in_the_same_words():
         kneighbors(X + 1j, 3)
     with pytest.raises(ValueError, match="Reshape your data"):
         kneighbors(X, 3, query=X[0])
+
+
+@pytest.mark.cluster
+def test_stored_input_is_read_and_checked_on_the_estimators_cluster(tmp_path, cluster_client):
+    """A Zarr path given to an estimator on a multi-process cluster: read there, checked the
+    same way (a NaN row named by the store boundary, n_features_in_ set), same values."""
+    path = str(tmp_path / "x.zarr")
+    zarr.save_array(path, X)
+    est = _Est(client=cluster_client)
+    inp = check_input(est, path, reset=True, in_memory=True)
+    assert est.n_features_in_ == 3
+    np.testing.assert_array_equal(inp.values, X)
+    bad = X.copy()
+    bad[4, 1] = np.nan
+    zarr.save_array(str(tmp_path / "bad.zarr"), bad)
+    with pytest.raises(ValueError, match=r"contains NaN\. Non-finite values in 1 row\(s\): 4\."):
+        check_input(_Est(client=cluster_client), str(tmp_path / "bad.zarr"), reset=True,
+                    in_memory=True)
+    with pytest.raises(ValueError, match="X has 2 features"):
+        check_input(est, X[:, :2], reset=False)
