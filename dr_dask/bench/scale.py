@@ -1,12 +1,14 @@
-"""``dr-dask bench scale``: the scaling table of the landmark variants (issue 15, items 1 and 4).
+"""``dr-dask bench scale``: the scaling table (issue 15, items 1 and 4).
 
-For T = 10k, 30k, 100k, 300k, 1M (``--quick``: 2k, 5k, 10k; capped by ``max_T``), the IKD
-paper's sinusoidal data with N=100 are written to a chunked Zarr store and read from it by
-landmark IKD (geodesic) and Landmark Isomap, one fit each: wall time, peak RSS of the whole
-process tree (driver + workers), R^2 of the 1-D embedding on the latent after affine
-alignment, and per method the fitted slope of log time (and log memory) against log T. Per T
-also the kNN alone (the search the methods run on the raw rows: time, and recall on 1,000
-sampled rows against their brute-force neighbours).
+The IKD paper's sinusoidal data with N=100 are written to a chunked Zarr store and read from
+it by each method, one fit per size: the landmark variants (landmark IKD, geodesic; Landmark
+Isomap) at T = 10k, 30k, 100k, 300k, 1M, and the exact methods (full IKD, geodesic IKD,
+Isomap: O(T^2) work, tiles or rows on disk past the memory budget) at T = 10k, 20k, 30k
+(``--quick``: 2k, 5k, 10k for every method; ``min_T``/``max_T`` bound them). Per fit: wall
+time, peak RSS of the whole process tree (driver + workers), R^2 of the 1-D embedding on the
+latent after affine alignment, and the stage seconds; per method the fitted slope of log time
+(and log memory) against log T. Per T also the kNN alone (the search the methods run on the
+raw rows: time, and recall on 1,000 sampled rows against their brute-force neighbours).
 The slopes are the point of the table: 1 is linear scaling, 2 is the quadratic cost of the
 exact methods.
 """
@@ -29,10 +31,14 @@ from dr_dask.resources import timed
 logger = logging.getLogger(__name__)
 
 SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
+#: The exact methods' sizes: T^2 work and T x T tiles or rows (3.6 GB of float64 tiles at 30k).
+EXACT_SIZES = (10_000, 20_000, 30_000)
 QUICK_SIZES = (2_000, 5_000, 10_000)
 N_FEATURES = 100
 N_NEIGHBORS = 10
-METHODS = ("landmark_ikd", "landmark_isomap")
+LANDMARK_METHODS = ("landmark_ikd", "landmark_isomap")
+EXACT_METHODS = ("full_ikd", "geodesic_ikd", "isomap")
+METHODS = LANDMARK_METHODS + EXACT_METHODS
 #: Rows whose neighbours are checked against brute force for the recall.
 KNN_QUERIES = 1000
 
@@ -40,8 +46,14 @@ KNN_QUERIES = 1000
 def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str) -> Any:
     from dr_dask.methods.ikd import IKD
     from dr_dask.methods.ikd_core import MEMORY_TILE_BYTES
-    from dr_dask.methods.isomap import LandmarkIsomap
+    from dr_dask.methods.isomap import Isomap, LandmarkIsomap
 
+    if method == "full_ikd":
+        return IKD(1, solver="full", random_state=0, client=client)
+    if method == "geodesic_ikd":
+        return IKD(1, solver="geodesic", n_neighbors=N_NEIGHBORS, random_state=0, client=client)
+    if method == "isomap":
+        return Isomap(n_neighbors=N_NEIGHBORS, n_components=1, random_state=0, client=client)
     if method == "landmark_ikd":
         # tile_cache="auto" puts the L x T rows in Zarr above the tile budget
         return IKD(1, solver="geodesic", n_landmarks=n_landmarks, n_neighbors=N_NEIGHBORS,
@@ -51,6 +63,12 @@ def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str)
              if 4 * n_landmarks * T > MEMORY_TILE_BYTES else None)
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
                           random_state=0, client=client, geodesic_store=store)
+
+
+def size_ladder(method: str, quick: bool, min_T: int | None, max_T: int | None) -> list[int]:
+    """The sizes ``method`` runs at: its ladder within ``[min_T, max_T]``."""
+    ladder = QUICK_SIZES if quick else (SIZES if method in LANDMARK_METHODS else EXACT_SIZES)
+    return [T for T in ladder if (min_T is None or T >= min_T) and (max_T is None or T <= max_T)]
 
 
 def fitted_slope(T: list[int], values: list[float]) -> float | None:
@@ -87,7 +105,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     ----------
     client : distributed.Client or None
     quick : bool
-        Sizes ``QUICK_SIZES`` instead of ``SIZES``.
+        Sizes ``QUICK_SIZES`` for every method instead of ``SIZES`` (landmark variants) and
+        ``EXACT_SIZES`` (exact methods).
     min_T, max_T : int, optional
         Skip sizes below / above these (one size alone: a long run on its own).
     n_landmarks : int
@@ -110,11 +129,11 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
-    ladder = QUICK_SIZES if quick else SIZES
-    sizes = [T for T in ladder
-             if (min_T is None or T >= min_T) and (max_T is None or T <= max_T)]
+    ladders = {m: size_ladder(m, quick, min_T, max_T) for m in methods}
+    sizes = sorted(set().union(*ladders.values()))
     if not sizes:
-        raise ValueError(f"no size of {list(ladder)} is in [min_T={min_T}, max_T={max_T}]")
+        raise ValueError(f"no size of {sorted(set(SIZES) | set(EXACT_SIZES))} is in "
+                         f"[min_T={min_T}, max_T={max_T}]")
     own_tmp = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
     os.makedirs(workdir, exist_ok=True)
@@ -125,10 +144,11 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
             inp = open_dataset(src)
             knn.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
                                              client)})
-            L = min(n_landmarks, T // 10)
-            for method in methods:
-                logger.info("scale: %s at T=%d, L=%d", method, T, L)
-                data = inp if method == "landmark_ikd" else inp.data
+            for method in (m for m in methods if T in ladders[m]):
+                L = min(n_landmarks, T // 10) if method in LANDMARK_METHODS else None
+                logger.info("scale: %s at T=%d, L=%s", method, T, L)
+                # the IKD solvers read the store themselves (its chunks, its identity)
+                data = inp if method.endswith("_ikd") else inp.data
                 seconds, peak, est = timed_fits(
                     lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1)
                 stages = est.timings_

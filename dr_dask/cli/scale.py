@@ -1,4 +1,5 @@
-"""``dr-dask bench scale``: the scaling table and plot of the landmark variants."""
+"""``dr-dask bench scale``: the scaling table and plot of the landmark variants and the exact
+methods."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ logger = logging.getLogger(__name__)
 
 
 @bench.command("scale")
-@click.option("--quick", is_flag=True, help="T = 2k, 5k, 10k instead of 10k ... 1M.")
+@click.option("--quick", is_flag=True,
+              help="T = 2k, 5k, 10k for every method (instead of 10k ... 1M for the landmark "
+                   "variants, 10k, 20k, 30k for the exact methods).")
 @click.option("--min-T", "min_T", type=click.IntRange(min=1), default=None,
               help="Skip the sizes below this T.")
 @click.option("--max-T", "max_T", type=click.IntRange(min=1), default=None,
               help="Skip the sizes above this T.")
 @click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=1000,
               show_default=True, help="L (capped at T/10).")
-@click.option("--method", "methods", type=click.Choice(["landmark_ikd", "landmark_isomap"]),
-              multiple=True, help="Run only these methods (default: both).")
+@click.option("--method", "methods",
+              type=click.Choice(["landmark_ikd", "landmark_isomap", "full_ikd", "geodesic_ikd",
+                                 "isomap"]),
+              multiple=True, help="Run only these methods (repeatable; default: all five).")
 @click.option("--workdir", default=None, help="Where the datasets go (default: a temp dir).")
 @click.option("--json", "json_path", default="scale.json", show_default=True,
               help="The table as JSON.")
@@ -28,19 +33,21 @@ logger = logging.getLogger(__name__)
               help="The log-log plot of time and peak RSS against T.")
 @click.pass_context
 def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_path, png_path):
-    """Landmark IKD and Landmark Isomap at T = 10k ... 1M (sinusoidal, N=100, from Zarr):
-    time, peak RSS of the process tree, R^2 and the fitted slopes."""
+    """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
+    at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
+    R^2 and the fitted slopes."""
     from dr_dask.bench._common import write_report
-    from dr_dask.bench.scale import METHODS, QUICK_SIZES, SIZES, plot_scale, run_scale
+    from dr_dask.bench.scale import METHODS, plot_scale, run_scale, size_ladder
 
-    ladder = QUICK_SIZES if quick else SIZES
-    if not any((min_T is None or T >= min_T) and (max_T is None or T <= max_T) for T in ladder):
+    methods = tuple(methods) or METHODS
+    if not any(size_ladder(m, quick, min_T, max_T) for m in methods):
+        ladder = sorted(set().union(*(size_ladder(m, quick, None, None) for m in methods)))
         bounds = " and ".join(f"{flag} {v}" for flag, v in (("--min-T", min_T), ("--max-T", max_T))
                               if v is not None)
-        fail(f"no size of {list(ladder)} is within {bounds}")
+        fail(f"no size of {ladder} is within {bounds}")
     with cluster(ctx) as client:
         results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
                             n_landmarks=n_landmarks,
-                            methods=tuple(methods) or METHODS, workdir=workdir)
+                            methods=methods, workdir=workdir)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
