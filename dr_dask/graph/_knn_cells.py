@@ -6,14 +6,17 @@ bounding boxes in the projection is a rigorous lower bound on every distance bet
 rows) and cut into cells of at most ``LEAF_SIZE`` rows by median splits of the widest projected
 coordinate (the leaves of a k-d tree). A query cell visits the cells in increasing order of
 that bound, folding float32 GEMM tiles into running top-k lists with the brute-force kernel,
-and stops once the bound exceeds every row's current k-th distance. The kept candidates (a few
+and stops once the bound exceeds every row's current k-th distance. Within a visited cell only
+the query rows whose own projection is within their k-th distance of the cell's box take part
+in the GEMM (the bound from a point is tighter than from the query cell's box: on the noisy
+sinusoid at T=10^6 it cuts the row-cell products from 11% to 9% of all). The kept candidates (a few
 more than k, so that float32 rounding cannot push a true neighbour out) are re-ranked by
 distances recomputed in float64, so the result is the exact kNN of the float32 rows.
 
 On data near a low-dimensional manifold (even under isotropic noise) a query visits a small
 fraction of the cells; on data without structure it degrades gracefully to brute force. The
-float32 rows are held whole by every worker (T N 4 bytes each), the price of letting any
-query cell reach any other.
+float32 rows (and their float64 projections) are held whole by every worker (T (4 N + 8 p)
+bytes each), the price of letting any query cell reach any other.
 """
 
 from __future__ import annotations
@@ -92,7 +95,13 @@ def _cells(P: np.ndarray, leaf_size: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.array([*sorted(done), P.shape[0]])
 
 
-def _cell_task(Xs: np.ndarray, sq: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+def _box_gap2(lo: np.ndarray, hi: np.ndarray, p_lo: np.ndarray, p_hi: np.ndarray) -> np.ndarray:
+    """Squared distances between boxes ``[lo, hi]`` and ``[p_lo, p_hi]`` (a point: equal)."""
+    gap = np.maximum(np.maximum(lo - p_hi, p_lo - hi), 0.0)
+    return np.einsum("ij,ij->i", gap, gap)
+
+
+def _cell_task(Xs: np.ndarray, sq: np.ndarray, Ps: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                bounds: np.ndarray, order: np.ndarray, cells: range, kk: int, k: int,
                exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
     """k nearest rows (original indices, float64 distances) of the rows of ``cells``."""
@@ -101,9 +110,8 @@ def _cell_task(Xs: np.ndarray, sq: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     sq_max = float(sq.max())
     for a in cells:
         s, e = bounds[a], bounds[a + 1]
-        q = Xs[s:e]
-        gap = np.maximum(np.maximum(lo - hi[a], lo[a] - hi), 0.0)
-        lb2 = np.einsum("ij,ij->i", gap, gap)
+        q, pq = Xs[s:e], Ps[s:e]
+        lb2 = _box_gap2(lo, hi, lo[a], hi[a])
         best = np.full((e - s, kk), np.inf)
         idx = np.full((e - s, kk), -1, dtype=np.int64)
         q_sq = sq[s:e].astype(np.float64)
@@ -111,10 +119,18 @@ def _cell_task(Xs: np.ndarray, sq: np.ndarray, lo: np.ndarray, hi: np.ndarray,
         for b in np.argsort(lb2, kind="stable"):
             # best holds ||x||^2 - 2 <q, x>: add ||q||^2 for the squared k-th distance; every
             # row of a farther cell is farther than every query row's k-th neighbour
-            if lb2[b] > (1.0 + SLACK) * np.max(best[:, k_own - 1] + q_sq) + slack:
+            kth2 = (1.0 + SLACK) * (best[:, k_own - 1] + q_sq) + slack
+            if lb2[b] > kth2.max():
                 break
+            # the rows that cell b can still serve: own projection within their k-th distance
+            rows = np.flatnonzero(_box_gap2(pq, pq, lo[b], hi[b]) <= kth2)
             c, f = bounds[b], bounds[b + 1]
-            _select_k(q @ Xs[c:f].T, sq[c:f], c, best, idx)
+            if len(rows) == e - s:
+                _select_k(q @ Xs[c:f].T, sq[c:f], c, best, idx)
+            elif len(rows):
+                part_best, part_idx = best[rows], idx[rows]
+                _select_k(q[rows] @ Xs[c:f].T, sq[c:f], c, part_best, part_idx)
+                best[rows], idx[rows] = part_best, part_idx
         own = order[s:e] if exclude_self else order[:0]
         d, i = _rerank_labelled(q.astype(np.float64), Xs, idx, k, order, own)
         out_d.append(d)
@@ -152,9 +168,10 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         P[s:s + BLOCK] = X32[s:s + BLOCK] @ axes
     order, bounds = _cells(P, LEAF_SIZE)
     starts = bounds[:-1]
-    lo = np.minimum.reduceat(P[order], starts, axis=0)
-    hi = np.maximum.reduceat(P[order], starts, axis=0)
+    Ps = P[order]
     del P
+    lo = np.minimum.reduceat(Ps, starts, axis=0)
+    hi = np.maximum.reduceat(Ps, starts, axis=0)
     Xs = np.ascontiguousarray(X32[order])
     del X32
     sq = np.einsum("ij,ij->i", Xs, Xs)
@@ -162,13 +179,13 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     n_cells = len(starts)
     logger.debug("cell kNN: T=%d in %d cells, projection on %d axes", T, n_cells, p)
     if client is not None:  # recomputable if its worker dies (scattered data is not)
-        data = [share(a, client) for a in (Xs, sq, order)]
+        data = [share(a, client) for a in (Xs, sq, Ps, order)]
     else:
-        data = [dask.delayed(a, traverse=False) for a in (Xs, sq, order)]
+        data = [dask.delayed(a, traverse=False) for a in (Xs, sq, Ps, order)]
     task = dask.delayed(_cell_task, pure=True)
     groups = [range(c, min(c + CELLS_PER_TASK, n_cells))
               for c in range(0, n_cells, CELLS_PER_TASK)]
-    tasks = [task(data[0], data[1], lo, hi, bounds, data[2], g, kk, k, exclude_self)
+    tasks = [task(data[0], data[1], data[2], lo, hi, bounds, data[3], g, kk, k, exclude_self)
              for g in groups]
     # many small GEMMs in parallel threads: BLAS's own threads would only oversubscribe the
     # cores, 50x slower on a loaded machine (dask's workers get one thread from their nanny)
