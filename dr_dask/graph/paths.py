@@ -374,21 +374,23 @@ class GeodesicRows:
 STRIP_SUB_ROWS = 256
 
 
-#: Block rows per worker thread of :func:`strip_grid`: Dijkstra costs the same per source, so
-#: several strips per thread balance the workers (3 strips on 2 workers leave one idle for a
-#: third of the stage), while the tiles stay few enough for cheap product passes.
-STRIPS_PER_THREAD = 4
+#: Largest block of :func:`strip_grid`: bounds a tile's float64 temporaries (33 MB at 2048^2).
+STRIP_MAX_ROWS = 2048
 
 
 def strip_grid(T: int, client: Any = None, max_block: int | None = None) -> Any:
-    """The tile grid of :func:`geodesic_tiles` for ``T`` nodes: ``STRIPS_PER_THREAD`` block
-    rows per worker thread (at least 8), blocks of at most ``max_block`` rows."""
+    """The tile grid of :func:`geodesic_tiles` for ``T`` nodes: equal blocks of at most
+    ``min(max_block, STRIP_MAX_ROWS)`` rows, a multiple of the worker threads in number (at
+    least two each). Dijkstra costs the same per source, so equal strips in a multiple of the
+    threads balance the workers (3 strips on 2 workers leave one idle for a third of the
+    stage), and few strips keep the product passes cheap (each is one task per tile)."""
     from dr_dask.linalg.tiles import TileGrid
 
     client = active_client(client)
     threads = sum(client.nthreads().values()) if client is not None else 1
-    block = -(-T // max(8, STRIPS_PER_THREAD * threads))
-    return TileGrid.regular(T, min(block, max_block or block))
+    rows = min(max_block or STRIP_MAX_ROWS, STRIP_MAX_ROWS)
+    n = threads * max(2, -(-T // (threads * rows)))
+    return TileGrid.regular(T, max(1, -(-T // n)))
 
 
 def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: bool,

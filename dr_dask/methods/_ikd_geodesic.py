@@ -14,11 +14,15 @@ with edge weights ``-log(s / sigma^2)`` (digest A11: normalised, so weights are 
 Disconnected graphs are bridged by the shortest edges between components (with a warning
 naming them) or refused (``on_disconnected="raise"``), never left as infinite distances.
 
-Out of core: Dijkstra runs over blocks of sources on the workers
-(:class:`dr_dask.graph.GeodesicRows`), writing the T x T path lengths into a Zarr array with
-square chunks; the upper tiles of D = f^-1(s_geo) are then built from tiles of that array
-(:func:`dr_dask.linalg.tiles.build_tiles`), in worker memory or on disk, and the eigensolver
-only sees ``D @ V`` through :class:`~dr_dask.methods.ikd_core.GramOperator`.
+Out of core: Dijkstra runs over blocks of sources on the workers. With the kNN rule and tiles
+in memory, each task turns its rows straight into its block row of the upper tiles of
+D = f^-1(s_geo) (:func:`dr_dask.graph.paths.geodesic_tiles`; float32, multiplied in float64):
+no T x T array is written, read back or held by one process. Otherwise (the threshold rule,
+which needs the similarity tiles too, or tiles on disk for large T and resumable runs) the
+T x T path lengths go to a Zarr array with square chunks (:class:`dr_dask.graph.GeodesicRows`)
+and the upper tiles are built from tiles of that array (:func:`dr_dask.linalg.tiles.build_tiles`),
+in worker memory or on disk. The eigensolver only sees ``D @ V`` through
+:class:`~dr_dask.methods.ikd_core.GramOperator`.
 
 Landmark IKD (not in the papers; issue 3 item 6): L landmarks, the L x T geodesic (or, with
 ``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
@@ -287,6 +291,9 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDRes
     # the Zarr arrays of the paths route live until the eigen stage has read its tiles
     with contextlib.ExitStack() as arrays:
         if kernel.threshold is None and not on_disk:
+            # the kNN rule needs the rows no further: free them on the workers (and the
+            # input chunks the scheduler keeps to recompute them) before D's tiles arrive
+            del Xn
             D, stats, d_ref_row = _tiles_in_memory(cfg, graph, kernel, T, client, seconds)
         else:
             D, stats, d_ref_row = _tiles_through_paths(cfg, inp, run, graph, kernel, Xn, grid,

@@ -4,7 +4,9 @@ Full Isomap: blockwise kNN graph -> explicit connectivity repair -> Dijkstra ove
 sources on the workers, squared in the task -> top-d algebraic eigenpairs of
 ``B = -1/2 H D2 H`` by block Lanczos. ``B`` is never formed: one product is
 ``B V = -1/2 Hc(D2 Hc(V))`` with ``Hc`` the column-centring (rank-one corrections), and ``D2 V``
-runs where the row blocks of D2 live (worker memory, this process, or a Zarr store).
+runs where D2 lives: in this process up to ``DIST_MATRIX_MAX`` (kept as ``dist_matrix_``, its
+row blocks copied as they finish), in a Zarr store (``geodesic_store``), else as float32 upper
+tiles in worker memory, written straight from Dijkstra (:func:`dr_dask.graph.paths.geodesic_tiles`).
 
 Landmark Isomap (de Silva & Tenenbaum 2003): L landmarks, the L x T geodesics (float32, row
 blocks on the workers), classical MDS of the L x L block and distance-based triangulation of every
