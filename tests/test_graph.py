@@ -25,8 +25,9 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
-from dr_dask.graph.paths import dijkstra_rows
+from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, strip_grid
 from dr_dask.linalg.align import procrustes_disparity
+from dr_dask.linalg.tiles import TileGrid
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +145,55 @@ def test_shortest_paths_matches_scipy(roll, tmp_path):
     assert isinstance(out, zarr.Array) and out.shape == (4, 1500)
     np.testing.assert_allclose(zarr.open_array(str(tmp_path / "g.zarr"))[:], ref[src],
                                rtol=1e-6)
+
+
+def _half_exp(P: np.ndarray, scale: float) -> np.ndarray:
+    return np.exp(-P / scale)
+
+
+def _tile_sums(tile: np.ndarray) -> tuple:
+    return tile.sum(axis=1, dtype=np.float64), tile.sum(axis=0, dtype=np.float64)
+
+
+def _assert_tiles_of(D, stats, ref: np.ndarray, grid, rtol: float) -> None:
+    """The upper tiles (and their stats) are those of ``ref``, a symmetric matrix, and the
+    tiled products equal the dense ones."""
+    for (i, j), (rsum, csum) in zip(grid.upper(), stats):
+        tile = np.asarray(D.client.gather(D.tiles[(i, j)]) if D.client else D.tiles[(i, j)])
+        want = ref[grid.block(i), grid.block(j)]
+        np.testing.assert_allclose(tile, want, rtol=rtol, atol=0)
+        np.testing.assert_allclose(rsum, want.sum(axis=1), rtol=rtol)
+        np.testing.assert_allclose(csum, want.sum(axis=0), rtol=rtol)
+    V = np.random.default_rng(0).standard_normal((grid.size, 3))
+    want = ref @ V
+    tol = 1e-6 if rtol > 1e-12 else 1e-12
+    np.testing.assert_allclose(D.matmat(V), want, rtol=0, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("grid_of", [lambda T: TileGrid.regular(T, 200),
+                                     lambda T: strip_grid(T)])
+def test_geodesic_tiles_are_the_transformed_path_matrix(roll, grid_of):
+    G = kneighbors_graph(roll, 8)
+    P = shortest_path(G, directed=False)
+    P = (P + P.T) / 2  # the tiles' diagonal blocks are symmetrised; elsewhere P is symmetric
+    grid = grid_of(roll.shape[0])
+    ref = np.exp(-(P * P) / 5000.0)  # no float32 underflow
+    np.fill_diagonal(ref, 0.0)  # the tiles' diagonal is zero whatever the transform
+    D, stats = geodesic_tiles(G, grid, _half_exp, fn_args=(5000.0,), stats_fn=_tile_sums,
+                              square=True)
+    _assert_tiles_of(D, stats, ref, grid, rtol=1e-12)
+    # float32 storage, float64 products: the products of the rounded matrix
+    D32, stats32 = geodesic_tiles(G, grid, _half_exp, fn_args=(5000.0,), stats_fn=_tile_sums,
+                                  square=True, dtype=np.float32, precision=np.float64)
+    assert D32.tiles[(0, 0)].dtype == np.float32
+    _assert_tiles_of(D32, stats32, ref, grid, rtol=1e-6)
+
+
+def test_geodesic_tiles_refuse_a_disconnected_graph():
+    G = kneighbors_graph(_two_blobs(), 3)
+    with pytest.raises(ValueError, match="disconnected"):
+        geodesic_tiles(G, TileGrid.regular(90, 40), _half_exp, fn_args=(1.0,),
+                       stats_fn=_tile_sums)
 
 
 def _random_graph(rng, T, p, zero_frac=0.0, symmetric=True):
@@ -306,6 +356,18 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client):
     np.testing.assert_array_equal(shortest_paths(G, src, client=cluster_client, block_size=50),
                                   shortest_paths(G, src))
     assert sp.issparse(G)
+    # the tiles on the workers (views of each strip, recomputable futures) equal the threaded
+    grid = strip_grid(1500, cluster_client)
+    assert grid.n_blocks == 4  # two equal strips per worker
+    D1, s1 = geodesic_tiles(G, grid, _half_exp, fn_args=(5000.0,), stats_fn=_tile_sums,
+                            square=True, client=cluster_client)
+    D0, s0 = geodesic_tiles(G, grid, _half_exp, fn_args=(5000.0,), stats_fn=_tile_sums,
+                            square=True)
+    for ij, a, b in zip(grid.upper(), s0, s1):
+        np.testing.assert_array_equal(cluster_client.gather(D1.tiles[ij]), D0.tiles[ij])
+        np.testing.assert_array_equal(a[0], b[0])
+    V = np.random.default_rng(1).standard_normal((1500, 4))
+    np.testing.assert_allclose(D1.matmat(V), D0.matmat(V), rtol=1e-12)
 
 
 def _noisy_curve(T: int, N: int, seed: int = 0) -> np.ndarray:

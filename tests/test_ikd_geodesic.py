@@ -84,6 +84,22 @@ def test_geodesic_matches_dense_numpy(rule, similarity, reference, T, N, cache):
     assert (est.reference_index_ is None) == (reference == "center")
 
 
+@pytest.mark.parametrize("reference", ["center", "min_max"])
+def test_tiles_from_dijkstra_equal_tiles_from_stored_paths(reference):
+    """The in-memory route (float32 tiles straight from Dijkstra, float64 products) against
+    the on-disk route (float64 path lengths in Zarr, float64 tiles read from its chunks)."""
+    X, _ = _data("sinusoidal", 800, 200)
+    kw = dict(solver="geodesic", n_neighbors=6, tile_size=256, reference=reference,
+              random_state=0, tol=1e-10)
+    memory = IKD(2, tile_cache="memory", **kw).fit(X)
+    disk = IKD(2, tile_cache="disk", **kw).fit(X)
+    assert memory.reference_index_ == disk.reference_index_
+    assert memory.graph_edges_ == disk.graph_edges_
+    np.testing.assert_allclose(memory.eigenvalues_, disk.eigenvalues_, rtol=1e-6)
+    _same_up_to_sign(memory.embedding_, disk.embedding_, atol=1e-6 * np.abs(disk.embedding_).max())
+    assert memory.timings_["shortest_paths"] > 0 and "eigen" in memory.timings_
+
+
 @pytest.mark.parametrize("name, N, M", [("sinusoidal", 400, 1), ("bump", 300, 2)])
 def test_geodesic_recovers_synthetic_latents(name, N, M):
     X, Z = _data(name, 1000, N)

@@ -131,6 +131,9 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
         if name == "isomap" and sk_emb is not None:
             out[name]["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, est.embedding_)
         logger.info("%s: %.1f s, %.2f GB", name, secs, peak)
+        # the next method's peak must not include this one's fitted state (Isomap keeps the
+        # 0.8 GB dist_matrix_ at T=10,000)
+        est = None
     del X
     for size in full_sizes or (T, 2 * T):
         gc.collect()

@@ -270,6 +270,7 @@ class GeodesicRows:
         dtype: Any = np.float64,
         square: bool = False,
         out: Any = None,
+        wait: bool = True,
     ) -> GeodesicRows:
         """Run Dijkstra from every source, blockwise, on the cluster.
 
@@ -290,6 +291,10 @@ class GeodesicRows:
         out : zarr.Array, str or Location, optional
             Zarr array, or local path / URL (a :class:`~dr_dask.storage.Location` carries
             storage options) of a new array, that the workers write the rows into.
+        wait : bool
+            Wait for every block (a failure such as a disconnected graph surfaces here).
+            ``False`` (held blocks only) returns at once, so that :meth:`gather` copies blocks
+            while later ones are computed; a failure then surfaces there.
         """
         graph = _as_csr(graph)
         T = graph.shape[0]
@@ -315,6 +320,8 @@ class GeodesicRows:
         else:
             g = share(graph, client)
             blocks = [client.submit(fn, g, *args) for fn, *args in tasks]
+            if not wait and store is None:
+                return cls((len(sources), T), bounds, blocks, client, store, dtype)
             # surface a disconnected graph (or any failure) now, not at first use; waits for all.
             # Row blocks held on the workers stay futures: recomputed from the graph if lost
             wait_for(blocks, client)
@@ -340,17 +347,155 @@ class GeodesicRows:
                    for b, s in zip(self.blocks, spans)]
         return gather(futures, self.client)
 
-    def gather(self, dtype: Any = None) -> np.ndarray:
-        """All rows as one in-memory array (only for moderate sizes)."""
+    def gather(self, dtype: Any = None, release: bool = False) -> np.ndarray:
+        """All rows as one in-memory array (only for moderate sizes).
+
+        Blocks are copied one at a time, in order (tasks run roughly in submission order, so
+        with ``compute(wait=False)`` the copies overlap the later blocks' Dijkstra);
+        ``release`` drops each block once copied (the workers never hold all rows).
+        """
         out = np.empty(self.shape, dtype=dtype or self.dtype)
-        for s, e, b in zip(self.bounds[:-1], self.bounds[1:], self.blocks):
-            # one block at a time, and never waiting forever on a cluster that is gone
+        for n, (s, e) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
+            b = self.blocks[n]
+            # never waiting forever on a cluster that is gone
             out[s:e] = _materialise(gather([b], self.client)[0] if self.client else b)
+            if release:
+                self.blocks[n] = None
+        if release:
+            self.blocks = []
         return out
 
     def release(self) -> None:
         """Drop the blocks (frees worker memory when they are futures)."""
         self.blocks = []
+
+
+#: Sources per Dijkstra call inside a strip task: bounds its float64 rows (20 MB at T=10^4).
+STRIP_SUB_ROWS = 256
+
+
+#: Largest block of :func:`strip_grid`: bounds a tile's float64 temporaries (33 MB at 2048^2).
+STRIP_MAX_ROWS = 2048
+
+
+def strip_grid(T: int, client: Any = None, max_block: int | None = None) -> Any:
+    """The tile grid of :func:`geodesic_tiles` for ``T`` nodes: equal blocks of at most
+    ``min(max_block, STRIP_MAX_ROWS)`` rows, a multiple of the worker threads in number (at
+    least two each). Dijkstra costs the same per source, so equal strips in a multiple of the
+    threads balance the workers (3 strips on 2 workers leave one idle for a third of the
+    stage), and few strips keep the product passes cheap (each is one task per tile)."""
+    from dr_dask.linalg.tiles import TileGrid
+
+    client = active_client(client)
+    threads = sum(client.nthreads().values()) if client is not None else 1
+    rows = min(max_block or STRIP_MAX_ROWS, STRIP_MAX_ROWS)
+    n = threads * max(2, -(-T // (threads * rows)))
+    return TileGrid.regular(T, max(1, -(-T // n)))
+
+
+def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: bool,
+                 transform: Callable, args: tuple, stats_fn: Callable, dtype: Any) -> tuple:
+    """Row block ``i`` of the transformed path matrix, columns from the block's start on (the
+    upper tiles of block row ``i``), and each tile's ``stats_fn``.
+
+    Sources run ``STRIP_SUB_ROWS`` at a time and each slice is transformed into the strip
+    at once, so the task never holds more float64 rows than that. The diagonal tile is
+    symmetrised (Dijkstra from i and from j may differ in the last bit), so the upper tiles
+    describe one symmetric matrix, and its diagonal set to zero.
+    """
+    start, stop = bounds[i], bounds[i + 1]
+    strip = np.empty((stop - start, graph.n_nodes - start), dtype=dtype)
+    for s in range(start, stop, STRIP_SUB_ROWS):
+        e = min(s + STRIP_SUB_ROWS, stop)
+        P = _rows(graph, np.arange(s, e), square, np.float64)
+        strip[s - start : e - start] = transform(P[:, start:], *args)
+    diag = strip[:, : stop - start]
+    diag[...] = 0.5 * (diag + diag.T)  # a new array on the right: no aliasing
+    np.fill_diagonal(diag, 0.0)  # a point's distance to itself, whatever the transform
+    spans = [(bounds[j] - start, bounds[j + 1] - start) for j in range(i, len(bounds) - 1)]
+    return strip, [stats_fn(strip[:, a:z]) for a, z in spans]
+
+
+def _strip_tile(result: tuple, a: int, z: int) -> np.ndarray:
+    return result[0][:, a:z]  # a view: the tiles of one strip share its memory
+
+
+def _strip_stats(result: tuple) -> list:
+    return result[1]
+
+
+def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
+                   fn_args: tuple = (), stats_fn: Callable, square: bool = False,
+                   dtype: Any = np.float64, precision: Any = np.float32,
+                   client: Any = None) -> tuple[Any, list]:
+    """The upper tiles of ``transform(path lengths)``, computed straight from Dijkstra into
+    worker memory: nothing T x T is written, read back or held by one process.
+
+    One task per block row ``i`` of ``grid`` runs Dijkstra from its sources and keeps only
+    columns from the block's start on (the tiles ``(i, j >= i)``, half of the matrix), in
+    ``dtype``. The tiles are views of that strip, held as futures recomputable from the
+    shared graph (a tile lost with its worker is recomputed, never scattered data).
+
+    Parameters
+    ----------
+    graph : sparse matrix of shape (T, T)
+        Non-negative weights; treated as undirected.
+    grid : TileGrid
+        Blocks of both axes (``grid.size == T``).
+    transform : callable
+        ``transform(P, *fn_args)``: float64 path lengths (or squares) of shape (s, m) to the
+        tile values (elementwise; cast to ``dtype``). Module-level, picklable.
+    stats_fn : callable
+        ``stats_fn(tile)`` of every upper tile, returned in ``grid.upper()`` order.
+    square : bool
+        Give ``transform`` squared lengths (squared in float64).
+    dtype : dtype
+        Storage type of the tiles.
+    precision : dtype
+        The least dtype of the products (:class:`~dr_dask.linalg.tiles.TiledSymmetric`).
+    client : distributed.Client, optional
+
+    Returns
+    -------
+    (TiledSymmetric, list of stats in ``grid.upper()`` order)
+
+    Raises
+    ------
+    ValueError
+        If the graph is disconnected.
+    """
+    from dr_dask.linalg.tiles import TiledSymmetric
+
+    graph = _as_csr(graph)
+    if graph.shape[0] != grid.size:
+        raise ValueError(f"graph has {graph.shape[0]} nodes but the grid {grid.size}")
+    search = _SearchGraph.of(graph)
+    client = active_client(client)
+    bounds = tuple(grid.bounds)
+    logger.info("Dijkstra into %d upper strips over %d nodes", grid.n_blocks, grid.size)
+    args = (square, transform, fn_args, stats_fn, np.dtype(dtype))
+    tiles: dict = {}
+    stats: dict = {}
+    if client is None:
+        for i in range(grid.n_blocks):
+            strip, st = _upper_strip(search, bounds, i, *args)
+            for j, s in zip(range(i, grid.n_blocks), st):
+                tiles[(i, j)] = _strip_tile((strip, None), bounds[j] - bounds[i],
+                                            bounds[j + 1] - bounds[i])
+                stats[(i, j)] = s
+        return (TiledSymmetric(grid, tiles, None, precision),
+                [stats[ij] for ij in grid.upper()])
+    g = share(search, client)
+    strips = [client.submit(_upper_strip, g, bounds, i, *args, pure=False)
+              for i in range(grid.n_blocks)]
+    parts = gather([client.submit(_strip_stats, f, pure=False) for f in strips], client)
+    for i, (f, st) in enumerate(zip(strips, parts)):
+        for j, s in zip(range(i, grid.n_blocks), st):
+            tiles[(i, j)] = client.submit(_strip_tile, f, bounds[j] - bounds[i],
+                                          bounds[j + 1] - bounds[i], pure=False)
+            stats[(i, j)] = s
+    del strips  # the tile views keep each strip alive on its worker, once
+    return TiledSymmetric(grid, tiles, client, precision), [stats[ij] for ij in grid.upper()]
 
 
 def shortest_paths(

@@ -78,14 +78,30 @@ def _load(tile: Any) -> np.ndarray:
     return tile.load() if isinstance(tile, ZarrTile) else tile
 
 
+#: Rows of a tile cast at a time when products are wider than the tile.
+_CAST_ROWS = 256
+
+
 def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
-                 fn: Callable | None = None, args: tuple = ()):
+                 fn: Callable | None = None, args: tuple = (), precision: Any = np.float32):
     """``A_ij V_j`` and ``A_ij^T V_i`` of one tile, and optionally ``fn`` of the same tile (so a
     reduction rides along with a product instead of costing its own pass over the tiles)."""
     A = _load(tile)
-    dt = np.result_type(A.dtype, np.float32)
-    top = A @ V[cols].astype(dt, copy=False)
-    low = None if diag else A.T @ V[rows].astype(dt, copy=False)
+    dt = np.result_type(A.dtype, precision)
+    Vc, Vr = V[cols].astype(dt, copy=False), V[rows].astype(dt, copy=False)
+    if A.dtype == dt:
+        top = A @ Vc
+        low = None if diag else A.T @ Vr
+    else:
+        # a wider product than the tile (float32 tiles, float64 products): cast a few rows at
+        # a time, never the whole tile (50 MB per 2500^2 tile per pass)
+        top = np.empty((A.shape[0], V.shape[1]), dtype=dt)
+        low = None if diag else np.zeros((A.shape[1], V.shape[1]), dtype=dt)
+        for s in range(0, A.shape[0], _CAST_ROWS):
+            a = A[s : s + _CAST_ROWS].astype(dt)
+            top[s : s + _CAST_ROWS] = a @ Vc
+            if low is not None:
+                low += a.T @ Vr[s : s + _CAST_ROWS]
     extra = fn(A, rows, cols, diag, *args) if fn is not None else None
     return top, low, extra
 
@@ -111,10 +127,16 @@ class TiledSymmetric:
         ``(i, j) -> tile`` for every i <= j, where a tile is an ndarray, a distributed
         Future or a :class:`ZarrTile`.
     client : distributed.Client, optional
+    precision : dtype
+        The least dtype of the products: float32 tiles multiply in float32 by default (half
+        the traffic); float64 makes them exact to the stored values, for eigensolves whose
+        tolerance is below float32 rounding (Isomap's 1e-10).
     """
 
-    def __init__(self, grid: TileGrid, tiles: dict, client: Any = None):
+    def __init__(self, grid: TileGrid, tiles: dict, client: Any = None,
+                 precision: Any = np.float32):
         self.grid, self.tiles, self.client = grid, tiles, client
+        self.precision = np.dtype(precision)
         self.shape = (grid.size, grid.size)
         self.n_passes = 0
 
@@ -137,7 +159,8 @@ class TiledSymmetric:
         extras = []
         for (i, j) in g.upper():
             top, low, extra = dask.delayed(_tile_matmat, nout=3, pure=False)(
-                self.tiles[(i, j)], Vs, g.block(i), g.block(j), i == j, fn, shared
+                self.tiles[(i, j)], Vs, g.block(i), g.block(j), i == j, fn, shared,
+                self.precision,
             )
             parts[i].append(top)
             if i != j:

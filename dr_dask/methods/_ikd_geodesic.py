@@ -14,11 +14,15 @@ with edge weights ``-log(s / sigma^2)`` (digest A11: normalised, so weights are 
 Disconnected graphs are bridged by the shortest edges between components (with a warning
 naming them) or refused (``on_disconnected="raise"``), never left as infinite distances.
 
-Out of core: Dijkstra runs over blocks of sources on the workers
-(:class:`dr_dask.graph.GeodesicRows`), writing the T x T path lengths into a Zarr array with
-square chunks; the upper tiles of D = f^-1(s_geo) are then built from tiles of that array
-(:func:`dr_dask.linalg.tiles.build_tiles`), in worker memory or on disk, and the eigensolver
-only sees ``D @ V`` through :class:`~dr_dask.methods.ikd_core.GramOperator`.
+Out of core: Dijkstra runs over blocks of sources on the workers. With the kNN rule and tiles
+in memory, each task turns its rows straight into its block row of the upper tiles of
+D = f^-1(s_geo) (:func:`dr_dask.graph.paths.geodesic_tiles`; float32, multiplied in float64):
+no T x T array is written, read back or held by one process. Otherwise (the threshold rule,
+which needs the similarity tiles too, or tiles on disk for large T and resumable runs) the
+T x T path lengths go to a Zarr array with square chunks (:class:`dr_dask.graph.GeodesicRows`)
+and the upper tiles are built from tiles of that array (:func:`dr_dask.linalg.tiles.build_tiles`),
+in worker memory or on disk. The eigensolver only sees ``D @ V`` through
+:class:`~dr_dask.methods.ikd_core.GramOperator`.
 
 Landmark IKD (not in the papers; issue 3 item 6): L landmarks, the L x T geodesic (or, with
 ``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
@@ -33,6 +37,7 @@ no stage to resume, so a rerun of an interrupted landmark fit starts again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -53,7 +58,7 @@ from dr_dask.graph import (
     kneighbors,
 )
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
-from dr_dask.graph.paths import read_stored
+from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored, strip_grid
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles
 from dr_dask.methods.ikd_core import (
@@ -203,6 +208,70 @@ def _tagged(rows: slice, block: Any) -> tuple:
     return rows, block
 
 
+
+def _tiles_in_memory(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicKernel, T: int,
+                     client: Any, seconds: dict) -> tuple:
+    """Upper tiles of D straight from Dijkstra into worker memory (the kNN rule, tiles in
+    memory): no T x T path-length array is written or read back, and only the upper half of
+    D is held.
+
+    The tiles are float32 whatever ``cfg.dtype`` (a quarter of float64 full rows: 0.2 GB at
+    T=10,000): D comes from float64 path lengths through the clipped inverse kernel, and its
+    rounding (6e-8 relative) is far below what the geodesic approximation resolves. Products
+    run in float64, so the eigensolver converges on the stored D to any tolerance.
+    """
+    grid = strip_grid(T, client, int(cfg.tile_size))
+    t0 = time.perf_counter()
+    D, stats = geodesic_tiles(graph, grid, kernel, stats_fn=tile_stats, dtype=np.float32,
+                              precision=np.float64, client=client)
+    # Dijkstra and the inverse kernel run in the same tasks: one stage
+    seconds["shortest_paths"] = time.perf_counter() - t0
+
+    def d_ref_row(r: int) -> np.ndarray:
+        # the reference row, one more Dijkstra here (the tiles hold only the upper half)
+        return dijkstra_rows(graph, np.array([r]))
+
+    return D, stats, d_ref_row
+
+
+def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: RunGroup | None,
+                         graph: sp.csr_matrix, kernel: GeodesicKernel, Xn: Any, grid: TileGrid,
+                         on_disk: bool, client: Any, seconds: dict,
+                         arrays: contextlib.ExitStack) -> tuple:
+    """Path lengths into a Zarr array (the run's, else scratch), then tiles of D from its
+    chunks, in memory or on disk (resumable tile by tile): large T, the threshold rule.
+    The arrays live as long as ``arrays``; both are kept in a run, else temporary."""
+    dtype = cfg.dtype
+    T = grid.size
+    path_loc = arrays.enter_context(scratch("geodesic_paths", run, cfg.scratch, inp, keep=True))
+    tiles = arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
+    t0 = time.perf_counter()
+    chunk = min(PATH_CHUNK, T)
+    paths = zarr.create_array(
+        path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
+        dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
+        dimension_names=("sample", "sample_"),
+    )
+    GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
+    seconds["shortest_paths"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if kernel.threshold is None:
+        blocks = [(grid.block(i), None) for i in range(grid.n_blocks)]
+    else:
+        xb = Xn.to_delayed().ravel()
+        blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
+    store = tiles if on_disk else None
+    D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
+                           store=store, dtype=dtype, client=client, progress=cfg.progress)
+    seconds["distance"] = time.perf_counter() - t0
+
+    def d_ref_row(r: int) -> np.ndarray:
+        return np.asarray(paths[r : r + 1, :])
+
+    return D, stats, d_ref_row
+
+
 def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
     """Geodesic IKD of ``inp``: graph, path lengths, distance tiles, eigenpairs of g(D)."""
     client = active_client(cfg.client)
@@ -219,31 +288,18 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDRes
                             None if cfg.geodesic_rule == "knn" else float(cfg.threshold))
     grid = TileGrid.from_chunks(Xn.chunks[0])
     on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * dtype.itemsize)
-    # both arrays are kept in a run (its rerun resumes from them), else temporary
-    with scratch("geodesic_paths", run, cfg.scratch, inp, keep=True) as path_loc, \
-            scratch("distance", run, cfg.scratch, inp, keep=True) as tiles:
-        t0 = time.perf_counter()
-        chunk = min(PATH_CHUNK, T)
-        paths = zarr.create_array(
-            path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
-            dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
-            dimension_names=("sample", "sample_"),
-        )
-        GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
-        seconds["shortest_paths"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        if kernel.threshold is None:
-            blocks = [(grid.block(i), None) for i in range(grid.n_blocks)]
+    # the Zarr arrays of the paths route live until the eigen stage has read its tiles
+    with contextlib.ExitStack() as arrays:
+        if kernel.threshold is None and not on_disk:
+            # the kNN rule needs the rows no further: free them on the workers (and the
+            # input chunks the scheduler keeps to recompute them) before D's tiles arrive
+            del Xn
+            D, stats, d_ref_row = _tiles_in_memory(cfg, graph, kernel, T, client, seconds)
         else:
-            xb = Xn.to_delayed().ravel()
-            blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
-        store = tiles if on_disk else None
-        D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
-                               store=store, dtype=dtype, client=client, progress=cfg.progress)
-        rowmax, rowsum = row_stats(grid, stats)
-        seconds["distance"] = time.perf_counter() - t0
-
+            D, stats, d_ref_row = _tiles_through_paths(cfg, inp, run, graph, kernel, Xn, grid,
+                                                       on_disk, client, seconds, arrays)
+        t0 = time.perf_counter()
+        rowmax, rowsum = row_stats(D.grid, stats)
         r = reference_index(rowmax, rowsum, cfg.reference)
         d_ref = None
         if r is not None:
@@ -252,8 +308,9 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDRes
                 (xr,) = compute(Xn[r], client=client)
                 (S_r,) = compute(Xn @ xr, client=client)
                 S_r = S_r[None, :]
-            d_ref = kernel(np.asarray(paths[r : r + 1, :]), S_r)[0]
+            d_ref = kernel(d_ref_row(r), S_r)[0]
             d_ref[r] = 0.0
+        seconds["distance"] = seconds.get("distance", 0.0) + time.perf_counter() - t0
         t0 = time.perf_counter()
         eig = eigen_stage(cfg, GramOperator(D, d_ref, rowsum / T), run)
         seconds["eigen"] = time.perf_counter() - t0

@@ -88,6 +88,9 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         Clip range of S / sigma^2 (the domain of f^-1 is (0, 1]).
     dtype : {"float64", "float32"}
         Precision of the tiles (float32 halves memory and disk and doubles GEMM speed).
+        Geodesic IKD's tiles held in memory (kNN rule) are float32 either way, multiplied in
+        float64: they come from float64 path lengths, and their rounding is far below what
+        the geodesic approximation resolves.
     tile_size : int
         Rows per tile block.
     tile_cache : {"auto", "memory", "disk"}

@@ -4,7 +4,9 @@ Full Isomap: blockwise kNN graph -> explicit connectivity repair -> Dijkstra ove
 sources on the workers, squared in the task -> top-d algebraic eigenpairs of
 ``B = -1/2 H D2 H`` by block Lanczos. ``B`` is never formed: one product is
 ``B V = -1/2 Hc(D2 Hc(V))`` with ``Hc`` the column-centring (rank-one corrections), and ``D2 V``
-runs where the row blocks of D2 live (worker memory, this process, or a Zarr store).
+runs where D2 lives: in this process up to ``DIST_MATRIX_MAX`` (kept as ``dist_matrix_``, its
+row blocks copied as they finish), in a Zarr store (``geodesic_store``), else as float32 upper
+tiles in worker memory, written straight from Dijkstra (:func:`dr_dask.graph.paths.geodesic_tiles`).
 
 Landmark Isomap (de Silva & Tenenbaum 2003): L landmarks, the L x T geodesics (float32, row
 blocks on the workers), classical MDS of the L x L block and distance-based triangulation of every
@@ -49,9 +51,10 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import kneighbors_local
-from dr_dask.graph.paths import dijkstra_rows
+from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, strip_grid
 from dr_dask.linalg.eigen import DENSE_MAX
 from dr_dask.linalg.mds import classical_mds, double_centre
+from dr_dask.methods.ikd_core import row_stats, tile_stats
 from dr_dask.validation import (
     Options,
     check_array_like,
@@ -209,6 +212,10 @@ class _SquaredGeodesics:
         return self.dense if self.dense is not None else self.rows.gather(np.float64)
 
 
+def _identity(P: np.ndarray) -> np.ndarray:
+    return P
+
+
 def _block_matmul(block: np.ndarray, start: int, V: np.ndarray) -> np.ndarray:
     return block @ V
 
@@ -356,26 +363,38 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         timings["graph"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        # rows held in worker memory above the dense size are float32 (half the memory: 1.6
-        # instead of 3.2 GB at T=20,000; rounding 6e-8, far below the embedding's accuracy)
-        small = T <= DIST_MATRIX_MAX or self.geodesic_store is not None
-        rows = GeodesicRows.compute(self.graph_, client=client, block_size=self.block_size,
-                                    square=True, out=self.geodesic_store,
-                                    dtype=np.float64 if small else np.float32)
-        sq_mean = np.concatenate(rows.map(_block_row_means))
+        D2, store = None, None
+        if self.geodesic_store is not None or T <= DIST_MATRIX_MAX:
+            # the workers write the rows to the store, or (wait=False) this process copies
+            # them as they finish: the copies overlap the later blocks' Dijkstra and the
+            # workers never hold them all
+            rows = GeodesicRows.compute(self.graph_, client=client, block_size=self.block_size,
+                                        square=True, out=self.geodesic_store, wait=False)
+            store = rows.store
+            if T <= DIST_MATRIX_MAX:
+                # kept anyway for dist_matrix_: products on it here cost no round trips
+                D2 = rows.gather(np.float64, release=True)
+                sq_mean = D2.mean(axis=1)
+                rows = GeodesicRows((T, T), [0, T], [D2], None, store, D2.dtype)
+            else:
+                sq_mean = np.concatenate(rows.map(_block_row_means))
+            op: Any = _SquaredGeodesics(rows, D2)
+        else:
+            # the upper tiles straight from Dijkstra in worker memory, float32 (a quarter of
+            # the full float64 rows: 0.9 instead of 3.2 GB at T=20,000; rounding 6e-8, far
+            # below the embedding's accuracy), multiplied in float64 for the 1e-10 tolerance
+            grid = strip_grid(T, client)
+            op, stats = geodesic_tiles(self.graph_, grid, _identity, stats_fn=tile_stats,
+                                       square=True, dtype=np.float32, precision=np.float64,
+                                       client=client)
+            sq_mean = row_stats(grid, stats)[1] / T
         timings["shortest_paths"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        D2 = None
-        if T <= DIST_MATRIX_MAX:
-            # kept anyway for dist_matrix_: products on it in this process cost no round trips
-            D2 = rows.gather(np.float64)
-            rows.release()
-            rows = GeodesicRows((T, T), [0, T], [D2], None, rows.store, D2.dtype)
-        res = classical_mds(_SquaredGeodesics(rows, D2), d, method=solver, tol=self.tol,
+        res = classical_mds(op, d, method=solver, tol=self.tol,
                             max_passes=self.max_iter or 100,
                             random_state=check_random_state(self.random_state))
-        rows.release()
+        del op  # frees the tiles on the workers
         timings["eigen"] = time.perf_counter() - t0
         lam, V = res.values, _fix_signs(res.vectors)
         if np.any(lam <= 0):
@@ -387,7 +406,7 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         self.embedding_ = V * np.sqrt(np.maximum(lam, 0.0))
         self.geodesic_sq_row_mean_ = sq_mean
         self.dist_matrix_ = np.sqrt(D2, out=D2) if D2 is not None else None
-        self.geodesic_store_ = rows.store
+        self.geodesic_store_ = store
         self.training_data_ = X
         self.timings_ = timings
         logger.info("Isomap fit: T=%d, eigenvalues %s, %d operator passes, timings %s",
