@@ -366,10 +366,11 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -
     if cfg.solver == "geodesic":
         t0 = time.perf_counter()
         graph, info = neighbour_graph(cfg, Xn, sigma2, client)
+        del Xn  # the graph is all the rest needs: free the persisted rows on the workers
         seconds["graph"] = time.perf_counter() - t0
         # the L x T float32 rows stay in worker memory up to the tile budget, else in a
         # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
-        T = Xn.shape[0]
+        T = graph.shape[0]
         on_disk = cfg.on_disk(4 * L * T)
         # every worker writes the rows, and this process reads them: in the run's store (or
         # the scratch location), dropped when the stage is done
@@ -377,6 +378,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -
             t0 = time.perf_counter()
             rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
                                         out=rows_loc if on_disk else None)
+            del graph  # the workers hold their copy as long as the rows need it
             seconds["shortest_paths"] = time.perf_counter() - t0
             kernel = GeodesicKernel(inverse, None)
             t0 = time.perf_counter()
