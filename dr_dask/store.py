@@ -422,7 +422,12 @@ def validate(
     flags = da.map_blocks(
         _row_flags, inp.data, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
     )
-    (flags,) = compute(flags, client=client)
+    # an array already in this process (``values``) is checked here: on a cluster the whole
+    # array would travel in the graph to the workers for a check that reads it once
+    if inp.values is not None:
+        (flags,) = dask.compute(flags, scheduler="threads")
+    else:
+        (flags,) = compute(flags, client=client)
     bad = np.flatnonzero(flags[:, 0])
     if bad.size:
         raise InputError(
