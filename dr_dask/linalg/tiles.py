@@ -103,8 +103,22 @@ def _load(tile: Any) -> np.ndarray:
     return tile.load() if isinstance(tile, ZarrTile) else tile
 
 
+#: Bytes of the row chunks an in-memory tile is multiplied by: both products of a chunk
+#: (``A V_j`` and ``A^T V_i``) read it while it is in cache, so a product pass reads each tile
+#: from memory once rather than twice (measured: 4096^2 float64 tile, 9 columns, 1 thread,
+#: 83 ms in 1 MB chunks vs 129 ms whole).
+PRODUCT_CHUNK_BYTES = 1 << 20
+
+
 def _row_chunks(tile: Any):
-    return tile.row_chunks() if isinstance(tile, ZarrTile) else [(0, tile)]
+    """``(offset, rows)`` of a tile by row chunks: a stored tile's own chunks, an in-memory
+    tile's of ``PRODUCT_CHUNK_BYTES``."""
+    if isinstance(tile, ZarrTile):
+        yield from tile.row_chunks()
+        return
+    step = max(1, PRODUCT_CHUNK_BYTES // max(1, tile.shape[1] * tile.itemsize))
+    for a in range(0, tile.shape[0], step):
+        yield a, tile[a:a + step]
 
 
 def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
@@ -112,22 +126,23 @@ def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
     """``A_ij V_j`` and ``A_ij^T V_i`` of one tile, and optionally ``fn`` of the same tile (so a
     reduction rides along with a product instead of costing its own pass over the tiles).
 
-    A stored tile is streamed chunk row by chunk row; ``fn`` then sees each chunk row (its
+    The tile is taken by row chunks (:func:`_row_chunks`); ``fn`` sees each chunk (its
     ``rows`` narrowed to it) and its results are added: it must be a sum over rows.
     """
-    top = low = extra = None
+    top = low = extra = Vc = Vr = None
     for a, A in _row_chunks(tile):
-        dt = np.result_type(A.dtype, np.float32)
-        r = slice(rows.start + a, rows.start + a + A.shape[0])
-        t = A @ V[cols].astype(dt, copy=False)
-        if top is None:
-            top = np.empty((rows.stop - rows.start, t.shape[1]), t.dtype)
-        top[a:a + A.shape[0]] = t
-        if not diag:
-            part = A.T @ V[r].astype(dt, copy=False)
-            low = part if low is None else low + part
+        if Vc is None:  # V in the tile's precision (float32 tiles: float32 products), once
+            dt = np.result_type(A.dtype, np.float32)
+            Vc, Vr = V[cols].astype(dt, copy=False), V[rows].astype(dt, copy=False)
+            top = np.empty((rows.stop - rows.start, V.shape[1]), dt)
+            # A^T V_i sums over the chunks: accumulated in float64 whatever the tile's dtype
+            low = None if diag else np.zeros((Vc.shape[0], V.shape[1]))
+        n = A.shape[0]
+        np.matmul(A, Vc, out=top[a:a + n])
+        if low is not None:
+            low += A.T @ Vr[a:a + n]
         if fn is not None:
-            e = fn(A, r, cols, diag, *args)
+            e = fn(A, slice(rows.start + a, rows.start + a + n), cols, diag, *args)
             extra = e if extra is None else extra + e
     return top, low, extra
 
