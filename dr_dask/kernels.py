@@ -137,6 +137,27 @@ class Kernel:
         k = _check_similarities(_as_float(k))
         return _blockwise(self._inverse, k)
 
+    def inverse_inplace(self, k: np.ndarray) -> np.ndarray:
+        """:meth:`inverse` written over ``k``, which is returned (same domain check).
+
+        For callers that own a large block (IKD's similarity tiles, row chunk by row chunk) and
+        need no copy of it. This general form computes in float64 and copies back; kernels whose
+        inverse is a short ufunc chain (SE) override it to work in ``k``'s own dtype with no
+        temporary.
+
+        Parameters
+        ----------
+        k : ndarray of float32 or float64, any shape, writable
+            Normalised similarities in (0, 1].
+
+        Returns
+        -------
+        ndarray
+            ``k``, now holding the scaled squared distances.
+        """
+        k[...] = self.inverse(k)
+        return k
+
     def _f(self, d: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -169,6 +190,18 @@ class SquaredExponential(Kernel):
 
     def _inverse(self, k):
         return 2.0 * _neg_log(k)
+
+    def inverse_inplace(self, k: np.ndarray) -> np.ndarray:
+        # the ufunc chain of _inverse, in place and in k's dtype: a float32 log is accurate to
+        # float32 precision, so float32 tiles need no float64 copy (half the inverse's time);
+        # for float64 this is bit-for-bit _inverse
+        checked = _check_similarities(k)
+        if checked is not k:  # a few ulps above 1, clipped to 1
+            k[...] = checked
+        np.log(k, out=k)
+        np.abs(k, out=k)  # -ln k as +0.0 at k == 1, as _neg_log
+        np.multiply(k, 2.0, out=k)
+        return k
 
 
 class RationalQuadratic(Kernel):

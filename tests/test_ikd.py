@@ -53,6 +53,40 @@ def test_tiled_path_equals_dense_algorithm1(smooth_data, kernel, params, referen
     assert est.eigen_residuals_.max() <= 1e-8 * est.eigenvalues_[0]
 
 
+@pytest.mark.parametrize("kernel,params", KERNELS[:2], ids=["se", "rq"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape,diagonal", [((300, 300), True), ((300, 170), False),
+                                            ((170, 300), True)])
+def test_inverse_kernel_tile_equals_whole_tile_ufuncs(kernel, params, dtype, shape, diagonal):
+    """The in-place, chunked tile transform against the ufuncs on the whole tile (the old
+    path) and np.fill_diagonal: float64 bit for bit, float32 to float32 precision."""
+    from dr_dask.kernels import get_kernel
+    from dr_dask.methods import ikd_core
+    from dr_dask.methods.ikd_core import InverseKernel, tile_stats
+
+    rng = np.random.default_rng(7)
+    S = rng.uniform(-0.2, 1.3, size=shape).astype(dtype)
+    inv = InverseKernel(get_kernel(kernel, **params), 1.1, 1e-3, 1 - 1e-5, 1.7)
+    k = np.clip(S.astype(np.float64) / 1.1, 1e-3, 1 - 1e-5)
+    ref = (inv.kernel.inverse(k) * 1.7**2).astype(dtype)
+    if diagonal:
+        np.fill_diagonal(ref, 0.0)
+    old = ikd_core.CHUNK_BYTES
+    try:
+        ikd_core.CHUNK_BYTES = 7 * shape[1] * S.itemsize  # chunks of 7 rows: a ragged last one
+        D, stats = inv.tile(S.copy(), diagonal)
+    finally:
+        ikd_core.CHUNK_BYTES = old
+    if dtype == np.float64:
+        np.testing.assert_array_equal(D, ref)
+    else:
+        np.testing.assert_allclose(D, ref, rtol=2e-6, atol=2e-6)
+    for got, want in zip(stats, tile_stats(D)):
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_array_equal(inv(S, diagonal), D)  # __call__ leaves S and agrees
+
+
 def test_correlation_and_float32_disk_tiles_match(smooth_data):
     Z_ref, *_ = ikd_dense(smooth_data, 2, similarity="correlation")
     est = IKD(2, tile_size=64, tile_cache="disk", random_state=0).fit(smooth_data)

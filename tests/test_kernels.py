@@ -49,6 +49,22 @@ def test_float32_kept_and_shapes(name, kw):
     np.testing.assert_allclose(kernel.f(d.astype(np.float64)), k, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("name", "kw"), CASES[:3] + [("matern", {"nu": 1.5})])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_inverse_inplace_matches_inverse(name, kw, dtype):
+    kernel = get_kernel(name, **kw)
+    k = K_GRID[:4200].astype(dtype).reshape(420, 10)
+    ref = kernel.inverse(k)
+    out = kernel.inverse_inplace(k)
+    assert out is k and out.dtype == dtype
+    if dtype == np.float64:  # bit for bit: the same ufuncs, in place
+        np.testing.assert_array_equal(out, ref)
+    else:  # computed in float32 (SE): float32 precision of the float64-computed value
+        np.testing.assert_allclose(out, ref, rtol=4e-7, atol=4e-7)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        kernel.inverse_inplace(np.array([[0.5, np.nan]], dtype))
+
+
 def test_known_values():
     assert get_kernel("se").inverse(np.array([np.exp(-0.5)]))[0] == pytest.approx(1.0, abs=1e-15)
     assert get_kernel("squared_exponential").f(np.array([2.0]))[0] == pytest.approx(np.exp(-1.0))

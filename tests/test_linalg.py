@@ -92,6 +92,37 @@ def test_tiled_operator_products_and_reductions(tmp_path, where):
     assert len(stats) == len(grid.upper())
 
 
+def test_stored_tiles_stream_by_chunk_rows(tmp_path, monkeypatch):
+    """Tiles of 96 rows stored as 32-row chunks: products and a row-additive reduction read
+    them chunk row by chunk row and equal the dense results."""
+    import dask.array as da
+    import zarr
+
+    import dr_dask.linalg.tiles as tiles
+
+    monkeypatch.setattr(tiles, "TILE_CHUNK_ROWS", 32)
+    assert tiles.tile_chunk_rows(96) == 32 and tiles.tile_chunk_rows(97) == 97
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(250, 6))
+    Xd = da.from_array(X, chunks=(96, 6))
+    grid = TileGrid.from_chunks(Xd.chunks[0])
+    store = str(tmp_path / "S")
+    op, _ = build_tiles(grid, list(Xd.to_delayed().ravel()), _gram_tile, store=store)
+    assert zarr.open_array(store, mode="r").chunks == (32, 96)
+    seen = []
+
+    def frob(t, rows, cols, diag):
+        seen.append(t.shape[0])
+        np.testing.assert_allclose(t, (X @ X.T)[rows, cols], rtol=1e-12)
+        return float((t**2).sum()) * (1 if diag else 2)
+
+    V = rng.normal(size=(250, 3))
+    Y, parts = op.matmat_reduce(V, frob)
+    np.testing.assert_allclose(Y, X @ (X.T @ V), rtol=1e-10)
+    assert sum(parts) == pytest.approx(np.sum((X @ X.T) ** 2), rel=1e-10)
+    assert max(seen) == 32
+
+
 def test_disk_tiles_resume_only_missing_tiles(tmp_path):
     import dask.array as da
 

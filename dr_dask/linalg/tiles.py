@@ -61,6 +61,23 @@ class TileGrid:
         return int(np.diff(self.bounds).max())
 
 
+#: Rows per Zarr chunk of a stored tile array, at most: a tile of B rows is stored as chunks
+#: of a divisor of B up to this many rows (B columns), so products stream a stored tile chunk
+#: by chunk (16 MB at B = 4096 in float64) instead of loading it whole (128 MB, twice over
+#: with the read buffer) in every task.
+TILE_CHUNK_ROWS = 512
+
+
+def tile_chunk_rows(block: int) -> int:
+    """Rows per Zarr chunk for tiles of ``block`` rows: the largest divisor of ``block`` that is
+    at most :data:`TILE_CHUNK_ROWS`, or ``block`` itself when that divisor is small (a chunk
+    must never straddle two tiles: tasks write whole tiles concurrently)."""
+    if block <= TILE_CHUNK_ROWS:
+        return block
+    best = max(d for d in range(1, TILE_CHUNK_ROWS + 1) if block % d == 0)
+    return best if best >= TILE_CHUNK_ROWS // 4 else block
+
+
 @dataclass(frozen=True)
 class ZarrTile:
     """A reference to one tile of a Zarr array: pickles as a path and slices, loads on a worker."""
@@ -73,36 +90,63 @@ class ZarrTile:
         arr = zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
         return np.asarray(arr[self.rows, self.cols])
 
+    def row_chunks(self):
+        """``(offset, rows)`` of the tile chunk row by chunk row (the array's own chunks)."""
+        arr = zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
+        step = arr.chunks[0]
+        for a in range(self.rows.start, self.rows.stop, step):
+            b = min(a + step, self.rows.stop)
+            yield a - self.rows.start, np.asarray(arr[a:b, self.cols])
+
 
 def _load(tile: Any) -> np.ndarray:
     return tile.load() if isinstance(tile, ZarrTile) else tile
 
 
-#: Rows of a tile cast at a time when products are wider than the tile.
-_CAST_ROWS = 256
+#: Bytes of the row chunks an in-memory tile is multiplied by: both products of a chunk
+#: (``A V_j`` and ``A^T V_i``) read it while it is in cache, so a product pass reads each tile
+#: from memory once rather than twice (measured: 4096^2 float64 tile, 9 columns, 1 thread,
+#: 83 ms in 1 MB chunks vs 129 ms whole).
+PRODUCT_CHUNK_BYTES = 1 << 20
+
+
+def _row_chunks(tile: Any):
+    """``(offset, rows)`` of a tile by row chunks: a stored tile's own chunks, an in-memory
+    tile's of ``PRODUCT_CHUNK_BYTES``."""
+    if isinstance(tile, ZarrTile):
+        yield from tile.row_chunks()
+        return
+    step = max(1, PRODUCT_CHUNK_BYTES // max(1, tile.shape[1] * tile.itemsize))
+    for a in range(0, tile.shape[0], step):
+        yield a, tile[a:a + step]
 
 
 def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
                  fn: Callable | None = None, args: tuple = (), precision: Any = np.float32):
     """``A_ij V_j`` and ``A_ij^T V_i`` of one tile, and optionally ``fn`` of the same tile (so a
-    reduction rides along with a product instead of costing its own pass over the tiles)."""
-    A = _load(tile)
-    dt = np.result_type(A.dtype, precision)
-    Vc, Vr = V[cols].astype(dt, copy=False), V[rows].astype(dt, copy=False)
-    if A.dtype == dt:
-        top = A @ Vc
-        low = None if diag else A.T @ Vr
-    else:
-        # a wider product than the tile (float32 tiles, float64 products): cast a few rows at
-        # a time, never the whole tile (50 MB per 2500^2 tile per pass)
-        top = np.empty((A.shape[0], V.shape[1]), dtype=dt)
-        low = None if diag else np.zeros((A.shape[1], V.shape[1]), dtype=dt)
-        for s in range(0, A.shape[0], _CAST_ROWS):
-            a = A[s : s + _CAST_ROWS].astype(dt)
-            top[s : s + _CAST_ROWS] = a @ Vc
-            if low is not None:
-                low += a.T @ Vr[s : s + _CAST_ROWS]
-    extra = fn(A, rows, cols, diag, *args) if fn is not None else None
+    reduction rides along with a product instead of costing its own pass over the tiles).
+
+    The tile is taken by row chunks (:func:`_row_chunks`); ``fn`` sees each chunk (its
+    ``rows`` narrowed to it) and its results are added: it must be a sum over rows. Products
+    run in the wider of the tile's dtype and ``precision`` (a float32 tile multiplied in
+    float64 is cast one chunk at a time, never whole).
+    """
+    top = low = extra = Vc = Vr = None
+    for a, A in _row_chunks(tile):
+        if Vc is None:  # V in the products' precision, once
+            dt = np.result_type(A.dtype, precision)
+            Vc, Vr = V[cols].astype(dt, copy=False), V[rows].astype(dt, copy=False)
+            top = np.empty((rows.stop - rows.start, V.shape[1]), dt)
+            # A^T V_i sums over the chunks: accumulated in float64 whatever the tile's dtype
+            low = None if diag else np.zeros((Vc.shape[0], V.shape[1]))
+        n = A.shape[0]
+        Ac = A.astype(dt, copy=False)
+        np.matmul(Ac, Vc, out=top[a:a + n])
+        if low is not None:
+            low += Ac.T @ Vr[a:a + n]
+        if fn is not None:
+            e = fn(A, slice(rows.start + a, rows.start + a + n), cols, diag, *args)
+            extra = e if extra is None else extra + e
     return top, low, extra
 
 
@@ -150,7 +194,11 @@ class TiledSymmetric:
 
     def matmat_reduce(self, V: np.ndarray, fn: Callable | None = None, *args: Any):
         """``A @ V`` and, in the same pass, ``fn(tile, rows, cols, is_diagonal, *args)`` of every
-        upper tile (a list in ``grid.upper()`` order, or None without ``fn``)."""
+        upper tile (a list in ``grid.upper()`` order, or None without ``fn``).
+
+        ``fn`` must be a sum over the tile's rows: a stored tile is streamed by chunk rows and
+        ``fn``'s results for them (``rows`` narrowed to the chunk's) are added.
+        """
         V = np.asarray(V)
         Vs = self._share(V)
         shared = tuple(self._share(a) for a in args)
@@ -277,7 +325,8 @@ def _decode_stats(data: bytes) -> tuple:
 
 def _open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
     """Create the tile array, or reopen it with the stats of the tiles already written."""
-    shape, chunks = (grid.size, grid.size), (grid.max_block, grid.max_block)
+    shape = (grid.size, grid.size)
+    chunks = (tile_chunk_rows(grid.max_block), grid.max_block)
     try:
         arr = zarr.open_array(store.zarr_store(read_only=True), mode="r")
         if arr.shape != shape or arr.chunks != chunks or arr.dtype != np.dtype(dtype):
@@ -303,7 +352,9 @@ def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid):
     if store is None:
         return tile, stats
     arr = zarr.open_array(store.zarr_store(), mode="r+")
-    arr[grid.block(ij[0]), grid.block(ij[1])] = tile
+    rows, cols, step = grid.block(ij[0]), grid.block(ij[1]), arr.chunks[0]
+    for a in range(rows.start, rows.stop, step):  # by chunk rows: zarr copies what it is given
+        arr[a:min(a + step, rows.stop), cols] = tile[a - rows.start:a - rows.start + step]
     # the mark is written only after the tile's chunks: a mark always vouches for a full tile
     _done_mark(store, ij).write_bytes(_encode_stats(stats))
     return None, stats

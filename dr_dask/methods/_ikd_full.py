@@ -25,7 +25,6 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
     row_stats,
-    tile_stats,
 )
 from dr_dask.store import InputData, RunGroup, scratch
 
@@ -33,9 +32,12 @@ logger = logging.getLogger(__name__)
 
 
 def distance_tile(Xi: np.ndarray, Xj: np.ndarray, diagonal: bool, inverse: InverseKernel):
-    """One tile of D from two row blocks, with the statistics the reference point needs."""
-    D = inverse(Xi @ Xj.T, diagonal)
-    return D, tile_stats(D)
+    """One tile of D from two row blocks, with the statistics the reference point needs.
+
+    The GEMM's result is the only tile-sized array: the inverse kernel and the statistics
+    run over it in place (:meth:`InverseKernel.tile`).
+    """
+    return inverse.tile(Xi @ Xj.T, diagonal)
 
 
 def fit_full(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
@@ -45,8 +47,6 @@ def fit_full(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
     inverse = cfg.inverse_kernel(sigma2)
     T = Xn.shape[0]
     grid = TileGrid.from_chunks(Xn.chunks[0])
-    if client is not None:
-        Xn = client.persist(Xn)
     blocks = list(Xn.to_delayed().ravel())
     on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * cfg.dtype.itemsize)
     with scratch("distance", run, cfg.scratch, inp, keep=True) as tiles:

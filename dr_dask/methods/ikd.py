@@ -95,7 +95,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         Rows per tile block.
     tile_cache : {"auto", "memory", "disk"}
         Where D's tiles live between eigensolver passes: worker memory, or a Zarr array
-        (in the run's group, else a temporary directory). ``auto`` picks memory up to 2 GiB.
+        (in the run's group, else a temporary directory). ``auto`` picks memory up to 1 GiB.
         Landmark IKD: where its L x T float32 landmark geodesic rows live, by the same rule.
     scratch : str or Location, optional
         Local path or URL for the temporary Zarr arrays of a fit without a run (disk tiles,

@@ -23,7 +23,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from dr_dask.cluster import compute
+from dr_dask.cluster import active_client, compute
 from dr_dask.kernels import Kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
@@ -32,8 +32,11 @@ from dr_dask.store import InputData, RunGroup
 
 logger = logging.getLogger(__name__)
 
-#: Tiles stay in worker memory when the upper triangle is at most this many bytes.
-MEMORY_TILE_BYTES = 2 * 2**30
+#: Tiles stay in worker memory when the upper triangle is at most this many bytes. Worker-held
+#: tiles add their size to the process tree's RSS one for one; at 1 GiB a fit stays within
+#: issue 15's 2 GB tree (~0.7 GB idle) while float64 D up to T ~ 14,000 (float32 ~ 20,000)
+#: skips the disk. (At 2 GiB, full IKD at T=20,000 float64 held 1.9 GB of tiles: 4.5 GB tree.)
+MEMORY_TILE_BYTES = 2**30
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,15 +137,34 @@ def normalise_rows(block: np.ndarray, similarity: str, dtype: Any) -> np.ndarray
 
 
 def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
-    """Row-normalised data Xn (S = Xn Xn^T) and sigma^2 for the configuration."""
+    """Row-normalised data Xn (S = Xn Xn^T) and sigma^2 for the configuration.
+
+    On a cluster Xn is persisted before sigma^2 is computed from it: the input (an in-memory
+    array is part of the graph) then travels to the workers once, not once for sigma^2 and
+    again for the solver.
+    """
     X = inp.data.rechunk({0: cfg.tile_size, 1: -1})
     Xn = X.map_blocks(normalise_rows, cfg.similarity, cfg.dtype, dtype=cfg.dtype)
+    client = active_client(cfg.client)
+    if client is not None:
+        Xn = client.persist(Xn)
     if cfg.variance is not None:
         return Xn, float(cfg.variance)
     if cfg.similarity == "correlation":
         return Xn, 1.0
     (sq,) = compute((Xn.astype(np.float64) ** 2).sum(axis=1).mean(), client=cfg.client)
     return Xn, float(sq)  # mean of diag(S), Algorithm 1 line 3
+
+
+#: Bytes of one row chunk of a tile in the elementwise passes (inverse kernel, statistics,
+#: Frobenius norm): a chunk stays in L2 cache through its whole ufunc chain, so a tile is read
+#: from memory once and no tile-sized temporary exists.
+CHUNK_BYTES = 1 << 18
+
+
+def _chunk_rows(n_cols: int, itemsize: int) -> int:
+    """Rows of a ``CHUNK_BYTES`` chunk of a matrix with ``n_cols`` columns."""
+    return max(1, CHUNK_BYTES // max(1, n_cols * itemsize))
 
 
 @dataclass(frozen=True)
@@ -156,20 +178,63 @@ class InverseKernel:
     length_scale: float
 
     def __call__(self, S: np.ndarray, diagonal: bool = False) -> np.ndarray:
-        k = np.clip(S / np.asarray(self.sigma2, S.dtype), self.floor, self.ceil)
-        D = self.kernel.inverse(k)
-        if self.length_scale != 1.0:
-            D *= self.length_scale**2
-        if diagonal:
-            np.fill_diagonal(D, 0.0)
-        return D
+        """D of the similarities ``S`` (a new array of S's dtype; S is left alone)."""
+        return self.tile(S / np.asarray(self.sigma2, S.dtype), diagonal, scaled=True)[0]
+
+    def tile(self, S: np.ndarray, diagonal: bool = False, *, scaled: bool = False) -> tuple:
+        """D computed over ``S`` in place, with the tile's :func:`tile_stats`.
+
+        One pass over row chunks of ``CHUNK_BYTES``: each chunk goes through the whole chain
+        (scale, clip, inverse, diagonal, statistics) while in cache, so a tile is read from
+        memory once and needs no tile-sized temporary (the tile functions hand over a fresh
+        GEMM result). For float64 the values are bit-for-bit those of the ufuncs applied to
+        the whole tile; only the column sums accumulate in another order.
+
+        Parameters
+        ----------
+        S : ndarray of shape (n, m), float32 or float64, writable
+            Similarities (``scaled``: already divided by sigma^2). Overwritten with D.
+        diagonal : bool
+            S is a diagonal tile (n == m): D's diagonal is set to 0.
+
+        Returns
+        -------
+        D : ndarray of shape (n, m)
+            ``S`` itself.
+        stats : tuple
+            As :func:`tile_stats` of D.
+        """
+        n, m = S.shape
+        sigma2 = np.asarray(self.sigma2, S.dtype)
+        l2 = self.length_scale**2
+        rmax, rsum = np.empty(n), np.empty(n)
+        cmax, csum = np.full(m, -np.inf, S.dtype), np.zeros(m)
+        step = _chunk_rows(m, S.itemsize)
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            blk = S[a:b]
+            if not scaled:
+                np.divide(blk, sigma2, out=blk)
+            np.clip(blk, self.floor, self.ceil, out=blk)
+            self.kernel.inverse_inplace(blk)
+            if l2 != 1.0:
+                blk *= l2
+            if diagonal:  # np.fill_diagonal's entries: (i, i) for i < min(n, m)
+                i = np.arange(a, min(b, m))
+                blk[i - a, i] = 0.0
+            rmax[a:b] = blk.max(axis=1)
+            rsum[a:b] = blk.sum(axis=1, dtype=np.float64)
+            np.maximum(cmax, blk.max(axis=0), out=cmax)
+            csum += blk.sum(axis=0, dtype=np.float64)
+        return S, (rmax, cmax.astype(np.float64), rsum, csum)
 
 
 def tile_stats(D: np.ndarray) -> tuple:
     """Row and column maxima and sums of one tile (the reference point needs them).
 
     Maxima are exact in the tile's dtype and sums accumulate in float64, so a float32 tile is
-    never copied to float64 (a 32 MB temporary per 2048^2 tile).
+    never copied to float64 (a 32 MB temporary per 2048^2 tile). A tile made by
+    :meth:`InverseKernel.tile` has them already (computed in the same pass).
     """
     return (D.max(axis=1).astype(np.float64), D.max(axis=0).astype(np.float64),
             D.sum(axis=1, dtype=np.float64), D.sum(axis=0, dtype=np.float64))
@@ -257,13 +322,22 @@ def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
 
 
 def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
-    """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror)."""
-    D = D.astype(np.float64, copy=False)
-    if d_ref is None:
-        G = double_centre(D, row_mean[rows], row_mean[cols], total_mean)
-    else:
-        G = 0.5 * (d_ref[rows, None] + d_ref[None, cols] - D)
-    return float(np.sum(G * G)) * (1.0 if diagonal else 2.0)
+    """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror).
+
+    By row chunks of ``CHUNK_BYTES``: g of a chunk is a cache-sized float64 temporary, not
+    two or three tile-sized ones per task (at 4096^2, 128 MB each beside the tile).
+    """
+    rm, cm = row_mean[rows], row_mean[cols]
+    total = 0.0
+    step = _chunk_rows(D.shape[1], 8)  # the float64 chunk of g
+    for a in range(0, D.shape[0], step):
+        blk = D[a:a + step].astype(np.float64, copy=False)
+        if d_ref is None:
+            G = double_centre(blk, rm[a:a + step], cm, total_mean)
+        else:
+            G = 0.5 * (d_ref[rows][a:a + step, None] + d_ref[None, cols] - blk)
+        total += float(np.einsum("ij,ij->", G, G))
+    return total * (1.0 if diagonal else 2.0)
 
 
 def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_components: int):
