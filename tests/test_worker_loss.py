@@ -159,8 +159,10 @@ def test_gone_cluster_stops_with_the_stage_to_resume(data, monkeypatch):
         c.wait_for_workers(1)
         lc.scale(0)  # the cluster loses its only worker and gets no other
         t0 = time.perf_counter()
+        # an in-memory input is validated in this process: the first stage on the cluster
+        # is the distance tiles
         with pytest.raises(dc.ClusterLost, match="no worker for 3 s. Rerun to resume from "
-                           "stage 'validate'"):
+                           "stage 'distance'"):
             IKD(2, tile_size=60, client=c).fit(X)
         assert time.perf_counter() - t0 < 60
 
