@@ -277,9 +277,7 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDRes
     client = active_client(cfg.client)
     dtype = cfg.dtype
     seconds: dict[str, float] = {}
-    Xn, sigma2 = prepared_rows(cfg, inp)
-    if client is not None:
-        Xn = client.persist(Xn)
+    Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
     T = Xn.shape[0]
     t0 = time.perf_counter()
     graph, info = neighbour_graph(cfg, Xn, sigma2, client)
@@ -287,7 +285,10 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDRes
     kernel = GeodesicKernel(cfg.inverse_kernel(sigma2),
                             None if cfg.geodesic_rule == "knn" else float(cfg.threshold))
     grid = TileGrid.from_chunks(Xn.chunks[0])
-    on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * dtype.itemsize)
+    # the kNN rule's tiles in memory are float32 whatever dtype (_tiles_in_memory): they fit
+    # the budget to a larger T than dtype's tiles would
+    itemsize = 4 if kernel.threshold is None else dtype.itemsize
+    on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * itemsize)
     # the Zarr arrays of the paths route live until the eigen stage has read its tiles
     with contextlib.ExitStack() as arrays:
         if kernel.threshold is None and not on_disk:
@@ -349,9 +350,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -
         logger.info("landmark IKD: the run holds the L x T rows during the fit; it has no "
                     "stage to resume, so an interrupted fit starts again")
     seconds: dict[str, float] = {}
-    Xn, sigma2 = prepared_rows(cfg, inp)
-    if client is not None:
-        Xn = client.persist(Xn)
+    Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
     inverse = cfg.inverse_kernel(sigma2)
 
     t0 = time.perf_counter()
