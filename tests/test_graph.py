@@ -27,7 +27,7 @@ from dr_dask.graph import (
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, strip_grid
 from dr_dask.linalg.align import procrustes_disparity
-from dr_dask.linalg.tiles import TileGrid
+from dr_dask.linalg.tiles import TileGrid, ZarrTile
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,9 @@ def _assert_tiles_of(D, stats, ref: np.ndarray, grid, rtol: float) -> None:
     """The upper tiles (and their stats) are those of ``ref``, a symmetric matrix, and the
     tiled products equal the dense ones."""
     for (i, j), (rsum, csum) in zip(grid.upper(), stats):
-        tile = np.asarray(D.client.gather(D.tiles[(i, j)]) if D.client else D.tiles[(i, j)])
+        tile = D.tiles[(i, j)]
+        tile = (tile.load() if isinstance(tile, ZarrTile)
+                else np.asarray(D.client.gather(tile) if D.client else tile))
         want = ref[grid.block(i), grid.block(j)]
         np.testing.assert_allclose(tile, want, rtol=rtol, atol=0)
         np.testing.assert_allclose(rsum, want.sum(axis=1), rtol=rtol)
@@ -187,6 +189,32 @@ def test_geodesic_tiles_are_the_transformed_path_matrix(roll, grid_of):
                                   square=True, dtype=np.float32, precision=np.float64)
     assert D32.tiles[(0, 0)].dtype == np.float32
     _assert_tiles_of(D32, stats32, ref, grid, rtol=1e-6)
+
+
+def test_geodesic_tiles_into_a_store_resume_strip_by_strip(roll, tmp_path):
+    G = kneighbors_graph(roll, 8)
+    P = shortest_path(G, directed=False)
+    ref = np.exp(-(P * P) / 5000.0)
+    np.fill_diagonal(ref, 0.0)
+    grid = TileGrid.regular(roll.shape[0], 200)
+    store = tmp_path / "D"
+    D, stats = geodesic_tiles(G, grid, _half_exp, fn_args=(5000.0,), stats_fn=_tile_sums,
+                              square=True, store=str(store))
+    assert isinstance(D.tiles[(0, 1)], ZarrTile)
+    _assert_tiles_of(D, stats, ref, grid, rtol=1e-12)
+    # a crash in strip 1: tile (1, 2) never written nor marked; the rerun redoes that strip
+    (store / "done" / "1_2.npz").unlink()
+    zarr.open_array(str(store), mode="r+")[200:400, 400:600] = 0.0
+    rows_done = []
+
+    def counting_exp(P, scale):
+        rows_done.append(P.shape[0])
+        return _half_exp(P, scale)
+
+    D, stats = geodesic_tiles(G, grid, counting_exp, fn_args=(5000.0,), stats_fn=_tile_sums,
+                              square=True, store=str(store))
+    assert sum(rows_done) == 200  # strip 1 alone
+    _assert_tiles_of(D, stats, ref, grid, rtol=1e-12)
 
 
 def test_geodesic_tiles_refuse_a_disconnected_graph():
@@ -224,6 +252,17 @@ def test_dijkstra_rows_equals_scipy_on_random_graphs(seed):
     np.testing.assert_array_equal(dijkstra_rows(G, src), ref[src])
     np.testing.assert_array_equal(dijkstra_rows(G, src, square=True, dtype=np.float32),
                                   (ref[src] ** 2).astype(np.float32))
+
+
+def test_dijkstra_rows_on_a_complete_graph():
+    """Dense random weights: distances drop many times per node, so the heap outgrows its
+    first T entries and doubles twice (a search from node 0 holds 575 entries at once; kNN
+    graphs never get there)."""
+    rng = np.random.RandomState(3)
+    W = rng.uniform(size=(150, 150))
+    G = sp.csr_matrix(np.triu(W, 1) + np.triu(W, 1).T)
+    src = np.arange(0, 150, 7)
+    np.testing.assert_array_equal(dijkstra_rows(G, src), dijkstra(G, directed=False)[src])
 
 
 def test_dijkstra_rows_duplicate_points_and_disconnected():
@@ -409,6 +448,11 @@ def test_cell_search_on_cluster_equals_threaded(small_cells, cluster_client):
     d1, i1 = kneighbors(X, 5, algorithm="cells", client=cluster_client)
     np.testing.assert_array_equal(i0, i1)
     np.testing.assert_array_equal(d0, d1)
+    # dask input: the workers centre and sort the rows (uneven row blocks, split columns)
+    Xd = da.from_array(X, chunks=((700, 900, 400), (10, 20))).persist()
+    d2, i2 = kneighbors(Xd, 5, algorithm="cells", client=cluster_client)
+    np.testing.assert_array_equal(i0, i2)
+    np.testing.assert_allclose(d0, d2, rtol=1e-6)
 
 
 def test_cell_search_bad_input():
@@ -416,6 +460,8 @@ def test_cell_search_bad_input():
     X[[33, 401], 2] = np.inf
     with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[33, 401\]"):
         kneighbors(X, 3, algorithm="cells")
+    with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[(33|401)\]"):
+        kneighbors(da.from_array(X, chunks=(100, 20)), 3, algorithm="cells")  # one block's
     with pytest.raises(ValueError, match="algorithm must be one of"):
         kneighbors(X, 3, algorithm="annoy")
     with pytest.raises(ValueError, match="give no query"):

@@ -85,9 +85,9 @@ def test_geodesic_matches_dense_numpy(rule, similarity, reference, T, N, cache):
 
 
 @pytest.mark.parametrize("reference", ["center", "min_max"])
-def test_tiles_from_dijkstra_equal_tiles_from_stored_paths(reference):
-    """The in-memory route (float32 tiles straight from Dijkstra, float64 products) against
-    the on-disk route (float64 path lengths in Zarr, float64 tiles read from its chunks)."""
+def test_tiles_in_memory_equal_tiles_on_disk(reference):
+    """float32 tiles straight from Dijkstra, float64 products: held by the workers, or
+    written to a Zarr tile array and read back by every product pass."""
     X, _ = _data("sinusoidal", 800, 200)
     kw = dict(solver="geodesic", n_neighbors=6, tile_size=256, reference=reference,
               random_state=0, tol=1e-10)

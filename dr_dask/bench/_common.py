@@ -54,8 +54,30 @@ def dataset_store(workdir: str, name: str, T: int, N: int,
     return path + ":X", np.asarray(zarr.open_group(path, mode="r")["latent"][...])
 
 
-def timed_fits(make: Callable[[], Any], data: Any, repeats: int) -> tuple[float, float, Any]:
+def release_memory(client: Any = None) -> None:
+    """Give memory that earlier fits freed back to the OS, here and on every worker: a
+    collection, then glibc's ``malloc_trim`` (distributed's advice for unmanaged memory).
+    Without it a fit's peak RSS counts the heaps of the fits before it in the same run."""
+
+    def trim() -> None:
+        import ctypes
+        import ctypes.util
+        import gc
+
+        gc.collect()
+        libc = ctypes.util.find_library("c")
+        if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+            ctypes.CDLL(libc).malloc_trim(0)
+
+    trim()
+    if client is not None:
+        client.run(trim)
+
+
+def timed_fits(make: Callable[[], Any], data: Any, repeats: int,
+               client: Any = None) -> tuple[float, float, Any]:
     """Median wall time, peak process-tree RSS (GB) of ``make().fit(data)`` and the last
-    fitted estimator (a fresh estimator per repeat)."""
+    fitted estimator (a fresh estimator per repeat), after :func:`release_memory`."""
+    release_memory(client)
     m = measure(lambda: make().fit(data), repeats)
     return m.seconds, m.peak_rss_gb, m.result

@@ -12,13 +12,13 @@ Each row: median wall seconds over ``repeats``, peak RSS of the whole process tr
 workers too), the ratio to scikit-learn's median measured in the same run, and the stage
 seconds of the last fit (where the time goes). An untimed small fit of every method first
 loads the workers' imports and compiled kernels (not the method's cost); methods run in the
-order listed on the same workers. The data are generated once,
-in memory: the methods are timed, not the reads.
+order listed on the same workers, each after the memory earlier fits freed is given back to
+the OS (:func:`~dr_dask.bench._common.release_memory`). The data are generated once, in
+memory: the methods are timed, not the reads.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from typing import Any
@@ -105,12 +105,11 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
     def warm_up() -> None:
         # an untimed small fit of every method loads the workers' imports and compiled
         # kernels (once per process, not the method's cost). Workers are not restarted
-        # between methods (a restart can take minutes on a loaded machine): a method's peak
-        # RSS includes what the heaps of earlier fits kept
+        # between methods (a restart can take minutes on a loaded machine): the memory earlier
+        # fits freed is given back to the OS before each method instead (timed_fits)
         Isomap(n_neighbors=n_neighbors, n_components=1, client=client).fit(small)
         IKD(1, solver="geodesic", n_neighbors=n_neighbors, client=client).fit(small)
         IKD(1, solver="full", client=client).fit(small)
-        gc.collect()
 
     warm_up()
     sk = sk_emb = None
@@ -125,8 +124,7 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
                                     random_state=0, client=client),
     }
     for name, make in fits.items():
-        gc.collect()
-        secs, peak, est = timed_fits(make, X, repeats)
+        secs, peak, est = timed_fits(make, X, repeats, client)
         out[name] = _row(secs, peak, est, latent, sk, est.timings_)
         if name == "isomap" and sk_emb is not None:
             out[name]["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, est.embedding_)
@@ -136,10 +134,9 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
         est = None
     del X
     for size in full_sizes or (T, 2 * T):
-        gc.collect()
         Xf, lat = _data(workdir, size, N)
         secs, peak, est = timed_fits(lambda: IKD(1, solver="full", random_state=0,
-                                                 client=client), Xf, repeats)
+                                                 client=client), Xf, repeats, client)
         out[f"full_ikd_T{size}"] = _row(secs, peak, est, lat, None, est.timings_)
         del Xf
     out["load_average_after"] = os.getloadavg()

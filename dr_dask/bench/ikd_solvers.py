@@ -54,7 +54,8 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
         row: dict[str, Any] = {"T": T, "N": N, "M": M}
         for label, c in (("cluster", client), ("one_process", None)):
             secs, peak, est = timed_fits(
-                lambda c=c, M=M: IKD(M, solver="blockwise", random_state=0, client=c), X, repeats)
+                lambda c=c, M=M: IKD(M, solver="blockwise", random_state=0, client=c), X, repeats,
+                client)
             row[f"{label}_seconds"] = secs
             row[f"{label}_peak_rss_gb"] = peak
             row[f"{label}_r2"] = r2_affine(Z, est.embedding_)
@@ -80,7 +81,7 @@ def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
     inp = open_dataset(src)
     secs, peak, est = timed_fits(
         lambda: IKD(1, dtype="float32", random_state=0, client=client, tol=1e-6, **params),
-        inp, 1)
+        inp, 1, client)
     return {
         "T": T, "N": N, **{k: v for k, v in params.items() if k != "solver"},
         "generate_seconds": generate,

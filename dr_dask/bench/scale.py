@@ -150,7 +150,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                 # the IKD solvers read the store themselves (its chunks, its identity)
                 data = inp if method.endswith("_ikd") else inp.data
                 seconds, peak, est = timed_fits(
-                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1)
+                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1,
+                    client)
                 stages = est.timings_
                 rows.append({
                     "method": method, "T": T, "n_landmarks": L, "seconds": seconds,

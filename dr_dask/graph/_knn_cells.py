@@ -40,8 +40,10 @@ logger = logging.getLogger(__name__)
 LEAF_SIZE = 256
 #: Principal axes of the projection that bounds distances between cells.
 N_PROJ = 8
-#: Rows sampled to estimate the principal axes.
+#: Rows sampled to estimate the principal axes, at most ``PCA_SAMPLE_BYTES`` of float64 (the
+#: axes only tighten the bounds; the result is exact whatever they are).
 PCA_SAMPLE = 20_000
+PCA_SAMPLE_BYTES = 16 << 20
 #: Relative slack on the stopping bound for float32 rounding of the squared distances.
 SLACK = 1e-3
 #: Absolute slack, per unit of squared norm: float32 rounding of ``||x||^2 - 2 <q, x>``.
@@ -52,30 +54,64 @@ CELLS_PER_TASK = 16
 BLOCK = 1 << 16
 
 
-def _principal_axes(X: np.ndarray, p: int, rng: np.random.RandomState) -> np.ndarray:
-    """(N, p) top principal axes of a sample of the (centred) rows."""
-    rows = rng.choice(X.shape[0], min(PCA_SAMPLE, X.shape[0]), replace=False)
-    S = X[np.sort(rows)].astype(np.float64)
-    S -= S.mean(axis=0)
-    return top_eigh(S.T @ S, p, method="dense").vectors
-
-
-def _centred_float32(X: Any, client: Any) -> np.ndarray:
-    """X minus its column means, in float32: rounding relative to the spread, not the offset.
-
-    The means skip non-finite entries, so that such rows stay the only non-finite ones.
-    """
+def _finite_mean(X: Any, client: Any) -> np.ndarray:
+    """Column means of X over its finite entries (so that a non-finite row stays the only one
+    non-finite after centring, and the error names it alone)."""
     if isinstance(X, da.Array):
         X = X.astype(np.float64)
         (mean,) = compute(da.where(da.isfinite(X), X, 0.0).mean(axis=0), client=client)
-        (X32,) = compute((X - mean).astype(np.float32), client=client)
-        return X32
-    X = np.asarray(X)
-    mean = np.where(np.isfinite(X), X, 0.0).mean(axis=0)
-    X32 = np.empty(X.shape, dtype=np.float32)
+        return mean
+    mean = np.zeros(X.shape[1])
     for s in range(0, X.shape[0], BLOCK):  # no T x N float64 temporary
-        X32[s:s + BLOCK] = X[s:s + BLOCK] - mean
-    return X32
+        b = X[s:s + BLOCK]
+        mean += np.where(np.isfinite(b), b, 0.0).sum(axis=0)
+    return mean / X.shape[0]
+
+
+def _principal_axes(X: Any, mean: np.ndarray, p: int, rng: np.random.RandomState,
+                    client: Any) -> np.ndarray:
+    """(N, p) top principal axes of a sample of the centred rows."""
+    T, N = X.shape
+    n = min(PCA_SAMPLE, T, max(8 * p, PCA_SAMPLE_BYTES // (8 * N)))
+    S = X[np.sort(rng.choice(T, n, replace=False))]
+    if isinstance(S, da.Array):
+        (S,) = compute(S, client=client)
+    S = np.array(S, np.float64)
+    S -= mean
+    S[~np.isfinite(S)] = 0.0  # a non-finite row is reported by _project
+    return top_eigh(S.T @ S, p, method="dense").vectors
+
+
+def _project(block: np.ndarray, offset: int, mean: np.ndarray, axes: np.ndarray) -> np.ndarray:
+    """Projections (b, p) of the centred float32 rows of ``block`` (checked finite)."""
+    _check_finite(block, offset, "X")
+    return _centred(block, mean) @ axes
+
+
+def _project_block(block: np.ndarray, mean: np.ndarray, axes: np.ndarray,
+                   block_info: dict | None = None) -> np.ndarray:
+    assert block_info is not None
+    return _project(block, block_info[0]["array-location"][0][0], mean, axes)
+
+
+def _centred(block: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """``block - mean`` in float32: rounding relative to the data's spread, not its offset."""
+    return (np.asarray(block, np.float64) - mean).astype(np.float32)
+
+
+def _sorted_rows(blocks: list, starts: list[int], order: np.ndarray) -> np.ndarray:
+    """The rows of ``blocks`` (offsets ``starts``) in cell ``order``, as one array."""
+    T = int(starts[-1])
+    rank = np.empty(T, dtype=np.int64)
+    rank[order] = np.arange(T)
+    out = np.empty((T, blocks[0].shape[1]), dtype=blocks[0].dtype)
+    for b, s in zip(blocks, starts):
+        out[rank[s:s + len(b)]] = b
+    return out
+
+
+def _row_sq(Xs: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", Xs, Xs)
 
 
 def _cells(P: np.ndarray, leaf_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,35 +194,48 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         As :func:`dr_dask.graph.knn.kneighbors`; distances between the centred rows rounded
         to float32 (relative error ~1e-7 of the data's spread).
     """
-    X32 = _centred_float32(X, client)
-    _check_finite(X32, 0, "X")
-    T = X32.shape[0]
-    p = min(N_PROJ, X32.shape[1])
-    axes = _principal_axes(X32, p, check_random_state(random_state))
-    P = np.empty((T, p))
-    for s in range(0, T, BLOCK):
-        P[s:s + BLOCK] = X32[s:s + BLOCK] @ axes
+    T, N = X.shape
+    p = min(N_PROJ, N)
+    mean = _finite_mean(X, client)
+    axes = _principal_axes(X, mean, p, check_random_state(random_state), client)
+    if isinstance(X, da.Array):
+        X = X.rechunk({1: -1})
+        (P,) = compute(X.map_blocks(_project_block, mean, axes, chunks=(X.chunks[0], (p,)),
+                                    dtype=np.float64), client=client)
+    else:
+        P = np.empty((T, p))
+        for s in range(0, T, BLOCK):
+            P[s:s + BLOCK] = _project(X[s:s + BLOCK], s, mean, axes)
     order, bounds = _cells(P, LEAF_SIZE)
     starts = bounds[:-1]
     Ps = P[order]
     del P
     lo = np.minimum.reduceat(Ps, starts, axis=0)
     hi = np.maximum.reduceat(Ps, starts, axis=0)
-    Xs = np.ascontiguousarray(X32[order])
-    del X32
-    sq = np.einsum("ij,ij->i", Xs, Xs)
+    if isinstance(X, da.Array):
+        # each block is centred where it lives, then one task sorts the float32 rows: this
+        # process never holds them (a copy here and another in the scheduler's graph cost
+        # 0.8 GB at T=10^6, N=100), and only float32 blocks travel
+        Xc = X.map_blocks(_centred, mean, dtype=np.float32)
+        Xs: Any = dask.delayed(_sorted_rows, pure=True)(
+            list(Xc.to_delayed().ravel()), [0, *np.cumsum(X.chunks[0]).tolist()], order)
+    else:
+        Xs = np.empty((T, N), dtype=np.float32)
+        for s in range(0, T, BLOCK):
+            Xs[s:s + BLOCK] = _centred(X[order[s:s + BLOCK]], mean)
+    Xs, Ps, order_d = (
+        a if not isinstance(a, np.ndarray)
+        else share(a, client) if client is not None  # recomputable if its worker dies
+        else dask.delayed(a, traverse=False)
+        for a in (Xs, Ps, order))
+    sq = dask.delayed(_row_sq, pure=True)(Xs)
     kk = min(k + exclude_self + EXTRA, T)
     n_cells = len(starts)
     logger.debug("cell kNN: T=%d in %d cells, projection on %d axes", T, n_cells, p)
-    if client is not None:  # recomputable if its worker dies (scattered data is not)
-        data = [share(a, client) for a in (Xs, sq, Ps, order)]
-    else:
-        data = [dask.delayed(a, traverse=False) for a in (Xs, sq, Ps, order)]
     task = dask.delayed(_cell_task, pure=True)
     groups = [range(c, min(c + CELLS_PER_TASK, n_cells))
               for c in range(0, n_cells, CELLS_PER_TASK)]
-    tasks = [task(data[0], data[1], data[2], lo, hi, bounds, data[3], g, kk, k, exclude_self)
-             for g in groups]
+    tasks = [task(Xs, sq, Ps, lo, hi, bounds, order_d, g, kk, k, exclude_self) for g in groups]
     # many small GEMMs in parallel threads: BLAS's own threads would only oversubscribe the
     # cores, 50x slower on a loaded machine (dask's workers get one thread from their nanny)
     with single_blas_thread():

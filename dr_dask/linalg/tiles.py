@@ -266,9 +266,7 @@ def build_tiles(
     done: dict = {}
     if store is not None:
         store = location(store)
-        if any(b % grid.max_block for b in grid.bounds[:-1]):
-            raise ValueError("tile grid must be regular to align tiles with Zarr chunks")
-        done = _open_tile_store(store, grid, dtype)
+        done = open_tile_store(store, grid, dtype)
     shared_args = tuple(share(a, client) for a in fn_args)
     todo = [ij for ij in grid.upper() if ij not in done]
     if done:
@@ -290,9 +288,7 @@ def build_tiles(
         return TiledSymmetric(grid, tiles, client), stats
     results = dict(zip(todo, compute(*tasks, client=client, progress=progress)))
     if store is not None:
-        tiles = {
-            ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()
-        }
+        tiles = stored_tiles(store, grid)
         stats = [done[ij] if ij in done else results[ij][1] for ij in grid.upper()]
         return TiledSymmetric(grid, tiles, client), stats
     tiles = {ij: r[0] for ij, r in results.items()}
@@ -323,8 +319,11 @@ def _decode_stats(data: bytes) -> tuple:
         return tuple(z[f"arr_{i}"] for i in range(len(z.files)))
 
 
-def _open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
-    """Create the tile array, or reopen it with the stats of the tiles already written."""
+def open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
+    """Create the tile array, or reopen it: ``(i, j) -> stats`` of the tiles already written
+    (those with a done mark, see :func:`build_tiles`)."""
+    if any(b % grid.max_block for b in grid.bounds[:-1]):
+        raise ValueError("tile grid must be regular to align tiles with Zarr chunks")
     shape = (grid.size, grid.size)
     chunks = (tile_chunk_rows(grid.max_block), grid.max_block)
     try:
@@ -347,14 +346,25 @@ def _open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
     return done
 
 
-def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid):
-    tile, stats = tile_fn(Xi, Xj, diag, *args)
-    if store is None:
-        return tile, stats
+def write_tile(store: Location, grid: TileGrid, ij: tuple[int, int], tile: np.ndarray,
+               stats: tuple) -> None:
+    """Write tile ``ij`` into the array of :func:`open_tile_store`, then its done mark."""
     arr = zarr.open_array(store.zarr_store(), mode="r+")
     rows, cols, step = grid.block(ij[0]), grid.block(ij[1]), arr.chunks[0]
     for a in range(rows.start, rows.stop, step):  # by chunk rows: zarr copies what it is given
         arr[a:min(a + step, rows.stop), cols] = tile[a - rows.start:a - rows.start + step]
     # the mark is written only after the tile's chunks: a mark always vouches for a full tile
     _done_mark(store, ij).write_bytes(_encode_stats(stats))
+
+
+def stored_tiles(store: Location, grid: TileGrid) -> dict:
+    """``(i, j) -> ZarrTile`` of every upper tile of a tile array."""
+    return {ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()}
+
+
+def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid):
+    tile, stats = tile_fn(Xi, Xj, diag, *args)
+    if store is None:
+        return tile, stats
+    write_tile(store, grid, ij, tile, stats)
     return None, stats

@@ -209,11 +209,11 @@ def _tagged(rows: slice, block: Any) -> tuple:
 
 
 
-def _tiles_in_memory(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicKernel, T: int,
-                     client: Any, seconds: dict) -> tuple:
-    """Upper tiles of D straight from Dijkstra into worker memory (the kNN rule, tiles in
-    memory): no T x T path-length array is written or read back, and only the upper half of
-    D is held.
+def _tiles_from_dijkstra(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicKernel,
+                         T: int, client: Any, seconds: dict, store: Any) -> tuple:
+    """Upper tiles of D straight from Dijkstra (the kNN rule) into worker memory, or into the
+    tile array ``store`` above the tile budget: no T x T path-length array is written or read
+    back, and only the upper half of D is held.
 
     The tiles are float32 whatever ``cfg.dtype`` (a quarter of float64 full rows: 0.2 GB at
     T=10,000): D comes from float64 path lengths through the clipped inverse kernel, and its
@@ -223,7 +223,7 @@ def _tiles_in_memory(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicKerne
     grid = strip_grid(T, client, int(cfg.tile_size))
     t0 = time.perf_counter()
     D, stats = geodesic_tiles(graph, grid, kernel, stats_fn=tile_stats, dtype=np.float32,
-                              precision=np.float64, client=client)
+                              precision=np.float64, client=client, store=store)
     # Dijkstra and the inverse kernel run in the same tasks: one stage
     seconds["shortest_paths"] = time.perf_counter() - t0
 
@@ -239,8 +239,9 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: RunGroup | None,
                          on_disk: bool, client: Any, seconds: dict,
                          arrays: contextlib.ExitStack) -> tuple:
     """Path lengths into a Zarr array (the run's, else scratch), then tiles of D from its
-    chunks, in memory or on disk (resumable tile by tile): large T, the threshold rule.
-    The arrays live as long as ``arrays``; both are kept in a run, else temporary."""
+    chunks and the rows' similarities, in memory or on disk (resumable tile by tile): the
+    threshold rule. The arrays live as long as ``arrays``; both are kept in a run, else
+    temporary."""
     dtype = cfg.dtype
     T = grid.size
     path_loc = arrays.enter_context(scratch("geodesic_paths", run, cfg.scratch, inp, keep=True))
@@ -256,11 +257,8 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: RunGroup | None,
     seconds["shortest_paths"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    if kernel.threshold is None:
-        blocks = [(grid.block(i), None) for i in range(grid.n_blocks)]
-    else:
-        xb = Xn.to_delayed().ravel()
-        blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
+    xb = Xn.to_delayed().ravel()
+    blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
     store = tiles if on_disk else None
     D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
                            store=store, dtype=dtype, client=client, progress=cfg.progress)
@@ -285,17 +283,20 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDRes
     kernel = GeodesicKernel(cfg.inverse_kernel(sigma2),
                             None if cfg.geodesic_rule == "knn" else float(cfg.threshold))
     grid = TileGrid.from_chunks(Xn.chunks[0])
-    # the kNN rule's tiles in memory are float32 whatever dtype (_tiles_in_memory): they fit
-    # the budget to a larger T than dtype's tiles would
+    # the kNN rule's tiles are float32 whatever dtype (_tiles_from_dijkstra): they fit the
+    # budget to a larger T than dtype's tiles would
     itemsize = 4 if kernel.threshold is None else dtype.itemsize
     on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * itemsize)
-    # the Zarr arrays of the paths route live until the eigen stage has read its tiles
+    # the Zarr arrays live until the eigen stage has read their tiles
     with contextlib.ExitStack() as arrays:
-        if kernel.threshold is None and not on_disk:
+        if kernel.threshold is None:
             # the kNN rule needs the rows no further: free them on the workers (and the
             # input chunks the scheduler keeps to recompute them) before D's tiles arrive
             del Xn
-            D, stats, d_ref_row = _tiles_in_memory(cfg, graph, kernel, T, client, seconds)
+            store = (arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
+                     if on_disk else None)
+            D, stats, d_ref_row = _tiles_from_dijkstra(cfg, graph, kernel, T, client, seconds,
+                                                       store)
         else:
             D, stats, d_ref_row = _tiles_through_paths(cfg, inp, run, graph, kernel, Xn, grid,
                                                        on_disk, client, seconds, arrays)
@@ -371,8 +372,8 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -
         # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
         T = graph.shape[0]
         on_disk = cfg.on_disk(4 * L * T)
-        # every worker writes the rows, and this process reads them: in the run's store (or
-        # the scratch location), dropped when the stage is done
+        # the workers write the rows and read them back: in the run's store (or the scratch
+        # location), dropped when the stage is done
         with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc:
             t0 = time.perf_counter()
             rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
@@ -386,8 +387,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -
             mds = landmark_mds(D_LL, M)
             seconds["landmark_mds"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            embedding = np.sum(rows.map(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean),
-                               axis=0)
+            embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean)
             rows.release()
     else:
         t0 = time.perf_counter()

@@ -576,7 +576,7 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         timings["landmark_mds"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        self.embedding_ = np.sum(rows.map(_block_triangulate, mds.pinv, mds.sq_mean), axis=0)
+        self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
         timings["triangulation"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
