@@ -132,6 +132,9 @@ def test_graph_from_neighbors_generic_weights():
     assert 0 < G[0, 2] < 1e-300 and G[2, 0] == G[0, 2]  # zero weight kept as an edge
     assert G[2, 3] == G[3, 2] == 1.0
     assert np.count_nonzero(G[1]) == 2 and G[4].sum() == 0  # padding ignored
+    # one edge listed four times, both ways: merged by the maximum, never summed
+    G2 = graph_from_neighbors(np.array([[1, 1], [0, 0]]), np.array([[2.0, 3.0], [1.0, 0.5]]), 2)
+    assert G2.has_canonical_format and G2.nnz == 2 and G2[0, 1] == G2[1, 0] == 3.0
     with pytest.raises(ValueError, match="non-negative"):
         graph_from_neighbors(idx, -w, 4)
 

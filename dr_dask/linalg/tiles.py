@@ -246,13 +246,16 @@ def build_tiles(
     dtype: Any = np.float64,
     client: Any = None,
     progress: bool = False,
+    band_stats: Callable | None = None,
 ) -> tuple[TiledSymmetric, list]:
     """Compute every upper tile ``tile_fn(blocks[i], blocks[j], is_diagonal, *fn_args)``.
 
     ``tile_fn`` returns ``(tile, stats)``. With ``store`` (a :class:`~dr_dask.storage.Location`
     or path/URL of a Zarr array) each task writes its tile there and only ``stats`` come back,
     so the matrix is stored and no process ever holds more than a tile; otherwise tiles stay
-    in worker memory.
+    in worker memory. With ``store`` and ``band_stats`` a task holds only one chunk row of
+    its tile: ``tile_fn(rows of blocks[i], blocks[j], is_diagonal, *fn_args, row0=a)`` gives
+    the band of rows from ``a``, and ``band_stats(list of the bands' stats)`` the tile's.
 
     Stored, the stage resumes tile by tile: after writing its tile a task writes one mark
     object with its stats, ``store/done/i_j.npz`` (inside the array's own prefix, so on an
@@ -273,7 +276,7 @@ def build_tiles(
         logger.info("resuming tiles: %d of %d already written", len(done), len(grid.upper()))
     tasks = [
         dask.delayed(_make_tile, pure=False)(
-            tile_fn, blocks[i], blocks[j], i == j, shared_args, store, (i, j), grid
+            tile_fn, blocks[i], blocks[j], i == j, shared_args, store, (i, j), grid, band_stats
         )
         for (i, j) in todo
     ]
@@ -357,12 +360,33 @@ def write_tile(store: Location, grid: TileGrid, ij: tuple[int, int], tile: np.nd
     _done_mark(store, ij).write_bytes(_encode_stats(stats))
 
 
+def _write_tile_by_bands(tile_fn: Callable, Xi: Any, Xj: Any, diag: bool, args: tuple,
+                         store: Location, ij: tuple[int, int], grid: TileGrid,
+                         band_stats: Callable) -> tuple:
+    """Tile ``ij`` computed and written one chunk row (band) at a time, then its done mark:
+    the task holds a band, never the tile (16 MB against 128 MB at 4096^2 in float64)."""
+    Xi = np.asarray(Xi)
+    arr = zarr.open_array(store.zarr_store(), mode="r+")
+    rows, cols, step = grid.block(ij[0]), grid.block(ij[1]), arr.chunks[0]
+    parts = []
+    for a in range(0, rows.stop - rows.start, step):
+        band, stats = tile_fn(Xi[a:a + step], Xj, diag, *args, row0=a)
+        arr[rows.start + a:rows.start + a + len(band), cols] = band
+        parts.append(stats)
+    stats = band_stats(parts)
+    _done_mark(store, ij).write_bytes(_encode_stats(stats))
+    return stats
+
+
 def stored_tiles(store: Location, grid: TileGrid) -> dict:
     """``(i, j) -> ZarrTile`` of every upper tile of a tile array."""
     return {ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()}
 
 
-def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid):
+def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid, band_stats):
+    if store is not None and band_stats is not None:
+        return None, _write_tile_by_bands(tile_fn, Xi, Xj, diag, args, store, ij, grid,
+                                          band_stats)
     tile, stats = tile_fn(Xi, Xj, diag, *args)
     if store is None:
         return tile, stats

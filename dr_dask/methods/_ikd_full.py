@@ -20,6 +20,7 @@ from dr_dask.methods.ikd_core import (
     IKDConfig,
     IKDResult,
     InverseKernel,
+    band_stats,
     eigen_result,
     eigen_stage,
     prepared_rows,
@@ -31,13 +32,15 @@ from dr_dask.store import InputData, RunGroup, scratch
 logger = logging.getLogger(__name__)
 
 
-def distance_tile(Xi: np.ndarray, Xj: np.ndarray, diagonal: bool, inverse: InverseKernel):
-    """One tile of D from two row blocks, with the statistics the reference point needs.
+def distance_tile(Xi: np.ndarray, Xj: np.ndarray, diagonal: bool, inverse: InverseKernel,
+                  row0: int = 0):
+    """One tile of D (or the band of its rows from ``row0``, given those rows of Xi) from two
+    row blocks, with the statistics the reference point needs.
 
     The GEMM's result is the only tile-sized array: the inverse kernel and the statistics
     run over it in place (:meth:`InverseKernel.tile`).
     """
-    return inverse.tile(Xi @ Xj.T, diagonal)
+    return inverse.tile(Xi @ Xj.T, diagonal, row0=row0)
 
 
 def fit_full(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
@@ -89,7 +92,7 @@ def _distance_stage(cfg: IKDConfig, grid, blocks, inverse, store, run):
     )
     D, stats = build_tiles(
         grid, blocks, distance_tile, fn_args=(inverse,), store=store,
-        dtype=cfg.dtype, client=cfg.client, progress=cfg.progress,
+        dtype=cfg.dtype, client=cfg.client, progress=cfg.progress, band_stats=band_stats,
     )
     rowmax, rowsum = row_stats(grid, stats)
     if run is not None and store is not None:

@@ -181,7 +181,8 @@ class InverseKernel:
         """D of the similarities ``S`` (a new array of S's dtype; S is left alone)."""
         return self.tile(S / np.asarray(self.sigma2, S.dtype), diagonal, scaled=True)[0]
 
-    def tile(self, S: np.ndarray, diagonal: bool = False, *, scaled: bool = False) -> tuple:
+    def tile(self, S: np.ndarray, diagonal: bool = False, *, scaled: bool = False,
+             row0: int = 0) -> tuple:
         """D computed over ``S`` in place, with the tile's :func:`tile_stats`.
 
         One pass over row chunks of ``CHUNK_BYTES``: each chunk goes through the whole chain
@@ -195,7 +196,10 @@ class InverseKernel:
         S : ndarray of shape (n, m), float32 or float64, writable
             Similarities (``scaled``: already divided by sigma^2). Overwritten with D.
         diagonal : bool
-            S is a diagonal tile (n == m): D's diagonal is set to 0.
+            S is a diagonal tile (n == m), or rows ``row0`` on of one: D's diagonal entries
+            ``(r, row0 + r)`` are set to 0.
+        row0 : int
+            The tile row of S's first row (a band of a tile, see ``build_tiles``).
 
         Returns
         -------
@@ -219,9 +223,9 @@ class InverseKernel:
             self.kernel.inverse_inplace(blk)
             if l2 != 1.0:
                 blk *= l2
-            if diagonal:  # np.fill_diagonal's entries: (i, i) for i < min(n, m)
-                i = np.arange(a, min(b, m))
-                blk[i - a, i] = 0.0
+            if diagonal:  # np.fill_diagonal's entries of the whole tile: (i, i), i < m
+                i = np.arange(row0 + a, min(row0 + b, m))
+                blk[i - row0 - a, i] = 0.0
             rmax[a:b] = blk.max(axis=1)
             rsum[a:b] = blk.sum(axis=1, dtype=np.float64)
             np.maximum(cmax, blk.max(axis=0), out=cmax)
@@ -238,6 +242,12 @@ def tile_stats(D: np.ndarray) -> tuple:
     """
     return (D.max(axis=1).astype(np.float64), D.max(axis=0).astype(np.float64),
             D.sum(axis=1, dtype=np.float64), D.sum(axis=0, dtype=np.float64))
+
+
+def band_stats(parts: list) -> tuple:
+    """A tile's :func:`tile_stats` from those of its row bands, top to bottom."""
+    return (np.concatenate([p[0] for p in parts]), np.max([p[1] for p in parts], axis=0),
+            np.concatenate([p[2] for p in parts]), np.sum([p[3] for p in parts], axis=0))
 
 
 def row_stats(grid: TileGrid, stats: list) -> tuple[np.ndarray, np.ndarray]:
