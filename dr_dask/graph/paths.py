@@ -533,6 +533,7 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
     args = (square, transform, fn_args, stats_fn, np.dtype(dtype))
     tiles: dict = {}
     stats: dict = {}
+    g = share(search, client) if client is not None else None
     if store is not None:
         store = location(store)
         stats = open_tile_store(store, grid, dtype)
@@ -544,7 +545,6 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
         if client is None:
             parts = [_upper_strip_to_store(search, grid, i, args, store) for i in todo]
         else:
-            g = share(search, client)
             parts = gather([client.submit(_upper_strip_to_store, g, grid, i, args, store,
                                           pure=False) for i in todo], client)
         for i, st in zip(todo, parts):
@@ -560,7 +560,6 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
                 stats[(i, j)] = s
         return (TiledSymmetric(grid, tiles, None, precision),
                 [stats[ij] for ij in grid.upper()])
-    g = share(search, client)
     strips = [client.submit(_upper_strip, g, bounds, i, *args, pure=False)
               for i in range(grid.n_blocks)]
     parts = gather([client.submit(_strip_stats, f, pure=False) for f in strips], client)

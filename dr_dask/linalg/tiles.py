@@ -110,13 +110,18 @@ def _load(tile: Any) -> np.ndarray:
 PRODUCT_CHUNK_BYTES = 1 << 20
 
 
+def rows_per_chunk(n_cols: int, itemsize: int, nbytes: int) -> int:
+    """Rows of a row chunk of at most ``nbytes`` (at least one row)."""
+    return max(1, nbytes // max(1, n_cols * itemsize))
+
+
 def _row_chunks(tile: Any):
     """``(offset, rows)`` of a tile by row chunks: a stored tile's own chunks, an in-memory
     tile's of ``PRODUCT_CHUNK_BYTES``."""
     if isinstance(tile, ZarrTile):
         yield from tile.row_chunks()
         return
-    step = max(1, PRODUCT_CHUNK_BYTES // max(1, tile.shape[1] * tile.itemsize))
+    step = rows_per_chunk(tile.shape[1], tile.itemsize, PRODUCT_CHUNK_BYTES)
     for a in range(0, tile.shape[0], step):
         yield a, tile[a:a + step]
 
@@ -356,7 +361,11 @@ def write_tile(store: Location, grid: TileGrid, ij: tuple[int, int], tile: np.nd
     rows, cols, step = grid.block(ij[0]), grid.block(ij[1]), arr.chunks[0]
     for a in range(rows.start, rows.stop, step):  # by chunk rows: zarr copies what it is given
         arr[a:min(a + step, rows.stop), cols] = tile[a - rows.start:a - rows.start + step]
-    # the mark is written only after the tile's chunks: a mark always vouches for a full tile
+    _mark_done(store, ij, stats)
+
+
+def _mark_done(store: Location, ij: tuple[int, int], stats: tuple) -> None:
+    # written only after the tile's chunks: a mark always vouches for a full tile
     _done_mark(store, ij).write_bytes(_encode_stats(stats))
 
 
@@ -374,7 +383,7 @@ def _write_tile_by_bands(tile_fn: Callable, Xi: Any, Xj: Any, diag: bool, args: 
         arr[rows.start + a:rows.start + a + len(band), cols] = band
         parts.append(stats)
     stats = band_stats(parts)
-    _done_mark(store, ij).write_bytes(_encode_stats(stats))
+    _mark_done(store, ij, stats)
     return stats
 
 

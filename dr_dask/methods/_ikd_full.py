@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from dr_dask.cluster import active_client, compute, run_stage
-from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, ZarrTile, build_tiles
+from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles, stored_tiles
 from dr_dask.methods.ikd_core import (
     GramOperator,
     IKDConfig,
@@ -79,9 +79,8 @@ def _distance_stage(cfg: IKDConfig, grid, blocks, inverse, store, run):
     """Tiles of D (resumed from the run's group when that stage completed)."""
     if run is not None and store is not None and run.is_done("distance"):
         logger.info("distance tiles: reusing the completed stage in %s", run.path)
-        tiles = {ij: ZarrTile(store, grid.block(ij[0]), grid.block(ij[1])) for ij in grid.upper()}
         return (
-            TiledSymmetric(grid, tiles, cfg.client),
+            TiledSymmetric(grid, stored_tiles(store, grid), cfg.client),
             run.read("distance_rowmax"),
             run.read("distance_rowsum"),
         )

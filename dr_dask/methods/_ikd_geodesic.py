@@ -197,7 +197,7 @@ def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,
     """One tile of D from a tile of the path-length array, with the reference statistics."""
     (ri, Xi), (rj, Xj) = bi, bj
     P = read_stored(paths, (ri, rj))
-    S = None if kernel.threshold is None else np.asarray(Xi) @ np.asarray(Xj).T
+    S = np.asarray(Xi) @ np.asarray(Xj).T  # the threshold rule: similarities beside paths
     D = kernel(P, S, diagonal)
     if diagonal:
         D = 0.5 * (D + D.T)  # Dijkstra from i and from j may differ in the last bit

@@ -27,7 +27,7 @@ from dr_dask.cluster import active_client, compute
 from dr_dask.kernels import Kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
-from dr_dask.linalg.tiles import TileGrid
+from dr_dask.linalg.tiles import TileGrid, rows_per_chunk
 from dr_dask.store import InputData, RunGroup
 
 logger = logging.getLogger(__name__)
@@ -162,11 +162,6 @@ def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
 CHUNK_BYTES = 1 << 18
 
 
-def _chunk_rows(n_cols: int, itemsize: int) -> int:
-    """Rows of a ``CHUNK_BYTES`` chunk of a matrix with ``n_cols`` columns."""
-    return max(1, CHUNK_BYTES // max(1, n_cols * itemsize))
-
-
 @dataclass(frozen=True)
 class InverseKernel:
     """``S -> D = l^2 f^-1(clip(S / sigma^2, floor, ceil))`` with a zero diagonal."""
@@ -213,7 +208,7 @@ class InverseKernel:
         l2 = self.length_scale**2
         rmax, rsum = np.empty(n), np.empty(n)
         cmax, csum = np.full(m, -np.inf, S.dtype), np.zeros(m)
-        step = _chunk_rows(m, S.itemsize)
+        step = rows_per_chunk(m, S.itemsize, CHUNK_BYTES)
         for a in range(0, n, step):
             b = min(a + step, n)
             blk = S[a:b]
@@ -339,7 +334,7 @@ def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
     """
     rm, cm = row_mean[rows], row_mean[cols]
     total = 0.0
-    step = _chunk_rows(D.shape[1], 8)  # the float64 chunk of g
+    step = rows_per_chunk(D.shape[1], 8, CHUNK_BYTES)  # the float64 chunk of g
     for a in range(0, D.shape[0], step):
         blk = D[a:a + step].astype(np.float64, copy=False)
         if d_ref is None:
