@@ -220,11 +220,15 @@ def test_geodesic_tiles_into_a_store_resume_strip_by_strip(roll, tmp_path):
     _assert_tiles_of(D, stats, ref, grid, rtol=1e-12)
 
 
-def test_geodesic_tiles_refuse_a_disconnected_graph():
+def test_geodesic_tiles_refuse_a_disconnected_graph(tmp_path):
     G = kneighbors_graph(_two_blobs(), 3)
     with pytest.raises(ValueError, match="disconnected"):
         geodesic_tiles(G, TileGrid.regular(90, 40), _half_exp, fn_args=(1.0,),
                        stats_fn=_tile_sums)
+    with pytest.raises(ValueError, match="disconnected"):  # into a store: no tile marked done
+        geodesic_tiles(G, TileGrid.regular(90, 40), _half_exp, fn_args=(1.0,),
+                       stats_fn=_tile_sums, store=str(tmp_path / "D"))
+    assert not (tmp_path / "D" / "done").exists()
 
 
 def _random_graph(rng, T, p, zero_frac=0.0, symmetric=True):

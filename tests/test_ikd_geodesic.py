@@ -134,6 +134,20 @@ def test_landmark_ikd_on_similarities_matches_full_ikd():
 
 
 @pytest.mark.cluster
+def test_tiles_on_disk_on_a_cluster_equal_tiles_in_memory(cluster_client):
+    """The workers write the tiles (geodesic: whole strips from Dijkstra; full: band by
+    band) and read them back in every product pass."""
+    X, _ = _data("sinusoidal", 600, 80)
+    for kw in (dict(solver="geodesic", n_neighbors=6), dict(solver="full")):
+        kw.update(tile_size=256, random_state=0, tol=1e-10)
+        memory = IKD(2, tile_cache="memory", **kw).fit(X)
+        disk = IKD(2, tile_cache="disk", client=cluster_client, **kw).fit(X)
+        np.testing.assert_allclose(disk.eigenvalues_, memory.eigenvalues_, rtol=1e-6)
+        _same_up_to_sign(disk.embedding_, memory.embedding_,
+                         atol=1e-6 * np.abs(memory.embedding_).max())
+
+
+@pytest.mark.cluster
 def test_cluster_run_equals_threaded_run(cluster_client):
     X, _ = _data("sinusoidal", 500, 60)
     kw = dict(solver="geodesic", n_neighbors=6, tile_size=256, random_state=0, tol=1e-9)
