@@ -31,7 +31,6 @@ from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-from sklearn.utils.validation import check_array, validate_data
 
 from dr_dask.cluster import compute
 from dr_dask.storage import Location
@@ -125,6 +124,8 @@ def check_input(
     if is_stored(X):
         inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
         if not in_memory:
+            from sklearn.utils.validation import validate_data  # lazy: dr_dask/__init__.py
+
             # structure checked by open_dataset; the feature count as scikit-learn does it
             validate_data(estimator, inp.data, reset=reset, skip_check_array=True)
             shape = tuple(inp.data.shape)
@@ -150,6 +151,8 @@ def check_input(
 
 def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:
     """scikit-learn's ``validate_data``; its non-finite message names the offending rows."""
+    from sklearn.utils.validation import validate_data  # lazy: dr_dask/__init__.py
+
     try:
         return validate_data(estimator, X, **params)
     except ValueError as exc:
@@ -184,6 +187,8 @@ def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = 
     -------
     ndarray
     """
+    from sklearn.utils.validation import check_array  # lazy: dr_dask/__init__.py
+
     if hasattr(a, "compute"):
         a = a.compute()
     return check_array(a, dtype=dtype, ensure_2d=ensure_2d, input_name=name, **check_params)

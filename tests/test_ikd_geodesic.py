@@ -226,3 +226,24 @@ def test_bad_geodesic_parameters(params, match):
     X, _ = _data("sinusoidal", 50, 20)
     with pytest.raises(ValueError, match=match):
         IKD(2, solver="geodesic", **params).fit(X)
+
+
+@pytest.mark.cluster
+def test_workers_import_no_sklearn():
+    """A worker runs the graph, Dijkstra, tile and product tasks of IKD without loading
+    scikit-learn (40 MB of RSS a worker process): the modules it imports for those tasks
+    import scikit-learn only inside the functions that use it (dr_dask/__init__.py)."""
+    from distributed import Client, LocalCluster
+
+    X, _ = _data("sinusoidal", 600, 80)
+    with (LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                       dashboard_address=None) as cluster,
+          Client(cluster, set_as_default=False) as client):
+        for kw in (dict(solver="geodesic", n_neighbors=6), dict(solver="full"),
+                   dict(solver="geodesic", n_neighbors=6, n_landmarks=60, random_state=0)):
+            IKD(1, client=client, **kw).fit(X)
+        loaded = client.run(
+            lambda: sorted({m.split(".")[0] for m in __import__("sys").modules}))
+    (modules,) = loaded.values()
+    assert "dr_dask" in modules  # the worker did run the package's tasks
+    assert "sklearn" not in modules

@@ -8,13 +8,14 @@ The IKD paper's sinusoid (N=1,000 features, one latent dimension) at T=10,000 (`
 - ``geodesic_ikd``: :class:`dr_dask.methods.ikd.IKD` with ``solver="geodesic"``;
 - ``full_ikd``: ``solver="full"`` at T and 2T (targets: 5 s at 10,000, 2 GB at 20,000).
 
-Each row: median wall seconds over ``repeats``, peak RSS of the whole process tree (the
-workers too), the ratio to scikit-learn's median measured in the same run, and the stage
-seconds of the last fit (where the time goes). An untimed small fit of every method first
-loads the workers' imports and compiled kernels (not the method's cost); methods run in the
-order listed on the same workers, each after the memory earlier fits freed is given back to
-the OS (:func:`~dr_dask.bench._common.release_memory`). The data are generated once, in
-memory: the methods are timed, not the reads.
+Each row: median wall seconds over ``repeats``, peak RSS of the method's process tree, the
+ratio to scikit-learn's median measured in the same run, and the stage seconds of the last fit
+(where the time goes). Every method runs in a fresh process tree, as one job would: a spawned
+process that starts its own LocalCluster (``n_workers`` processes, sized as ``dr-dask
+--workers`` sizes them) or uses dask's threads, reads the data, loads its imports and compiled
+kernels by an untimed fit of 600 rows, then runs the timed fits. Its peak is that process and
+its workers, and nothing an earlier method left behind; scikit-learn's is its own process.
+The data are read into memory before the clock starts: the methods are timed, not the reads.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import dataset_store, n_workers, timed_fits
+from dr_dask.bench._common import dataset_store, timed_fits
 from dr_dask.bench.isomap import _sklearn_in_child
 from dr_dask.resources import tree_rss
 
@@ -49,25 +50,72 @@ def _data(workdir: str, T: int, N: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(zarr.open_group(path, mode="r")["X"][...]), latent
 
 
-def _row(seconds: float, peak_gb: float, est: Any, latent: np.ndarray, sk_seconds: float | None,
-         stages: dict) -> dict:
+def _estimator(method: str, n_neighbors: int, client: Any) -> Any:
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.methods.isomap import Isomap
+
+    if method == "isomap":
+        return Isomap(n_neighbors=n_neighbors, n_components=1, random_state=0, client=client)
+    solver = "full" if method == "full_ikd" else "geodesic"
+    return IKD(1, solver=solver, n_neighbors=n_neighbors, random_state=0, client=client)
+
+
+def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: str,
+          n_workers: int, threads: bool) -> dict:
+    """The timed fits of one method, in the fresh process this runs in (see the module)."""
+    import contextlib
+
+    from dr_dask.bench._common import release_memory
     from dr_dask.metrics import r2_affine
 
-    row = {"seconds_median": seconds, "peak_rss_gb_process_tree": peak_gb,
-           "r2_vs_latent": r2_affine(latent, est.embedding_), "stage_seconds": stages}
-    if sk_seconds:
-        row["ratio_to_sklearn"] = seconds / sk_seconds
+    X, latent = _data(workdir, T, N)
+    with contextlib.ExitStack() as stack:
+        client = None
+        if threads:
+            import dask
+
+            stack.enter_context(dask.config.set(num_workers=n_workers))
+        else:
+            from distributed import Client, LocalCluster
+
+            from dr_dask.cluster import local_cluster_kwargs
+
+            cluster = stack.enter_context(LocalCluster(**local_cluster_kwargs(n_workers)))
+            client = stack.enter_context(Client(cluster))
+        _estimator(method, n_neighbors, client).fit(X[:600].copy())
+        release_memory(client)
+        idle_gb = tree_rss() / 1e9
+        seconds, peak_gb, est = timed_fits(lambda: _estimator(method, n_neighbors, client), X,
+                                           repeats, client)
+    return {"seconds_median": seconds, "peak_rss_gb_process_tree": peak_gb,
+            "idle_process_tree_rss_gb": idle_gb, "r2_vs_latent": r2_affine(latent, est.embedding_),
+            "stage_seconds": est.timings_, "embedding": est.embedding_}
+
+
+def _fits_in_fresh_tree(method: str, T: int, **kwargs: Any) -> dict:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        row = ex.submit(_fits, method, T, **kwargs).result()
+    logger.info("%s at T=%d: %.1f s, %.2f GB", method, T, row["seconds_median"],
+                row["peak_rss_gb_process_tree"])
     return row
 
 
-def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: int = 5,
-                 repeats: int = 3, full_sizes: tuple[int, ...] | None = None,
-                 skip_sklearn: bool = False, workdir: str | None = None) -> dict:
+def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, N: int = 1000,
+                 n_neighbors: int = 5, repeats: int = 3,
+                 full_sizes: tuple[int, ...] | None = None, skip_sklearn: bool = False,
+                 workdir: str | None = None) -> dict:
     """scikit-learn Isomap, our Isomap and geodesic IKD at ``T``; full IKD at ``full_sizes``.
 
     Parameters
     ----------
-    client : distributed.Client or None
+    n_workers : int
+        Worker processes of each method's LocalCluster (threads of dask's scheduler with
+        ``threads``).
+    threads : bool
+        Run the methods on dask's threaded scheduler instead of a LocalCluster.
     T, N : int
         Rows and features of the sinusoid.
     n_neighbors : int
@@ -89,55 +137,30 @@ def run_geodesic(client: Any, *, T: int = 10_000, N: int = 1000, n_neighbors: in
     import tempfile
 
     from dr_dask.linalg.align import procrustes_disparity
-    from dr_dask.methods.ikd import IKD
-    from dr_dask.methods.isomap import Isomap
 
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_geodesic_")
-    X, latent = _data(workdir, T, N)
     out: dict[str, Any] = {
         "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats,
-        "workers": n_workers(client),
+        "workers": n_workers, "scheduler": "threads" if threads else "LocalCluster",
         "load_average_before": os.getloadavg(), "targets": TARGETS,
-        "idle_process_tree_rss_gb": tree_rss() / 1e9,
     }
-    small = X[:600].copy()
-
-    def warm_up() -> None:
-        # an untimed small fit of every method loads the workers' imports and compiled
-        # kernels (once per process, not the method's cost). Workers are not restarted
-        # between methods (a restart can take minutes on a loaded machine): the memory earlier
-        # fits freed is given back to the OS before each method instead (timed_fits)
-        Isomap(n_neighbors=n_neighbors, n_components=1, client=client).fit(small)
-        IKD(1, solver="geodesic", n_neighbors=n_neighbors, client=client).fit(small)
-        IKD(1, solver="full", client=client).fit(small)
-
-    warm_up()
+    kwargs = dict(N=N, n_neighbors=n_neighbors, repeats=repeats, workdir=workdir,
+                  n_workers=n_workers, threads=threads)
     sk = sk_emb = None
     if not skip_sklearn:
-        # the baseline first, so that memory our workers keep cannot inflate its figure
+        X, _ = _data(workdir, T, N)
         sk, sk_gb, sk_emb = _sklearn_in_child(X, n_neighbors, repeats, n_components=1)
+        del X
         out["sklearn_isomap"] = {"seconds_median": sk, "peak_rss_gb_process_tree": sk_gb}
-    fits = {
-        "isomap": lambda: Isomap(n_neighbors=n_neighbors, n_components=1, random_state=0,
-                                 client=client),
-        "geodesic_ikd": lambda: IKD(1, solver="geodesic", n_neighbors=n_neighbors,
-                                    random_state=0, client=client),
-    }
-    for name, make in fits.items():
-        secs, peak, est = timed_fits(make, X, repeats, client)
-        out[name] = _row(secs, peak, est, latent, sk, est.timings_)
-        if name == "isomap" and sk_emb is not None:
-            out[name]["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, est.embedding_)
-        logger.info("%s: %.1f s, %.2f GB", name, secs, peak)
-        # the next method's peak must not include this one's fitted state (Isomap keeps the
-        # 0.8 GB dist_matrix_ at T=10,000)
-        est = None
-    del X
+    for method in ("isomap", "geodesic_ikd"):
+        row = out[method] = _fits_in_fresh_tree(method, T, **kwargs)
+        emb = row.pop("embedding")
+        if sk:
+            row["ratio_to_sklearn"] = row["seconds_median"] / sk
+        if method == "isomap" and sk_emb is not None:
+            row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, emb)
     for size in full_sizes or (T, 2 * T):
-        Xf, lat = _data(workdir, size, N)
-        secs, peak, est = timed_fits(lambda: IKD(1, solver="full", random_state=0,
-                                                 client=client), Xf, repeats, client)
-        out[f"full_ikd_T{size}"] = _row(secs, peak, est, lat, None, est.timings_)
-        del Xf
+        row = out[f"full_ikd_T{size}"] = _fits_in_fresh_tree("full_ikd", size, **kwargs)
+        row.pop("embedding")
     out["load_average_after"] = os.getloadavg()
     return out

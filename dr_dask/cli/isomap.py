@@ -115,11 +115,22 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
 @click.pass_context
 def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, workdir, json_path):
     """scikit-learn's Isomap, our Isomap and geodesic IKD on the same sinusoid (k=5), with
-    time ratios to scikit-learn and peak RSS of the process tree; full IKD at T and 2T."""
+    time ratios to scikit-learn and peak RSS of the process tree; full IKD at T and 2T.
+
+    Each method runs in a fresh process tree of its own (a LocalCluster of --workers
+    processes, or dask's threads with --scheduler threads): it measures this machine, so it
+    joins no other scheduler."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.geodesic import run_geodesic
+    from dr_dask.cluster import local_cluster_kwargs
 
-    with cluster(ctx) as client:
-        results = run_geodesic(client, T=T, repeats=repeats, full_sizes=tuple(full_T) or None,
-                               skip_sklearn=skip_sklearn, workdir=workdir)
+    obj = ctx.find_root().obj or {}
+    threads = obj.get("scheduler") == "threads"
+    if (obj.get("scheduler") and not threads) or obj.get("scheduler_file"):
+        fail("bench geodesic starts a LocalCluster per method (it measures this machine's "
+             "process trees): size it with --workers, not --scheduler")
+    n_workers = obj.get("workers") or local_cluster_kwargs()["n_workers"]
+    results = run_geodesic(n_workers, threads=threads, T=T, repeats=repeats,
+                           full_sizes=tuple(full_T) or None, skip_sklearn=skip_sklearn,
+                           workdir=workdir)
     click.echo(write_report(results, json_path))

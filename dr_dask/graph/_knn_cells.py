@@ -27,7 +27,6 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from sklearn.utils import check_random_state
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute, share
@@ -197,6 +196,8 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     T, N = X.shape
     p = min(N_PROJ, N)
     mean = _finite_mean(X, client)
+    from sklearn.utils import check_random_state  # lazy: dr_dask/__init__.py
+
     axes = _principal_axes(X, mean, p, check_random_state(random_state), client)
     if isinstance(X, da.Array):
         X = X.rechunk({1: -1})

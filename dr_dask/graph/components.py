@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
-from sklearn.neighbors import NearestNeighbors
 
 from dr_dask.graph.knn import _symmetric_graph
 
@@ -41,6 +40,8 @@ def describe_components(labels: np.ndarray, n_components: int) -> str:
 
 def _closest_pair(A: np.ndarray, B: np.ndarray) -> tuple[int, int, float]:
     """Indices (into A, into B) and distance of the closest pair between two point sets."""
+    from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
+
     # build the tree on the smaller set and query it with the larger one
     if A.shape[0] <= B.shape[0]:
         d, j = NearestNeighbors(n_neighbors=1).fit(A).kneighbors(B)

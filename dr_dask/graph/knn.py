@@ -23,7 +23,6 @@ import dask.array as da
 import numba
 import numpy as np
 import scipy.sparse as sp
-from sklearn.neighbors import NearestNeighbors
 
 from dr_dask.cluster import active_client, compute, share
 from dr_dask.validation import check_array_like
@@ -226,6 +225,8 @@ class NeighbourIndex:
         self.data = np.ascontiguousarray(data, dtype=np.float64)
         self._tree = None
         if self.data.shape[1] <= KD_TREE_MAX_DIM:
+            from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
+
             self._tree = NearestNeighbors().fit(self.data)
             return
         self._mean = self.data.mean(axis=0)
@@ -493,6 +494,8 @@ def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d
     query = np.asarray(query, dtype=np.float64)
     data = np.asarray(data, dtype=np.float64)
     _check_finite(data, d0, "X")
+    from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
+
     dist, idx = NearestNeighbors(radius=radius).fit(data).radius_neighbors(query)
     counts = np.array([len(i) for i in idx])
     rows = np.repeat(np.arange(query.shape[0]) + q0, counts)

@@ -18,7 +18,6 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
-from sklearn.utils import check_random_state
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute
@@ -92,6 +91,8 @@ def select_landmarks(
     L = int(n_landmarks)
     if not 1 <= L <= T:
         raise ValueError(f"n_landmarks={n_landmarks} must be in [1, {T}] (the number of points)")
+    from sklearn.utils import check_random_state  # lazy: dr_dask/__init__.py
+
     rng = check_random_state(random_state)
     if method == "random":
         return rng.choice(T, L, replace=False)

@@ -196,9 +196,11 @@ def dijkstra_rows(graph: sp.spmatrix, sources: np.ndarray, *, square: bool = Fal
     return _rows(_SearchGraph.of(graph), sources, square, dtype)
 
 
-def _rows(graph: _SearchGraph, sources: np.ndarray, square: bool, dtype: Any) -> np.ndarray:
-    """:func:`dijkstra_rows` over a prepared graph."""
-    out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
+def _rows(graph: _SearchGraph, sources: np.ndarray, square: bool, dtype: Any,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`dijkstra_rows` over a prepared graph, into ``out`` (of shape (S, T)) if given."""
+    if out is None:
+        out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
     bad, missing = _dijkstra_csr(graph.indptr, graph.indices, graph.weights, graph.rank,
                                  sources, out, square)
     if bad >= 0:
@@ -436,16 +438,19 @@ def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: b
     """Row block ``i`` of the transformed path matrix, columns from the block's start on (the
     upper tiles of block row ``i``), and each tile's ``stats_fn``.
 
-    Sources run ``STRIP_SUB_ROWS`` at a time and each slice is transformed into the strip
-    at once, so the task never holds more float64 rows than that. The diagonal tile is
+    Sources run ``STRIP_SUB_ROWS`` at a time into one float64 buffer, allocated once, which
+    the transform may overwrite (IKD's does), and each slice is transformed into the strip at
+    once: the task holds that buffer and its strip, no more (IKD's transform made four
+    buffer-sized temporaries: 250 MB a task at T=30,000). The diagonal tile is
     symmetrised (Dijkstra from i and from j may differ in the last bit), so the upper tiles
     describe one symmetric matrix, and its diagonal set to zero.
     """
     start, stop = bounds[i], bounds[i + 1]
     strip = np.empty((stop - start, graph.n_nodes - start), dtype=dtype)
+    buffer = np.empty((min(STRIP_SUB_ROWS, stop - start), graph.n_nodes))
     for s in range(start, stop, STRIP_SUB_ROWS):
         e = min(s + STRIP_SUB_ROWS, stop)
-        P = _rows(graph, np.arange(s, e), square, np.float64)
+        P = _rows(graph, np.arange(s, e), square, np.float64, out=buffer[: e - s])
         strip[s - start : e - start] = transform(P[:, start:], *args)
     diag = strip[:, : stop - start]
     diag[...] = 0.5 * (diag + diag.T)  # a new array on the right: no aliasing
@@ -499,7 +504,8 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
         Blocks of both axes (``grid.size == T``).
     transform : callable
         ``transform(P, *fn_args)``: float64 path lengths (or squares) of shape (s, m) to the
-        tile values (elementwise; cast to ``dtype``). Module-level, picklable.
+        tile values (elementwise; cast to ``dtype``). ``P`` is a view of the task's buffer:
+        the transform may overwrite it and return it. Picklable.
     stats_fn : callable
         ``stats_fn(tile)`` of every upper tile, returned in ``grid.upper()`` order.
     square : bool

@@ -19,7 +19,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import scipy.linalg
-from sklearn.utils import check_random_state
 
 from dr_dask.blas import single_blas_thread
 
@@ -171,6 +170,8 @@ def top_eigh(
         return EigResult(w, v, res, n_passes=1, converged=True)
     if method != "lanczos":
         raise ValueError(f"method must be 'auto', 'dense' or 'lanczos', got {method!r}")
+    from sklearn.utils import check_random_state  # lazy: dr_dask/__init__.py
+
     return _block_lanczos(
         as_operator(A), k, block_size, tol, max_passes, max_basis, check_random_state(random_state)
     )

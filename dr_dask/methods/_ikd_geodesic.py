@@ -184,12 +184,17 @@ class GeodesicKernel:
     inverse: InverseKernel
     threshold: float | None  # None: the kNN rule, every entry replaced
 
-    def __call__(self, P: np.ndarray, S: np.ndarray | None = None, diagonal: bool = False):
-        k = np.exp(-np.asarray(P, dtype=np.float64))
+    def __call__(self, P: np.ndarray, S: np.ndarray | None = None, diagonal: bool = False,
+                 *, overwrite: bool = False) -> np.ndarray:
+        """D of the path lengths ``P``: a new float64 array, or ``P`` itself (a float64 ``P``
+        with ``overwrite``). Computed in place, without a temporary of P's size."""
+        k = np.asarray(P, dtype=np.float64)
+        k = np.negative(k, out=k if overwrite or k is not P else None)
+        np.exp(k, out=k)
         if self.threshold is not None:
             s = np.asarray(S, dtype=np.float64) / self.inverse.sigma2
             k = np.where(s >= self.threshold, s, np.maximum(s, k))
-        return self.inverse(k * self.inverse.sigma2, diagonal)
+        return self.inverse.tile(k, diagonal, scaled=True)[0]  # k is already s / sigma^2
 
 
 def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,
@@ -198,7 +203,7 @@ def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,
     (ri, Xi), (rj, Xj) = bi, bj
     P = read_stored(paths, (ri, rj))
     S = np.asarray(Xi) @ np.asarray(Xj).T  # the threshold rule: similarities beside paths
-    D = kernel(P, S, diagonal)
+    D = kernel(P, S, diagonal, overwrite=True)
     if diagonal:
         D = 0.5 * (D + D.T)  # Dijkstra from i and from j may differ in the last bit
     return D.astype(dtype, copy=False), tile_stats(D)
@@ -222,7 +227,9 @@ def _tiles_from_dijkstra(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicK
     """
     grid = strip_grid(T, client, int(cfg.tile_size))
     t0 = time.perf_counter()
-    D, stats = geodesic_tiles(graph, grid, kernel, stats_fn=tile_stats, dtype=np.float32,
+    # the strip task's path-length buffer becomes D in place
+    D, stats = geodesic_tiles(graph, grid, functools.partial(kernel, overwrite=True),
+                              stats_fn=tile_stats, dtype=np.float32,
                               precision=np.float64, client=client, store=store)
     # Dijkstra and the inverse kernel run in the same tasks: one stage
     seconds["shortest_paths"] = time.perf_counter() - t0
