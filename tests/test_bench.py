@@ -115,3 +115,12 @@ def test_bench_geodesic(tmp_path):
     assert r["isomap"]["disparity_vs_sklearn"] < 1e-8
     assert r["geodesic_ikd"]["r2_vs_latent"] > 0.8
     assert finite_positive(r["full_ikd_T600"]["seconds_median"])
+
+
+def test_bench_dijkstra(tmp_path):
+    r = bench("dijkstra", "--max-T", "2000", "--workdir", str(tmp_path))
+    (row,) = r["rows"]
+    assert row["T"] == 2000 and row["edges"] >= 2000 * 10  # k=10, symmetrised
+    assert finite_positive(row["ms_per_source"], row["ns_per_T_log_T"],
+                           row["bytes_touched_per_source_mb"])
+    assert row["ratio_to_smallest_T"] == 1.0

@@ -51,3 +51,18 @@ def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_pa
                             methods=methods, workdir=workdir)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
+
+
+@bench.command("dijkstra")
+@click.option("--max-T", "max_T", type=click.IntRange(min=1000), default=None,
+              help="Skip the sizes above this T (default: up to 100,000).")
+@click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+def bench_dijkstra(max_T, workdir, json_path):
+    """Dijkstra's cost per source against T on one thread (kNN graphs of the sinusoid, k=10):
+    ms per source, ns per T log T and the bytes each search touches."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.dijkstra import SIZES, run_dijkstra
+
+    sizes = tuple(T for T in SIZES if max_T is None or T <= max_T) or (max_T,)
+    click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))

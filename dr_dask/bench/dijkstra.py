@@ -1,0 +1,83 @@
+"""Dijkstra's cost per source against T, on one thread (issue 15: where the exact geodesic
+methods stop growing as T^2 log T).
+
+The graphs are the kNN graphs (k=10) of the first T rows of one sinusoid (N=100), the graphs
+the exact methods search. For each T, the best of three timed runs of the package's compiled
+search (:func:`dr_dask.graph.paths.dijkstra_rows`' kernel, the graph prepared once and one
+output buffer, as a strip task runs it) from ``n_sources`` spread sources. Reported per T: ms
+per source, ns per ``T ln T`` (flat while the search runs at one speed), that figure as a ratio
+to the smallest T's (the baseline of the same run), and the bytes the search touches for every
+source: the CSR graph (indptr, int32 indices, float64 weights), the distance array and the
+relabelling.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from dr_dask.bench._common import dataset_store
+
+logger = logging.getLogger(__name__)
+
+#: Sizes of the ladder: dense around 20k-30k, where the exact methods' step was steepest.
+SIZES = (5_000, 10_000, 15_000, 20_000, 25_000, 30_000, 40_000, 60_000, 100_000)
+
+
+def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbors: int = 10,
+                 workdir: str | None = None) -> dict:
+    """Per-source Dijkstra cost at each of ``sizes`` (see the module).
+
+    Parameters
+    ----------
+    sizes : tuple of int
+        Node counts (prefixes of one sinusoid of ``max(sizes)`` rows).
+    n_sources : int
+        Sources per timed run.
+    n_neighbors : int
+        k of the graphs.
+    workdir : str, optional
+        Where the sinusoid's store is kept (default a temporary directory).
+
+    Returns
+    -------
+    dict
+        ``rows``: one dict per T.
+    """
+    import tempfile
+
+    import zarr
+
+    from dr_dask.graph.knn import kneighbors_graph
+    from dr_dask.graph.paths import _rows, _SearchGraph
+
+    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_dijkstra_")
+    src, _ = dataset_store(workdir, "sinusoidal", max(sizes), 100)
+    X = np.asarray(zarr.open_group(src.rsplit(":", 1)[0], mode="r")["X"][...])
+    rows: list[dict[str, Any]] = []
+    for T in sorted(sizes):
+        graph = _SearchGraph.of(kneighbors_graph(X[:T], n_neighbors))
+        sources = np.linspace(0, T - 1, n_sources).astype(np.int64)
+        out = np.empty((n_sources, T))
+        _rows(graph, sources[:1], False, np.float64, out=out[:1])  # compiled, pages touched
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            _rows(graph, sources, False, np.float64, out=out)
+            runs.append(time.perf_counter() - t0)
+        per_source = min(runs) / n_sources
+        touched = (graph.indptr.nbytes + graph.indices.nbytes + graph.weights.nbytes
+                   + graph.rank.nbytes + 8 * T)  # + the float64 distances
+        row = {"T": T, "edges": int(graph.indices.size), "ms_per_source": 1e3 * per_source,
+               "ns_per_T_log_T": 1e9 * per_source / (T * math.log(T)),
+               "bytes_touched_per_source_mb": touched / 1e6}
+        rows.append(row)
+        logger.info("T=%d: %.2f ms per source", T, row["ms_per_source"])
+    base = rows[0]["ns_per_T_log_T"]
+    for row in rows:
+        row["ratio_to_smallest_T"] = row["ns_per_T_log_T"] / base
+    return {"n_sources": n_sources, "n_neighbors": n_neighbors, "threads": 1, "rows": rows}
