@@ -117,6 +117,23 @@ def test_bench_geodesic(tmp_path):
     assert finite_positive(r["full_ikd_T600"]["seconds_median"])
 
 
+@pytest.mark.cluster
+def test_bench_geodesic_fresh_process_trees(tmp_path):
+    """On LocalClusters (one per method, each in its own process), each method's peak is its
+    own tree's: at least that tree idle (interpreter, imports, one worker), and no method's
+    figure includes another's."""
+    from dr_dask.bench.geodesic import run_geodesic
+
+    r = run_geodesic(1, T=600, repeats=1, full_sizes=(600,), skip_sklearn=True,
+                     workdir=str(tmp_path))
+    assert r["scheduler"] == "LocalCluster" and r["workers"] == 1
+    for name in ("isomap", "geodesic_ikd", "full_ikd_T600"):
+        row = r[name]
+        assert 0.1 < row["idle_process_tree_rss_gb"] <= row["peak_rss_gb_process_tree"] < 4
+        assert finite_positive(row["seconds_median"])
+    assert r["geodesic_ikd"]["r2_vs_latent"] > 0.8
+
+
 def test_bench_dijkstra(tmp_path):
     r = bench("dijkstra", "--max-T", "2000", "--workdir", str(tmp_path))
     (row,) = r["rows"]
