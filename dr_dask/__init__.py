@@ -16,7 +16,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 #
 # Workers import the modules whose functions they run (the graph, paths, tiles, eigensolver and
 # validation modules), so those import scikit-learn inside the functions that use it, never at
-# the top: a worker that runs no scikit-learn code never loads it (40 MB of RSS a process,
+# the top: a worker that runs no scikit-learn code never loads it (58 MB of RSS a process,
 # test_workers_import_no_sklearn). The estimators' modules, which only the client imports,
 # import it at the top.
 _PUBLIC = {

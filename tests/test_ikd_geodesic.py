@@ -231,7 +231,7 @@ def test_bad_geodesic_parameters(params, match):
 @pytest.mark.cluster
 def test_workers_import_no_sklearn():
     """A worker runs the graph, Dijkstra, tile and product tasks of IKD without loading
-    scikit-learn (40 MB of RSS a worker process): the modules it imports for those tasks
+    scikit-learn (58 MB of RSS a worker process): the modules it imports for those tasks
     import scikit-learn only inside the functions that use it (dr_dask/__init__.py)."""
     from distributed import Client, LocalCluster
 

@@ -75,7 +75,6 @@ def bench_isomap_full(client: Any, quick: bool, workdir: str, repeats: int | Non
     repeats = repeats or (QUICK["isomap_repeats"] if quick else 1)
     X, truth = isometric_swiss_roll(T)
     idle_gb = tree_rss() / 1e9
-    # baseline first, so that memory our workers keep after a run cannot inflate its figure
     sk_s, sk_gb, sk_emb = _sklearn_in_child(X, 10, repeats)
     m = measure(
         lambda: Isomap(n_neighbors=10, n_components=2, random_state=0, client=client).fit(X),
