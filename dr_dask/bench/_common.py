@@ -54,6 +54,16 @@ def dataset_store(workdir: str, name: str, T: int, N: int,
     return path + ":X", np.asarray(zarr.open_group(path, mode="r")["latent"][...])
 
 
+def dataset_arrays(workdir: str, name: str, T: int, N: int,
+                   **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and the latent of :func:`dataset_store`'s store, read into memory."""
+    import zarr
+
+    src, latent = dataset_store(workdir, name, T, N, **options)
+    X = np.asarray(zarr.open_group(src.rsplit(":", 1)[0], mode="r")["X"][...])
+    return X, latent
+
+
 def release_memory(client: Any = None) -> None:
     """Give memory that earlier fits freed back to the OS, here and on every worker: a
     collection, then glibc's ``malloc_trim`` (distributed's advice for unmanaged memory).

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import dataset_store
+from dr_dask.bench._common import dataset_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +50,11 @@ def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbo
     """
     import tempfile
 
-    import zarr
-
     from dr_dask.graph.knn import kneighbors_graph
     from dr_dask.graph.paths import _rows, _SearchGraph
 
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_dijkstra_")
-    src, _ = dataset_store(workdir, "sinusoidal", max(sizes), 100)
-    X = np.asarray(zarr.open_group(src.rsplit(":", 1)[0], mode="r")["X"][...])
+    X, _ = dataset_arrays(workdir, "sinusoidal", max(sizes), 100)
     rows: list[dict[str, Any]] = []
     for T in sorted(sizes):
         graph = _SearchGraph.of(kneighbors_graph(X[:T], n_neighbors))

@@ -24,9 +24,7 @@ import logging
 import os
 from typing import Any
 
-import numpy as np
-
-from dr_dask.bench._common import dataset_store, timed_fits
+from dr_dask.bench._common import dataset_arrays, timed_fits
 from dr_dask.bench.isomap import _sklearn_in_child
 from dr_dask.resources import tree_rss
 
@@ -40,14 +38,6 @@ TARGETS = {
     "full_ikd_seconds_at_10000": 5.0,
     "full_ikd_peak_rss_gb_at_20000": 2.0,
 }
-
-
-def _data(workdir: str, T: int, N: int) -> tuple[np.ndarray, np.ndarray]:
-    import zarr
-
-    src, latent = dataset_store(workdir, "sinusoidal", T, N)
-    path = src.rsplit(":", 1)[0]
-    return np.asarray(zarr.open_group(path, mode="r")["X"][...]), latent
 
 
 def _estimator(method: str, n_neighbors: int, client: Any) -> Any:
@@ -68,7 +58,7 @@ def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: 
     from dr_dask.bench._common import release_memory
     from dr_dask.metrics import r2_affine
 
-    X, latent = _data(workdir, T, N)
+    X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
     with contextlib.ExitStack() as stack:
         client = None
         if threads:
@@ -148,7 +138,7 @@ def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, 
                   n_workers=n_workers, threads=threads)
     sk = sk_emb = None
     if not skip_sklearn:
-        X, _ = _data(workdir, T, N)
+        X, _ = dataset_arrays(workdir, "sinusoidal", T, N)
         sk, sk_gb, sk_emb = _sklearn_in_child(X, n_neighbors, repeats, n_components=1)
         del X
         out["sklearn_isomap"] = {"seconds_median": sk, "peak_rss_gb_process_tree": sk_gb}

@@ -354,13 +354,21 @@ def open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
     return done
 
 
+def _write_bands(store: Location, grid: TileGrid, ij: tuple[int, int], bands: Any) -> None:
+    """Write tile ``ij`` into the array of :func:`open_tile_store` from ``bands``, its rows top
+    to bottom in pieces of whole chunk rows (zarr copies what it is given: never the tile)."""
+    arr = zarr.open_array(store.zarr_store(), mode="r+")
+    a, cols = grid.block(ij[0]).start, grid.block(ij[1])
+    for band in bands:
+        arr[a:a + len(band), cols] = band
+        a += len(band)
+
+
 def write_tile(store: Location, grid: TileGrid, ij: tuple[int, int], tile: np.ndarray,
                stats: tuple) -> None:
     """Write tile ``ij`` into the array of :func:`open_tile_store`, then its done mark."""
-    arr = zarr.open_array(store.zarr_store(), mode="r+")
-    rows, cols, step = grid.block(ij[0]), grid.block(ij[1]), arr.chunks[0]
-    for a in range(rows.start, rows.stop, step):  # by chunk rows: zarr copies what it is given
-        arr[a:min(a + step, rows.stop), cols] = tile[a - rows.start:a - rows.start + step]
+    step = tile_chunk_rows(grid.max_block)  # the array's chunk rows
+    _write_bands(store, grid, ij, (tile[a:a + step] for a in range(0, len(tile), step)))
     _mark_done(store, ij, stats)
 
 
@@ -375,13 +383,16 @@ def _write_tile_by_bands(tile_fn: Callable, Xi: Any, Xj: Any, diag: bool, args: 
     """Tile ``ij`` computed and written one chunk row (band) at a time, then its done mark:
     the task holds a band, never the tile (16 MB against 128 MB at 4096^2 in float64)."""
     Xi = np.asarray(Xi)
-    arr = zarr.open_array(store.zarr_store(), mode="r+")
-    rows, cols, step = grid.block(ij[0]), grid.block(ij[1]), arr.chunks[0]
+    step = tile_chunk_rows(grid.max_block)
     parts = []
-    for a in range(0, rows.stop - rows.start, step):
-        band, stats = tile_fn(Xi[a:a + step], Xj, diag, *args, row0=a)
-        arr[rows.start + a:rows.start + a + len(band), cols] = band
-        parts.append(stats)
+
+    def bands():
+        for a in range(0, len(Xi), step):
+            band, stats = tile_fn(Xi[a:a + step], Xj, diag, *args, row0=a)
+            parts.append(stats)
+            yield band
+
+    _write_bands(store, grid, ij, bands())
     stats = band_stats(parts)
     _mark_done(store, ij, stats)
     return stats
