@@ -141,3 +141,14 @@ def test_bench_dijkstra(tmp_path):
     assert finite_positive(row["ms_per_source"], row["ns_per_T_log_T"],
                            row["bytes_touched_per_source_mb"])
     assert row["ratio_to_smallest_T"] == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scheduler", "tcp://127.0.0.1:1", "bench", "geodesic", "--T", "600"],
+     "size it with --workers, not --scheduler"),
+    (["bench", "dijkstra", "--max-T", "10"], "--max-T"),
+])
+def test_bench_bad_options_are_refused(args, message):
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
