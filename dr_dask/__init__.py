@@ -25,7 +25,7 @@ _PUBLIC = {
     "LandmarkIsomap": "dr_dask.methods.isomap",
     "GPIsomap": "dr_dask.methods.gp_isomap",
     "LSDR": "dr_dask.methods.lsdr",
-    "open_dataset": "dr_dask.store",
+    "open_dataset": "dr_dask.inputs",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -62,11 +62,11 @@ def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
     from sklearn.decomposition import PCA
 
     from dr_dask.figures import embedding_figure, report_page, spectrum_figure
+    from dr_dask.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
     from dr_dask.report import write_json
     from dr_dask.runs import run_embedding
-    from dr_dask.store import open_dataset
 
     out = location(out, storage_options)
     data = out.child("data.zarr")

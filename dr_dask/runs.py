@@ -1,27 +1,262 @@
-"""Run an estimator on a stored input into its own, resumable run group of an output store."""
+"""Runs: one fit's resumable Zarr group in an output store, and running an estimator into one.
+
+Each run writes into its own Zarr group (:class:`RunGroup`). A stage marks itself complete in
+the group's attributes only after its arrays are fully written, and the run as a whole is marked
+complete last, so a rerun after a crash redoes exactly the unfinished stages and nothing
+half-written is ever reported as a result. Solvers see a run only through
+:class:`dr_dask.checkpoint.Checkpoint`.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
 import inspect
+import json
 import logging
 import time
-from typing import Any
+import warnings
+from typing import Any, cast
 
+import dask
 import numpy as np
+import zarr
 
 from dr_dask.cluster import active_client
-from dr_dask.store import (
+from dr_dask.inputs import (
     InputData,
     InputError,
-    Lease,
-    RunGroup,
     check_output_path,
     check_workers_can_read,
     open_dataset,
-    run_name,
 )
+from dr_dask.lease import Lease
+from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
+
+def _versions() -> dict:
+    import scipy
+    import xarray
+
+    import dr_dask
+
+    return {
+        "dr_dask": dr_dask.__version__,
+        "dask": dask.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "zarr": zarr.__version__,
+        "xarray": xarray.__version__,
+    }
+
+
+def run_name(method: str, params: dict, identity: dict) -> str:
+    """Deterministic run name: the same method, parameters and input give the same group."""
+    key = json.dumps({"params": params, "input": identity}, sort_keys=True, default=str)
+    return f"{method}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+
+
+class RunGroup:
+    """One run's Zarr group: arrays, provenance and stage-completion marks.
+
+    Marks live in the group's attributes, i.e. its one small ``zarr.json`` object, rewritten
+    (one PUT) only after the arrays a stage vouches for are fully written. A complete group is
+    consolidated, so ``xarray.open_zarr(store, group=name)`` reads its metadata in one request.
+
+    Parameters
+    ----------
+    store : str or Location
+        Output Zarr store, local path or URL (created if absent).
+    name : str
+        Group name of this run inside the store.
+    params : dict
+        Method parameters (JSON-serialisable); a rerun with other parameters, or of other input,
+        under the same name is refused unless ``overwrite``.
+    identity : dict
+        Input provenance and content (:attr:`InputData.identity`).
+    overwrite : bool
+        Discard an existing run of this name.
+    storage_options : dict, optional
+        For the filesystem of a URL.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        name: str,
+        *,
+        params: dict,
+        identity: dict,
+        overwrite: bool = False,
+        storage_options: dict | None = None,
+    ):
+        self.location = location(store, storage_options)
+        self.location.check()
+        self.store, self.name = self.location.url, name
+        self.created = False
+        root = self._root()
+        if name in root and overwrite:
+            self.location.child(name).delete()
+            root = self._root()
+        params = json.loads(json.dumps(params, default=str))
+        identity = json.loads(json.dumps(identity, default=str))
+        self.group: zarr.Group
+        if name in root:
+            existing = root[name]
+            if not isinstance(existing, zarr.Group):
+                raise InputError(f"{self.path} is an array, not a run; choose another run name")
+            self.group = existing
+            old = self.group.attrs.get("params")
+            if old is not None and old != params:
+                raise InputError(
+                    f"{self.path} holds a run with other parameters; pass overwrite=True "
+                    "(--overwrite) or choose another run name"
+                )
+            old_input = self.group.attrs.get("input")
+            if old_input is not None and identity and old_input != identity:
+                raise InputError(
+                    f"{self.path} holds a run of other input (recorded {_describe(old_input)}, "
+                    f"now {_describe(identity)}); pass overwrite=True (--overwrite) to replace it "
+                    "or choose another run name"
+                )
+            logger.info("resuming run %s (stages done: %s)", self.path, self.done_stages)
+        else:
+            self.created = True
+            self.group = root.create_group(name)
+            self.group.attrs.update(
+                {
+                    "params": params,
+                    "input": identity,
+                    "versions": _versions(),
+                    "created": _dt.datetime.now(_dt.UTC).isoformat(),
+                    "stages": {},
+                    "complete": False,
+                }
+            )
+
+    def refresh(self) -> None:
+        """Re-read the group's marks (another process may have written them)."""
+        self.group = zarr.open_group(store=self.location.zarr_store(), path=self.name, mode="r+",
+                                     use_consolidated=False)
+
+    def _root(self) -> zarr.Group:
+        # never through the root's consolidated metadata: it is a snapshot that may predate
+        # other runs of the store (use it to read, not to decide what exists)
+        return zarr.open_group(store=self.location.zarr_store(), mode="a", use_consolidated=False)
+
+    @property
+    def path(self) -> str:
+        return f"{self.store.rstrip('/')}/{self.name}"
+
+    def child(self, name: str) -> Location:
+        """Location of array ``name`` of this run (tile caches, path matrices)."""
+        return self.location.child(self.name, name)
+
+    def _attr_dict(self, key: str) -> dict[str, Any]:
+        # zarr types an attribute as any JSON value; these keys hold the objects this class writes
+        return cast(dict[str, Any], self.group.attrs.get(key) or {})
+
+    @property
+    def _stages(self) -> dict[str, Any]:
+        return self._attr_dict("stages")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (written by :meth:`mark_complete`; empty until then)."""
+        return self._attr_dict("summary")
+
+    @property
+    def done_stages(self) -> list[str]:
+        return sorted(self._stages)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.group.attrs.get("complete", False))
+
+    def is_done(self, stage: str) -> bool:
+        return stage in self._stages
+
+    def mark_done(self, stage: str, **info: Any) -> None:
+        """Record ``stage`` as complete; call only after its arrays are fully written."""
+        stages = dict(self._stages)
+        stages[stage] = {
+            "finished": _dt.datetime.now(_dt.UTC).isoformat(),
+            **json.loads(json.dumps(info, default=float)),
+        }
+        self.group.attrs["stages"] = stages
+
+    def stage_info(self, stage: str) -> dict:
+        return dict(self._stages.get(stage, {}))
+
+    @property
+    def caches(self) -> list[str]:
+        """Arrays kept only for a rerun to resume from (:meth:`note_cache`)."""
+        return list(cast(list, self.group.attrs.get("caches") or []))
+
+    def note_cache(self, name: str) -> None:
+        """Record array ``name`` as a cache of this run (``drop_cache`` deletes it)."""
+        if name not in self.caches:
+            self.group.attrs["caches"] = [*self.caches, name]
+
+    def mark_complete(self, **summary: Any) -> None:
+        """The last writes of a run: the completion mark, then consolidated metadata of the run
+        group and of the store's root (what ``xarray.open_zarr(store, group=name)`` reads)."""
+        self.group.attrs.update(
+            {"complete": True, "summary": json.loads(json.dumps(summary, default=float))}
+        )
+        self.consolidate()
+
+    def consolidate(self) -> None:
+        with warnings.catch_warnings():  # "not part of the v3 spec": xarray and zarr read it
+            warnings.simplefilter("ignore", UserWarning)
+            zarr.consolidate_metadata(self.location.zarr_store(), path=self.name)
+            zarr.consolidate_metadata(self.location.zarr_store())
+
+    def drop(self, *names: str) -> None:
+        """Delete intermediate arrays (a tile cache) that the result no longer needs."""
+        present = [n for n in names if n in self.group]
+        for name in present:
+            self.child(name).delete()
+        if present and self.complete:
+            self.consolidate()
+
+    def create(self, name: str, shape: tuple, dtype: Any, chunks: tuple, dims: tuple) -> zarr.Array:
+        """(Re)create an array of this run; a stage rewrites its arrays from scratch."""
+        return self.group.create_array(
+            name, shape=shape, dtype=dtype, chunks=chunks, dimension_names=dims,
+            compressors=None, fill_value=0, overwrite=True,
+        )
+
+    def write(self, name: str, values: np.ndarray, dims: tuple, attrs: dict | None = None) -> None:
+        """Write a small in-memory array in one go."""
+        values = np.asarray(values)
+        arr = self.create(name, values.shape, values.dtype, values.shape, dims)
+        arr[...] = values
+        if attrs:
+            arr.attrs.update(json.loads(json.dumps(attrs, default=float)))
+
+    def read(self, name: str) -> np.ndarray:
+        arr = self.group[name]
+        assert isinstance(arr, zarr.Array), f"{self.path}/{name} is a group"
+        return np.asarray(arr[...])
+
+
+
+def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr.Group:
+    """A run group for reading (consolidated metadata when the run is complete)."""
+    loc = location(store, storage_options)
+    try:
+        return zarr.open_group(store=loc.zarr_store(read_only=True), path=name, mode="r")
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{loc}/{name} is not a readable run group: {exc}") from None
+
+
+def _describe(identity: Any) -> str:
+    return f"shape {identity.get('shape')}, fingerprint {identity.get('fingerprint')}"
+
 
 #: Estimator parameters that say how to run, not what to compute: not part of a run's identity.
 _EXECUTION_PARAMS = {"client", "progress", "tile_cache", "tile_size", "scratch"}
@@ -56,7 +291,7 @@ def run_embedding(
     estimator : estimator with ``fit_transform``
         Estimators whose ``fit`` takes ``run=`` (IKD) keep their stages in the run group.
     source : str or array-like
-        Anything :func:`dr_dask.store.open_dataset` accepts, or an :class:`InputData`.
+        Anything :func:`dr_dask.inputs.open_dataset` accepts, or an :class:`InputData`.
     out : str or Location
         Output Zarr store, local path or URL (never the input).
     method : str
@@ -68,7 +303,8 @@ def run_embedding(
     storage_options : dict, optional
         For the filesystems of ``source`` and ``out`` when they are URLs.
     drop_cache : bool
-        Delete the run's tile cache (``distance``, ``geodesic_paths``) once it is complete.
+        Delete the run's caches (the arrays its solver kept for a rerun to resume from, such
+        as IKD's distance tiles) once it is complete.
 
     Returns
     -------
@@ -123,7 +359,7 @@ def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
             summary[attr.rstrip("_")] = np.asarray(value).tolist()
     run.mark_complete(**summary)
     if drop_cache:
-        run.drop("distance", "geodesic_paths")
+        run.drop(*run.caches)
     logger.info("run %s complete in %.1f s", run.path, seconds)
     return run
 

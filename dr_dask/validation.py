@@ -5,9 +5,9 @@ array-likes (NumPy, lists, DataFrames) go through scikit-learn's public
 :func:`sklearn.utils.validation.validate_data`, so they are checked, worded and recorded
 exactly as scikit-learn's own estimators do it (``n_features_in_``, ``feature_names_in_``;
 complex, sparse, object, NaN/inf, empty input refused with scikit-learn's messages). Stores,
-paths, URLs, zarr, xarray and dask arrays go through the store boundary
-(:func:`dr_dask.store.open_dataset`) and still set or check ``n_features_in_``. Either way the
-estimator gets one type, :class:`~dr_dask.store.InputData`. :func:`check_array_like` is the
+paths, URLs, zarr, xarray and dask arrays are opened by
+:func:`dr_dask.inputs.open_dataset` and still set or check ``n_features_in_``. Either way the
+estimator gets one type, :class:`~dr_dask.inputs.InputData`. :func:`check_array_like` is the
 same for functions (metrics, kNN) that take user arrays but are not estimators.
 
 Parameters. An estimator declares ``_parameter_constraints`` (a dict naming every ``__init__``
@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
+import dask
+import dask.array as da
 import numpy as np
 
 from dr_dask.cluster import compute
+from dr_dask.inputs import InputData, InputError, open_dataset
 from dr_dask.storage import Location
-from dr_dask.store import InputData, _describe_rows, open_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +90,14 @@ def check_input(
         Its ``n_features_in_`` (and ``feature_names_in_``) is set when ``reset``, else checked.
     X : array-like, dask / zarr / xarray array, path, URL, Location or InputData
         Of shape (T, N). Paths take the ``"STORE[:VAR]"`` form of
-        :func:`dr_dask.store.open_dataset`. Never modified.
+        :func:`dr_dask.inputs.open_dataset`. Never modified.
     reset : bool
         True in ``fit`` (record the number of features), False in ``transform`` (check it).
     in_memory : bool, default=False
         The estimator works on a NumPy array: a stored input is read whole and then checked
         like an in-memory one (values included), and ``InputData.values`` holds the array.
         False: a stored input stays lazy and only its structure is checked here (the values
-        are the caller's, e.g. :func:`dr_dask.store.validate` in a run stage).
+        are the caller's, e.g. :func:`check_values` in a run stage).
     dtype : dtype or tuple of dtypes, default=(float64, float32)
         Accepted dtypes of in-memory data; anything else numeric is converted to the first.
     min_samples : int, default=1
@@ -117,7 +119,7 @@ def check_input(
     ------
     ValueError
         scikit-learn's messages for in-memory data (complex, NaN/inf, empty, wrong number of
-        features, 1-D); :class:`~dr_dask.store.InputError` (a ValueError) for stores.
+        features, 1-D); :class:`~dr_dask.inputs.InputError` (a ValueError) for stores.
     TypeError
         Sparse input (dense data is required).
     """
@@ -162,7 +164,7 @@ def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: A
         bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
         # the first line is scikit-learn's; the rest of its message is about supervised models
         first = str(exc).splitlines()[0]
-        rows = _describe_rows(bad, sample_ids)
+        rows = describe_rows(bad, sample_ids)
         raise ValueError(f"{first} Non-finite values in {rows}.") from None
 
 
@@ -329,3 +331,66 @@ def positive(kind: type = Real) -> Interval:
     return Interval(kind, 1, None, closed="left") if kind is Integral else Interval(
         kind, 0, None, closed="neither")
 
+
+def _row_flags(block: np.ndarray, check_constant: bool) -> np.ndarray:
+    bad = ~np.isfinite(block).all(axis=1)
+    const = np.zeros(len(block), bool)
+    if check_constant and block.shape[1]:
+        const = np.ptp(np.where(np.isfinite(block), block, 0), axis=1) == 0
+    return np.stack([bad, const], axis=1)
+
+
+def describe_rows(rows: np.ndarray, ids: np.ndarray | None, limit: int = 10) -> str:
+    shown = rows[:limit] if ids is None else ids[rows[:limit]]
+    more = f" and {len(rows) - limit} more" if len(rows) > limit else ""
+    return f"{len(rows)} row(s): {', '.join(str(x) for x in shown)}{more}"
+
+
+def check_values(
+    inp: InputData,
+    *,
+    min_samples: int = 2,
+    constant_rows: bool = False,
+    client: Any = None,
+) -> None:
+    """Check the values of an input; one pass over the data.
+
+    Parameters
+    ----------
+    inp : InputData
+    min_samples : int
+        Fewest rows accepted (IKD needs n_components + 2).
+    constant_rows : bool
+        Reject rows with a single repeated value (their correlation is undefined).
+    client : distributed.Client, optional
+
+    Raises
+    ------
+    InputError
+        Naming the offending rows (by sample id when the input has them).
+    """
+    T, N = inp.data.shape
+    if T < min_samples:
+        raise InputError(f"{inp.name} has {T} samples; at least {min_samples} are needed")
+    if N < 2 and constant_rows:
+        raise InputError(f"{inp.name} has {N} feature(s); a correlation needs at least 2")
+    flags = da.map_blocks(
+        _row_flags, inp.data, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
+    )
+    # an array already in this process (``values``) is checked here: on a cluster the whole
+    # array would travel in the graph to the workers for a check that reads it once
+    if inp.values is not None:
+        (flags,) = dask.compute(flags, scheduler="threads")
+    else:
+        (flags,) = compute(flags, client=client)
+    bad = np.flatnonzero(flags[:, 0])
+    if bad.size:
+        raise InputError(
+            f"{inp.name} has NaN or infinite values in {describe_rows(bad, inp.sample_ids)}"
+        )
+    const = np.flatnonzero(flags[:, 1])
+    if const.size:
+        raise InputError(
+            f"{inp.name} has constant rows (zero variance, undefined correlation) in "
+            f"{describe_rows(const, inp.sample_ids)}; use similarity='covariance' or drop them"
+        )

@@ -91,8 +91,9 @@ def test_user_error_exits_2_without_traceback(tmp_path):
 def test_a_held_lease_exits_1_without_traceback(tmp_path, npy):
     """Another live run holding the run's lease is transient: exit 1, a clear message, no
     traceback, and nothing marked complete."""
+    from dr_dask.lease import Lease
+    from dr_dask.runs import open_run
     from dr_dask.storage import location
-    from dr_dask.store import Lease, open_run
 
     out = tmp_path / "o.zarr"
     with Lease(location(str(out)).child("held", "lease.json")):

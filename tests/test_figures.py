@@ -104,7 +104,7 @@ def test_drawing_leaves_pyplot_alone():
 def test_quickstart_report_numbers(tmp_path):
     """The quickstart's JSON carries what its picture shows (R², the IKD eigenvalues), the
     picture has its two panels beside the table."""
-    from dr_dask.store import open_run
+    from dr_dask.runs import open_run
 
     out = tmp_path / "qs"
     res = CliRunner().invoke(main, ["--scheduler", "threads", "quickstart", "--out", str(out),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import zarr
 
-from dr_dask.store import InputError, open_dataset, open_run
+from dr_dask.inputs import InputError, open_dataset
+from dr_dask.runs import open_run
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from conftest import S3_SECRET, free_port
 
 from dr_dask.cli import main
+from dr_dask.inputs import InputError, open_dataset
+from dr_dask.runs import open_run
 from dr_dask.storage import Location, StorageError
-from dr_dask.store import InputError, open_dataset, open_run
 
 T, N = 240, 12
 
@@ -274,7 +275,7 @@ def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment):
 def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
     """Create-if-absent on local disk (O_EXCL) and on S3: moto honours the conditional PUT
     (If-None-Match: * -> 412), so the S3 case exercises the real precondition."""
-    from dr_dask.store import Lease, LeaseHeld
+    from dr_dask.lease import Lease, LeaseHeld
 
     loc = (Location(str(tmp_path / "runs.zarr")) if where == "local"
            else Location(f"s3://{s3_bucket}/runs.zarr")).child("r", "lease.json")
@@ -294,7 +295,7 @@ def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
 def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, data):
     path, out = str(tmp_path / "in.zarr"), str(tmp_path / "o.zarr")
     _write_input(path, data)
-    from dr_dask.store import Lease
+    from dr_dask.lease import Lease
 
     holder = Lease(Location(out).child("r", "lease.json"), ttl=30).acquire()
     try:
@@ -310,7 +311,7 @@ def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, d
 def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path):
     import socket
 
-    from dr_dask.store import Lease
+    from dr_dask.lease import Lease
 
     loc = Location(str(tmp_path / "lease.json"))
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -13,8 +13,10 @@ import zarr
 from click.testing import CliRunner
 
 from dr_dask.cli import main
+from dr_dask.inputs import InputError, open_dataset, parse_source
 from dr_dask.methods.ikd import IKD
-from dr_dask.store import InputError, RunGroup, open_dataset, parse_source, validate
+from dr_dask.runs import RunGroup
+from dr_dask.validation import check_values
 
 
 def tree_digest(path) -> str:
@@ -152,5 +154,5 @@ def test_run_group_refuses_other_parameters(tmp_path):
 
 
 def test_validate_passes_good_data():
-    validate(open_dataset(np.random.default_rng(0).normal(size=(30, 5))), min_samples=5,
+    check_values(open_dataset(np.random.default_rng(0).normal(size=(30, 5))), min_samples=5,
              constant_rows=True)

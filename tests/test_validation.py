@@ -11,7 +11,7 @@ import scipy.sparse as sp
 import zarr
 from sklearn.base import BaseEstimator
 
-from dr_dask.store import InputError
+from dr_dask.inputs import InputError
 from dr_dask.validation import (
     Interval,
     Options,

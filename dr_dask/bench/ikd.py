@@ -142,9 +142,10 @@ def bench_incore(client: Any, T: int, N: int, workdir: str, repeats: int = 3) ->
 
 def bench_outofcore(client: Any, T: int, N: int, workdir: str) -> dict:
     """T x T never in one process: D tiles on disk, peak RSS of the process tree."""
+    from dr_dask.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
-    from dr_dask.store import RunGroup, open_dataset
+    from dr_dask.runs import RunGroup
 
     path = os.path.join(workdir, f"gp_rff_T{T}_N{N}.zarr")
     stages: dict[str, float] = {}

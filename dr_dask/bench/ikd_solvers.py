@@ -34,9 +34,9 @@ AUTHORS_SECONDS_RANGE = (15.0, 190.0)
 
 def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
     """Blockwise IKD at T=1000: cluster vs one process, R^2 against the latent."""
+    from dr_dask.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
-    from dr_dask.store import open_dataset
 
     T = QUICK["blockwise_T"] if quick else 1000
     repeats = 1 if quick else 3
@@ -70,9 +70,9 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
 
 
 def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
+    from dr_dask.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
-    from dr_dask.store import open_dataset
 
     N = 100
     with timed() as t:

@@ -50,8 +50,8 @@ def _write(loc: Location, X: np.ndarray, chunk_rows: int) -> None:
 
 
 def _fit(loc: Location, n_components: int, client) -> np.ndarray:
+    from dr_dask.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
-    from dr_dask.store import open_dataset
 
     est = IKD(n_components, dtype="float32", random_state=0, client=client)
     return est.fit(open_dataset(loc, "X")).embedding_

@@ -123,8 +123,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         (per method, of time and of peak RSS), ``knn`` (per T: seconds, recall) and the
         settings.
     """
+    from dr_dask.inputs import open_dataset
     from dr_dask.metrics import r2_affine
-    from dr_dask.store import open_dataset
 
     unknown = set(methods) - set(METHODS)
     if unknown:

@@ -46,8 +46,9 @@ class App(click.Group):
             # imported only now: importing distributed before main() configured logging
             # would let it install its own handlers
             from dr_dask.cluster import ClusterLost
+            from dr_dask.inputs import InputError
+            from dr_dask.lease import LeaseHeld
             from dr_dask.storage import StorageError
-            from dr_dask.store import InputError, LeaseHeld
 
             # rejected below a command that did not catch it: bad input, an unusable location
             if isinstance(exc, (InputError, StorageError)):

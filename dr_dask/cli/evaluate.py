@@ -22,8 +22,8 @@ LSDR_INPUT_DIM = 3
 # ------------------------------------------------------------------------------ input helpers
 def load_values(spec: str, default_store: Any, storage_options: dict | None = None) -> np.ndarray:
     """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
+    from dr_dask.inputs import InputError, open_netcdf, parse_source
     from dr_dask.storage import location
-    from dr_dask.store import InputError, open_netcdf, parse_source
 
     path, var = parse_source(spec, storage_options)
     loc = location(path, storage_options)
@@ -51,7 +51,7 @@ def load_values(spec: str, default_store: Any, storage_options: dict | None = No
 
 
 def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, Any]:
-    from dr_dask.store import open_dataset
+    from dr_dask.inputs import open_dataset
 
     inp = open_dataset(source, None, storage_options)
     return inp, inp.location
@@ -73,10 +73,11 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     """Score a stored embedding: metrics JSON and a PNG (embedding, spectrum, metric table)."""
     from dr_dask.figures import embedding_figure, report_page, spectrum_figure
+    from dr_dask.inputs import InputError
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import write_json
+    from dr_dask.runs import open_run
     from dr_dask.storage import location
-    from dr_dask.store import InputError, open_run
 
     so = storage_options(ctx)
     try:
@@ -164,10 +165,10 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""
     from dr_dask.figures import embedding_figure, report_page
+    from dr_dask.inputs import InputError
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import write_json
     from dr_dask.storage import location
-    from dr_dask.store import InputError
 
     so = storage_options(ctx)
     names = [m.strip() for m in methods.split(",") if m.strip()]

@@ -18,7 +18,7 @@ from dr_dask.cli._app import (
     main,
     storage_options,
 )
-from dr_dask.store import InputError
+from dr_dask.inputs import InputError
 
 logger = logging.getLogger(__name__)
 

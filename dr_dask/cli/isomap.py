@@ -17,8 +17,8 @@ from dr_dask.cli._app import (
     fail,
     storage_options,
 )
+from dr_dask.inputs import InputError
 from dr_dask.storage import location
-from dr_dask.store import InputError
 
 logger = logging.getLogger(__name__)
 

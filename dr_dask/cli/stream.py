@@ -62,7 +62,7 @@ def make_scenario(ctx, out, scenario, n_per_patch, n_batch, n_stream, ambient_di
 
 
 def _load_batch(path: str, storage_options: dict) -> np.ndarray:
-    from dr_dask.store import InputError, open_dataset
+    from dr_dask.inputs import InputError, open_dataset
 
     try:
         return np.asarray(open_dataset(path, None, storage_options).data.compute(),

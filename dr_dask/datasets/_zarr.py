@@ -20,7 +20,7 @@ Store layout (``xarray.open_zarr(path)`` opens it as a Dataset)::
 
 The location is a local path or a URL (``s3://``, ``gs://``, ``memory://``...). Object stores
 have no rename, so a store is written in place and marked ``complete`` in its root attributes
-by the last write (after every chunk); :func:`dr_dask.store.open_dataset` refuses a store
+by the last write (after every chunk); :func:`dr_dask.inputs.open_dataset` refuses a store
 marked incomplete, and the next ``make`` replaces such debris without ``overwrite``. With a
 cluster the workers write their chunks directly, so they must be able to reach the location.
 """

@@ -22,7 +22,7 @@ The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedd
 ``report.png``
     Variance over rows with the threshold and the refits, and the latest embedding.
 ``lease.json``
-    One run at a time (:class:`dr_dask.store.Lease`).
+    One run at a time (:class:`dr_dask.lease.Lease`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from dr_dask.cluster import active_client
+from dr_dask.inputs import InputError
 from dr_dask.jobs._common import job_params, now, open_stored
+from dr_dask.lease import Lease
 from dr_dask.storage import location
-from dr_dask.store import InputError, Lease
 from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)

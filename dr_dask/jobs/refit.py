@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from dr_dask.cluster import active_client
+from dr_dask.inputs import InputError
 from dr_dask.jobs._common import job_params, now, open_stored
+from dr_dask.runs import open_run, run_name
 from dr_dask.storage import StorageError, location
-from dr_dask.store import InputError, open_run, run_name
 
 logger = logging.getLogger(__name__)
 

@@ -44,8 +44,10 @@ import dask
 import numpy as np
 
 from dr_dask.blas import single_blas_thread
+from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.graph.cliques import maximal_cliques
+from dr_dask.inputs import InputData
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.linalg.eigen import top_eigh
 from dr_dask.methods.ikd_core import (
@@ -57,7 +59,6 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
-from dr_dask.store import InputData, RunGroup
 
 logger = logging.getLogger(__name__)
 
@@ -428,7 +429,7 @@ def merge_cliques(
 
 
 def _clique_stage(k: np.ndarray, cfg: IKDConfig, n_features: int,
-                  run: RunGroup | None) -> tuple[list[np.ndarray], float, bool]:
+                  run: Checkpoint | None) -> tuple[list[np.ndarray], float, bool]:
     """:func:`find_cliques` with the configured threshold (resumed from a run's group)."""
     if run is not None and run.is_done("cliques"):
         info = run.stage_info("cliques")
@@ -444,7 +445,7 @@ def _clique_stage(k: np.ndarray, cfg: IKDConfig, n_features: int,
     return cliques, s0, average
 
 
-def fit_blockwise(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -> IKDResult:
+def fit_blockwise(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None) -> IKDResult:
     """Blockwise IKD of ``inp``: similarities, cliques, per-clique IKD, merges."""
     client = active_client(cfg.client)
     M = cfg.n_components

@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
+from dr_dask.checkpoint import Checkpoint, scratch
 from dr_dask.cluster import active_client, compute, run_stage
+from dr_dask.inputs import InputData
 from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles, stored_tiles
 from dr_dask.methods.ikd_core import (
     GramOperator,
@@ -27,7 +29,6 @@ from dr_dask.methods.ikd_core import (
     reference_index,
     row_stats,
 )
-from dr_dask.store import InputData, RunGroup, scratch
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def distance_tile(Xi: np.ndarray, Xj: np.ndarray, diagonal: bool, inverse: Inver
     return inverse.tile(Xi @ Xj.T, diagonal, row0=row0)
 
 
-def fit_full(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
+def fit_full(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResult:
     """Full IKD of ``inp``: distance tiles, reference point, eigenpairs of g(D)."""
     client = active_client(cfg.client)
     Xn, sigma2 = prepared_rows(cfg, inp)

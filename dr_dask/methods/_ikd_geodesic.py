@@ -50,6 +50,7 @@ import scipy.sparse as sp
 import zarr
 from scipy.sparse.csgraph import connected_components
 
+from dr_dask.checkpoint import Checkpoint, scratch
 from dr_dask.cluster import active_client, compute
 from dr_dask.graph import (
     GeodesicRows,
@@ -59,6 +60,7 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored, strip_grid
+from dr_dask.inputs import InputData
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles
 from dr_dask.methods.ikd_core import (
@@ -73,7 +75,6 @@ from dr_dask.methods.ikd_core import (
     row_stats,
     tile_stats,
 )
-from dr_dask.store import InputData, RunGroup, scratch
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def _tiles_from_dijkstra(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicK
     return D, stats, d_ref_row
 
 
-def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: RunGroup | None,
+def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
                          graph: sp.csr_matrix, kernel: GeodesicKernel, Xn: Any, grid: TileGrid,
                          on_disk: bool, client: Any, seconds: dict,
                          arrays: contextlib.ExitStack) -> tuple:
@@ -277,7 +278,7 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: RunGroup | None,
     return D, stats, d_ref_row
 
 
-def fit_geodesic(cfg: IKDConfig, inp: InputData, run: RunGroup | None) -> IKDResult:
+def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResult:
     """Geodesic IKD of ``inp``: graph, path lengths, distance tiles, eigenpairs of g(D)."""
     client = active_client(cfg.client)
     dtype = cfg.dtype
@@ -350,7 +351,7 @@ def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseK
     return triangulate(pinv, D.T, sq_mean)
 
 
-def fit_landmarks(cfg: IKDConfig, inp: InputData, run: RunGroup | None = None) -> IKDResult:
+def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None) -> IKDResult:
     """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
     client = active_client(cfg.client)
     M, L = cfg.n_components, int(cfg.n_landmarks)

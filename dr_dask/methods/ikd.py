@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
+from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
 from dr_dask.methods._ikd_blockwise import fit_blockwise
@@ -50,8 +51,7 @@ from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
 from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.storage import Location
-from dr_dask.store import RunGroup, validate
-from dr_dask.validation import Interval, Options, check_input, check_params, positive
+from dr_dask.validation import Interval, Options, check_input, check_params, check_values, positive
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
 
     # -- fitting --------------------------------------------------------------------------
 
-    def fit(self, X: Any, y: Any = None, *, run: RunGroup | None = None) -> IKD:
+    def fit(self, X: Any, y: Any = None, *, run: Checkpoint | None = None) -> IKD:
         """Fit IKD on X.
 
         Parameters
@@ -344,7 +344,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
             numpy, dask, zarr or xarray; or a path accepted by :func:`dr_dask.open_dataset`
             (checked by :func:`dr_dask.validation.check_input`; never modified).
         y : ignored
-        run : RunGroup, optional
+        run : Checkpoint, optional
             Keep the stages' arrays and marks in this run's Zarr group so that an interrupted
             fit, rerun, resumes after the last complete stage: ``full`` and ``geodesic`` keep
             their tiles and eigenpairs, ``blockwise`` its cliques; landmark IKD writes its
@@ -360,7 +360,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
                           min_features=2)
         T, N = (int(n) for n in inp.data.shape)
         cfg = self._config(T, N)
-        run_stage("validate", lambda: validate(
+        run_stage("validate", lambda: check_values(
             inp,
             min_samples=cfg.n_components + 2,
             constant_rows=cfg.similarity == "correlation",

@@ -23,12 +23,13 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import active_client, compute
+from dr_dask.inputs import InputData
 from dr_dask.kernels import Kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import TileGrid, rows_per_chunk
-from dr_dask.store import InputData, RunGroup
 
 logger = logging.getLogger(__name__)
 
@@ -362,7 +363,7 @@ def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_compone
 # the eigen stage shared by the full and geodesic solvers
 
 
-def eigen_stage(cfg: IKDConfig, G: GramOperator, run: RunGroup | None) -> dict:
+def eigen_stage(cfg: IKDConfig, G: GramOperator, run: Checkpoint | None) -> dict:
     """Top-M eigenpairs of g(D) (resumed from the run when that stage completed).
 
     ``eigen_solver="auto"`` is :func:`dr_dask.linalg.eigen.top_eigh`'s: G is known only by

@@ -1,0 +1,103 @@
+"""What an algorithm may ask of a run: its checkpoint interface, and scratch locations.
+
+A solver resumes stage by stage through a :class:`Checkpoint` (a run group implements it:
+:class:`dr_dask.runs.RunGroup`), never through the run group itself, so the algorithms do not
+depend on how or where runs are stored. A stage writes its data first and calls
+:meth:`Checkpoint.mark_done` last; a rerun skips the stages marked done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from dr_dask.storage import Location, location
+
+if TYPE_CHECKING:
+    from dr_dask.inputs import InputData
+
+logger = logging.getLogger(__name__)
+
+
+class Checkpoint(Protocol):
+    """The stages and small arrays of one resumable run."""
+
+    @property
+    def path(self) -> str:
+        """Where the run is (for messages)."""
+        ...
+
+    def is_done(self, stage: str) -> bool:
+        """Whether ``stage`` was marked done."""
+        ...
+
+    def mark_done(self, stage: str, **info: Any) -> None:
+        """Record ``stage`` as done (with JSON-able ``info``); call after its data is written."""
+        ...
+
+    def stage_info(self, stage: str) -> dict:
+        """The ``info`` recorded with ``stage``."""
+        ...
+
+    def write(self, name: str, values: np.ndarray, dims: tuple, attrs: dict | None = None) -> None:
+        """Write a small array of the run in one go."""
+        ...
+
+    def read(self, name: str) -> np.ndarray:
+        """Read a small array of the run."""
+        ...
+
+    def child(self, name: str) -> Location:
+        """The location of the run's array ``name`` (written by the workers)."""
+        ...
+
+    def note_cache(self, name: str) -> None:
+        """Record array ``name`` as a cache a rerun resumes from (dropped on request)."""
+        ...
+
+
+@contextlib.contextmanager
+def scratch(name: str, run: Checkpoint | None = None, where: Any = None,
+            inp: InputData | None = None, *, keep: bool = False) -> Iterator[Location]:
+    """The location of a stage's worker-written Zarr array, deleted when the stage ends.
+
+    It must be reachable by every worker, not only by this process: the run's array ``name``
+    when there is a run (kept with ``keep``: a cache a rerun resumes from), else a unique
+    location under ``where`` (an estimator's ``scratch`` parameter), else next to a remote
+    input (the workers read it, so they reach its bucket), else a local temporary directory
+    (client and workers share this machine's disk).
+
+    Parameters
+    ----------
+    name : str
+        The array's name in the run (part of the temporary name otherwise).
+    run : Checkpoint, optional
+    where : str or Location, optional
+    inp : InputData, optional
+    keep : bool
+        Keep the run's array after the stage, noted as a cache of the run.
+    """
+    unique = f"dr_dask_{name}_{uuid.uuid4().hex[:12]}"
+    if run is not None:
+        loc = run.child(name)
+        if keep:
+            run.note_cache(name)
+    elif where is not None:
+        loc = location(where).child(unique)
+    elif inp is not None and inp.location is not None and not inp.location.is_local:
+        parent = inp.location.url.rstrip("/").rsplit("/", 1)[0]
+        loc = location(parent, inp.location.storage_options).child(unique)
+    else:
+        loc = location(tempfile.mkdtemp(prefix=f"{unique}_"))
+    logger.debug("scratch for %s: %s", name, loc)
+    try:
+        yield loc
+    finally:
+        if not (keep and run is not None):
+            loc.delete()
