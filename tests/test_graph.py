@@ -25,9 +25,9 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
-from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, strip_grid
+from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
 from dr_dask.linalg.align import procrustes_disparity
-from dr_dask.linalg.tiles import TileGrid, ZarrTile
+from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,11 @@ One machinery shared by Isomap, Landmark Isomap, GP-Isomap and geodesic/blockwis
 * :func:`select_landmarks`, :func:`landmark_mds`, :func:`triangulate` — the landmark extension.
 """
 
-
-class DisconnectedGraphWarning(UserWarning):
-    """A neighbour graph had several connected components and was bridged."""
-
-
-class DuplicatePointsWarning(UserWarning):
-    """Some points coincide exactly; their graph edges have zero length."""
-
-
-from dr_dask.graph.components import connect_components  # noqa: E402
-from dr_dask.graph.knn import graph_from_neighbors, kneighbors, kneighbors_graph  # noqa: E402
-from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate  # noqa: E402
-from dr_dask.graph.paths import (  # noqa: E402
+from dr_dask.graph.components import connect_components
+from dr_dask.graph.diagnostics import DisconnectedGraphWarning, DuplicatePointsWarning
+from dr_dask.graph.knn import graph_from_neighbors, kneighbors, kneighbors_graph
+from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
+from dr_dask.graph.paths import (
     GeodesicRows,
     geodesics_via_neighbors,
     shortest_paths,

@@ -30,7 +30,7 @@ import numpy as np
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute, share
-from dr_dask.graph.knn import EXTRA, _check_finite, _rerank_labelled, _select_k
+from dr_dask.graph.topk import EXTRA, check_finite, rerank_labelled, select_k
 from dr_dask.linalg.eigen import top_eigh
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def _principal_axes(X: Any, mean: np.ndarray, p: int, rng: np.random.RandomState
 
 def _project(block: np.ndarray, offset: int, mean: np.ndarray, axes: np.ndarray) -> np.ndarray:
     """Projections (b, p) of the centred float32 rows of ``block`` (checked finite)."""
-    _check_finite(block, offset, "X")
+    check_finite(block, offset, "X")
     return _centred(block, mean) @ axes
 
 
@@ -161,13 +161,13 @@ def _cell_task(Xs: np.ndarray, sq: np.ndarray, Ps: np.ndarray, lo: np.ndarray, h
             rows = np.flatnonzero(_box_gap2(pq, pq, lo[b], hi[b]) <= kth2)
             c, f = bounds[b], bounds[b + 1]
             if len(rows) == e - s:
-                _select_k(q @ Xs[c:f].T, sq[c:f], c, best, idx)
+                select_k(q @ Xs[c:f].T, sq[c:f], c, best, idx)
             elif len(rows):
                 part_best, part_idx = best[rows], idx[rows]
-                _select_k(q[rows] @ Xs[c:f].T, sq[c:f], c, part_best, part_idx)
+                select_k(q[rows] @ Xs[c:f].T, sq[c:f], c, part_best, part_idx)
                 best[rows], idx[rows] = part_best, part_idx
         own = order[s:e] if exclude_self else order[:0]
-        d, i = _rerank_labelled(q.astype(np.float64), Xs, idx, k, order, own)
+        d, i = rerank_labelled(q.astype(np.float64), Xs, idx, k, order, own)
         out_d.append(d)
         out_i.append(i)
     return np.vstack(out_d), np.vstack(out_i)

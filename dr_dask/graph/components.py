@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from dr_dask.graph.diagnostics import DisconnectedGraphWarning
 from dr_dask.graph.knn import _symmetric_graph
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,6 @@ def connect_components(
         raise ValueError(f"X has {X.shape[0]} rows but the graph has {graph.shape[0]} nodes")
     msg = f"neighbour graph is disconnected ({summary}); adding shortest bridging edges"
     logger.warning(msg)
-    from dr_dask.graph import DisconnectedGraphWarning
 
     warnings.warn(msg, DisconnectedGraphWarning, stacklevel=2)
 

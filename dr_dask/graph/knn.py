@@ -25,6 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dr_dask.cluster import active_client, compute, share
+from dr_dask.graph._knn_cells import cell_kneighbors
+from dr_dask.graph.diagnostics import DuplicatePointsWarning
+from dr_dask.graph.topk import EXTRA, check_finite, rerank, select_k
 from dr_dask.validation import check_array_like
 
 logger = logging.getLogger(__name__)
@@ -41,9 +44,6 @@ BRUTE_TILE = (256, 1024)
 #: features): below it brute force takes about a second and the cell set-up would not pay.
 #: At T=10,000, N=1,000 (the IKD paper's sinusoid) cells cost a third of brute force's CPU.
 CELLS_MIN_ROWS = 5_000
-#: Float32 candidates kept beyond k for the float64 re-rank (float32 misorders near-ties);
-#: shared by the brute-force and the cell search.
-EXTRA = 4
 ALGORITHMS = ("auto", "exact", "cells")
 
 
@@ -55,7 +55,7 @@ def _check_2d(X: Any, name: str) -> Any:
     if X is None:
         return None
     if not isinstance(X, da.Array):
-        # the values are checked block by block, where the rows can be named (_check_finite)
+        # the values are checked block by block, where the rows can be named (topk.check_finite)
         return check_array_like(X, name, ensure_all_finite=False)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
@@ -84,99 +84,6 @@ def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[A
     return offsets, blocks
 
 
-def _check_finite(block: np.ndarray, offset: int, name: str) -> None:
-    bad = ~np.isfinite(block).all(axis=1)
-    if bad.any():
-        rows = (np.flatnonzero(bad)[:10] + offset).tolist()
-        raise ValueError(f"{name} has NaN or infinite values in rows {rows} (first 10 shown)")
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _distance(q: np.ndarray, x: np.ndarray) -> float:
-    # reassociation lets the sum vectorise: serial, its latency cost 80 ns at 100 features
-    acc = 0.0
-    for t in range(q.shape[0]):
-        diff = q[t] - x[t]
-        acc += diff * diff
-    return np.sqrt(acc)
-
-
-@numba.njit(cache=True, nogil=True)
-def _rerank_labelled(query: np.ndarray, data: np.ndarray, cand: np.ndarray, k: int,
-                     labels: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each query row's k best candidates by exact float64 distance, fused: distances and a
-    small insertion sort in one pass, no (Q, k, N) temporary.
-
-    ``cand[i]`` are rows of ``data`` (negative: padding, skipped); they are reported as
-    ``labels[cand]`` (empty ``labels``: as themselves), ties go to the smaller label, and the
-    label ``own[i]`` is left out (empty ``own``: nothing is). Rows with fewer than k
-    candidates are padded with (inf, -1).
-    """
-    m, c = cand.shape
-    dist = np.full((m, k), np.inf)
-    idx = np.full((m, k), -1, dtype=np.int64)
-    d = np.empty(c)
-    ix = np.empty(c, dtype=np.int64)
-    for i in range(m):
-        n = 0
-        for j in range(c):
-            r = cand[i, j]
-            if r < 0:
-                continue
-            lab = labels[r] if labels.size else r
-            if own.size and lab == own[i]:
-                continue
-            v = _distance(query[i], data[r])
-            p = n
-            while p > 0 and (d[p - 1] > v or (d[p - 1] == v and ix[p - 1] > lab)):
-                d[p] = d[p - 1]
-                ix[p] = ix[p - 1]
-                p -= 1
-            d[p] = v
-            ix[p] = lab
-            n += 1
-        n = min(n, k)
-        dist[i, :n] = d[:n]
-        idx[i, :n] = ix[:n]
-    return dist, idx
-
-
-_NONE = np.empty(0, dtype=np.int64)
-
-
-def _rerank(query: np.ndarray, data: np.ndarray, cand: np.ndarray,
-            k: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_rerank_labelled` with candidates reported as themselves, none left out."""
-    return _rerank_labelled(query, data, cand, k, _NONE, _NONE)
-
-
-@numba.njit(cache=True, nogil=True)
-def _select_k(inner: np.ndarray, sq: np.ndarray, col0: int, best: np.ndarray,
-              idx: np.ndarray) -> None:
-    """Fold one (rows, cols) tile of inner products into each row's running k best.
-
-    The key ``sq[j] - 2 inner[i, j]`` is the squared distance up to the row's constant. Each
-    row keeps a sorted list of k (ascending, ties to the smaller index: tiles arrive in
-    column order and only a strictly smaller key displaces), so most columns are rejected by
-    one comparison.
-    """
-    k = idx.shape[1]
-    for i in range(inner.shape[0]):
-        b, ix = best[i], idx[i]
-        worst = b[k - 1]  # a local: no reload from memory per column
-        for j in range(inner.shape[1]):
-            v = sq[j] - 2.0 * inner[i, j]
-            if v < worst:
-                p = k - 1
-                while p > 0 and b[p - 1] > v:
-                    b[p] = b[p - 1]
-                    ix[p] = ix[p - 1]
-                    p -= 1
-                b[p] = v
-                ix[p] = col0 + j
-                worst = b[k - 1]
-
-
 def _brute_knn(
     query: np.ndarray, data: np.ndarray, k: int, sq: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +107,7 @@ def _brute_knn(
             f = min(c + cols, n)
             inner = buf[: (e - s) * (f - c)].reshape(e - s, f - c)
             np.matmul(query[s:e], data[c:f].T, out=inner)
-            _select_k(inner, sq[c:f], c, best[s:e], idx[s:e])
+            select_k(inner, sq[c:f], c, best[s:e], idx[s:e])
     return best, idx
 
 
@@ -251,11 +158,11 @@ class NeighbourIndex:
             return np.empty((0, k)), np.empty((0, k), dtype=np.int64)
         if self._tree is not None:
             _, idx = self._tree.kneighbors(query, n_neighbors=k)
-            return _rerank(query, self.data, idx, k)
+            return rerank(query, self.data, idx, k)
         kk = min(k + EXTRA, self.n_rows)
         centred = query - self._mean
         keys, idx = _brute_knn(centred.astype(np.float32), self._data32, kk, self._sq)
-        dist, idx = _rerank(query, self.data, idx, k)
+        dist, idx = rerank(query, self.data, idx, k)
         if kk < self.n_rows:
             redo = ~self._certified(centred, keys[:, -1], dist[:, -1])
             if redo.any():
@@ -263,7 +170,7 @@ class NeighbourIndex:
                              redo.sum(), len(redo))
                 q = query[redo]
                 _, i64 = _brute_knn(q, self.data, kk)
-                dist[redo], idx[redo] = _rerank(q, self.data, i64, k)
+                dist[redo], idx[redo] = rerank(q, self.data, i64, k)
         return dist, idx
 
     def _certified(self, centred: np.ndarray, last_key: np.ndarray,
@@ -291,8 +198,8 @@ def _block_knn(
     """k nearest rows of one data block for one query block, with global data indices."""
     query = np.ascontiguousarray(query, dtype=np.float64)
     data = np.ascontiguousarray(data, dtype=np.float64)
-    _check_finite(query, q0, "query")
-    _check_finite(data, d0, "X")
+    check_finite(query, q0, "query")
+    check_finite(data, d0, "X")
     dist, idx = NeighbourIndex(data).kneighbors(query, k)
     return dist, idx + d0
 
@@ -371,7 +278,6 @@ def kneighbors(
     client = active_client(client)
     if algorithm == "cells" or (algorithm == "auto" and exclude_self and n >= CELLS_MIN_ROWS
                                 and X.shape[1] > KD_TREE_MAX_DIM):
-        from dr_dask.graph._knn_cells import cell_kneighbors
 
         return cell_kneighbors(X, k, exclude_self, client=client)
     bs = int(block_size or _default_block(n))
@@ -493,7 +399,7 @@ def graph_from_neighbors(indices: np.ndarray, weights: np.ndarray, n: int) -> sp
 def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d0: int):
     query = np.asarray(query, dtype=np.float64)
     data = np.asarray(data, dtype=np.float64)
-    _check_finite(data, d0, "X")
+    check_finite(data, d0, "X")
     from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
 
     dist, idx = NearestNeighbors(radius=radius).fit(data).radius_neighbors(query)
@@ -508,7 +414,6 @@ def _warn_duplicates(rows: np.ndarray, cols: np.ndarray, d: np.ndarray) -> None:
     dup = (d == 0) & (rows != cols)
     if dup.any():
         i, j = int(rows[dup][0]), int(cols[dup][0])
-        from dr_dask.graph import DuplicatePointsWarning
 
         msg = (
             f"{int(np.unique(rows[dup]).size)} points have exact duplicates (e.g. rows {i} and "

@@ -25,6 +25,7 @@ from distributed import Future
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask.cluster import active_client, gather, share, wait_for
+from dr_dask.linalg.tiles import strip_tiles
 from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
@@ -414,25 +415,6 @@ class GeodesicRows:
 STRIP_SUB_ROWS = 256
 
 
-#: Largest block of :func:`strip_grid`: bounds a tile's float64 temporaries (33 MB at 2048^2).
-STRIP_MAX_ROWS = 2048
-
-
-def strip_grid(T: int, client: Any = None, max_block: int | None = None) -> Any:
-    """The tile grid of :func:`geodesic_tiles` for ``T`` nodes: equal blocks of at most
-    ``min(max_block, STRIP_MAX_ROWS)`` rows, a multiple of the worker threads in number (at
-    least two each). Dijkstra costs the same per source, so equal strips in a multiple of the
-    threads balance the workers (3 strips on 2 workers leave one idle for a third of the
-    stage), and few strips keep the product passes cheap (each is one task per tile)."""
-    from dr_dask.linalg.tiles import TileGrid
-
-    client = active_client(client)
-    threads = sum(client.nthreads().values()) if client is not None else 1
-    rows = min(max_block or STRIP_MAX_ROWS, STRIP_MAX_ROWS)
-    n = threads * max(2, -(-T // (threads * rows)))
-    return TileGrid.regular(T, max(1, -(-T // n)))
-
-
 def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: bool,
                  transform: Callable, args: tuple, stats_fn: Callable, dtype: Any) -> tuple:
     """Row block ``i`` of the transformed path matrix, columns from the block's start on (the
@@ -459,27 +441,6 @@ def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: b
     return strip, [stats_fn(strip[:, a:z]) for a, z in spans]
 
 
-def _upper_strip_to_store(graph: _SearchGraph, grid: Any, i: int, args: tuple,
-                          store: Any) -> list:
-    """:func:`_upper_strip` written tile by tile into ``store``; returns the stats only."""
-    from dr_dask.linalg.tiles import write_tile
-
-    strip, stats = _upper_strip(graph, tuple(grid.bounds), i, *args)
-    s0 = grid.bounds[i]
-    for j, st in zip(range(i, grid.n_blocks), stats):
-        cols = grid.block(j)
-        write_tile(store, grid, (i, j), strip[:, cols.start - s0 : cols.stop - s0], st)
-    return stats
-
-
-def _strip_tile(result: tuple, a: int, z: int) -> np.ndarray:
-    return result[0][:, a:z]  # a view: the tiles of one strip share its memory
-
-
-def _strip_stats(result: tuple) -> list:
-    return result[1]
-
-
 def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
                    fn_args: tuple = (), stats_fn: Callable, square: bool = False,
                    dtype: Any = np.float64, precision: Any = np.float32,
@@ -490,18 +451,16 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
 
     One task per block row ``i`` of ``grid`` runs Dijkstra from its sources and keeps only
     columns from the block's start on (the tiles ``(i, j >= i)``, half of the matrix), in
-    ``dtype``. In memory, the tiles are views of that strip, held as futures recomputable
-    from the shared graph (a tile lost with its worker is recomputed, never scattered data).
-    With ``store`` the task writes its tiles there (:func:`~dr_dask.linalg.tiles.write_tile`)
-    and the stage resumes strip by strip: a rerun redoes only the strips with a tile
-    missing its done mark.
+    ``dtype``; :func:`~dr_dask.linalg.tiles.strip_tiles` holds the strips' tiles in worker
+    memory or writes them to ``store``, resumable strip by strip.
 
     Parameters
     ----------
     graph : sparse matrix of shape (T, T)
         Non-negative weights; treated as undirected.
     grid : TileGrid
-        Blocks of both axes (``grid.size == T``).
+        Blocks of both axes (``grid.size == T``); :func:`~dr_dask.linalg.tiles.strip_grid`
+        balances them over the workers.
     transform : callable
         ``transform(P, *fn_args)``: float64 path lengths (or squares) of shape (s, m) to the
         tile values (elementwise; cast to ``dtype``). ``P`` is a view of the task's buffer:
@@ -527,55 +486,13 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
     ValueError
         If the graph is disconnected.
     """
-    from dr_dask.linalg.tiles import TiledSymmetric, open_tile_store, stored_tiles
-
     graph = _as_csr(graph)
     if graph.shape[0] != grid.size:
         raise ValueError(f"graph has {graph.shape[0]} nodes but the grid {grid.size}")
-    search = _SearchGraph.of(graph)
-    client = active_client(client)
-    bounds = tuple(grid.bounds)
     logger.info("Dijkstra into %d upper strips over %d nodes", grid.n_blocks, grid.size)
-    args = (square, transform, fn_args, stats_fn, np.dtype(dtype))
-    tiles: dict = {}
-    stats: dict = {}
-    g = share(search, client) if client is not None else None
-    if store is not None:
-        store = location(store)
-        stats = open_tile_store(store, grid, dtype)
-        todo = [i for i in range(grid.n_blocks)
-                if any((i, j) not in stats for j in range(i, grid.n_blocks))]
-        if len(todo) < grid.n_blocks:
-            logger.info("resuming: %d of %d strips already written", grid.n_blocks - len(todo),
-                        grid.n_blocks)
-        if client is None:
-            parts = [_upper_strip_to_store(search, grid, i, args, store) for i in todo]
-        else:
-            parts = gather([client.submit(_upper_strip_to_store, g, grid, i, args, store,
-                                          pure=False) for i in todo], client)
-        for i, st in zip(todo, parts):
-            stats.update(zip([(i, j) for j in range(i, grid.n_blocks)], st))
-        return (TiledSymmetric(grid, stored_tiles(store, grid), client, precision),
-                [stats[ij] for ij in grid.upper()])
-    if client is None:
-        for i in range(grid.n_blocks):
-            strip, st = _upper_strip(search, bounds, i, *args)
-            for j, s in zip(range(i, grid.n_blocks), st):
-                tiles[(i, j)] = _strip_tile((strip, None), bounds[j] - bounds[i],
-                                            bounds[j + 1] - bounds[i])
-                stats[(i, j)] = s
-        return (TiledSymmetric(grid, tiles, None, precision),
-                [stats[ij] for ij in grid.upper()])
-    strips = [client.submit(_upper_strip, g, bounds, i, *args, pure=False)
-              for i in range(grid.n_blocks)]
-    parts = gather([client.submit(_strip_stats, f, pure=False) for f in strips], client)
-    for i, (f, st) in enumerate(zip(strips, parts)):
-        for j, s in zip(range(i, grid.n_blocks), st):
-            tiles[(i, j)] = client.submit(_strip_tile, f, bounds[j] - bounds[i],
-                                          bounds[j + 1] - bounds[i], pure=False)
-            stats[(i, j)] = s
-    del strips  # the tile views keep each strip alive on its worker, once
-    return TiledSymmetric(grid, tiles, client, precision), [stats[ij] for ij in grid.upper()]
+    return strip_tiles(_upper_strip, _SearchGraph.of(graph), grid,
+                       (square, transform, fn_args, stats_fn, np.dtype(dtype)), dtype=dtype,
+                       precision=precision, client=client, store=store)
 
 
 def shortest_paths(

@@ -241,6 +241,42 @@ class TiledSymmetric:
         return list(compute(*tasks, client=self.client))
 
 
+# --------------------------------------------------------------------------------------------
+# tile statistics: what a reference point or a double centring needs of the whole matrix
+
+
+def tile_stats(D: np.ndarray) -> tuple:
+    """Row and column maxima and sums of one tile (the reference point needs them).
+
+    Maxima are exact in the tile's dtype and sums accumulate in float64, so a float32 tile is
+    never copied to float64 (a 32 MB temporary per 2048^2 tile). IKD's inverse kernel
+    computes them in the same pass as its tile
+    (:meth:`dr_dask.methods.ikd_core.InverseKernel.tile`).
+    """
+    return (D.max(axis=1).astype(np.float64), D.max(axis=0).astype(np.float64),
+            D.sum(axis=1, dtype=np.float64), D.sum(axis=0, dtype=np.float64))
+
+
+def band_stats(parts: list) -> tuple:
+    """A tile's :func:`tile_stats` from those of its row bands, top to bottom."""
+    return (np.concatenate([p[0] for p in parts]), np.max([p[1] for p in parts], axis=0),
+            np.concatenate([p[2] for p in parts]), np.sum([p[3] for p in parts], axis=0))
+
+
+def row_stats(grid: TileGrid, stats: list) -> tuple[np.ndarray, np.ndarray]:
+    """Full-row maxima and sums of D from the upper tiles' row and column statistics."""
+    rowmax = np.full(grid.size, -np.inf)
+    rowsum = np.zeros(grid.size)
+    for (i, j), (rmax, cmax, rsum, csum) in zip(grid.upper(), stats):
+        bi, bj = grid.block(i), grid.block(j)
+        rowmax[bi] = np.maximum(rowmax[bi], rmax)
+        rowsum[bi] += rsum
+        if i != j:
+            rowmax[bj] = np.maximum(rowmax[bj], cmax)
+            rowsum[bj] += csum
+    return rowmax, rowsum
+
+
 def build_tiles(
     grid: TileGrid,
     blocks: Sequence[Any],
@@ -412,3 +448,117 @@ def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid, band_stats):
         return tile, stats
     write_tile(store, grid, ij, tile, stats)
     return None, stats
+
+
+# --------------------------------------------------------------------------------------------
+# tiles from upper strips: one task computes block row i's tiles (i, j >= i) together
+
+
+#: Largest block of :func:`strip_grid`: bounds a tile's float64 temporaries (33 MB at 2048^2).
+STRIP_MAX_ROWS = 2048
+
+
+def strip_grid(T: int, client: Any = None, max_block: int | None = None) -> Any:
+    """The tile grid of :func:`strip_tiles` for ``T`` nodes: equal blocks of at most
+    ``min(max_block, STRIP_MAX_ROWS)`` rows, a multiple of the worker threads in number (at
+    least two each). Dijkstra costs the same per source, so equal strips in a multiple of the
+    threads balance the workers (3 strips on 2 workers leave one idle for a third of the
+    stage), and few strips keep the product passes cheap (each is one task per tile)."""
+    client = active_client(client)
+    threads = sum(client.nthreads().values()) if client is not None else 1
+    rows = min(max_block or STRIP_MAX_ROWS, STRIP_MAX_ROWS)
+    n = threads * max(2, -(-T // (threads * rows)))
+    return TileGrid.regular(T, max(1, -(-T // n)))
+
+
+def strip_tiles(strip_fn: Callable, shared: Any, grid: TileGrid, args: tuple, *,
+                dtype: Any = np.float64, precision: Any = np.float32, client: Any = None,
+                store: Any = None) -> tuple[TiledSymmetric, list]:
+    """The upper tiles of a symmetric matrix made one block row (strip) per task.
+
+    ``strip_fn(shared, grid.bounds, i, *args)`` returns ``(strip, stats)``: the rows of block
+    ``i`` from its first column on, of shape (block rows, T - bounds[i]), and the statistics
+    of its tiles ``(i, j >= i)`` in order. Computing a whole strip at once suits row-wise
+    producers (Dijkstra from the block's sources). In memory, the tiles are views of their
+    strip, held as futures recomputable from ``shared`` (shared once, never scattered: a
+    strip lost with its worker is recomputed). With ``store`` each task writes its tiles
+    there (:func:`write_tile`) and the stage resumes strip by strip: a rerun redoes only the
+    strips with a tile missing its done mark.
+
+    Parameters
+    ----------
+    strip_fn : callable
+        Picklable; see above.
+    shared : object
+        The one large input of every strip (a search graph), shared with the workers once.
+    grid : TileGrid
+    args : tuple
+        Further arguments of ``strip_fn``.
+    dtype : dtype
+        Storage type of the tiles.
+    precision : dtype
+        The least dtype of the products (:class:`TiledSymmetric`).
+    client : distributed.Client, optional
+    store : Location or str, optional
+        Zarr tile array (local path or URL) to write the tiles into, reopened on a rerun.
+
+    Returns
+    -------
+    (TiledSymmetric, list of stats in ``grid.upper()`` order)
+    """
+    client = active_client(client)
+    bounds = tuple(grid.bounds)
+    g = share(shared, client) if client is not None else shared
+    stats: dict = {}
+    tiles: dict = {}
+    if store is not None:
+        store = location(store)
+        stats = open_tile_store(store, grid, dtype)
+        todo = [i for i in range(grid.n_blocks)
+                if any((i, j) not in stats for j in range(i, grid.n_blocks))]
+        if len(todo) < grid.n_blocks:
+            logger.info("resuming: %d of %d strips already written", grid.n_blocks - len(todo),
+                        grid.n_blocks)
+        if client is None:
+            parts = [_strip_to_store(strip_fn, g, grid, i, args, store) for i in todo]
+        else:
+            parts = gather([client.submit(_strip_to_store, strip_fn, g, grid, i, args, store,
+                                          pure=False) for i in todo], client)
+        for i, st in zip(todo, parts):
+            stats.update(zip([(i, j) for j in range(i, grid.n_blocks)], st))
+        return (TiledSymmetric(grid, stored_tiles(store, grid), client, precision),
+                [stats[ij] for ij in grid.upper()])
+    if client is None:
+        for i in range(grid.n_blocks):
+            strip, st = strip_fn(g, bounds, i, *args)
+            for j, s in zip(range(i, grid.n_blocks), st):
+                tiles[(i, j)] = _strip_tile((strip, None), bounds[j] - bounds[i],
+                                            bounds[j + 1] - bounds[i])
+                stats[(i, j)] = s
+        return (TiledSymmetric(grid, tiles, None, precision),
+                [stats[ij] for ij in grid.upper()])
+    strips = [client.submit(strip_fn, g, bounds, i, *args, pure=False)
+              for i in range(grid.n_blocks)]
+    parts = gather([client.submit(_second, f, pure=False) for f in strips], client)
+    for i, (f, st) in enumerate(zip(strips, parts)):
+        for j, s in zip(range(i, grid.n_blocks), st):
+            tiles[(i, j)] = client.submit(_strip_tile, f, bounds[j] - bounds[i],
+                                          bounds[j + 1] - bounds[i], pure=False)
+            stats[(i, j)] = s
+    del strips  # the tile views keep each strip alive on its worker, once
+    return TiledSymmetric(grid, tiles, client, precision), [stats[ij] for ij in grid.upper()]
+
+
+def _strip_to_store(strip_fn: Callable, shared: Any, grid: TileGrid, i: int, args: tuple,
+                    store: Location) -> list:
+    """Strip ``i`` written tile by tile into ``store``; returns the stats only."""
+    strip, stats = strip_fn(shared, tuple(grid.bounds), i, *args)
+    s0 = grid.bounds[i]
+    for j, st in zip(range(i, grid.n_blocks), stats):
+        cols = grid.block(j)
+        write_tile(store, grid, (i, j), strip[:, cols.start - s0 : cols.stop - s0], st)
+    return stats
+
+
+def _strip_tile(result: tuple, a: int, z: int) -> np.ndarray:
+    return result[0][:, a:z]  # a view: the tiles of one strip share its memory

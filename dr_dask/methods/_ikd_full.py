@@ -16,18 +16,23 @@ import numpy as np
 from dr_dask.checkpoint import Checkpoint, scratch
 from dr_dask.cluster import active_client, compute, run_stage
 from dr_dask.inputs import InputData
-from dr_dask.linalg.tiles import TiledSymmetric, TileGrid, build_tiles, stored_tiles
+from dr_dask.linalg.tiles import (
+    TiledSymmetric,
+    TileGrid,
+    band_stats,
+    build_tiles,
+    row_stats,
+    stored_tiles,
+)
 from dr_dask.methods.ikd_core import (
     GramOperator,
     IKDConfig,
     IKDResult,
     InverseKernel,
-    band_stats,
     eigen_result,
     eigen_stage,
     prepared_rows,
     reference_index,
-    row_stats,
 )
 
 logger = logging.getLogger(__name__)

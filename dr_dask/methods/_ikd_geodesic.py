@@ -59,10 +59,10 @@ from dr_dask.graph import (
     kneighbors,
 )
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
-from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored, strip_grid
+from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored
 from dr_dask.inputs import InputData
 from dr_dask.linalg.mds import double_centre
-from dr_dask.linalg.tiles import TileGrid, build_tiles
+from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
 from dr_dask.methods.ikd_core import (
     GramOperator,
     IKDConfig,
@@ -72,8 +72,6 @@ from dr_dask.methods.ikd_core import (
     eigen_stage,
     prepared_rows,
     reference_index,
-    row_stats,
-    tile_stats,
 )
 
 logger = logging.getLogger(__name__)

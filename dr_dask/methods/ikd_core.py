@@ -29,7 +29,7 @@ from dr_dask.inputs import InputData
 from dr_dask.kernels import Kernel
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
-from dr_dask.linalg.tiles import TileGrid, rows_per_chunk
+from dr_dask.linalg.tiles import rows_per_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class InverseKernel:
 
     def tile(self, S: np.ndarray, diagonal: bool = False, *, scaled: bool = False,
              row0: int = 0) -> tuple:
-        """D computed over ``S`` in place, with the tile's :func:`tile_stats`.
+        """D computed over ``S`` in place, with the tile's :func:`~dr_dask.linalg.tiles.tile_stats`.
 
         One pass over row chunks of ``CHUNK_BYTES``: each chunk goes through the whole chain
         (scale, clip, inverse, diagonal, statistics) while in cache, so a tile is read from
@@ -202,7 +202,7 @@ class InverseKernel:
         D : ndarray of shape (n, m)
             ``S`` itself.
         stats : tuple
-            As :func:`tile_stats` of D.
+            As :func:`~dr_dask.linalg.tiles.tile_stats` of D.
         """
         n, m = S.shape
         sigma2 = np.asarray(self.sigma2, S.dtype)
@@ -227,37 +227,6 @@ class InverseKernel:
             np.maximum(cmax, blk.max(axis=0), out=cmax)
             csum += blk.sum(axis=0, dtype=np.float64)
         return S, (rmax, cmax.astype(np.float64), rsum, csum)
-
-
-def tile_stats(D: np.ndarray) -> tuple:
-    """Row and column maxima and sums of one tile (the reference point needs them).
-
-    Maxima are exact in the tile's dtype and sums accumulate in float64, so a float32 tile is
-    never copied to float64 (a 32 MB temporary per 2048^2 tile). A tile made by
-    :meth:`InverseKernel.tile` has them already (computed in the same pass).
-    """
-    return (D.max(axis=1).astype(np.float64), D.max(axis=0).astype(np.float64),
-            D.sum(axis=1, dtype=np.float64), D.sum(axis=0, dtype=np.float64))
-
-
-def band_stats(parts: list) -> tuple:
-    """A tile's :func:`tile_stats` from those of its row bands, top to bottom."""
-    return (np.concatenate([p[0] for p in parts]), np.max([p[1] for p in parts], axis=0),
-            np.concatenate([p[2] for p in parts]), np.sum([p[3] for p in parts], axis=0))
-
-
-def row_stats(grid: TileGrid, stats: list) -> tuple[np.ndarray, np.ndarray]:
-    """Full-row maxima and sums of D from the upper tiles' row and column statistics."""
-    rowmax = np.full(grid.size, -np.inf)
-    rowsum = np.zeros(grid.size)
-    for (i, j), (rmax, cmax, rsum, csum) in zip(grid.upper(), stats):
-        bi, bj = grid.block(i), grid.block(j)
-        rowmax[bi] = np.maximum(rowmax[bi], rmax)
-        rowsum[bi] += rsum
-        if i != j:
-            rowmax[bj] = np.maximum(rowmax[bj], cmax)
-            rowsum[bj] += csum
-    return rowmax, rowsum
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,10 +51,10 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import kneighbors_local
-from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, strip_grid
+from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
 from dr_dask.linalg.eigen import DENSE_MAX
 from dr_dask.linalg.mds import classical_mds, double_centre
-from dr_dask.methods.ikd_core import row_stats, tile_stats
+from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
 from dr_dask.validation import (
     Options,
     check_array_like,
