@@ -14,11 +14,12 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # Public names, imported lazily so that `import dr_dask` stays cheap (no sklearn/matplotlib
 # until a method is used) and each submodule is loaded only when asked for.
 #
-# Workers import the modules whose functions they run (the graph, paths, tiles, eigensolver and
-# validation modules), so those import scikit-learn inside the functions that use it, never at
-# the top: a worker that runs no scikit-learn code never loads it (58 MB of RSS a process,
-# test_workers_import_no_sklearn). The estimators' modules, which only the client imports,
-# import it at the top.
+# Imports sit at the top of each module, with one exception, marked `# lazy: not on workers
+# (__init__)`: workers import the modules whose functions they run (the graph, paths, tiles,
+# eigensolver, validation, cluster and metrics modules), so those import scikit-learn inside the
+# functions that use it: a worker that runs no scikit-learn code never loads it (58 MB of RSS a
+# process, test_workers_import_no_sklearn). The estimators' modules, which only the client
+# imports, import it at the top. `dr_dask.methods` itself is empty for the same reason.
 _PUBLIC = {
     "IKD": "dr_dask.methods.ikd",
     "Isomap": "dr_dask.methods.isomap",

@@ -24,9 +24,14 @@ from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
 import dask
+from dask.diagnostics import ProgressBar
 from dask.system import CPU_COUNT
-from distributed import Client, LocalCluster, Security
+from distributed import Client, LocalCluster, Security, default_client, wait
+from distributed import progress as dprogress
+from distributed.comm.core import CommClosedError
+from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
+from distributed.worker import thread_state
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +61,6 @@ class ClusterLost(RuntimeError):
 def _lost_worker_errors() -> tuple[type[BaseException], ...]:
     """What a computation raises when a worker dies under it (results forgotten, connection
     closed, a task that killed its workers too often)."""
-    from distributed.comm.core import CommClosedError
-    from distributed.scheduler import KilledWorker
 
     return (CancelledError, CommClosedError, KilledWorker)
 
@@ -120,7 +123,6 @@ def wait_for(futures: list, client: Client, progress: bool = False) -> None:
     Raises :class:`ClusterLost` (naming the current stage) when the scheduler is unreachable
     or has had no worker for :data:`NO_WORKER_TIMEOUT` seconds.
     """
-    from distributed import wait
 
     if progress:
         show_progress(futures, client)
@@ -157,7 +159,6 @@ def show_progress(futures: list, client: Client) -> None:
     redirected output stays free of escape codes (distributed's bar writes to stdout)."""
     if not sys.stderr.isatty():
         return
-    from distributed import progress as dprogress
 
     with contextlib.redirect_stdout(sys.stderr), client.as_current():
         dprogress(futures)
@@ -178,8 +179,7 @@ class ClientParam:
         return {**state, "client": None} if "client" in state else state
 
     def __sklearn_clone__(self) -> Any:
-        from sklearn.base import clone
-
+        from sklearn.base import clone  # lazy: not on workers (__init__)
         params = self.get_params(deep=False)  # type: ignore[attr-defined]
         client = params.pop("client", None)
         # the host estimator's class: its __init__ takes these params (the mixin's is object's)
@@ -197,12 +197,10 @@ def active_client(client: Client | None = None) -> Client | None:
     """
     if client is not None:
         return client
-    from distributed.worker import thread_state
 
     if getattr(thread_state, "key", None) is not None:
         return None
     try:
-        from distributed import default_client
 
         return default_client()
     except ValueError:
@@ -320,7 +318,6 @@ def compute(*collections: Any, client: Client | None = None, progress: bool = Fa
     client = active_client(client)
     if client is None:
         if progress and sys.stderr.isatty():
-            from dask.diagnostics import ProgressBar
 
             with ProgressBar(out=sys.stderr):
                 return dask.compute(*collections, scheduler="threads")

@@ -24,12 +24,16 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from distributed import rejoin, secede
+from distributed.worker import thread_state
 from prefect import flow, task
 from prefect import serve as prefect_serve
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner, get_dask_client
 
 from dr_dask.cluster import SCHEDULER_ENV, local_cluster_kwargs
+from dr_dask.jobs.incremental import run_incremental
+from dr_dask.jobs.refit import run_refit
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +76,6 @@ def cluster_client() -> Iterator[Any]:
     one thread per worker the job would otherwise wait on its own worker. The client is given
     to the job explicitly and never becomes the worker process's default.
     """
-    from distributed import rejoin, secede
-    from distributed.worker import thread_state
 
     on_worker = getattr(thread_state, "key", None) is not None
     # not the process's default client: other tasks on this worker (a job's own tasks whose
@@ -96,7 +98,6 @@ def cluster_client() -> Iterator[Any]:
 def incremental_task(source: str, state: str, variable: str | None,
                      storage_options: dict | None, params: dict) -> dict:
     """:func:`~dr_dask.jobs.incremental.run_incremental` with the flow's cluster."""
-    from dr_dask.jobs.incremental import run_incremental
 
     with cluster_client() as client:
         return run_incremental(source, state, variable=variable,
@@ -107,7 +108,6 @@ def incremental_task(source: str, state: str, variable: str | None,
 def refit_task(source: str, runs: str, method: str, n_components: int, variable: str | None,
                storage_options: dict | None, params: dict) -> dict:
     """:func:`~dr_dask.jobs.refit.run_refit` with the flow's cluster."""
-    from dr_dask.jobs.refit import run_refit
 
     with cluster_client() as client:
         return run_refit(source, runs, method=method, n_components=n_components,

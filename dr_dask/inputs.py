@@ -21,6 +21,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+import xarray as xr
 import zarr
 
 from dr_dask.cluster import active_client
@@ -254,7 +255,6 @@ def _open_zarr(
 
 
 def _open_xarray(obj: Any, variable: str | None, path: str | None) -> tuple[Any, Any, str | None]:
-    import xarray as xr
 
     if isinstance(obj, xr.Dataset):
         data_vars = list(obj.data_vars)
@@ -343,7 +343,6 @@ def open_dataset(
 
 def open_netcdf(loc: Location, **kwargs: Any) -> Any:
     """An xarray Dataset of the NetCDF file at ``loc`` (local path or URL)."""
-    import xarray as xr
 
     try:
         return xr.open_dataset(loc.url if loc.is_local else loc.open("rb"), **kwargs)

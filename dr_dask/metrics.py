@@ -11,9 +11,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import dask
+import dask.array as da
 import numpy as np
+from scipy.stats import pearsonr, spearmanr
 
-from dr_dask.linalg.align import procrustes_disparity  # noqa: F401  (the ONE Procrustes, re-exported)
+from dr_dask.cluster import active_client, compute, gather, run_stage, share
+from dr_dask.graph.knn import kneighbors
+from dr_dask.linalg.align import (
+    procrustes_disparity,  # noqa: F401  (the ONE Procrustes, re-exported)
+    procrustes_fit,
+)
 from dr_dask.validation import check_array_like
 
 logger = logging.getLogger(__name__)
@@ -70,8 +78,7 @@ def r2_affine(latent: Any, embedding: Any) -> float:
     float
         Mean R^2 over the M latent dimensions (1 is perfect; can be negative).
     """
-    from sklearn.metrics import r2_score
-
+    from sklearn.metrics import r2_score  # lazy: not on workers (__init__)
     Z = _numpy(latent, "latent")
     E = _numpy(embedding, "embedding")
     _check_rows("latent", Z, "embedding", E)
@@ -98,9 +105,8 @@ def knn_accuracy(embedding: Any, labels: Any, n_neighbors: int = 5, cv: int = 5)
     float
         Mean accuracy over the folds.
     """
-    from sklearn.model_selection import cross_val_score
-    from sklearn.neighbors import KNeighborsClassifier
-
+    from sklearn.model_selection import cross_val_score  # lazy: not on workers (__init__)
+    from sklearn.neighbors import KNeighborsClassifier  # lazy: not on workers (__init__)
     E = _numpy(embedding, "embedding")
     y = np.asarray(labels.compute() if hasattr(labels, "compute") else labels).ravel()
     if y.shape[0] != E.shape[0]:
@@ -124,7 +130,6 @@ def latent_correlation(latent: Any, embedding: Any, method: str = "spearman") ->
         In [0, 1]; 1 means every latent is a monotone (spearman) or linear (pearson) function
         of some embedding coordinate.
     """
-    from scipy.stats import pearsonr, spearmanr
 
     Z = _numpy(latent, "latent")
     E = _numpy(embedding, "embedding")
@@ -145,8 +150,7 @@ def silhouette(
     The score is O(T^2); above ``max_samples`` points a seeded random subset of that size is
     scored (``random_state``), which estimates the full score.
     """
-    from sklearn.metrics import silhouette_score
-
+    from sklearn.metrics import silhouette_score  # lazy: not on workers (__init__)
     E = _numpy(embedding, "embedding")
     y = _labels(labels, E.shape[0])
     sample = max_samples if E.shape[0] > max_samples else None
@@ -170,7 +174,6 @@ BLOCK_BYTES = 64 * 2**20
 
 def _knn_indices(A: np.ndarray, k: int, client: Any) -> np.ndarray:
     """Indices (T, k) of each point's k nearest other points: the package's one kNN."""
-    from dr_dask.graph.knn import kneighbors
 
     return np.asarray(kneighbors(A, k, client=client)[1], dtype=np.int64)
 
@@ -251,9 +254,7 @@ def neighbourhood_scores(
         scaling of the embedding distances, in [0, 1]) and ``raw_stress``
         (``sqrt(sum_{i<j} (|x_i-x_j| - |y_i-y_j|)^2)``, the thesis's unscaled form).
     """
-    import dask
 
-    from dr_dask.cluster import active_client, compute, gather, run_stage, share
 
     Xn = _numpy(X, "X")
     Yn = _numpy(Y, "Y")
@@ -331,7 +332,6 @@ def stress(X: Any, Y: Any, *, block_rows: int | None = None, client: Any = None)
 
 
 def _as_rows(a: Any, name: str, chunks: Any = None) -> Any:
-    import dask.array as da
 
     arr = a if isinstance(a, da.Array) else da.from_array(
         check_array_like(a, name, ensure_2d=False), chunks=(chunks or 10_000, -1))
@@ -369,7 +369,6 @@ def trustability_index(X: Any, Y_full: Any, *, client: Any = None) -> dict[str, 
     dict
         ``ti``, ``ti_per_n`` (what the thesis tables report) and ``gower``.
     """
-    from dr_dask.cluster import compute
 
     Xd = _as_rows(X, "X")
     Yd = _as_rows(Y_full, "Y_full", Xd.chunks[0])
@@ -398,7 +397,6 @@ def procrustes_residual(target: np.ndarray, source: np.ndarray) -> float:
     The source is scaled and rotated; the target is not (so R is asymmetric). Computed with the
     package's one Procrustes, :func:`dr_dask.linalg.align.procrustes_fit`.
     """
-    from dr_dask.linalg.align import procrustes_fit
 
     return procrustes_fit(source, target, scaling=True, reflection=True).residual
 
@@ -442,8 +440,7 @@ def kernel_reconstruction(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
 def _tci_candidate(estimator: Any, X: np.ndarray, Xr: np.ndarray, Y0: np.ndarray, i: int,
                    j: int, gamma: float, deformation: str, epsilon: float) -> float:
-    from sklearn.base import clone
-
+    from sklearn.base import clone  # lazy: not on workers (__init__)
     bump = _rbf(Xr, X[i:i + 1], gamma)[:, 0]
     if deformation == "thesis":  # T(x) = k(x, x_i) e_j applied to f(Y), residuals kept
         Xt = X - Xr
@@ -501,12 +498,8 @@ def consistency_index(
         ``tci``, ``tci_per_n``, ``argmax`` ([i, j]), ``n_candidates``, ``lower_bound`` (True when
         sampled), ``method``, ``deformation``.
     """
-    import dask
-    from sklearn.base import clone
-    from sklearn.utils import check_random_state
-
-    from dr_dask.cluster import active_client, compute, gather, share
-
+    from sklearn.base import clone  # lazy: not on workers (__init__)
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
     if deformation not in ("thesis", "bump"):
         raise ValueError(f"deformation must be 'thesis' or 'bump', got {deformation!r}")
     if method not in ("auto", "exhaustive", "sampled"):

@@ -9,7 +9,16 @@ import time
 from typing import Any
 
 import numpy as np
+import zarr
+from sklearn.decomposition import PCA
 
+from dr_dask.datasets import make_dataset
+from dr_dask.figures import embedding_figure, report_page, spectrum_figure
+from dr_dask.inputs import open_dataset
+from dr_dask.methods.ikd import IKD
+from dr_dask.metrics import r2_affine
+from dr_dask.report import write_json
+from dr_dask.runs import run_embedding
 from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
@@ -20,7 +29,6 @@ LATENT_DIM, LENGTH_SCALE = 3, 3.0
 
 def gp_dataset(path: Any, T: int, N: int, *, dtype: str = "float64", seed: int = 0) -> Any:
     """The GP-mapping dataset (``X`` and its ``latent``) at ``path``, generated unless there."""
-    from dr_dask.datasets import make_dataset
 
     if not location(path).exists():
         make_dataset(
@@ -32,7 +40,6 @@ def gp_dataset(path: Any, T: int, N: int, *, dtype: str = "float64", seed: int =
 
 def read_latent(path: Any) -> np.ndarray:
     """The true latent of shape (T, LATENT_DIM) stored with a generated dataset."""
-    import zarr
 
     group = zarr.open_group(location(path).zarr_store(read_only=True), mode="r")
     latent = group["latent"]
@@ -59,14 +66,7 @@ def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
     dict
         ``metrics`` (what metrics.json holds) and ``paths`` (data, embedding, metrics, plot).
     """
-    from sklearn.decomposition import PCA
 
-    from dr_dask.figures import embedding_figure, report_page, spectrum_figure
-    from dr_dask.inputs import open_dataset
-    from dr_dask.methods.ikd import IKD
-    from dr_dask.metrics import r2_affine
-    from dr_dask.report import write_json
-    from dr_dask.runs import run_embedding
 
     out = location(out, storage_options)
     data = out.child("data.zarr")

@@ -20,8 +20,11 @@ from typing import Any, cast
 
 import dask
 import numpy as np
+import scipy
+import xarray
 import zarr
 
+import dr_dask
 from dr_dask.cluster import active_client
 from dr_dask.inputs import (
     InputData,
@@ -36,10 +39,7 @@ from dr_dask.storage import Location, StorageError, location
 logger = logging.getLogger(__name__)
 
 def _versions() -> dict:
-    import scipy
-    import xarray
 
-    import dr_dask
 
     return {
         "dr_dask": dr_dask.__version__,

@@ -24,11 +24,16 @@ recorded or printed.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import posixpath
 from typing import Any
+
+import fsspec
+import numpy as np
+import zarr
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +144,6 @@ class Location:
 
     def zarr_store(self, read_only: bool = False) -> Any:
         """A zarr 3 store rooted here."""
-        import zarr
 
         if self.is_local:
             return zarr.storage.LocalStore(self.url, read_only=read_only)
@@ -180,9 +184,7 @@ class Location:
 
     def write_npy(self, array: Any) -> None:
         """Write ``array`` as one ``.npy`` object (no pickled objects)."""
-        import io
 
-        import numpy as np
 
         buf = io.BytesIO()
         np.save(buf, np.asarray(array), allow_pickle=False)
@@ -267,7 +269,6 @@ def location(url: Any, storage_options: dict | None = None) -> Location:
 
 def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
     """The fsspec filesystem for ``scheme`` ('' = local), or a StorageError naming the package."""
-    import fsspec
 
     if scheme == "":
         return fsspec.filesystem("file", auto_mkdir=True, **(storage_options or {}))

@@ -126,7 +126,7 @@ def check_input(
     if is_stored(X):
         inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
         if not in_memory:
-            from sklearn.utils.validation import validate_data  # lazy: dr_dask/__init__.py
+            from sklearn.utils.validation import validate_data  # lazy: not on workers (__init__)
 
             # structure checked by open_dataset; the feature count as scikit-learn does it
             validate_data(estimator, inp.data, reset=reset, skip_check_array=True)
@@ -153,7 +153,7 @@ def check_input(
 
 def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:
     """scikit-learn's ``validate_data``; its non-finite message names the offending rows."""
-    from sklearn.utils.validation import validate_data  # lazy: dr_dask/__init__.py
+    from sklearn.utils.validation import validate_data  # lazy: not on workers (__init__)
 
     try:
         return validate_data(estimator, X, **params)
@@ -189,7 +189,7 @@ def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = 
     -------
     ndarray
     """
-    from sklearn.utils.validation import check_array  # lazy: dr_dask/__init__.py
+    from sklearn.utils.validation import check_array  # lazy: not on workers (__init__)
 
     if hasattr(a, "compute"):
         a = a.compute()

@@ -39,6 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from string import Template
 from typing import Any
 
+from dr_dask.storage import StorageError, location
+
 logger = logging.getLogger(__name__)
 
 #: Environment variables ``DR_DASK_PARAM_<NAME>`` override a parameter's default.
@@ -318,7 +320,6 @@ def load(path: str, overrides: Mapping[str, str] | None = None,
          environ: Mapping[str, str] | None = None,
          storage_options: dict | None = None) -> Workflow:
     """Read and validate the workflow file ``path``, a local path or URL (see :func:`parse`)."""
-    from dr_dask.storage import StorageError, location
 
     try:
         spec = tomllib.loads(location(path, storage_options).read_bytes().decode())

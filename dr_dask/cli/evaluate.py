@@ -9,7 +9,7 @@ import click
 import numpy as np
 
 from dr_dask.cli._app import POSITIVE, SEED, bench, cluster, fail, main, storage_options
-from dr_dask.methods import METHODS, MethodUnavailable, make_method
+from dr_dask.methods.factory import METHODS, MethodUnavailable, make_method
 
 logger = logging.getLogger(__name__)
 

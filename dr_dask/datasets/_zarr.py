@@ -34,8 +34,10 @@ import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import xarray as xr
 import zarr
 
+from dr_dask import __version__
 from dr_dask.cluster import active_client, gather, share
 from dr_dask.report import plain_json
 from dr_dask.storage import Location, location
@@ -221,7 +223,6 @@ def make_dataset(
 
 
 def _attrs(gen: Generator, chunk_size: int, dtype: str) -> dict[str, Any]:
-    from dr_dask import __version__
 
     params = {"n_samples": gen.n_samples, "n_features": gen.n_features, **gen.params()}
     params.update(random_state=gen.entropy, chunk_size=chunk_size, dtype=dtype)
@@ -233,7 +234,6 @@ def _starts(n_samples: int, chunk_size: int) -> list[int]:
 
 
 def _to_memory(gen: Generator, chunk_size: int, dtype: str) -> xr.Dataset:
-    import xarray as xr
 
     latent = gen.latents()
     mapping = gen.mapping(latent)

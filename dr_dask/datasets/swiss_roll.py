@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import zarr
 from scipy.special import fresnel
 from sklearn.utils import check_random_state
+
+from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -187,9 +190,7 @@ def write_scenario(
     dict
         The metadata written to ``meta.json`` (``source`` is the stream source URL or path).
     """
-    import zarr
 
-    from dr_dask.storage import location
 
     if kind not in ("npy-dir", "zarr"):
         raise ValueError(f"kind must be 'npy-dir' or 'zarr', got {kind!r}")

@@ -61,8 +61,7 @@ def isometric_swiss_roll(n: int, random_state: int = 0) -> tuple[np.ndarray, np.
     X : ndarray of shape (n, 3)
     truth : ndarray of shape (n, 2)
     """
-    from sklearn.datasets import make_swiss_roll
-
+    from sklearn.datasets import make_swiss_roll  # lazy: not on workers (__init__)
     X, t = make_swiss_roll(n, random_state=random_state)
     arc = 0.5 * (t * np.sqrt(1 + t**2) + np.arcsinh(t))
     return X, np.column_stack([arc, X[:, 1]])

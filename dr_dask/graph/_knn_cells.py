@@ -196,7 +196,7 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     T, N = X.shape
     p = min(N_PROJ, N)
     mean = _finite_mean(X, client)
-    from sklearn.utils import check_random_state  # lazy: dr_dask/__init__.py
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
     axes = _principal_axes(X, mean, p, check_random_state(random_state), client)
     if isinstance(X, da.Array):

@@ -41,7 +41,7 @@ def describe_components(labels: np.ndarray, n_components: int) -> str:
 
 def _closest_pair(A: np.ndarray, B: np.ndarray) -> tuple[int, int, float]:
     """Indices (into A, into B) and distance of the closest pair between two point sets."""
-    from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
+    from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
 
     # build the tree on the smaller set and query it with the larger one
     if A.shape[0] <= B.shape[0]:

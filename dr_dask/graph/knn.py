@@ -132,7 +132,7 @@ class NeighbourIndex:
         self.data = np.ascontiguousarray(data, dtype=np.float64)
         self._tree = None
         if self.data.shape[1] <= KD_TREE_MAX_DIM:
-            from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
+            from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
 
             self._tree = NearestNeighbors().fit(self.data)
             return
@@ -400,7 +400,7 @@ def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d
     query = np.asarray(query, dtype=np.float64)
     data = np.asarray(data, dtype=np.float64)
     check_finite(data, d0, "X")
-    from sklearn.neighbors import NearestNeighbors  # lazy: dr_dask/__init__.py
+    from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
 
     dist, idx = NearestNeighbors(radius=radius).fit(data).radius_neighbors(query)
     counts = np.array([len(i) for i in idx])

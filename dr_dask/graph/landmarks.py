@@ -91,7 +91,7 @@ def select_landmarks(
     L = int(n_landmarks)
     if not 1 <= L <= T:
         raise ValueError(f"n_landmarks={n_landmarks} must be in [1, {T}] (the number of points)")
-    from sklearn.utils import check_random_state  # lazy: dr_dask/__init__.py
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
     rng = check_random_state(random_state)
     if method == "random":

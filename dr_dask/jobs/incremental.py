@@ -35,8 +35,11 @@ import numpy as np
 from dr_dask.cluster import active_client
 from dr_dask.inputs import InputError
 from dr_dask.jobs._common import job_params, now, open_stored
+from dr_dask.jobs.reports import drift_report
 from dr_dask.lease import Lease
+from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.storage import location
+from dr_dask.stream.runner import StreamRunner
 from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)
@@ -122,7 +125,6 @@ def run_incremental(source: str, state: str, *, variable: str | None = None,
 
 
 def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: Any) -> dict:
-    from dr_dask.stream.runner import StreamRunner
 
     store = StreamStore(loc)
     history_loc = loc.child("drift_history.json")
@@ -153,7 +155,6 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
         history_loc.write_json([*history, entry])  # after the checkpoint it describes
     report = None
     if p["report"]:
-        from dr_dask.jobs.reports import drift_report
 
         report = drift_report(loc, [*history, entry])
     status = "stopped" if result["stopped"] else "done"
@@ -175,7 +176,6 @@ def _idle(ck: dict, watermark: int) -> dict:
 
 def _first_model(inp, p: dict, client: Any):
     """The batch phase on the first ``n_batch`` rows (model version 0)."""
-    from dr_dask.methods.gp_isomap import GPIsomap
 
     X = np.asarray(inp.data[: p["n_batch"]].compute(), dtype=np.float64)
     logger.info("first run: fitting GP-Isomap on rows 0..%d", p["n_batch"])

@@ -20,11 +20,18 @@ import time
 from typing import Any
 
 import numpy as np
+from sklearn.base import clone
 
 from dr_dask.cluster import active_client
 from dr_dask.inputs import InputError
 from dr_dask.jobs._common import job_params, now, open_stored
-from dr_dask.runs import open_run, run_name
+from dr_dask.jobs.reports import refit_report
+from dr_dask.linalg.align import procrustes_disparity
+from dr_dask.methods.factory import make_method
+from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_index
+from dr_dask.report import plain_json
+from dr_dask.resources import PeakRSS
+from dr_dask.runs import open_run, run_embedding, run_name, run_params
 from dr_dask.storage import StorageError, location
 
 logger = logging.getLogger(__name__)
@@ -77,8 +84,6 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     InputError
         Bad source, method or parameter.
     """
-    from dr_dask.methods import make_method
-    from dr_dask.runs import run_embedding, run_params
 
     if method not in METHODS:
         raise InputError(f"refit: method must be one of {METHODS}, got {method!r}")
@@ -97,7 +102,6 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     if previous and previous.get("run") == name:
         logger.info("latest already names %s (same input and parameters): nothing to do", name)
         return {**previous, "status": "nothing to do"}
-    from dr_dask.resources import PeakRSS
 
     with PeakRSS() as mem:
         t0 = time.perf_counter()
@@ -124,8 +128,6 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
         "peak_rss_gb": mem.peak_gb, "finished": now(),
         "report": report_dir.child("report.json").url, "latest": latest_loc.url,
     }
-    from dr_dask.jobs.reports import refit_report
-    from dr_dask.report import plain_json
 
     result = plain_json(result)
     refit_report(report_dir, result, emb, summary.get("eigenvalues"))
@@ -136,9 +138,7 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
 
 def _evaluate(est: Any, inp, emb: np.ndarray, p: dict, client: Any) -> dict:
     """Neighbourhood scores on all rows (blockwise); TI and TCI on a seeded subsample."""
-    from sklearn.base import clone
 
-    from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_index
 
     metrics = evaluate_embedding(emb, X=inp.data, n_neighbors=p["n_neighbors"], client=client)
     T, D = inp.data.shape
@@ -166,7 +166,6 @@ def _evaluate(est: Any, inp, emb: np.ndarray, p: dict, client: Any) -> dict:
 def _vs_previous(out, previous: dict | None, inp, emb: np.ndarray) -> tuple[float | None, str]:
     """Procrustes disparity between the previous run's embedding and this one on the rows
     both embedded (an append-only store: the previous run's rows are this run's first rows)."""
-    from dr_dask.linalg.align import procrustes_disparity
 
     if not previous:
         return None, "first run: no previous run"

@@ -10,8 +10,17 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask.figures import (
+    MAX_POINTS,
+    embedding_figure,
+    report_page,
+    spectrum_figure,
+    variance_figure,
+)
 from dr_dask.report import write_json
 from dr_dask.storage import Location
+from dr_dask.stream.report import threshold_in_force
+from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +31,6 @@ def drift_report(state: Location, history: list[dict]) -> str:
 
     At most :data:`dr_dask.figures.MAX_POINTS` of the most recent rows are drawn.
     """
-    from dr_dask.figures import MAX_POINTS, embedding_figure, report_page, variance_figure
-    from dr_dask.stream.report import threshold_in_force
-    from dr_dask.stream.store import STATUS, StreamStore
 
     store = StreamStore(state)
     ck = store.read_checkpoint()
@@ -63,7 +69,6 @@ def refit_report(where: Location, result: dict, embedding: np.ndarray,
                  eigenvalues: Any) -> str:
     """``WHERE/report.json`` (the job's summary) and ``WHERE/report.png`` (the embedding by
     row, the spectrum, the metrics, time and memory); returns the JSON's URL."""
-    from dr_dask.figures import embedding_figure, report_page, spectrum_figure
 
     write_json(result, where.child("report.json"))
     panels = [embedding_figure(embedding, np.arange(len(embedding), dtype=float),

@@ -170,7 +170,7 @@ def top_eigh(
         return EigResult(w, v, res, n_passes=1, converged=True)
     if method != "lanczos":
         raise ValueError(f"method must be 'auto', 'dense' or 'lanczos', got {method!r}")
-    from sklearn.utils import check_random_state  # lazy: dr_dask/__init__.py
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
     return _block_lanczos(
         as_operator(A), k, block_size, tol, max_passes, max_basis, check_random_state(random_state)

@@ -33,7 +33,8 @@ import scipy.linalg
 import scipy.optimize
 import scipy.sparse.linalg
 
-from dr_dask.graph.knn import NeighbourIndex
+from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
+from dr_dask.graph.paths import geodesics_via_neighbors
 from dr_dask.linalg.mds import classical_mds, double_centre
 
 logger = logging.getLogger(__name__)
@@ -315,7 +316,6 @@ class ManifoldGP:
         rng: np.random.RandomState,
         novelty_length_scale: float | None = None,
     ) -> ManifoldGP:
-        from dr_dask.graph.knn import kneighbors_local
 
         spec = KernelSpec.build(kernel, geodesics, coords.shape[1], random_state=rng)
         ell, noise = fit_hyperparameters(
@@ -370,7 +370,6 @@ class ManifoldGP:
         cache-sized query blocks through reused buffers, so nothing of size (m, n) is
         allocated: geodesics, cross kernels, then mean and variance by two GEMMs per block.
         """
-        from dr_dask.graph.paths import geodesics_via_neighbors
 
         n = self.n_points
         dist, idx = self.neighbours(X) if neighbours is None else neighbours

@@ -46,8 +46,12 @@ import logging
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import connected_components
+from scipy.sparse.csgraph import connected_components, dijkstra, minimum_spanning_tree
 from sklearn.utils import check_random_state
+
+from dr_dask.graph.knn import kneighbors, kneighbors_local
+from dr_dask.graph.landmarks import landmark_mds, triangulate
+from dr_dask.linalg import mds
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +106,6 @@ def tangent_clusters(
     labels : ndarray of shape (n,)
         0..p-1, ordered by decreasing cluster size; -1 for outliers.
     """
-    from dr_dask.graph.knn import kneighbors, kneighbors_local
 
     n = X.shape[0]
     k = min(n_neighbors, n - 1)
@@ -168,7 +171,6 @@ def refine_by_link(X: np.ndarray, labels: np.ndarray, k: int, passes: int = 2) -
     patches meet, a few points on the wrong side (measured on touching Euler-roll patches:
     up to 19 of 900, 10 after two passes); the link rule puts them with the patch they lie on.
     """
-    from dr_dask.graph.knn import kneighbors_local
 
     labels = labels.copy()
     sel = np.flatnonzero(labels >= 0)
@@ -311,10 +313,7 @@ def global_frame(
     Within a manifold the paths are its Isomap geodesics, so a manifold keeps its shape here
     and only needs a rotation and a translation to land on these coordinates.
     """
-    from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 
-    from dr_dask.graph.knn import kneighbors_local
-    from dr_dask.graph.landmarks import landmark_mds, triangulate
 
     rng = check_random_state(random_state)
     n = len(X)
@@ -353,7 +352,6 @@ def global_frame(
 
 def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
     """Classical MDS of points from their ambient Euclidean distances, (m, n_components)."""
-    from dr_dask.linalg import mds
 
     k = min(n_components, X.shape[0] - 1)
     Y = mds.classical_mds(_sq_dists(X, X), k, random_state=random_state).embedding

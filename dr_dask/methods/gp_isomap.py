@@ -17,6 +17,7 @@ from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
@@ -34,6 +35,7 @@ from dr_dask.methods._manifolds import (
     support_set,
     tangent_clusters,
 )
+from dr_dask.methods.isomap import Isomap
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -51,7 +53,6 @@ logger = logging.getLogger(__name__)
 @single_blas_thread()  # small kernels beside dask's threads (see dr_dask.blas)
 def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
-    from dr_dask.methods.isomap import Isomap
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
     iso.fit(points)
@@ -487,7 +488,6 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         variance : ndarray or dask array of shape (m,), only with ``return_variance``
         """
         check_is_fitted(self, "manifolds_")
-        import dask.array as da
 
         if isinstance(X, da.Array):
             check_input(self, X, reset=False)

@@ -26,7 +26,12 @@ from typing import Any, Literal
 
 import numpy as np
 import zarr
+from sklearn.utils.validation import check_is_fitted
 from zarr.core.metadata import ArrayV3Metadata
+
+from dr_dask.methods._gp import KernelSpec, ManifoldGP
+from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.storage import Location
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +53,6 @@ class ModelFormatError(ValueError):
 
 
 def _group(where: Any, mode: Literal["r", "a"]) -> zarr.Group:
-    from dr_dask.storage import Location
 
     if isinstance(where, zarr.Group):
         return where
@@ -98,7 +102,6 @@ def save_gp_isomap(model: Any, where: Any, batch: np.ndarray | None = None) -> z
     -------
     zarr.Group
     """
-    from sklearn.utils.validation import check_is_fitted
 
     check_is_fitted(model, "manifolds_")
     params, labels = _params(model)
@@ -169,8 +172,6 @@ def load_gp_isomap(where: Any) -> tuple[Any, np.ndarray | None]:
     ModelFormatError
         Not a GPIsomap model, an incomplete one, or one of another format version.
     """
-    from dr_dask.methods._gp import KernelSpec, ManifoldGP
-    from dr_dask.methods.gp_isomap import GPIsomap
 
     g = _group(where, "r")
     attrs = dict(g.attrs)

@@ -42,11 +42,17 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
+from scipy.spatial import Delaunay, QhullError
 from scipy.stats import beta as beta_dist
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.cluster import ClientParam, run_stage
+from dr_dask.graph import connect_components, kneighbors_graph
+from dr_dask.graph.paths import shortest_paths
+from dr_dask.linalg.eigen import DenseOperator
+from dr_dask.linalg.mds import classical_mds
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -345,7 +351,6 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
 
     # ---------------------------------------------------------------------------- graph stage
     def _delaunay(self, X: np.ndarray):
-        from scipy.spatial import Delaunay, QhullError
 
         try:
             tri = Delaunay(X)
@@ -362,7 +367,6 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         return simplices, pairs
 
     def _knn_graph_edges(self, X: np.ndarray) -> np.ndarray:
-        from dr_dask.graph import connect_components, kneighbors_graph
 
         G = kneighbors_graph(X, min(int(self.n_graph_neighbors), X.shape[0] - 1),
                              client=self.client)
@@ -438,9 +442,6 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
     # --------------------------------------------------------------------------------- fit
     def fit(self, X: Any, y: Any = None) -> LSDR:
         """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
-        from dr_dask.graph.paths import shortest_paths
-        from dr_dask.linalg.eigen import DenseOperator
-        from dr_dask.linalg.mds import classical_mds
 
         X = self._training(X)
         n = X.shape[0]
@@ -538,7 +539,6 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         ndarray or dask array of shape (m, n_components)
             A dask input gives a dask output with the same row chunks.
         """
-        from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self, "oos_points_")
         block: Callable[..., np.ndarray]

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask.graph.knn import kneighbors_local
 from dr_dask.linalg.align import procrustes_disparity
+from dr_dask.stream.runner import refit_model, refit_params
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,6 @@ def layout_figures(model: Any, layout: Any, refit: bool = True) -> dict:
         ``old_points_move`` (disparity between known points' coordinates before and after),
         ``refit_seconds``.
     """
-    from dr_dask.graph.knn import kneighbors_local
 
     emb, var, _ = model.map_points(layout.stream)
     known = layout.stream_labels < layout.stream_labels.max()
@@ -61,7 +62,6 @@ def layout_figures(model: Any, layout: Any, refit: bool = True) -> dict:
         "global_disparity": procrustes_disparity(layout.batch_truth, model.embedding_),
     }
     if refit:
-        from dr_dask.stream.runner import refit_model, refit_params
 
         t0 = time.perf_counter()
         new = refit_model(refit_params(model), np.vstack([layout.batch, layout.stream[flagged]]),

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask.figures import embedding_figure, report_page, running_mean, variance_figure
 from dr_dask.storage import location
 from dr_dask.stream.store import STATUS, read_output
 
@@ -38,7 +39,6 @@ def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
         ``refit_rows`` (trigger, publish) marked, the ``thresholds`` in force in turn and the
         ``final_running_mean`` of the variance.
     """
-    from dr_dask.figures import embedding_figure, report_page, running_mean, variance_figure
 
     o = read_output(store)
     var, status, man, emb = o["first_variance"], o["status"], o["manifold"], o["embedding"]

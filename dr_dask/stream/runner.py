@@ -44,6 +44,7 @@ import numpy as np
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import active_client, gather, share
+from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.stream.sources import Chunk, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
@@ -58,7 +59,6 @@ def map_chunk(model: Any, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def refit_model(params: dict, batch: np.ndarray, reference: np.ndarray):
     """Batch phase on ``batch`` (old batch first), aligned to ``reference`` (a worker task)."""
-    from dr_dask.methods.gp_isomap import GPIsomap
 
     model = GPIsomap(**params).fit(batch)
     model.align_to(reference)

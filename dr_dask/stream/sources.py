@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import zarr
 
 from dr_dask.storage import Location, location
 
@@ -59,7 +60,6 @@ class ZarrSource:
         self.initial_offset = 0
 
     def _array(self):
-        import zarr
 
         return zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
 

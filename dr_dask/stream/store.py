@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from dr_dask.methods.gp_isomap_io import load_gp_isomap, save_gp_isomap
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -176,12 +177,10 @@ class StreamStore:
 
     # ------------------------------------------------------------------ models, quarantine
     def save_model(self, version: int, model: Any, batch: np.ndarray) -> None:
-        from dr_dask.methods.gp_isomap_io import save_gp_isomap
 
         save_gp_isomap(model, self.location.child("models", f"v{version}"), batch)
 
     def load_model(self, version: int) -> tuple[Any, np.ndarray]:
-        from dr_dask.methods.gp_isomap_io import load_gp_isomap
 
         return load_gp_isomap(self.location.child("models", f"v{version}"))
 
