@@ -353,7 +353,8 @@ def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
     run.write("component", np.arange(emb.shape[1]), ("component",))
     run.write("embedding", emb, ("sample", "component"), {"method": method})
     summary: dict[str, Any] = {"method": method, "fit_seconds": seconds, "shape": emb.shape}
-    for attr in ("eigenvalues_", "explained_variance_ratio_", "reference_index_", "sigma2_"):
+    for attr in ("eigenvalues_", "explained_variance_ratio_", "reference_index_", "sigma2_",
+                 "knn_recall_"):
         value = getattr(estimator, attr, None)
         if value is not None:
             summary[attr.rstrip("_")] = np.asarray(value).tolist()

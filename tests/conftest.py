@@ -9,6 +9,7 @@ cluster in this process (a ``LocalCluster``, e.g. through a CLI command without
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 #: Fixtures that start a cluster.
@@ -45,6 +46,14 @@ def _no_cluster_unless_marked(request, monkeypatch):
     if started:
         pytest.fail(f"{request.node.nodeid} started a {started[0]} but is not marked "
                     "@pytest.mark.cluster", pytrace=False)
+
+
+def noisy_curve(T: int, N: int, seed: int = 0) -> np.ndarray:
+    """A 1-D curve in N dimensions under isotropic noise (the sinusoidal dataset's shape)."""
+    rng = np.random.RandomState(seed)
+    z = rng.uniform(-6, 6, (T, 1))
+    return np.sin(z @ rng.uniform(-1, 1, (1, N)) + rng.uniform(-np.pi, np.pi, N)) \
+        + 0.1 * rng.normal(size=(T, N))
 
 
 @pytest.fixture(scope="session")

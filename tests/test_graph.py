@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 import sklearn.neighbors as skn
 import zarr
+from conftest import noisy_curve
 from scipy.sparse.csgraph import dijkstra, shortest_path
 from sklearn.datasets import make_swiss_roll
 
@@ -416,14 +417,6 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client):
     np.testing.assert_allclose(D1.matmat(V), D0.matmat(V), rtol=1e-12)
 
 
-def _noisy_curve(T: int, N: int, seed: int = 0) -> np.ndarray:
-    """A 1-D curve in N dimensions under isotropic noise (the sinusoidal dataset's shape)."""
-    rng = np.random.RandomState(seed)
-    z = rng.uniform(-6, 6, (T, 1))
-    return np.sin(z @ rng.uniform(-1, 1, (1, N)) + rng.uniform(-np.pi, np.pi, N)) \
-        + 0.1 * rng.normal(size=(T, N))
-
-
 @pytest.fixture
 def small_cells(monkeypatch):
     # many small cells, so that the pruning and the cross-cell merging are exercised at small T
@@ -435,7 +428,7 @@ def small_cells(monkeypatch):
 
 
 def test_cell_search_equals_exact_knn(small_cells):
-    X = _noisy_curve(3000, 40)
+    X = noisy_curve(3000, 40)
     d0, i0 = kneighbors(X, 7, algorithm="exact")
     d, i = kneighbors(X, 7, algorithm="cells")
     assert np.mean(i == i0) >= 0.999  # float32 ties aside, the same neighbours
@@ -450,7 +443,7 @@ def test_cell_search_equals_exact_knn(small_cells):
 
 @pytest.mark.cluster
 def test_cell_search_on_cluster_equals_threaded(small_cells, cluster_client):
-    X = _noisy_curve(2000, 30, seed=2)
+    X = noisy_curve(2000, 30, seed=2)
     d0, i0 = kneighbors(X, 5, algorithm="cells")
     d1, i1 = kneighbors(X, 5, algorithm="cells", client=cluster_client)
     np.testing.assert_array_equal(i0, i1)
@@ -463,7 +456,7 @@ def test_cell_search_on_cluster_equals_threaded(small_cells, cluster_client):
 
 
 def test_cell_search_bad_input():
-    X = _noisy_curve(500, 20)
+    X = noisy_curve(500, 20)
     X[[33, 401], 2] = np.inf
     with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[33, 401\]"):
         kneighbors(X, 3, algorithm="cells")
@@ -478,7 +471,7 @@ def test_cell_search_bad_input():
 def test_select_landmarks_maxmin_on_a_subset():
     from dr_dask.graph import landmarks as lm
 
-    X = _noisy_curve(30_000, 10)
+    X = noisy_curve(30_000, 10)
     L = 100
     m = select_landmarks(X, L, method="maxmin", random_state=3)
     assert len(np.unique(m)) == L

@@ -34,6 +34,18 @@ POSITIVE = click.IntRange(min=1)
 POSITIVE_REAL = click.FloatRange(min=0, min_open=True)
 
 
+def knn_options(fn: Any) -> Any:
+    """``--knn`` and ``--n-probe``: the neighbour search of the commands that build a graph."""
+    fn = click.option("--n-probe", type=POSITIVE, default=None,
+                      help="Lists each row searches with --knn ivf (of about sqrt(T); "
+                      "default 12; at least the number of lists: exact).")(fn)
+    return click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
+                        show_default=True,
+                        help="Neighbour search: exact, ivf (partitioned, approximate; its "
+                        "estimated recall is in the summary), or auto (ivf from 200,000 "
+                        "rows).")(fn)
+
+
 class App(click.Group):
     """The root group: turns any exception escaping a command into the documented exit code."""
 

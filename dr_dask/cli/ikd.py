@@ -15,6 +15,7 @@ from dr_dask.cli._app import (
     cluster,
     embed,
     fail,
+    knn_options,
     main,
     storage_options,
 )
@@ -62,7 +63,7 @@ def ikd_options(fn):
     ]
     for option in reversed(options):
         fn = option(fn)
-    return fn
+    return knn_options(fn)
 
 
 def make_ikd(**kw):

@@ -15,6 +15,7 @@ from dr_dask.cli._app import (
     cluster,
     embed,
     fail,
+    knn_options,
     storage_options,
 )
 from dr_dask.inputs import InputError
@@ -48,9 +49,11 @@ logger = logging.getLogger(__name__)
                    "memory (--storage-option applies).")
 @click.option("--seed", "random_state", type=SEED, default=0, show_default=True,
               help="Random seed of every randomized step.")
+@knn_options
 @click.pass_context
 def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_neighbors, radius,
-                 n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state):
+                 n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state,
+                 knn, n_probe):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
     from dr_dask.runs import run_embedding
@@ -65,13 +68,15 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                 est = Isomap(n_neighbors=None if radius is not None else n_neighbors,
                              radius=radius, n_components=n_components,
                              on_disconnected=on_disconnected, random_state=random_state,
-                             client=client, geodesic_store=geodesic_store)
+                             client=client, geodesic_store=geodesic_store, knn=knn,
+                             n_probe=n_probe)
                 method = "isomap"
             else:
                 est = LandmarkIsomap(n_neighbors=n_neighbors, n_components=n_components,
                                      n_landmarks=n_landmarks, landmark_method=landmark_method,
                                      on_disconnected=on_disconnected, random_state=random_state,
-                                     client=client, geodesic_store=geodesic_store)
+                                     client=client, geodesic_store=geodesic_store, knn=knn,
+                                     n_probe=n_probe)
                 method = "landmark_isomap"
             run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)

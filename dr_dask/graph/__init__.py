@@ -2,7 +2,7 @@
 
 One machinery shared by Isomap, Landmark Isomap, GP-Isomap and geodesic/blockwise IKD:
 
-* :func:`kneighbors` — the package's only exact kNN (blockwise, distributed);
+* :func:`kneighbors` — the package's one kNN (exact blockwise or cells, or partitioned IVF);
 * :func:`kneighbors_graph` / :func:`graph_from_neighbors` — symmetric sparse graphs with any
   edge weights;
 * :func:`connect_components` — explicit repair (or refusal) of disconnected graphs;
@@ -11,7 +11,11 @@ One machinery shared by Isomap, Landmark Isomap, GP-Isomap and geodesic/blockwis
 """
 
 from dr_dask.graph.components import connect_components
-from dr_dask.graph.diagnostics import DisconnectedGraphWarning, DuplicatePointsWarning
+from dr_dask.graph.diagnostics import (
+    DisconnectedGraphWarning,
+    DuplicatePointsWarning,
+    LowRecallWarning,
+)
 from dr_dask.graph.knn import graph_from_neighbors, kneighbors, kneighbors_graph
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
 from dr_dask.graph.paths import (
@@ -23,6 +27,7 @@ from dr_dask.graph.paths import (
 __all__ = [
     "DisconnectedGraphWarning",
     "DuplicatePointsWarning",
+    "LowRecallWarning",
     "GeodesicRows",
     "connect_components",
     "geodesics_via_neighbors",

@@ -7,3 +7,7 @@ class DisconnectedGraphWarning(UserWarning):
 
 class DuplicatePointsWarning(UserWarning):
     """Some points coincide exactly; their graph edges have zero length."""
+
+
+class LowRecallWarning(UserWarning):
+    """An approximate neighbour search found too few of the true neighbours."""

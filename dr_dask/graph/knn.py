@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import warnings
+from numbers import Integral
 from typing import Any
 
 import dask
@@ -26,9 +27,10 @@ import scipy.sparse as sp
 
 from dr_dask.cluster import active_client, compute, share
 from dr_dask.graph._knn_cells import cell_kneighbors
-from dr_dask.graph.diagnostics import DuplicatePointsWarning
-from dr_dask.graph.topk import EXTRA, check_finite, rerank, select_k
-from dr_dask.validation import check_array_like
+from dr_dask.graph._knn_ivf import ivf_kneighbors
+from dr_dask.graph.diagnostics import DuplicatePointsWarning, LowRecallWarning
+from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank
+from dr_dask.validation import Options, check_array_like, positive
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +40,25 @@ ZERO_EDGE = np.finfo(np.float64).tiny
 #: Above this many features trees stop pruning (scikit-learn's own "auto" switches to brute
 #: force at the same point).
 KD_TREE_MAX_DIM = 15
-#: (query rows, data rows) per GEMM tile of the brute-force search: 2 MB of inner products.
-BRUTE_TILE = (256, 1024)
 #: ``algorithm="auto"`` uses the cell search from this many rows (above ``KD_TREE_MAX_DIM``
 #: features): below it brute force takes about a second and the cell set-up would not pay.
 #: At T=10,000, N=1,000 (the IKD paper's sinusoid) cells cost a third of brute force's CPU.
 CELLS_MIN_ROWS = 5_000
-ALGORITHMS = ("auto", "exact", "cells")
+ALGORITHMS = ("auto", "exact", "cells", "ivf")
+#: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
+#: picks), ``"ivf"`` (the partitioned approximate search) or ``"auto"`` (IVF from
+#: ``IVF_MIN_ROWS`` rows above ``KD_TREE_MAX_DIM`` features, else exact).
+KNN_MODES = ("auto", "exact", "ivf")
+#: ``knn="auto"`` uses the IVF search from this many rows: where it beat the exact cell search
+#: on the noisy sinusoid (N=100, k=10; docs/scaling.md, "kNN").
+IVF_MIN_ROWS = 200_000
+#: The ``knn`` and ``n_probe`` parameters of every estimator that builds a neighbour graph
+#: (merged into its ``_parameter_constraints``).
+KNN_CONSTRAINTS: dict = {"knn": [Options(set(KNN_MODES))], "n_probe": [positive(Integral), None]}
+#: Rows whose neighbours an approximate search checks against an exact search of them.
+RECALL_ROWS = 200
+#: Below this estimated recall a fit warns (:class:`dr_dask.graph.LowRecallWarning`).
+RECALL_WARN = 0.9
 
 
 def _n_rows(X: Any) -> int:
@@ -82,33 +96,6 @@ def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[A
         # recomputable futures (not scattered data): a block lost with its worker is sent again
         blocks = [share(b, client) for b in blocks]
     return offsets, blocks
-
-
-def _brute_knn(
-    query: np.ndarray, data: np.ndarray, k: int, sq: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and indices (Q, k) of the k nearest data rows: GEMM tiles folded into top-k lists.
-
-    The key is the squared distance minus ``||query[i]||^2``; the GEMMs run in the rows'
-    dtype (float32 or float64), ``sq`` (``||data[j]||^2`` in float64) may be precomputed.
-    Tiles of ``BRUTE_TILE`` (query rows, data rows) keep the block of inner products in cache;
-    one buffer serves every tile.
-    """
-    m, n = query.shape[0], data.shape[0]
-    if sq is None:
-        sq = np.einsum("ij,ij->i", data, data, dtype=np.float64)
-    best = np.full((m, k), np.inf)
-    idx = np.full((m, k), -1, dtype=np.int64)
-    rows, cols = min(BRUTE_TILE[0], m), min(BRUTE_TILE[1], n)
-    buf = np.empty(rows * cols, dtype=data.dtype)
-    for s in range(0, m, rows):
-        e = min(s + rows, m)
-        for c in range(0, n, cols):
-            f = min(c + cols, n)
-            inner = buf[: (e - s) * (f - c)].reshape(e - s, f - c)
-            np.matmul(query[s:e], data[c:f].T, out=inner)
-            select_k(inner, sq[c:f], c, best[s:e], idx[s:e])
-    return best, idx
 
 
 class NeighbourIndex:
@@ -161,7 +148,7 @@ class NeighbourIndex:
             return rerank(query, self.data, idx, k)
         kk = min(k + EXTRA, self.n_rows)
         centred = query - self._mean
-        keys, idx = _brute_knn(centred.astype(np.float32), self._data32, kk, self._sq)
+        keys, idx = brute_knn(centred.astype(np.float32), self._data32, kk, self._sq)
         dist, idx = rerank(query, self.data, idx, k)
         if kk < self.n_rows:
             redo = ~self._certified(centred, keys[:, -1], dist[:, -1])
@@ -169,7 +156,7 @@ class NeighbourIndex:
                 logger.debug("float32 kNN: %d of %d rows re-searched in float64",
                              redo.sum(), len(redo))
                 q = query[redo]
-                _, i64 = _brute_knn(q, self.data, kk)
+                _, i64 = brute_knn(q, self.data, kk)
                 dist[redo], idx[redo] = rerank(q, self.data, i64, k)
         return dist, idx
 
@@ -225,6 +212,10 @@ def kneighbors(
     client: Any = None,
     block_size: int | None = None,
     algorithm: str = "auto",
+    n_probe: int | None = None,
+    n_lists: int | None = None,
+    scratch: Any = None,
+    random_state: Any = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Euclidean k nearest neighbours, blockwise over rows, distributed on ``client``.
 
@@ -241,14 +232,26 @@ def kneighbors(
         Resolved by :func:`dr_dask.cluster.active_client`; None means dask's threads.
     block_size : int, optional
         Rows per block of the exact search (default ``max(5000, ceil(T / 4))``).
-    algorithm : {"auto", "exact", "cells"}
+    algorithm : {"auto", "exact", "cells", "ivf"}
         ``"exact"``: every query block against every data block (KD-trees up to
         ``KD_TREE_MAX_DIM`` features, else brute-force GEMM): T^2 N work above that dimension.
         ``"cells"`` (only without ``query``): the pruned float32 cell search of
         :mod:`dr_dask.graph._knn_cells`, exact for the centred rows rounded to float32, with
         the float32 copy of X held by every worker; far less work on data near a manifold.
+        ``"ivf"`` (only without ``query``): the partitioned approximate search of
+        :mod:`dr_dask.graph._knn_ivf` (inverted lists in Zarr at ``scratch``; no process holds
+        all rows), about ``T n_probe T / n_lists`` row pairs.
         ``"auto"``: cells without ``query`` from ``CELLS_MIN_ROWS`` rows and above
-        ``KD_TREE_MAX_DIM`` features, else exact.
+        ``KD_TREE_MAX_DIM`` features, else exact (never the approximate search).
+    n_probe, n_lists : int, optional
+        ``"ivf"``: lists each row searches (``>= n_lists``: all, the exact result) and lists
+        of the coarse quantizer (default about sqrt(T)); see
+        :func:`dr_dask.graph._knn_ivf.ivf_kneighbors`.
+    scratch : str or Location, optional
+        ``"ivf"``: where the lists are written, reachable by every worker (default a local
+        temporary directory); deleted afterwards.
+    random_state : int, RandomState or None
+        ``"ivf"``: seeds the quantizer's training sample and k-means.
 
     Returns
     -------
@@ -272,10 +275,13 @@ def kneighbors(
             f"n_neighbors={n_neighbors} must be in [1, {k_max}] for X with {n} rows"
             + (" (a point is not its own neighbour)" if exclude_self else "")
         )
-    if algorithm == "cells" and not exclude_self:
-        raise ValueError("algorithm='cells' searches X among itself: give no query "
+    if algorithm in ("cells", "ivf") and not exclude_self:
+        raise ValueError(f"algorithm={algorithm!r} searches X among itself: give no query "
                          "(use algorithm='exact' for new points)")
     client = active_client(client)
+    if algorithm == "ivf":
+        return ivf_kneighbors(X, k, exclude_self, client=client, n_lists=n_lists,
+                              n_probe=n_probe, scratch=scratch, random_state=random_state)
     if algorithm == "cells" or (algorithm == "auto" and exclude_self and n >= CELLS_MIN_ROWS
                                 and X.shape[1] > KD_TREE_MAX_DIM):
 
@@ -298,6 +304,79 @@ def kneighbors(
     logger.debug("kneighbors: %d query x %d data blocks, k=%d", len(q_blocks), len(d_blocks), k)
     results = compute(*merged, client=client)
     return np.vstack([r[0] for r in results]), np.vstack([r[1] for r in results])
+
+
+def knn_algorithm(knn: str, n_rows: int, n_features: int) -> str:
+    """The :func:`kneighbors` algorithm of an estimator's ``knn`` mode (see ``KNN_MODES``)."""
+    if knn not in KNN_MODES:
+        raise ValueError(f"knn must be one of {KNN_MODES}, got {knn!r}")
+    if knn == "ivf" or (knn == "auto" and n_rows >= IVF_MIN_ROWS
+                        and n_features > KD_TREE_MAX_DIM):
+        return "ivf"
+    return "auto"
+
+
+def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
+                    random_state: Any = 0, client: Any = None) -> float:
+    """Share of the true k nearest neighbours found, on a seeded sample of rows.
+
+    ``indices`` (T, k) are the neighbours an (approximate) search found for every row of X
+    (without themselves); the sampled rows' neighbours are searched exactly
+    (``algorithm="exact"``: n_rows x T distances, rows read block by block) and compared as
+    sets. Exact duplicates make the comparison ambiguous only at equal distances.
+    """
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    X = _check_2d(X, "X")
+    T, k = _n_rows(X), indices.shape[1]
+    n = min(int(n_rows), T)
+    rows = np.sort(check_random_state(random_state).choice(T, n, replace=False))
+    Xq = X[rows]
+    if isinstance(Xq, da.Array):
+        (Xq,) = compute(Xq, client=client)
+    _, exact = kneighbors(X, min(k + 1, T), query=np.asarray(Xq), client=client,
+                          algorithm="exact")
+    hits = [len(set(e[e != r][:k].tolist()) & set(i.tolist()))
+            for r, e, i in zip(rows, exact, indices[rows])]
+    return float(np.sum(hits) / (k * n))
+
+
+def check_recall(recall: float, what: str) -> None:
+    """Warn (and log) when an approximate search's estimated recall is below ``RECALL_WARN``."""
+    if recall < RECALL_WARN:
+        msg = (f"{what}: the approximate neighbour search found an estimated {recall:.3f} of "
+               f"the true neighbours (below {RECALL_WARN}); raise n_probe or use knn='exact'")
+        logger.warning(msg)
+        warnings.warn(msg, LowRecallWarning, stacklevel=3)
+
+
+def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
+                      n_probe: int | None = None, client: Any = None, scratch: Any = None,
+                      random_state: Any = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """An estimator's neighbour search: :func:`kneighbors` of X among itself in the mode
+    ``knn`` (see ``KNN_MODES``), with its recall.
+
+    Returns
+    -------
+    distances, indices : ndarrays of shape (T, k)
+    recall : float
+        1.0 for the exact searches; for the IVF search the recall estimated on
+        ``RECALL_ROWS`` seeded rows (:func:`estimate_recall`), with a
+        :class:`~dr_dask.graph.LowRecallWarning` below ``RECALL_WARN``.
+    """
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    algorithm = knn_algorithm(knn, _n_rows(X), int(X.shape[1]))
+    # one seed for the quantizer and the recall sample, drawn from the estimator's random_state
+    seed = int(check_random_state(random_state).randint(2**31 - 1))
+    dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
+                           n_probe=n_probe, scratch=scratch, random_state=seed)
+    if algorithm != "ivf":
+        return dist, idx, 1.0
+    recall = estimate_recall(X, idx, random_state=seed, client=client)
+    logger.info("IVF kNN: estimated recall %.3f on %d rows", recall, RECALL_ROWS)
+    check_recall(recall, "kNN")
+    return dist, idx, recall
 
 
 def kneighbors_local(
@@ -431,6 +510,7 @@ def kneighbors_graph(
     client: Any = None,
     block_size: int | None = None,
     algorithm: str = "auto",
+    search: dict | None = None,
 ) -> sp.csr_matrix:
     """Symmetric, Euclidean-distance-weighted neighbour graph (k rule or epsilon rule).
 
@@ -445,8 +525,12 @@ def kneighbors_graph(
     client : distributed.Client, optional
     block_size : int, optional
         Rows per block, see :func:`kneighbors`.
-    algorithm : {"auto", "exact", "cells"}
+    algorithm : {"auto", "exact", "cells", "ivf"}
         Search of the k rule, see :func:`kneighbors`.
+    search : dict, optional
+        An estimator's search instead (the k rule): ``knn``, ``n_probe``, ``scratch`` and
+        ``random_state`` of :func:`search_neighbours`; its estimated recall is stored back
+        under ``"recall"``.
 
     Returns
     -------
@@ -462,8 +546,13 @@ def kneighbors_graph(
     if radius is None:
         if n_neighbors is None:
             raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
-        dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size,
-                               algorithm=algorithm)
+        if search is not None:
+            options = {key: v for key, v in search.items() if key != "recall"}
+            dist, idx, search["recall"] = search_neighbours(X, n_neighbors, client=client,
+                                                            **options)
+        else:
+            dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size,
+                                   algorithm=algorithm)
         rows = np.repeat(np.arange(n), idx.shape[1])
         cols, d = idx.ravel(), dist.ravel()
     else:

@@ -10,6 +10,9 @@ import numpy as np
 #: shared by the brute-force and the cell search.
 EXTRA = 4
 
+#: (query rows, data rows) per GEMM tile of the brute-force search: 2 MB of inner products.
+BRUTE_TILE = (256, 1024)
+
 
 def check_finite(block: np.ndarray, offset: int, name: str) -> None:
     bad = ~np.isfinite(block).all(axis=1)
@@ -102,3 +105,30 @@ def select_k(inner: np.ndarray, sq: np.ndarray, col0: int, best: np.ndarray,
                 b[p] = v
                 ix[p] = col0 + j
                 worst = b[k - 1]
+
+
+def brute_knn(
+    query: np.ndarray, data: np.ndarray, k: int, sq: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and indices (Q, k) of the k nearest data rows: GEMM tiles folded into top-k lists.
+
+    The key is the squared distance minus ``||query[i]||^2``; the GEMMs run in the rows'
+    dtype (float32 or float64), ``sq`` (``||data[j]||^2`` in float64) may be precomputed.
+    Tiles of ``BRUTE_TILE`` (query rows, data rows) keep the block of inner products in cache;
+    one buffer serves every tile.
+    """
+    m, n = query.shape[0], data.shape[0]
+    if sq is None:
+        sq = np.einsum("ij,ij->i", data, data, dtype=np.float64)
+    best = np.full((m, k), np.inf)
+    idx = np.full((m, k), -1, dtype=np.int64)
+    rows, cols = min(BRUTE_TILE[0], m), min(BRUTE_TILE[1], n)
+    buf = np.empty(rows * cols, dtype=data.dtype)
+    for s in range(0, m, rows):
+        e = min(s + rows, m)
+        for c in range(0, n, cols):
+            f = min(c + cols, n)
+            inner = buf[: (e - s) * (f - c)].reshape(e - s, f - c)
+            np.matmul(query[s:e], data[c:f].T, out=inner)
+            select_k(inner, sq[c:f], c, best[s:e], idx[s:e])
+    return best, idx

@@ -56,8 +56,8 @@ from dr_dask.graph import (
     GeodesicRows,
     connect_components,
     graph_from_neighbors,
-    kneighbors,
 )
+from dr_dask.graph.knn import search_neighbours
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored
 from dr_dask.inputs import InputData
@@ -114,8 +114,8 @@ def _threshold_edges(Xi, Xj, i0: int, j0: int, diagonal: bool, sigma2: float, s0
     return r + i0, c + j0, edge_weight(k[r, c], floor, ceil)
 
 
-def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float,
-                    client: Any) -> tuple[sp.csr_matrix, dict]:
+def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
+                    inp: InputData | None = None) -> tuple[sp.csr_matrix, dict]:
     """Symmetric graph with weights ``-log(s / sigma^2)`` per the configured rule, connected.
 
     Parameters
@@ -125,15 +125,18 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float,
         Rows with ``S = Xn Xn^T`` (:func:`~dr_dask.methods.ikd_core.prepared_rows`), persisted
         when on a cluster.
     sigma2 : float
+    inp : InputData, optional
+        The input, next to which (when remote) the IVF search writes its lists.
 
     Returns
     -------
     graph : csr_matrix of shape (T, T)
     info : dict
-        ``n_components`` of the raw graph and ``n_edges``.
+        ``n_components`` of the raw graph, ``n_edges`` and (kNN rule) ``knn_recall``.
     """
     T = Xn.shape[0]
     floor, ceil = cfg.floor, cfg.ceil
+    info: dict = {}
     norms = None
     if cfg.similarity == "correlation" and cfg.variance is None:
         Xu = Xn  # already unit rows, sigma^2 = 1
@@ -142,7 +145,10 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float,
                            client=client)
         Xu = Xn.map_blocks(_unit_rows, dtype=np.float64)
     if cfg.geodesic_rule == "knn":
-        dist, idx = kneighbors(Xu, int(cfg.n_neighbors), client=client)
+        with scratch("knn_lists", None, cfg.scratch, inp) as lists:
+            dist, idx, info["knn_recall"] = search_neighbours(
+                Xu, int(cfg.n_neighbors), knn=cfg.knn, n_probe=cfg.n_probe, client=client,
+                scratch=lists, random_state=cfg.random_state)
         k = 1.0 - 0.5 * dist**2  # correlation of the unit rows
         if norms is not None:
             k = k * norms[:, None] * norms[idx] / sigma2
@@ -169,7 +175,7 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float,
             graph, X, on_disconnected=cfg.on_disconnected,
             bridge_weight=functools.partial(_bridge_weight, floor=floor, ceil=ceil),
         )
-    return graph, {"n_components": int(n_comp), "n_edges": int(graph.nnz // 2)}
+    return graph, {**info, "n_components": int(n_comp), "n_edges": int(graph.nnz // 2)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,7 +290,7 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
     Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
     T = Xn.shape[0]
     t0 = time.perf_counter()
-    graph, info = neighbour_graph(cfg, Xn, sigma2, client)
+    graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
     seconds["graph"] = time.perf_counter() - t0
     kernel = GeodesicKernel(cfg.inverse_kernel(sigma2),
                             None if cfg.geodesic_rule == "knn" else float(cfg.threshold))
@@ -324,7 +330,7 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
         seconds["eigen"] = time.perf_counter() - t0
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
     return eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
-                        graph_edges=info["n_edges"])
+                        graph_edges=info["n_edges"], knn_recall=info.get("knn_recall"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,7 +377,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
     info: dict = {}
     if cfg.solver == "geodesic":
         t0 = time.perf_counter()
-        graph, info = neighbour_graph(cfg, Xn, sigma2, client)
+        graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
         del Xn  # the graph is all the rest needs: free the persisted rows on the workers
         seconds["graph"] = time.perf_counter() - t0
         # the L x T float32 rows stay in worker memory up to the tile budget, else in a
@@ -423,4 +429,5 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         graph_components=info.get("n_components"),
         graph_edges=info.get("n_edges"),
         landmarks=landmarks,
+        knn_recall=info.get("knn_recall"),
     )

@@ -82,6 +82,8 @@ class IKDConfig:
     random_state: Any
     client: Any
     progress: bool
+    knn: str = "auto"
+    n_probe: int | None = None
 
     @property
     def landmark(self) -> bool:
@@ -119,6 +121,7 @@ class IKDResult:
     cliques: list | None = None
     merge_log: list | None = None
     clique_threshold: float | None = None
+    knn_recall: float | None = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from dr_dask.graph import (
     shortest_paths,
     triangulate,
 )
-from dr_dask.graph.knn import kneighbors_local
+from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
 from dr_dask.linalg.eigen import DENSE_MAX
 from dr_dask.linalg.mds import classical_mds, double_centre
@@ -84,6 +84,7 @@ _COMMON_CONSTRAINTS: dict = {
     "client": "no_validation",
     "geodesic_store": "no_validation",  # a path, URL, Location or zarr.Array
     "block_size": [positive(Integral)],
+    **KNN_CONSTRAINTS,
 }
 
 
@@ -104,8 +105,9 @@ def _n_components(n_components: int, n_points: int, points: str) -> int:
     return int(n_components)
 
 
-def _neighbour_graph(X: np.ndarray, n_neighbors: int | None, radius: float | None,
-                     on_disconnected: str, client: Any) -> sp.csr_matrix:
+def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: float | None,
+                     client: Any) -> sp.csr_matrix:
+    """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule)."""
     T = X.shape[0]
     if (n_neighbors is None) == (radius is None):
         raise ValueError("give exactly one of n_neighbors (k rule) and radius (epsilon rule); "
@@ -113,8 +115,10 @@ def _neighbour_graph(X: np.ndarray, n_neighbors: int | None, radius: float | Non
     if n_neighbors is not None and not 1 <= n_neighbors < T:
         raise ValueError(f"n_neighbors={n_neighbors} must be in [1, {T - 1}] for {T} samples "
                          "(a point is not its own neighbour)")
-    graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client)
-    return connect_components(graph, X, on_disconnected=on_disconnected)
+    search = {"knn": est.knn, "n_probe": est.n_probe, "random_state": est.random_state}
+    graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search)
+    est.knn_recall_ = search.get("recall")
+    return connect_components(graph, X, on_disconnected=est.on_disconnected)
 
 
 def _fix_signs(V: np.ndarray) -> np.ndarray:
@@ -292,6 +296,12 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         options) for the squared geodesics, for T too large for worker memory.
     block_size : int
         Dijkstra sources per task.
+    knn : {"auto", "exact", "ivf"}
+        Neighbour search of the k rule: exact, the partitioned approximate IVF search
+        (:func:`dr_dask.graph.knn.search_neighbours`), or IVF from 200,000 rows ("auto").
+        Its lists go to a local temporary directory.
+    n_probe : int, optional
+        Lists each row searches with IVF (of about sqrt(T); default 12).
 
     Attributes
     ----------
@@ -304,6 +314,9 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
     n_features_in_ : int
     graph_ : scipy.sparse.csr_matrix of shape (T, T)
         The (repaired) neighbour graph.
+    knn_recall_ : float or None
+        Share of the true neighbours found (1.0 exact, IVF: estimated on 200 seeded rows,
+        warning below 0.9); None for the radius rule.
     geodesic_sq_row_mean_ : ndarray of shape (T,)
         Row means of the squared geodesic matrix.
     dist_matrix_ : ndarray of shape (T, T)
@@ -327,7 +340,10 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
                  max_iter: int | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256):
+                 geodesic_store: Any = None, block_size: int = 256, knn: str = "auto",
+                 n_probe: int | None = None):
+        self.knn = knn
+        self.n_probe = n_probe
         self.n_neighbors = n_neighbors
         self.radius = radius
         self.n_components = n_components
@@ -358,8 +374,7 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         client = active_client(self.client)
         timings = {}
         t0 = time.perf_counter()
-        self.graph_ = _neighbour_graph(X, self.n_neighbors, self.radius, self.on_disconnected,
-                                       client)
+        self.graph_ = _neighbour_graph(self, X, self.n_neighbors, self.radius, client)
         timings["graph"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -500,6 +515,7 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         ``landmark_geodesics_``.
     block_size : int
         Landmark sources per Dijkstra task.
+    knn, n_probe : as :class:`Isomap`'s.
 
     Attributes
     ----------
@@ -515,6 +531,8 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
     training_data_ : ndarray of shape (T, N)
     n_features_in_ : int
     graph_ : scipy.sparse.csr_matrix of shape (T, T)
+    knn_recall_ : float
+        As :class:`Isomap`'s.
     timings_ : dict
         Wall seconds per stage.
     """
@@ -529,7 +547,10 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
     def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256):
+                 geodesic_store: Any = None, block_size: int = 256, knn: str = "auto",
+                 n_probe: int | None = None):
+        self.knn = knn
+        self.n_probe = n_probe
         self.n_neighbors = n_neighbors
         self.n_components = n_components
         self.n_landmarks = n_landmarks
@@ -556,7 +577,7 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         client = active_client(self.client)
         timings = {}
         t0 = time.perf_counter()
-        self.graph_ = _neighbour_graph(X, self.n_neighbors, None, self.on_disconnected, client)
+        self.graph_ = _neighbour_graph(self, X, self.n_neighbors, None, client)
         timings["graph"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -1,0 +1,293 @@
+"""The partitioned search behind ``kneighbors(algorithm="ivf")``: inverted lists in Zarr.
+
+An inverted-file index (Jégou, Douze & Schmid 2011, "Product quantization for nearest neighbor
+search", §III-A; faiss's ``IndexIVFFlat``) over rows that never meet in one process:
+
+1. **Coarse quantizer.** k-means centroids (``n_lists`` of them) trained on a seeded sample of
+   rows, in this process (the sample and the centroids are all it holds). The lists are
+   numbered in the order of the leaves of a k-d tree over the centroids, so that consecutive
+   lists are near each other and a task's lists probe overlapping lists.
+2. **Assignment** (one task per row block, on the workers): every row goes to its nearest
+   centroid; the block's centred float32 rows, sorted by list, and their row indices are
+   written to the block's own rows of a staging Zarr array. Only the per-list counts of each
+   block come back.
+3. **Lists** (one task per group of consecutive lists): a group's rows are read from every
+   block's slice of the staging array and written to the group's own chunks of the lists
+   array. Both arrays are at the fit's scratch location (a local disk or an object store), so a
+   task lost with its worker re-reads them.
+4. **Search** (one task per group): the group's rows are the queries; each probes its
+   ``n_probe`` nearest lists, whose rows the task reads; float32 GEMM tiles are folded into
+   running top ``k + EXTRA`` lists by the brute-force kernel and re-ranked by float64
+   distances, as the exact searches do. A worker holds its group's rows and the lists they
+   probe, never all rows.
+
+With ``n_probe >= n_lists`` every list is probed and the result is the exact kNN of the centred
+float32 rows (as the cell search's). Below, it is approximate: a neighbour is missed when it
+lies in a list none of the query's ``n_probe`` nearest centroids own. The callers estimate the
+recall on sampled rows (:func:`dr_dask.graph.knn.estimate_recall`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import tempfile
+import uuid
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+
+from dr_dask.blas import single_blas_thread
+from dr_dask.cluster import compute
+from dr_dask.graph._knn_cells import _cells, _centred
+from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank_labelled, select_k
+from dr_dask.storage import Location, location
+
+logger = logging.getLogger(__name__)
+
+#: Rows per chunk of the staging and lists arrays (40 KB per chunk at N=100 float32): small, so
+#: that reading one list reads little beside it.
+CHUNK_ROWS = 1024
+#: Training rows per centroid (faiss warns below 39) and the sample's byte cap (float32).
+TRAIN_PER_LIST = 64
+TRAIN_BYTES = 128 << 20
+#: Lloyd iterations of the coarse quantizer (faiss's default is 10 or 20).
+KMEANS_ITER = 15
+#: Query rows per search task: lists are grouped to about this many rows.
+TASK_ROWS = 16_384
+#: Rows per assignment task.
+BLOCK_ROWS = 65_536
+#: ``n_probe`` when not given: measured on the noisy sinusoid (N=100, k=10) at T=10^5-10^6,
+#: recall 0.9x at ``sqrt(T)`` lists (docs/scaling.md, "kNN").
+DEFAULT_N_PROBE = 12
+
+
+def default_n_lists(T: int) -> int:
+    """Lists when not given: about sqrt(T) rows each (faiss's guidance of 4-16 sqrt(T) lists
+    balances the quantizer against the scan for one-off queries; a self-join of T queries
+    scans T n_probe T / n_lists rows, so fewer, larger lists cost little more and lose less
+    recall at the list boundaries)."""
+    return max(1, round(math.sqrt(T)))
+
+
+def _sample_rows(X: Any, n: int, rng: np.random.RandomState, client: Any) -> np.ndarray:
+    rows = np.sort(rng.choice(X.shape[0], n, replace=False))
+    S = X[rows]
+    if isinstance(S, da.Array):
+        (S,) = compute(S, client=client)
+    return np.asarray(S, dtype=np.float64)
+
+
+def train_quantizer(S: np.ndarray, n_lists: int, random_state: Any) -> np.ndarray:
+    """(n_lists, N) k-means centroids of the sample rows ``S`` (Lloyd, seeded)."""
+    from sklearn.cluster import KMeans  # lazy: not on workers (__init__)
+
+    km = KMeans(n_clusters=n_lists, init="random", n_init=1, max_iter=KMEANS_ITER,
+                random_state=random_state).fit(S)
+    return np.asarray(km.cluster_centers_, dtype=np.float64)
+
+
+def _nearest_lists(rows32: np.ndarray, cent32: np.ndarray, n: int) -> np.ndarray:
+    """(m, n) the n nearest centroids of each row (ties to the smaller list)."""
+    return brute_knn(rows32, cent32, min(n, len(cent32)))[1]
+
+
+def _assign_block(block: np.ndarray, start: int, mean: np.ndarray, cent32: np.ndarray,
+                  rows_arr: zarr.Array, ids_arr: zarr.Array) -> np.ndarray:
+    """Sort one row block by list into its rows of the staging arrays; its counts per list."""
+    check_finite(np.asarray(block), start, "X")
+    x = _centred(block, mean)
+    lists = _nearest_lists(x, cent32, 1)[:, 0]
+    order = np.argsort(lists, kind="stable")
+    rows_arr[start:start + len(x)] = x[order]
+    ids_arr[start:start + len(x)] = order + start
+    return np.bincount(lists, minlength=len(cent32))
+
+
+def _read_runs(arr: zarr.Array, spans: list[tuple[int, int]]) -> np.ndarray:
+    """``arr``'s rows of the spans, in order, adjacent spans read at once."""
+    runs: list[list[int]] = []
+    for s, e in spans:
+        if e <= s:
+            continue
+        if runs and runs[-1][1] == s:
+            runs[-1][1] = e
+        else:
+            runs.append([s, e])
+    if not runs:
+        return np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
+    return np.concatenate([np.asarray(arr[s:e]) for s, e in runs])
+
+
+def _gather_group(staging: tuple, lists: tuple, block_starts: np.ndarray,
+                  block_offsets: np.ndarray, first: int, last: int, dest: int) -> int:
+    """Copy lists ``[first, last)`` from every block's staging slice to the lists arrays at
+    ``dest`` (a chunk boundary: no other task writes these chunks)."""
+    spans = [(int(b + o[first]), int(b + o[last])) for b, o in zip(block_starts, block_offsets)]
+    n = 0
+    for src, dst in zip(staging, lists):
+        part = _read_runs(src, spans)
+        dst[dest:dest + len(part)] = part
+        n = len(part)
+    return n
+
+
+def _search_group(lists: tuple, list_start: np.ndarray, list_size: np.ndarray,
+                  cent32: np.ndarray, first: int, last: int, k: int, n_probe: int,
+                  exclude_self: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row indices (m,), distances and neighbour indices (m, k) of the rows of lists
+    ``[first, last)``, each searched in its ``n_probe`` nearest lists."""
+    rows_arr, ids_arr = lists
+    s, e = int(list_start[first]), int(list_start[last - 1] + list_size[last - 1])
+    q = np.asarray(rows_arr[s:e])
+    own = np.asarray(ids_arr[s:e])
+    m = len(q)
+    probes = _nearest_lists(q, cent32, n_probe)
+    # the rows of every probed list, read once: candidate c is cand[c], row ids[c]
+    probed = np.unique(probes)
+    spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in probed]
+    cand = _read_runs(rows_arr, spans)
+    cand_ids = _read_runs(ids_arr, spans)
+    col0 = np.concatenate([[0], np.cumsum(list_size[probed])])
+    sq = np.einsum("ij,ij->i", cand, cand, dtype=np.float64)
+    kk = min(k + exclude_self + EXTRA, int(list_size.sum()))
+    best = np.full((m, kk), np.inf)
+    idx = np.full((m, kk), -1, dtype=np.int64)
+    # (list, query) pairs grouped by list: each probed list meets the queries that probe it
+    pair_list = np.searchsorted(probed, probes.ravel())
+    pair_query = np.repeat(np.arange(m), probes.shape[1])
+    order = np.argsort(pair_list, kind="stable")
+    bounds = np.searchsorted(pair_list[order], np.arange(len(probed) + 1))
+    for j, (a, b) in enumerate(itertools.pairwise(bounds)):
+        rows = pair_query[order[a:b]]
+        c, f = int(col0[j]), int(col0[j + 1])
+        if not len(rows) or f == c:
+            continue
+        part_best, part_idx = best[rows], idx[rows]
+        select_k(q[rows] @ cand[c:f].T, sq[c:f], c, part_best, part_idx)
+        best[rows], idx[rows] = part_best, part_idx
+    d, i = rerank_labelled(q.astype(np.float64), cand, idx, k, cand_ids,
+                            own if exclude_self else own[:0])
+    return own, d, i
+
+
+def _zarr_pair(loc: Location, name: str, T: int, N: int) -> tuple[zarr.Array, zarr.Array]:
+    """Rows (T, N) float32 and their row indices (T,) int64, chunked by ``CHUNK_ROWS``."""
+    store = loc.child(name).zarr_store()
+    root = zarr.open_group(store, mode="w")
+    rows = root.create_array("rows", shape=(T, N), chunks=(CHUNK_ROWS, N), dtype=np.float32,
+                             compressors=None)
+    ids = root.create_array("ids", shape=(T,), chunks=(CHUNK_ROWS,), dtype=np.int64,
+                            compressors=None, fill_value=-1)
+    return rows, ids
+
+
+def _groups(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
+    """Consecutive lists grouped to about ``target`` rows each."""
+    out, first, acc = [], 0, 0
+    for j, n in enumerate(sizes):
+        acc += int(n)
+        if acc >= target:
+            out.append((first, j + 1))
+            first, acc = j + 1, 0
+    if first < len(sizes):
+        out.append((first, len(sizes)))
+    return out
+
+
+def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
+                   n_lists: int | None = None, n_probe: int | None = None,
+                   scratch: Any = None,
+                   random_state: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest neighbours of every row of X among its rows, by the inverted-list search.
+
+    Parameters
+    ----------
+    X : ndarray or dask array of shape (T, N)
+    k : int
+    exclude_self : bool
+        A row is not its own neighbour (``kneighbors`` without ``query``).
+    client : distributed.Client or None
+    n_lists : int, optional
+        Lists of the coarse quantizer (default :func:`default_n_lists`, about sqrt(T)).
+    n_probe : int, optional
+        Lists each row searches (default ``DEFAULT_N_PROBE``); ``>= n_lists``: all, exact.
+    scratch : str or Location, optional
+        Where the lists are written (every worker must reach it); default a local temporary
+        directory. Deleted before returning.
+    random_state : int, RandomState or None
+        Seeds the training sample and the k-means.
+
+    Returns
+    -------
+    distances, indices : ndarrays of shape (T, k)
+        As :func:`dr_dask.graph.knn.kneighbors`; distances between the centred rows rounded
+        to float32.
+    """
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    T, N = X.shape
+    n_lists = min(int(n_lists or default_n_lists(T)), T)
+    n_probe = min(int(n_probe or DEFAULT_N_PROBE), n_lists)
+    rng = check_random_state(random_state)
+    n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
+                  max(n_lists, TRAIN_BYTES // (8 * N)))
+    S = _sample_rows(X, n_train, rng, client)
+    S = S[np.isfinite(S).all(axis=1)]  # a non-finite row is named by the assignment
+    mean = S.mean(axis=0)
+    cent = train_quantizer(S - mean, n_lists, rng)
+    del S
+    # number the lists along a k-d tree of the centroids: a group of consecutive lists is a
+    # compact region, whose rows probe overlapping lists
+    order, _ = _cells(cent, 1)
+    cent32 = np.ascontiguousarray(cent[order], dtype=np.float32)
+
+    if not isinstance(X, da.Array):
+        X = da.from_array(X, chunks=(BLOCK_ROWS, -1))
+    # row blocks on chunk boundaries: each assignment task writes chunks no other one writes
+    block = CHUNK_ROWS * max(1, round(max(X.chunks[0]) / CHUNK_ROWS))
+    X = X.rechunk((block, -1))
+    starts = np.array([0, *np.cumsum(X.chunks[0])])
+
+    own_tmp = scratch is None
+    base = location(tempfile.mkdtemp(prefix="dr_dask_ivf_")) if own_tmp else location(scratch)
+    loc = base.child(f"ivf_{uuid.uuid4().hex[:12]}")
+    try:
+        staging = _zarr_pair(loc, "staging", T, N)
+        assign = dask.delayed(_assign_block, pure=True)
+        with single_blas_thread():
+            counts = np.array(compute(*[
+                assign(b, int(s), mean, cent32, *staging)
+                for b, s in zip(X.to_delayed().ravel(), starts[:-1])], client=client))
+        sizes = counts.sum(axis=0)
+        block_offsets = np.concatenate([np.zeros((len(counts), 1), np.int64),
+                                        np.cumsum(counts, axis=1)], axis=1)
+        groups = _groups(sizes, TASK_ROWS)
+        # each group starts on a chunk boundary of the lists arrays
+        group_rows = [int(sizes[a:b].sum()) for a, b in groups]
+        padded = [CHUNK_ROWS * math.ceil(n / CHUNK_ROWS) for n in group_rows]
+        dest = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
+        lists = _zarr_pair(loc, "lists", int(dest[-1]), N)
+        gather = dask.delayed(_gather_group, pure=True)
+        compute(*[gather(staging, lists, starts[:-1], block_offsets, a, b, int(dest[g]))
+                  for g, (a, b) in enumerate(groups)], client=client)
+        list_start = np.empty(n_lists, dtype=np.int64)
+        for g, (a, b) in enumerate(groups):
+            list_start[a:b] = dest[g] + np.concatenate([[0], np.cumsum(sizes[a:b - 1])])
+        logger.info("IVF kNN: T=%d in %d lists (%d to %d rows), %d probed, %d tasks", T,
+                    n_lists, sizes.min(), sizes.max(), n_probe, len(groups))
+        search = dask.delayed(_search_group, pure=True)
+        with single_blas_thread():
+            parts = compute(*[search(lists, list_start, sizes, cent32, a, b, k, n_probe,
+                                     exclude_self) for a, b in groups], client=client)
+    finally:
+        (base if own_tmp else loc).delete()
+    dist = np.empty((T, k))
+    idx = np.empty((T, k), dtype=np.int64)
+    for own, d, i in parts:
+        dist[own], idx[own] = d, i
+    return dist, idx

@@ -1,0 +1,175 @@
+"""The partitioned (IVF) neighbour search: exact when every list is probed, the same on a
+cluster, from S3 and after a worker is killed mid-search; its recall estimated and warned."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import dask.array as da
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import noisy_curve
+
+from dr_dask.graph import LowRecallWarning, kneighbors
+from dr_dask.graph.knn import estimate_recall, knn_algorithm
+
+
+@pytest.fixture
+def small_lists(monkeypatch):
+    # many tasks and chunks at small T: groups of lists, chunk-aligned regions, block offsets
+    import dr_dask.graph._knn_ivf as ivf
+
+    monkeypatch.setattr(ivf, "TASK_ROWS", 300)
+    monkeypatch.setattr(ivf, "CHUNK_ROWS", 64)
+    return ivf
+
+
+def test_all_lists_probed_equals_exact(small_lists, tmp_path):
+    X = noisy_curve(2500, 30)
+    d0, i0 = kneighbors(X, 7, algorithm="exact")
+    d, i = kneighbors(X, 7, algorithm="ivf", n_lists=25, n_probe=25, scratch=str(tmp_path))
+    np.testing.assert_array_equal(i, i0)
+    np.testing.assert_allclose(d, d0, rtol=1e-5)
+    assert os.listdir(tmp_path) == []  # the lists are deleted
+    # dask input far from the origin, uneven blocks: rows centred before the float32 cast
+    Xd = da.from_array(X + 1e4, chunks=((900, 1000, 600), 30))
+    d, i = kneighbors(Xd, 7, algorithm="ivf", n_lists=25, n_probe=40)
+    assert np.mean(i == i0) >= 0.999
+    np.testing.assert_allclose(d, d0, rtol=1e-4)
+
+
+def test_few_probes_are_approximate_and_warned(small_lists):
+    from dr_dask.methods.isomap import LandmarkIsomap
+
+    X = noisy_curve(2000, 30, seed=1)
+    _, i0 = kneighbors(X, 10, algorithm="exact")
+    _, i = kneighbors(X, 10, algorithm="ivf", n_lists=45, n_probe=1)
+    true = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(i, i0)])
+    assert true < 0.9  # one list of 45 misses neighbours on this noisy curve
+    est = estimate_recall(X, i, n_rows=400, random_state=0)
+    assert abs(est - true) < 0.05  # the sampled estimate tracks the true recall
+    with pytest.warns(LowRecallWarning, match="raise n_probe"):
+        model = LandmarkIsomap(n_neighbors=10, n_components=1, n_landmarks=50, knn="ivf",
+                               n_probe=1, random_state=0).fit(X)
+    assert model.knn_recall_ < 0.9
+    exact = LandmarkIsomap(n_neighbors=10, n_components=1, n_landmarks=50, knn="exact",
+                           random_state=0).fit(X)
+    assert exact.knn_recall_ == 1.0
+
+
+def test_knn_modes():
+    assert knn_algorithm("ivf", 100, 3) == "ivf"
+    assert knn_algorithm("exact", 10**7, 100) == "auto"
+    assert knn_algorithm("auto", 10**7, 100) == "ivf"
+    assert knn_algorithm("auto", 10**4, 100) == "auto"
+    assert knn_algorithm("auto", 10**7, 3) == "auto"  # KD-trees: exact is cheap
+    with pytest.raises(ValueError, match="algorithm='ivf' searches X among itself"):
+        kneighbors(np.zeros((10, 2)), 2, query=np.zeros((3, 2)), algorithm="ivf")
+
+
+def test_bad_knn_parameters_are_refused_naming_them(tmp_path):
+    from dr_dask.cli import main
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.methods.isomap import Isomap
+
+    X = noisy_curve(100, 5)
+    with pytest.raises(ValueError, match="'knn' parameter"):
+        Isomap(knn="fast").fit(X)
+    with pytest.raises(ValueError, match="'n_probe' parameter"):
+        IKD(1, solver="geodesic", n_probe=0).fit(X)
+    np.save(tmp_path / "x.npy", X)
+    for cmd in (["ikd", "-n", "1", "--solver", "geodesic"], ["isomap", "-n", "1"]):
+        for opt, bad in (("--knn", "fast"), ("--n-probe", "0")):
+            res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", *cmd, "--input",
+                                            str(tmp_path / "x.npy"), "--out",
+                                            str(tmp_path / "o.zarr"), opt, bad])
+            assert res.exit_code == 2 and f"'{opt}'" in res.output, res.output
+            assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def _landmark_ikd(**kw):
+    from dr_dask.methods.ikd import IKD
+
+    return IKD(1, solver="geodesic", n_neighbors=8, n_landmarks=60, knn="ivf", n_probe=4,
+               random_state=0, **kw)
+
+
+@pytest.mark.cluster
+def test_landmark_ivf_fit_on_cluster_equals_threaded(small_lists, cluster_client):
+    X = noisy_curve(2000, 30, seed=2)
+    threads = _landmark_ikd().fit(X)
+    on_cluster = _landmark_ikd(client=cluster_client).fit(X)
+    assert threads.knn_recall_ == on_cluster.knn_recall_
+    np.testing.assert_allclose(on_cluster.embedding_, threads.embedding_, rtol=1e-6,
+                               atol=1e-9)
+    # rows read from a store by the workers, in uneven blocks
+    stored = _landmark_ikd(client=cluster_client).fit(
+        da.from_array(X, chunks=((700, 900, 400), 30)))
+    np.testing.assert_allclose(stored.embedding_, threads.embedding_, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.cluster
+def test_worker_killed_in_the_search_leaves_the_result_unchanged(small_lists, tmp_path):
+    from distributed import Client, LocalCluster
+
+    X = noisy_curve(2000, 20, seed=3)
+    expected = kneighbors(X, 6, algorithm="ivf", n_lists=30, n_probe=5)
+    flag = str(tmp_path / "killed")
+
+    def arm() -> None:
+        # in each worker: the first list-search task to start SIGKILLs its own process
+        import dr_dask.graph._knn_ivf as ivf
+
+        real = ivf._search_group
+
+        def search_group(*args):
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return real(*args)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        ivf._search_group = search_group
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        client.run(arm)
+        got = kneighbors(X, 6, algorithm="ivf", n_lists=30, n_probe=5, client=client,
+                         scratch=str(tmp_path / "lists"))
+    assert os.path.exists(flag)  # a worker did die in the search
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[0], expected[0])
+
+
+def test_ivf_fit_from_s3_equals_local(s3_bucket, tmp_path):
+    import zarr
+
+    from dr_dask.cli import main
+    from dr_dask.storage import Location
+    from dr_dask.store import open_run
+
+    X = noisy_curve(600, 12, seed=4)
+    for url in (str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"):
+        zarr.open_group(Location(url).zarr_store(), mode="w").create_array(
+            "X", data=X, chunks=(200, 12), dimension_names=("sample", "feature"))
+    args = ["--scheduler", "threads", "embed", "ikd", "-n", "1", "--solver", "geodesic",
+            "--n-neighbors", "8", "--landmarks", "40", "--knn", "ivf", "--n-probe", "3",
+            "--name", "r"]
+    local_out, s3_out = str(tmp_path / "out.zarr"), f"s3://{s3_bucket}/out.zarr"
+    res = CliRunner().invoke(main, [*args, "--input", f"{tmp_path}/in.zarr:X", "--out",
+                                    local_out])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, [*args, "--input", f"s3://{s3_bucket}/in.zarr:X", "--out",
+                                    s3_out])
+    assert res.exit_code == 0, res.output
+    local, remote = open_run(local_out, "r"), open_run(s3_out, "r")
+    np.testing.assert_allclose(np.asarray(remote["embedding"][...]),
+                               np.asarray(local["embedding"][...]), rtol=1e-6, atol=1e-9)
+    recall = remote.attrs["summary"]["knn_recall"]
+    assert recall == local.attrs["summary"]["knn_recall"] and 0 < recall <= 1
+    # the lists were written next to the input, in its bucket, and deleted
+    assert sorted(Location(f"s3://{s3_bucket}").listdir()) == ["in.zarr", "out.zarr"]
