@@ -149,8 +149,8 @@ def test_ivf_fit_from_s3_equals_local(s3_bucket, tmp_path):
     import zarr
 
     from dr_dask.cli import main
+    from dr_dask.runs import open_run
     from dr_dask.storage import Location
-    from dr_dask.store import open_run
 
     X = noisy_curve(600, 12, seed=4)
     for url in (str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"):
