@@ -41,13 +41,17 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     assert [r["T"] for r in report["knn"]] == [800, 1600]
     assert all(r["recall"] == 1.0 for r in report["knn"])  # the exact search at this size
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # --min-T and --max-T keep the sizes between them (one size: a long run alone)
+    assert all(r["knn_recall"] == (None if r["method"] == "full_ikd" else 1.0) for r in rows)
+    # --min-T and --max-T keep the sizes between them (one size: a long run alone); --knn ivf
+    # reports the recall the fit estimated
     result = CliRunner().invoke(main, [
         "--scheduler", "threads", "bench", "scale", "--quick", "--min-T", "800", "--max-T", "1000",
         "--method", "landmark_isomap", "--landmarks", "40", "--workdir", str(tmp_path / "data"),
-        "--json", str(out), "--png", str(png)])
+        "--json", str(out), "--png", str(png), "--knn", "ivf", "--n-probe", "2"])
     assert result.exit_code == 0, result.output
-    assert [r["T"] for r in json.loads(out.read_text())["rows"]] == [800]
+    report = json.loads(out.read_text())
+    assert [r["T"] for r in report["rows"]] == [800]
+    assert 0 < report["rows"][0]["knn_recall"] < 1 and report["knn"][0]["algorithm"] == "ivf"
 
 
 def test_size_ladders():

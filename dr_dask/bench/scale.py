@@ -21,11 +21,9 @@ import shutil
 import tempfile
 from typing import Any
 
-import dask.array as da
 import numpy as np
 
 from dr_dask.bench._common import dataset_store, n_workers, timed_fits
-from dr_dask.cluster import compute
 from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -43,7 +41,8 @@ METHODS = LANDMARK_METHODS + EXACT_METHODS
 KNN_QUERIES = 1000
 
 
-def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str) -> Any:
+def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str,
+               search: dict) -> Any:
     from dr_dask.methods.ikd import IKD
     from dr_dask.methods.ikd_core import MEMORY_TILE_BYTES
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
@@ -51,18 +50,20 @@ def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str)
     if method == "full_ikd":
         return IKD(1, solver="full", random_state=0, client=client)
     if method == "geodesic_ikd":
-        return IKD(1, solver="geodesic", n_neighbors=N_NEIGHBORS, random_state=0, client=client)
+        return IKD(1, solver="geodesic", n_neighbors=N_NEIGHBORS, random_state=0, client=client,
+                   **search)
     if method == "isomap":
-        return Isomap(n_neighbors=N_NEIGHBORS, n_components=1, random_state=0, client=client)
+        return Isomap(n_neighbors=N_NEIGHBORS, n_components=1, random_state=0, client=client,
+                      **search)
     if method == "landmark_ikd":
         # tile_cache="auto" puts the L x T rows in Zarr above the tile budget
         return IKD(1, solver="geodesic", n_landmarks=n_landmarks, n_neighbors=N_NEIGHBORS,
-                   dtype="float32", random_state=0, client=client)
+                   dtype="float32", random_state=0, client=client, **search)
     # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
     store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
              if 4 * n_landmarks * T > MEMORY_TILE_BYTES else None)
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
-                          random_state=0, client=client, geodesic_store=store)
+                          random_state=0, client=client, geodesic_store=store, **search)
 
 
 def size_ladder(method: str, quick: bool, min_T: int | None, max_T: int | None) -> list[int]:
@@ -78,27 +79,25 @@ def fitted_slope(T: list[int], values: list[float]) -> float | None:
     return float(np.polyfit(np.log(T), np.log(values), 1)[0])
 
 
-def knn_recall(X: Any, k: int, n_queries: int, client: Any, seed: int = 0) -> dict:
-    """Time of the package's kNN (``algorithm="auto"``) on X, and its recall on sampled rows
-    against the exact (brute-force) neighbours of those rows."""
-    from dr_dask.graph import kneighbors
+def knn_recall(X: Any, k: int, n_queries: int, client: Any, knn: str = "exact",
+               n_probe: int | None = None, seed: int = 0) -> dict:
+    """Time of the package's kNN in the estimators' mode ``knn`` on X, and its recall on
+    sampled rows against the exact (brute-force) neighbours of those rows."""
+    from dr_dask.graph.knn import estimate_recall, kneighbors, knn_algorithm
 
+    algorithm = knn_algorithm(knn, X.shape[0], X.shape[1])
     with timed() as t:
-        _, idx = kneighbors(X, k, client=client)
-    seconds = t["seconds"]
-    rows = np.sort(np.random.default_rng(seed).choice(X.shape[0], n_queries, replace=False))
-    Xq = X[rows]
-    if isinstance(Xq, da.Array):
-        (Xq,) = compute(Xq, client=client)
-    _, exact = kneighbors(X, k + 1, query=Xq, client=client, algorithm="exact")
-    hits = [len(set(e[e != r][:k]) & set(i)) for r, e, i in zip(rows, exact, idx[rows])]
-    return {"seconds": seconds, "recall": float(np.sum(hits) / (k * n_queries)),
-            "n_queries": n_queries, "k": k}
+        _, idx = kneighbors(X, k, client=client, algorithm=algorithm, n_probe=n_probe,
+                            random_state=seed)
+    recall = estimate_recall(X, idx, n_rows=n_queries, random_state=seed, client=client)
+    return {"seconds": t["seconds"], "recall": recall, "n_queries": n_queries, "k": k,
+            "algorithm": algorithm}
 
 
 def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
               max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
-              workdir: str | None = None) -> dict:
+              workdir: str | None = None, knn: str = "exact",
+              n_probe: int | None = None) -> dict:
     """Fit each method at each size; return the table rows and the fitted slopes.
 
     Parameters
@@ -115,11 +114,14 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         A subset of ``METHODS``.
     workdir : str, optional
         Where the datasets go (reused across runs); default a temporary directory.
+    knn, n_probe : the estimators' neighbour search (every method but full IKD, which
+        builds no graph) and the timed kNN's.
 
     Returns
     -------
     dict
-        ``rows`` (one per method and T: seconds, peak RSS, R^2, stage seconds), ``slopes``
+        ``rows`` (one per method and T: seconds, peak RSS, R^2, the estimated kNN recall,
+        stage seconds), ``slopes``
         (per method, of time and of peak RSS), ``knn`` (per T: seconds, recall) and the
         settings.
     """
@@ -137,25 +139,28 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     own_tmp = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
     os.makedirs(workdir, exist_ok=True)
-    rows, knn = [], []
+    rows, knn_rows = [], []
+    search = {"knn": knn, "n_probe": n_probe}
     try:
         for T in sizes:
             src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
             inp = open_dataset(src)
-            knn.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
-                                             client)})
+            knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
+                                                  client, knn, n_probe)})
             for method in (m for m in methods if T in ladders[m]):
                 L = min(n_landmarks, T // 10) if method in LANDMARK_METHODS else None
                 logger.info("scale: %s at T=%d, L=%s", method, T, L)
                 # the IKD solvers read the store themselves (its chunks, its identity)
                 data = inp if method.endswith("_ikd") else inp.data
                 seconds, peak, est = timed_fits(
-                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir), data, 1,
-                    client)
+                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir,
+                                                          {} if m == "full_ikd" else search),
+                    data, 1, client)
                 stages = est.timings_
                 rows.append({
                     "method": method, "T": T, "n_landmarks": L, "seconds": seconds,
                     "peak_rss_gb": peak, "r2": r2_affine(Z, est.embedding_),
+                    "knn_recall": getattr(est, "knn_recall_", None),
                     "stage_seconds": stages,
                 })
     finally:
@@ -172,7 +177,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     return {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
         "workers": n_workers(client),
-        "rows": rows, "slopes": slopes, "knn": knn,
+        "knn_mode": knn, "n_probe": n_probe,
+        "rows": rows, "slopes": slopes, "knn": knn_rows,
     }
 
 

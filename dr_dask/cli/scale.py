@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from dr_dask.cli._app import bench, cluster, fail
+from dr_dask.cli._app import bench, cluster, fail, knn_options
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +31,10 @@ logger = logging.getLogger(__name__)
               help="The table as JSON.")
 @click.option("--png", "png_path", default="scale.png", show_default=True,
               help="The log-log plot of time and peak RSS against T.")
+@knn_options
 @click.pass_context
-def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_path, png_path):
+def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_path, png_path,
+                knn, n_probe):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
     at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
     R^2 and the fitted slopes."""
@@ -48,7 +50,7 @@ def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_pa
     with cluster(ctx) as client:
         results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
                             n_landmarks=n_landmarks,
-                            methods=methods, workdir=workdir)
+                            methods=methods, workdir=workdir, knn=knn, n_probe=n_probe)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
 
