@@ -15,6 +15,7 @@ from sklearn.datasets import make_swiss_roll
 from dr_dask.graph import (
     DisconnectedGraphWarning,
     DuplicatePointsWarning,
+    GeodesicRows,
     connect_components,
     geodesics_via_neighbors,
     graph_from_neighbors,
@@ -26,9 +27,10 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
-from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
+from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
+from dr_dask.storage import location
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +394,7 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points():
 
 
 @pytest.mark.cluster
-def test_graph_on_cluster_equals_threaded(roll, cluster_client):
+def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path):
     d0, i0 = kneighbors(roll, 6, block_size=500)
     d1, i1 = kneighbors(roll, 6, block_size=500, client=cluster_client)
     np.testing.assert_array_equal(i0, i1)
@@ -403,6 +405,13 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client):
     np.testing.assert_array_equal(shortest_paths(G, src, client=cluster_client, block_size=50),
                                   shortest_paths(G, src))
     assert sp.issparse(G)
+    # the graph opened by the tasks from a store (memory-mapped here) gives the same rows
+    store = tmp_path / "graph"
+    rows = GeodesicRows.compute(G, src, client=cluster_client, block_size=50,
+                                graph_store=str(store))
+    np.testing.assert_array_equal(rows.gather(), shortest_paths(G, src))
+    opened = StoredGraph(location(str(store)), 1500).open()
+    assert all(isinstance(getattr(opened, a), np.memmap) for a in ("indices", "weights"))
     # the tiles on the workers (views of each strip, recomputable futures) equal the threaded
     grid = strip_grid(1500, cluster_client)
     assert grid.n_blocks == 4  # two equal strips per worker

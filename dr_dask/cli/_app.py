@@ -42,7 +42,7 @@ def knn_options(fn: Any) -> Any:
     return click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
                         show_default=True,
                         help="Neighbour search: exact, ivf (partitioned, approximate; its "
-                        "estimated recall is in the summary), or auto (ivf from 200,000 "
+                        "estimated recall is in the summary), or auto (ivf from 100,000 "
                         "rows).")(fn)
 
 

@@ -49,9 +49,10 @@ ALGORITHMS = ("auto", "exact", "cells", "ivf")
 #: picks), ``"ivf"`` (the partitioned approximate search) or ``"auto"`` (IVF from
 #: ``IVF_MIN_ROWS`` rows above ``KD_TREE_MAX_DIM`` features, else exact).
 KNN_MODES = ("auto", "exact", "ivf")
-#: ``knn="auto"`` uses the IVF search from this many rows: where it beat the exact cell search
-#: on the noisy sinusoid (N=100, k=10; docs/scaling.md, "kNN").
-IVF_MIN_ROWS = 200_000
+#: ``knn="auto"`` uses the IVF search from this many rows: on the noisy sinusoid (N=100, k=10)
+#: it took 6.2 s against the exact cell search's 13.3 s at T=10^5 (docs/scaling.md, "The
+#: partitioned neighbour search").
+IVF_MIN_ROWS = 100_000
 #: The ``knn`` and ``n_probe`` parameters of every estimator that builds a neighbour graph
 #: (merged into its ``_parameter_constraints``).
 KNN_CONSTRAINTS: dict = {"knn": [Options(set(KNN_MODES))], "n_probe": [positive(Integral), None]}

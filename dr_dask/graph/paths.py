@@ -10,9 +10,11 @@ over the blocks (:meth:`GeodesicRows.map`) without ever gathering a T x T matrix
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import operator
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +28,7 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask.cluster import active_client, gather, share, wait_for
 from dr_dask.linalg.tiles import strip_tiles
-from dr_dask.storage import location
+from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,58 @@ class _SearchGraph:
         rank[perm] = np.arange(len(perm))
         g = graph[perm]  # row slicing keeps duplicate entries and explicit zeros
         return cls(g.indptr, rank[g.indices].astype(g.indices.dtype), g.data, rank)
+
+
+#: The arrays of a stored search graph (the fields of :class:`_SearchGraph`).
+_GRAPH_ARRAYS = ("indptr", "indices", "weights", "rank")
+
+
+@dataclass(frozen=True)
+class StoredGraph:
+    """A prepared search graph in Zarr, which the shortest-path tasks open where they run.
+
+    Written once by :meth:`write` (one uncompressed chunk per array), so that the graph
+    reaches the workers from the store rather than from the client, and a task rerun after a
+    worker loss reopens it. From a local store the arrays are memory-mapped: the workers of
+    one machine share one copy in the page cache instead of holding one each.
+    """
+
+    location: Location
+    n_nodes: int
+
+    @classmethod
+    def write(cls, graph: _SearchGraph, where: Any) -> StoredGraph:
+        loc = location(where)
+        root = zarr.open_group(loc.zarr_store(), mode="w")
+        for name in _GRAPH_ARRAYS:
+            a = np.ascontiguousarray(getattr(graph, name))
+            arr = root.create_array(name, shape=a.shape, dtype=a.dtype,
+                                    chunks=(max(1, a.shape[0]),), compressors=None)
+            arr[...] = a
+        return cls(loc, graph.n_nodes)
+
+    def open(self) -> _SearchGraph:
+        return _open_stored(self.location)
+
+
+@functools.lru_cache(maxsize=1)  # one graph per process at a time: every task of a stage
+def _open_stored(loc: Location) -> _SearchGraph:
+    root = zarr.open_group(loc.zarr_store(read_only=True), mode="r")
+    arrays = []
+    for name in _GRAPH_ARRAYS:
+        arr = root[name]
+        chunk = os.path.join(loc.url, name, "c", "0") if loc.is_local else None
+        if (chunk is not None and os.path.exists(chunk)
+                and os.path.getsize(chunk) == arr.nbytes and arr.dtype.byteorder in "<=|"):
+            # the one chunk of an uncompressed array is its raw little-endian bytes
+            arrays.append(np.memmap(chunk, dtype=arr.dtype, mode="r", shape=arr.shape))
+        else:
+            arrays.append(np.asarray(arr[...]))
+    return _SearchGraph(*arrays)
+
+
+def _opened(graph: _SearchGraph | StoredGraph) -> _SearchGraph:
+    return graph.open() if isinstance(graph, StoredGraph) else graph
 
 
 @numba.njit(cache=True, nogil=True)
@@ -197,9 +251,11 @@ def dijkstra_rows(graph: sp.spmatrix, sources: np.ndarray, *, square: bool = Fal
     return _rows(_SearchGraph.of(graph), sources, square, dtype)
 
 
-def _rows(graph: _SearchGraph, sources: np.ndarray, square: bool, dtype: Any,
+def _rows(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
           out: np.ndarray | None = None) -> np.ndarray:
-    """:func:`dijkstra_rows` over a prepared graph, into ``out`` (of shape (S, T)) if given."""
+    """:func:`dijkstra_rows` over a prepared (or stored) graph, into ``out`` (of shape (S, T))
+    if given."""
+    graph = _opened(graph)
     if out is None:
         out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
     bad, missing = _dijkstra_csr(graph.indptr, graph.indices, graph.weights, graph.rank,
@@ -223,7 +279,7 @@ def _as_csr(graph: sp.spmatrix) -> sp.csr_matrix:
     return graph
 
 
-def _rows_to_store(graph: _SearchGraph, sources: np.ndarray, square: bool, dtype: Any,
+def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
                    store: zarr.Array, start: int) -> tuple:
     store[start : start + len(sources)] = _rows(graph, sources, square, dtype)
     return ("zarr", store, start, start + len(sources))
@@ -295,6 +351,7 @@ class GeodesicRows:
         square: bool = False,
         out: Any = None,
         wait: bool = True,
+        graph_store: Any = None,
     ) -> GeodesicRows:
         """Run Dijkstra from every source, blockwise, on the cluster.
 
@@ -319,6 +376,11 @@ class GeodesicRows:
             Wait for every block (a failure such as a disconnected graph surfaces here).
             ``False`` (held blocks only) returns at once, so that :meth:`gather` copies blocks
             while later ones are computed; a failure then surfaces there.
+        graph_store : str or Location, optional
+            With a client: where the prepared graph is written once (:class:`StoredGraph`)
+            for the tasks to open, memory-mapped when local, instead of being sent from this
+            process to every worker. It must outlive the rows (a lost block is recomputed
+            from it).
         """
         graph = _as_csr(graph)
         T = graph.shape[0]
@@ -342,7 +404,8 @@ class GeodesicRows:
         if client is None:
             blocks = [fn(graph, *args) for fn, *args in tasks]
         else:
-            g = share(graph, client)
+            g = (StoredGraph.write(graph, graph_store) if graph_store is not None
+                 else share(graph, client))
             blocks = [client.submit(fn, g, *args) for fn, *args in tasks]
             if not wait and store is None:
                 return cls((len(sources), T), bounds, blocks, client, store, dtype)

@@ -386,11 +386,15 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         on_disk = cfg.on_disk(4 * L * T)
         # the workers write the rows and read them back: in the run's store (or the scratch
         # location), dropped when the stage is done
-        with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc:
+        # the graph too: the shortest-path tasks open it there (memory-mapped when local), it
+        # does not travel from this process to every worker
+        with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc, \
+                scratch("graph", None, cfg.scratch, inp) as graph_loc:
             t0 = time.perf_counter()
             rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
-                                        out=rows_loc if on_disk else None)
-            del graph  # the workers hold their copy as long as the rows need it
+                                        out=rows_loc if on_disk else None,
+                                        graph_store=graph_loc)
+            del graph  # the store holds it as long as the rows need it
             seconds["shortest_paths"] = time.perf_counter() - t0
             kernel = GeodesicKernel(inverse, None)
             t0 = time.perf_counter()

@@ -118,7 +118,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     knn, n_probe : the kNN rule's neighbour search (``solver="geodesic"``, also landmark):
         ``knn="exact"`` (the exact search), ``"ivf"`` (the partitioned approximate search,
         each row probing its ``n_probe`` nearest of about sqrt(T) lists; default 12) or
-        ``"auto"`` (IVF from 200,000 rows; see :func:`dr_dask.graph.knn.search_neighbours`).
+        ``"auto"`` (IVF from 100,000 rows; see :func:`dr_dask.graph.knn.search_neighbours`).
     clique_threshold, max_cliques, min_overlap, shared_points : solver="blockwise" options.
     n_landmarks, landmark_method : landmark IKD (a geodesic-solver extension for large T).
 

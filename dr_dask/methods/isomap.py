@@ -298,7 +298,7 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         Dijkstra sources per task.
     knn : {"auto", "exact", "ivf"}
         Neighbour search of the k rule: exact, the partitioned approximate IVF search
-        (:func:`dr_dask.graph.knn.search_neighbours`), or IVF from 200,000 rows ("auto").
+        (:func:`dr_dask.graph.knn.search_neighbours`), or IVF from 100,000 rows ("auto").
         Its lists go to a local temporary directory.
     n_probe : int, optional
         Lists each row searches with IVF (of about sqrt(T); default 12).
