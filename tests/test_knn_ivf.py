@@ -173,3 +173,26 @@ def test_ivf_fit_from_s3_equals_local(s3_bucket, tmp_path):
     assert recall == local.attrs["summary"]["knn_recall"] and 0 < recall <= 1
     # the lists were written next to the input, in its bucket, and deleted
     assert sorted(Location(f"s3://{s3_bucket}").listdir()) == ["in.zarr", "out.zarr"]
+
+
+def test_every_graph_building_estimator_takes_the_search():
+    """LSDR's kNN graph and GP-Isomap's batch clustering run the IVF search when asked: with
+    every list probed their fits equal the exact ones, and they report the recall."""
+    from dr_dask.datasets.swiss_roll import shift_scenario
+    from dr_dask.methods.gp_isomap import GPIsomap
+    from dr_dask.methods.lsdr import LSDR
+
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3 * np.pi, 400)
+    X = np.c_[np.cos(t), np.sin(t), t / 3, np.zeros((400, 5))] + 0.02 * rng.normal(size=(400, 8))
+    exact = LSDR(n_components=1, graph="knn", knn="exact", random_state=0).fit(X)
+    ivf = LSDR(n_components=1, graph="knn", knn="ivf", n_probe=400, random_state=0).fit(X)
+    np.testing.assert_allclose(ivf.embedding_, exact.embedding_, atol=1e-8)
+    assert exact.knn_recall_ == ivf.knn_recall_ == 1.0
+    assert LSDR(n_components=1, random_state=0).fit(X[:, :3]).knn_recall_ is None  # Delaunay
+    batch = shift_scenario(200, random_state=1).batch
+    exact = GPIsomap(n_neighbors=10, knn="exact", random_state=0).fit(batch)
+    ivf = GPIsomap(n_neighbors=10, knn="ivf", n_probe=1000, random_state=0).fit(batch)
+    np.testing.assert_array_equal(ivf.labels_, exact.labels_)
+    np.testing.assert_allclose(ivf.embedding_, exact.embedding_, atol=1e-8)
+    assert ivf.knn_recall_ == 1.0

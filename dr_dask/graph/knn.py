@@ -380,6 +380,18 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
     return dist, idx, recall
 
 
+def estimator_neighbours(X: Any, n_neighbors: int, search: dict | None, *, client: Any = None,
+                         **exact: Any) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`search_neighbours` with an estimator's options ``search`` (``knn``, ``n_probe``,
+    ``scratch``, ``random_state``; the recall is stored back under ``"recall"``), or without
+    them :func:`kneighbors` with the options ``exact``."""
+    if search is None:
+        return kneighbors(X, n_neighbors, client=client, **exact)
+    options = {key: v for key, v in search.items() if key != "recall"}
+    dist, idx, search["recall"] = search_neighbours(X, n_neighbors, client=client, **options)
+    return dist, idx
+
+
 def kneighbors_local(
     X: np.ndarray, n_neighbors: int, query: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -547,13 +559,8 @@ def kneighbors_graph(
     if radius is None:
         if n_neighbors is None:
             raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
-        if search is not None:
-            options = {key: v for key, v in search.items() if key != "recall"}
-            dist, idx, search["recall"] = search_neighbours(X, n_neighbors, client=client,
-                                                            **options)
-        else:
-            dist, idx = kneighbors(X, n_neighbors, client=client, block_size=block_size,
-                                   algorithm=algorithm)
+        dist, idx = estimator_neighbours(X, n_neighbors, search, client=client,
+                                         block_size=block_size, algorithm=algorithm)
         rows = np.repeat(np.arange(n), idx.shape[1])
         cols, d = idx.ravel(), dist.ravel()
     else:

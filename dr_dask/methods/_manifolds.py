@@ -49,7 +49,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components, dijkstra, minimum_spanning_tree
 from sklearn.utils import check_random_state
 
-from dr_dask.graph.knn import kneighbors, kneighbors_local
+from dr_dask.graph.knn import estimator_neighbours, kneighbors_local
 from dr_dask.graph.landmarks import landmark_mds, triangulate
 from dr_dask.linalg import mds
 
@@ -75,6 +75,7 @@ def tangent_clusters(
     edge_factor: float = 1.5,
     density_persistence: float | None = 1.2,
     client=None,
+    search: dict | None = None,
 ) -> np.ndarray:
     """Manifold labels for a batch; the number of manifolds is inferred.
 
@@ -100,6 +101,10 @@ def tangent_clusters(
         :func:`density_modes`; ``None`` keeps whole connected components.
     client : distributed.Client, optional
         Passed to the kNN search.
+    search : dict, optional
+        An estimator's search (``knn``, ``n_probe``, ``random_state`` of
+        :func:`dr_dask.graph.knn.search_neighbours`); its recall is stored back under
+        ``"recall"``. Default: the exact search.
 
     Returns
     -------
@@ -110,7 +115,7 @@ def tangent_clusters(
     n = X.shape[0]
     k = min(n_neighbors, n - 1)
     min_size = min_cluster_size or max(2 * k, 10)
-    dist, idx = kneighbors(X, k, client=client)
+    dist, idx = estimator_neighbours(X, k, search, client=client)
     rows = np.repeat(np.arange(n), k)
     cols = idx.ravel()
     # near-mutual kNN: an edge i -> j survives only if i is about as close to j as j's own

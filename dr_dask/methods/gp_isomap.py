@@ -25,6 +25,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import ClientParam, active_client, gather
+from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
@@ -133,9 +134,13 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     client : distributed.Client, optional
         The clusterer's neighbour search and the per-manifold Isomap + GP fits run on it;
         default the active client, else in-process.
+    knn, n_probe : the batch's neighbour search (``clusterer="tangent"``), as
+        :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.
 
     Attributes
     ----------
+    knn_recall_ : float or None
+        The batch search's recall (1.0 exact, IVF estimated; None without that search).
     labels_ : ndarray of shape (n,)
         Manifold of each batch point; -1 for outliers (a user labelling may use -1 too).
     outliers_ : ndarray of shape (n_outliers, D)
@@ -238,6 +243,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         "hyper_max_points": [positive(Integral)],
         "random_state": ["random_state"],
         "client": "no_validation",
+        **KNN_CONSTRAINTS,
     }
 
     def __init__(
@@ -263,7 +269,11 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         hyper_max_points: int = 800,
         random_state: int | np.random.RandomState | None = None,
         client: Any = None,
+        knn: str = "auto",
+        n_probe: int | None = None,
     ):
+        self.knn = knn
+        self.n_probe = n_probe
         self.n_neighbors = n_neighbors
         self.n_components = n_components
         self.kernel = kernel
@@ -288,16 +298,21 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     # ------------------------------------------------------------------ fit
     def _cluster(self, X: np.ndarray, client) -> np.ndarray:
         c = self.clusterer
+        self.knn_recall_ = None
         if isinstance(c, str):
             if c == "single":
                 return np.zeros(len(X), dtype=np.int32)
             if c == "tangent":
-                return tangent_clusters(
+                search = {"knn": self.knn, "n_probe": self.n_probe,
+                          "random_state": self.random_state}
+                labels = tangent_clusters(
                     X, self.n_neighbors, self.n_components,
                     tangent_threshold=self.tangent_threshold,
                     density_persistence=self.density_persistence,
-                    min_cluster_size=self.min_cluster_size, client=client,
+                    min_cluster_size=self.min_cluster_size, client=client, search=search,
                 )
+                self.knn_recall_ = search.get("recall")
+                return labels
         labels = np.asarray(c(X) if callable(c) else c)
         if labels.shape != (len(X),):
             raise ValueError(f"clusterer labels have shape {labels.shape}, expected ({len(X)},)")

@@ -50,6 +50,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.graph import connect_components, kneighbors_graph
+from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.paths import shortest_paths
 from dr_dask.linalg.eigen import DenseOperator
 from dr_dask.linalg.mds import classical_mds
@@ -239,9 +240,13 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         Seeds the eigensolver's start block and the landmark subset of ``oos="interp"``.
     client : distributed.Client, optional
         Cluster for the geodesic passes; default the active client, else local threads.
+    knn, n_probe : the neighbour search of ``graph="knn"``, as
+        :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------
+    knn_recall_ : float or None
+        ``graph="knn"``: the search's recall (1.0 exact, IVF estimated); else None.
     embedding_ : ndarray of shape (n, d)
     skeleton_indices_ : ndarray of shape (r,)
     skeleton_embedding_ : ndarray of shape (r, d)
@@ -283,6 +288,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         "oos_ridge": [non_negative(Real)],
         "random_state": ["random_state"],
         "client": "no_validation",
+        **KNN_CONSTRAINTS,
     }
 
     def __init__(
@@ -301,7 +307,11 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         oos_ridge: float = 1e-6,
         random_state: Any = None,
         client: Any = None,
+        knn: str = "auto",
+        n_probe: int | None = None,
     ):
+        self.knn = knn
+        self.n_probe = n_probe
         self.n_components = n_components
         self.alpha = alpha
         self.n_skeleton_neighbors = n_skeleton_neighbors
@@ -368,12 +378,15 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
 
     def _knn_graph_edges(self, X: np.ndarray) -> np.ndarray:
 
+        search = {"knn": self.knn, "n_probe": self.n_probe, "random_state": self.random_state}
         G = kneighbors_graph(X, min(int(self.n_graph_neighbors), X.shape[0] - 1),
-                             client=self.client)
+                             client=self.client, search=search)
+        self.knn_recall_ = search.get("recall")
         G = sp.triu(connect_components(G, X, on_disconnected="bridge"), 1).tocoo()
         return np.column_stack([G.row, G.col])
 
     def _build_graph(self, X: np.ndarray):
+        self.knn_recall_ = None  # set by the kNN candidate graph
         n, p = X.shape
         simplices = None
         if self.graph == "delaunay":
