@@ -1,4 +1,4 @@
-"""IKD benchmarks (issue 2).
+"""IKD benchmarks.
 
 Cases, each with its baseline measured in the same run:
 

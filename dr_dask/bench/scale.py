@@ -1,4 +1,4 @@
-"""``dr-dask bench scale``: the scaling table (issue 15, items 1 and 4).
+"""``dr-dask bench scale``: the scaling table.
 
 The IKD paper's sinusoidal data with N=100 are written to a chunked Zarr store and read from
 it by each method, one fit per size: the landmark variants (landmark IKD, geodesic; Landmark

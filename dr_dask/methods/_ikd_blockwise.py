@@ -1,4 +1,4 @@
-"""Blockwise IKD (seed 002 §2.4, first bullet; digest seed-ikd.md §2).
+"""Blockwise IKD (Li & Wu 2024, §2.4, first bullet).
 
 Small similarities carry large inverse-kernel errors, so blockwise IKD only trusts the graph
 ``s_ij / sigma^2 > s0``: it finds maximal cliques of that graph (Bron–Kerbosch with pivoting,
@@ -10,8 +10,8 @@ How this runs:
 
 1. ``S`` (T x T) is computed on the cluster and gathered: the blockwise solver is for the small
    T the method is meant for (the authors' code holds S too); the clique search needs all of it.
-2. The clique search and leftover rules follow the authors' code (digest §2): cliques of
-   fewer than M + 2 points are dropped; leftover points, if at most 5% of T, get a kNN
+2. The clique search and leftover rules follow the authors' code (the papers leave them
+   open): cliques of fewer than M + 2 points are dropped; leftover points, if at most 5% of T, get a kNN
    "clique" of ``M + max(floor(0.02 T), 2)`` most-similar points each; otherwise, with a user
    s0 or s0 > 0.26, every point gets such a kNN clique and shared points are averaged; otherwise
    s0 rises by 0.04 and the search reruns.
@@ -22,8 +22,8 @@ How this runs:
 
 Merges (authors' ``combine_two_eig``): the larger clique's frame is kept; with at least
 ``min_overlap`` (M + 1) shared points the smaller one is aligned to it rigidly (rotation,
-reflection, translation; digest A12); with fewer, a bridging sub-problem of the M + 2 points
-of each side most similar to the closest pair (no shared point) or to a shared point (the one
+reflection, translation; docs/decisions.md IKD-A12); with fewer, a bridging sub-problem of the M + 2
+points of each side most similar to the closest pair (no shared point) or to a shared point (the one
 with the smallest alignment error) is solved and both sides are aligned to it.
 
 ``fit_blockwise(config, data, run) -> IKDResult``. A run keeps the clique search (the cliques
@@ -104,7 +104,8 @@ def clique_ikd(
     G = gram_dense(D, r)
     eig = top_eigh(G, n_components, method="dense")
     with warnings.catch_warnings():
-        # a clique with fewer than M positive eigenvalues gets zero columns (digest A8)
+        # a clique with fewer than M positive eigenvalues gets zero columns (docs/decisions.md
+        # IKD-A8)
         warnings.simplefilter("ignore", RuntimeWarning)
         Z = embedding_from_eigenpairs(eig.values, eig.vectors, n_components)
     return Z, float(np.sum(eig.values**2) / np.sum(G * G))
@@ -174,7 +175,7 @@ def find_cliques(
     T = k.shape[0]
     size = min(T, M + max(int(0.02 * T), 2))
     while True:
-        A = k > s0  # strict (digest A10)
+        A = k > s0  # strict (docs/decisions.md IKD-A10)
         np.fill_diagonal(A, False)
         cliques = maximal_cliques(A, max_cliques=max_cliques, min_size=M + 2)
         covered = np.zeros(T, bool)

@@ -1,4 +1,4 @@
-"""Full IKD (seed 002 Algorithm 1), tiled: ``fit_full(config, data, run) -> IKDResult``.
+"""Full IKD (Li & Wu 2022/2024, Algorithm 1), tiled: ``fit_full(config, data, run) -> IKDResult``.
 
 D is produced as upper-triangle tiles from row blocks of X (kept on the workers, or in a Zarr
 array for large T), the reference point is a reduction over tile statistics, and the

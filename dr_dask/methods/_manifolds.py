@@ -1,4 +1,5 @@
-"""Multi-manifold bookkeeping of GP-Isomap (S-Isomap++ batch phase, digest §2.2).
+"""Multi-manifold bookkeeping of GP-Isomap (S-Isomap++ batch phase, Mahapatra & Chandola 2020,
+§3.3).
 
 * :func:`tangent_clusters` -- split a batch into manifolds, their number inferred;
 * :func:`support_pairs`, :func:`support_set` -- k nearest and l farthest point pairs between
@@ -247,8 +248,8 @@ def support_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest and l farthest point pairs between every pair of manifolds.
 
-    Distances are ambient Euclidean (digest §2.2, item 3). Computed in row blocks so that the
-    cross-distance temporaries stay small.
+    Distances are ambient Euclidean (docs/decisions.md GPI-SPLIT). Computed in row blocks so that
+    the cross-distance temporaries stay small.
 
     Returns
     -------

@@ -6,11 +6,11 @@ parameters once into an :class:`IKDConfig` and hands it to a solver, a function
 :mod:`._ikd_blockwise`. The solvers depend on this module only, never on each other's
 internals or on estimator state.
 
-IKD (seed 002 Algorithm 1; digest ``seed-ikd.md`` §1.5): the sample similarity S, the
-elementwise inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform G = g(D) and
-its top-M algebraic eigenpairs. G is never formed at scale: for a reference point r,
-``G V = 1/2 (d_r 1^T V + 1 d_r^T V - D V)``, and for MDS centring ``G V = -1/2 J D J V``
-(:func:`dr_dask.linalg.mds.centred_product`), so the eigensolver only needs products ``D V``.
+IKD (Li & Wu 2022/2024, Algorithm 1): the sample similarity S, the elementwise inverse kernel D =
+l^2 f^-1(S / sigma^2), the reference transform G = g(D) and its top-M algebraic eigenpairs. G is
+never formed at scale: for a reference point r, ``G V = 1/2 (d_r 1^T V + 1 d_r^T V - D V)``, and for
+MDS centring ``G V = -1/2 J D J V`` (:func:`dr_dask.linalg.mds.centred_product`), so the eigensolver
+only needs products ``D V``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from dr_dask.linalg.tiles import rows_per_chunk
 
 logger = logging.getLogger(__name__)
 
-#: Tiles stay in worker memory when the upper triangle is at most this many bytes. Worker-held
-#: tiles add their size to the process tree's RSS one for one; at 1 GiB a fit stays within
-#: issue 15's 2 GB tree (~0.7 GB idle) while float64 D up to T ~ 14,000 (float32 ~ 20,000)
-#: skips the disk. (At 2 GiB, full IKD at T=20,000 float64 held 1.9 GB of tiles: 4.5 GB tree.)
+#: Tiles stay in worker memory when the upper triangle is at most this many bytes. Worker-held tiles
+#: add their size to the process tree's RSS one for one; at 1 GiB a fit stays within a 2 GB process
+#: tree (~0.7 GB idle) while float64 D up to T ~ 14,000 (float32 ~ 20,000) skips the disk. (At 2
+#: GiB, full IKD at T=20,000 float64 held 1.9 GB of tiles: 4.5 GB tree.)
 MEMORY_TILE_BYTES = 2**30
 
 
@@ -234,7 +234,7 @@ class InverseKernel:
 
 
 def reference_index(rowmax: np.ndarray, rowsum: np.ndarray, reference: str) -> int | None:
-    """Reference point of digest §1.4: argmin_i max_j d_ij (paper), argmin mean, or None
+    """Reference point of Li & Wu (2022), §2.5: argmin_i max_j d_ij (paper), argmin mean, or None
     for MDS centring."""
     if reference == "min_max":
         return int(np.argmin(rowmax))
@@ -316,7 +316,8 @@ def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
 
 
 def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_components: int):
-    """U~ = [sqrt(lambda_m) u_m]; non-positive eigenvalues give zero columns (digest A8)."""
+    """U~ = [sqrt(lambda_m) u_m]; non-positive eigenvalues give zero columns
+    (docs/decisions.md IKD-A8)."""
     n_pos = int(np.sum(values[:n_components] > 0))
     if n_pos < n_components:
         warnings.warn(

@@ -16,7 +16,7 @@ fitting.
 Out-of-sample points (both): geodesics through their k nearest training points
 (:func:`dr_dask.graph.geodesics_via_neighbors`); full Isomap then projects the kernel-centred
 vector with ``x_k = q_k^T f / sqrt(lambda_k)`` (Law & Jain eq. 3 in full, as scikit-learn's
-``Isomap.transform``; seed-gpisomap.md §2.1 on the seed's sqrt(lambda) erratum), Landmark
+``Isomap.transform``; docs/decisions.md GPI-SQRT on the paper's sqrt(lambda) erratum), Landmark
 Isomap triangulates.
 """
 

@@ -1,4 +1,4 @@
-"""The figures of issue 13 for a GP-Isomap model on a layout with ground truth.
+"""The drift-detection figures for a GP-Isomap model on a layout with ground truth.
 
 Shared by the tests and ``dr-dask bench stream``, so both report the same quantities:
 per-patch disparity of mapped stream points, the share landing beside their own patch, flag
