@@ -12,9 +12,9 @@ How this runs:
    T the method is meant for (the authors' code holds S too); the clique search needs all of it.
 2. The clique search and leftover rules follow the authors' code (the papers leave them
    open): cliques of fewer than M + 2 points are dropped; leftover points, if at most 5% of T,
-   get a kNN "clique" of ``M + max(floor(0.02 T), 2)`` most-similar points each; otherwise, with a user
-   s0 or s0 > 0.26, every point gets such a kNN clique and shared points are averaged; otherwise
-   s0 rises by 0.04 and the search reruns.
+   get a kNN "clique" of ``M + max(floor(0.02 T), 2)`` most-similar points each; otherwise,
+   with a user s0 or s0 > 0.26, every point gets such a kNN clique and shared points are
+   averaged; otherwise s0 rises by 0.04 and the search reruns.
 3. The merge order depends only on the clique sets, so it is planned first (symbolically);
    then every clique IKD the plan needs, and every bridging sub-problem, is solved in one
    parallel batch on the workers; finally the merges (Procrustes on a handful of points) run
