@@ -16,6 +16,7 @@ import dask.array as da
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
+from dr_dask import config
 from dr_dask.cluster import active_client, compute, gather, run_stage, share
 from dr_dask.graph.knn import kneighbors
 from dr_dask.linalg.align import (
@@ -168,10 +169,6 @@ def _labels(labels: Any, n: int) -> np.ndarray:
 # Neighbourhood metrics: trustworthiness, continuity, kNN preservation, stress (row blocks)
 # ---------------------------------------------------------------------------------------------
 
-#: Target size in bytes of one block x T float64 distance matrix.
-BLOCK_BYTES = 64 * 2**20
-
-
 def _knn_indices(A: np.ndarray, k: int, client: Any) -> np.ndarray:
     """Indices (T, k) of each point's k nearest other points: the package's one kNN."""
 
@@ -267,7 +264,8 @@ def neighbourhood_scores(
         nbr_x, nbr_y = _knn_indices(Xn, k, client), _knn_indices(Yn, k, client)
     else:
         nbr_x = nbr_y = np.zeros((T, 0), dtype=np.int64)
-    b = int(block_rows or np.clip(BLOCK_BYTES // (8 * T), 16, 4096))
+    block_bytes = config.get_bytes("metrics.block-bytes")
+    b = int(block_rows or np.clip(block_bytes // (8 * T), 16, 4096))
     starts = list(range(0, T, b))
     blocks = [(s, nbr_x[s:s + b], nbr_y[s:s + b]) for s in starts]
     if client is not None:

@@ -34,6 +34,7 @@ from dr_dask.inputs import (
     open_dataset,
 )
 from dr_dask.lease import Lease
+from dr_dask.report import plain_json
 from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ class RunGroup:
         if name in root and overwrite:
             self.location.child(name).delete()
             root = self._root()
-        params = json.loads(json.dumps(params, default=str))
-        identity = json.loads(json.dumps(identity, default=str))
+        params = plain_json(params)
+        identity = plain_json(identity)
         self.group: zarr.Group
         if name in root:
             existing = root[name]
@@ -182,7 +183,7 @@ class RunGroup:
         stages = dict(self._stages)
         stages[stage] = {
             "finished": _dt.datetime.now(_dt.UTC).isoformat(),
-            **json.loads(json.dumps(info, default=float)),
+            **plain_json(info),
         }
         self.group.attrs["stages"] = stages
 
@@ -203,7 +204,7 @@ class RunGroup:
         """The last writes of a run: the completion mark, then consolidated metadata of the run
         group and of the store's root (what ``xarray.open_zarr(store, group=name)`` reads)."""
         self.group.attrs.update(
-            {"complete": True, "summary": json.loads(json.dumps(summary, default=float))}
+            {"complete": True, "summary": plain_json(summary)}
         )
         self.consolidate()
 
@@ -234,7 +235,7 @@ class RunGroup:
         arr = self.create(name, values.shape, values.dtype, values.shape, dims)
         arr[...] = values
         if attrs:
-            arr.attrs.update(json.loads(json.dumps(attrs, default=float)))
+            arr.attrs.update(plain_json(attrs))
 
     def read(self, name: str) -> np.ndarray:
         arr = self.group[name]

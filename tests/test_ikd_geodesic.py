@@ -162,8 +162,7 @@ def test_cluster_run_equals_threaded_run(cluster_client):
 
 
 @pytest.mark.cluster
-def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, monkeypatch):
-    import dr_dask.graph.knn as knn
+def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, dr_config):
 
     X, Z = _data("sinusoidal", 800, 60)
     kw = dict(solver="geodesic", n_neighbors=6, n_landmarks=80, random_state=0,
@@ -173,7 +172,7 @@ def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, monkeypatch):
     disk = IKD(1, tile_cache="disk", **kw).fit(X)
     _same_up_to_sign(disk.embedding_, memory.embedding_, atol=1e-8)
     # the cell kNN search (what "auto" picks at large T): the same graph, the same embedding
-    monkeypatch.setattr(knn, "CELLS_MIN_ROWS", 100)
+    dr_config({"knn.cells-min-rows": 100})
     cells = IKD(1, tile_cache="memory", **kw).fit(X)
     assert cells.graph_edges_ == memory.graph_edges_
     _same_up_to_sign(cells.embedding_, memory.embedding_, atol=1e-5)

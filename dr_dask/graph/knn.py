@@ -2,9 +2,9 @@
 
 The data are split in row blocks. One task finds, for a block of query rows, the nearest rows of
 one data block through a :class:`NeighbourIndex`: a KD-tree (scikit-learn's) up to
-``KD_TREE_MAX_DIM`` features, above that brute force, cache-sized float32 GEMM tiles folded into
-running top-k lists by a compiled kernel, certified against float64 (see the class); a merge
-task per query block keeps the k best candidates over all data blocks by a partial sort.
+``dr_dask.knn.kd-tree-max-dim`` features, above that brute force, cache-sized float32 GEMM tiles
+folded into running top-k lists by a compiled kernel, certified against float64 (see the class); a
+merge task per query block keeps the k best candidates over all data blocks by a partial sort.
 Distances of the kept pairs are recomputed directly (``||q - x||``) so that they do not carry
 the rounding and cancellation error of the GEMM expansion. An index built once serves the
 repeated searches of new points (GP-Isomap's mapping).
@@ -24,6 +24,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from dr_dask import config
 from dr_dask.cluster import active_client, compute, share
 from dr_dask.graph._knn_cells import cell_kneighbors
 from dr_dask.graph.diagnostics import DuplicatePointsWarning
@@ -35,15 +36,8 @@ logger = logging.getLogger(__name__)
 #: Smallest positive float64: the weight given to zero-length edges so that sparse graph
 #: algorithms still see them as edges (an explicit 0 is dropped by sparse arithmetic).
 ZERO_EDGE = np.finfo(np.float64).tiny
-#: Above this many features trees stop pruning (scikit-learn's own "auto" switches to brute
-#: force at the same point).
-KD_TREE_MAX_DIM = 15
 #: (query rows, data rows) per GEMM tile of the brute-force search: 2 MB of inner products.
 BRUTE_TILE = (256, 1024)
-#: ``algorithm="auto"`` uses the cell search from this many rows (above ``KD_TREE_MAX_DIM``
-#: features): below it brute force takes about a second and the cell set-up would not pay.
-#: At T=10,000, N=1,000 (the IKD paper's sinusoid) cells cost a third of brute force's CPU.
-CELLS_MIN_ROWS = 5_000
 ALGORITHMS = ("auto", "exact", "cells")
 
 
@@ -114,8 +108,8 @@ def _brute_knn(
 class NeighbourIndex:
     """Data rows prepared once for exact k-NN searches of new points (the mapping hot path).
 
-    Up to ``KD_TREE_MAX_DIM`` features a KD-tree (scikit-learn's), built once. Above, brute
-    force in float32: the rows are centred on their mean and rounded to float32 once; float32
+    Up to ``dr_dask.knn.kd-tree-max-dim`` features a KD-tree (scikit-learn's), built once. Above,
+    brute force in float32: the rows are centred on their mean and rounded to float32 once; float32
     GEMM tiles select ``k + EXTRA`` candidates per query row, which are re-ranked by float64
     distances to the original rows. A rounding bound then certifies each row: every
     non-candidate is provably farther than the k-th neighbour found. Rows it cannot certify
@@ -131,7 +125,7 @@ class NeighbourIndex:
     def __init__(self, data: np.ndarray):
         self.data = np.ascontiguousarray(data, dtype=np.float64)
         self._tree = None
-        if self.data.shape[1] <= KD_TREE_MAX_DIM:
+        if self.data.shape[1] <= config.get("knn.kd-tree-max-dim"):
             from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
 
             self._tree = NearestNeighbors().fit(self.data)
@@ -243,12 +237,13 @@ def kneighbors(
         Rows per block of the exact search (default ``max(5000, ceil(T / 4))``).
     algorithm : {"auto", "exact", "cells"}
         ``"exact"``: every query block against every data block (KD-trees up to
-        ``KD_TREE_MAX_DIM`` features, else brute-force GEMM): T^2 N work above that dimension.
+        ``dr_dask.knn.kd-tree-max-dim`` features, else brute-force GEMM): T^2 N work above that
+        dimension.
         ``"cells"`` (only without ``query``): the pruned float32 cell search of
         :mod:`dr_dask.graph._knn_cells`, exact for the centred rows rounded to float32, with
         the float32 copy of X held by every worker; far less work on data near a manifold.
-        ``"auto"``: cells without ``query`` from ``CELLS_MIN_ROWS`` rows and above
-        ``KD_TREE_MAX_DIM`` features, else exact.
+        ``"auto"``: cells without ``query`` from ``dr_dask.knn.cells-min-rows`` rows and
+        above ``dr_dask.knn.kd-tree-max-dim`` features, else exact.
 
     Returns
     -------
@@ -276,8 +271,9 @@ def kneighbors(
         raise ValueError("algorithm='cells' searches X among itself: give no query "
                          "(use algorithm='exact' for new points)")
     client = active_client(client)
-    if algorithm == "cells" or (algorithm == "auto" and exclude_self and n >= CELLS_MIN_ROWS
-                                and X.shape[1] > KD_TREE_MAX_DIM):
+    if algorithm == "cells" or (algorithm == "auto" and exclude_self
+                                and n >= config.get("knn.cells-min-rows")
+                                and X.shape[1] > config.get("knn.kd-tree-max-dim")):
 
         return cell_kneighbors(X, k, exclude_self, client=client)
     bs = int(block_size or _default_block(n))

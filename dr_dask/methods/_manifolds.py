@@ -6,7 +6,7 @@
   every pair of manifolds;
 * :func:`global_frame` -- global coordinates of the whole batch (landmark MDS of one graph
   joining the manifolds at their nearest pairs): the default stitch's target;
-* :func:`classical_mds`, :func:`ridge_stitch` -- Algorithm 1's stitch: MDS of the support
+* :func:`points_mds`, :func:`ridge_stitch` -- Algorithm 1's stitch: MDS of the support
   points, then an affine map of each manifold's local frame by ridge regression.
 
 The clusterer (the seed names S-Isomap++'s multi-scale-SVD tangent clustering without giving
@@ -351,7 +351,7 @@ def global_frame(
     return triangulate(mds.pinv, D2, mds.sq_mean)
 
 
-def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
+def points_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
     """Classical MDS of points from their ambient Euclidean distances, (m, n_components)."""
 
     k = min(n_components, X.shape[0] - 1)

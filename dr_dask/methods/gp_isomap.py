@@ -28,8 +28,8 @@ from dr_dask.cluster import ClientParam, active_client, gather
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
-    classical_mds,
     global_frame,
+    points_mds,
     ridge_stitch,
     support_pairs,
     support_set,
@@ -395,7 +395,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             self.support_ = np.array([], dtype=np.int64)
         elif self.stitch == "ridge":
             sup = support_set(X, labels, self.n_support_nearest, self.n_support_farthest)
-            GE = classical_mds(X[sup], dg, random_state=rng)
+            GE = points_mds(X[sup], dg, random_state=rng)
             local_index = np.empty(len(X), dtype=np.int64)
             for i in range(p):
                 local_index[labels == i] = np.arange(np.sum(labels == i))

@@ -23,6 +23,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from dr_dask import config
 from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import active_client, compute
 from dr_dask.inputs import InputData
@@ -32,13 +33,6 @@ from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import rows_per_chunk
 
 logger = logging.getLogger(__name__)
-
-#: Tiles stay in worker memory when the upper triangle is at most this many bytes. Worker-held tiles
-#: add their size to the process tree's RSS one for one; at 1 GiB a fit stays within a 2 GB process
-#: tree (~0.7 GB idle) while float64 D up to T ~ 14,000 (float32 ~ 20,000) skips the disk. (At 2
-#: GiB, full IKD at T=20,000 float64 held 1.9 GB of tiles: 4.5 GB tree.)
-MEMORY_TILE_BYTES = 2**30
-
 
 # --------------------------------------------------------------------------------------------
 # configuration and result
@@ -93,7 +87,7 @@ class IKDConfig:
     def on_disk(self, nbytes: float) -> bool:
         """Whether an array of ``nbytes`` goes to Zarr rather than worker memory."""
         return self.tile_cache == "disk" or (
-            self.tile_cache == "auto" and nbytes > MEMORY_TILE_BYTES)
+            self.tile_cache == "auto" and nbytes > config.get_bytes("tiles.memory-bytes"))
 
 
 @dataclass
@@ -157,12 +151,6 @@ def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
     return Xn, float(sq)  # mean of diag(S), Algorithm 1 line 3
 
 
-#: Bytes of one row chunk of a tile in the elementwise passes (inverse kernel, statistics,
-#: Frobenius norm): a chunk stays in L2 cache through its whole ufunc chain, so a tile is read
-#: from memory once and no tile-sized temporary exists.
-CHUNK_BYTES = 1 << 18
-
-
 @dataclass(frozen=True)
 class InverseKernel:
     """``S -> D = l^2 f^-1(clip(S / sigma^2, floor, ceil))`` with a zero diagonal."""
@@ -181,7 +169,8 @@ class InverseKernel:
              row0: int = 0) -> tuple:
         """D computed over ``S`` in place, with the tile's :func:`~dr_dask.linalg.tiles.tile_stats`.
 
-        One pass over row chunks of ``CHUNK_BYTES``: each chunk goes through the whole chain
+        One pass over row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: each
+        chunk goes through the whole chain
         (scale, clip, inverse, diagonal, statistics) while in cache, so a tile is read from
         memory once and needs no tile-sized temporary (the tile functions hand over a fresh
         GEMM result). For float64 the values are bit-for-bit those of the ufuncs applied to
@@ -209,7 +198,7 @@ class InverseKernel:
         l2 = self.length_scale**2
         rmax, rsum = np.empty(n), np.empty(n)
         cmax, csum = np.full(m, -np.inf, S.dtype), np.zeros(m)
-        step = rows_per_chunk(m, S.itemsize, CHUNK_BYTES)
+        step = rows_per_chunk(m, S.itemsize, config.get_bytes("tiles.kernel-chunk-bytes"))
         for a in range(0, n, step):
             b = min(a + step, n)
             blk = S[a:b]
@@ -299,12 +288,13 @@ def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
 def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
     """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror).
 
-    By row chunks of ``CHUNK_BYTES``: g of a chunk is a cache-sized float64 temporary, not
-    two or three tile-sized ones per task (at 4096^2, 128 MB each beside the tile).
+    By row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: g of a chunk is a cache-sized float64
+    temporary, not two or three tile-sized ones per task (at 4096^2, 128 MB each beside the tile).
     """
     rm, cm = row_mean[rows], row_mean[cols]
     total = 0.0
-    step = rows_per_chunk(D.shape[1], 8, CHUNK_BYTES)  # the float64 chunk of g
+    # the float64 chunk of g
+    step = rows_per_chunk(D.shape[1], 8, config.get_bytes("tiles.kernel-chunk-bytes"))
     for a in range(0, D.shape[0], step):
         blk = D[a:a + step].astype(np.float64, copy=False)
         if d_ref is None:

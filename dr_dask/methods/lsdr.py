@@ -53,7 +53,7 @@ from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.paths import shortest_paths
 from dr_dask.linalg.eigen import DenseOperator
-from dr_dask.linalg.mds import classical_mds
+from dr_dask.linalg.mds import classical_mds, scaled_vectors
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -495,7 +495,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         if np.any(lam <= 0):
             logger.warning("only %d of the top %d skeleton MDS eigenvalues are positive",
                            int((lam > 0).sum()), d)
-        Ys = res.vectors * np.sqrt(np.maximum(lam, 0.0))
+        Ys = scaled_vectors(lam, res.vectors)
         with timed(timings, "smoothing"):
             Xs = X[skeleton]
             emb = _map_rows(X, _nw_block, Xs, Ys, sigma)
