@@ -14,7 +14,6 @@ import hashlib
 import inspect
 import json
 import logging
-import time
 import warnings
 from typing import Any, cast
 
@@ -35,6 +34,7 @@ from dr_dask.inputs import (
 )
 from dr_dask.lease import Lease
 from dr_dask.report import plain_json
+from dr_dask.resources import timed
 from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
@@ -336,17 +336,17 @@ def run_embedding(
 
 def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
               drop_cache: bool) -> RunGroup:
-    t0 = time.perf_counter()
     try:
-        if "run" in inspect.signature(estimator.fit).parameters:
-            emb = estimator.fit(inp, run=run).embedding_
-        else:  # any scikit-learn transformer (PCA, ...): its fit_transform is the embedding
-            emb = estimator.fit_transform(inp.data)
+        with timed() as took:
+            if "run" in inspect.signature(estimator.fit).parameters:
+                emb = estimator.fit(inp, run=run).embedding_
+            else:  # any scikit-learn transformer (PCA, ...): its fit_transform is the embedding
+                emb = estimator.fit_transform(inp.data)
     except ValueError:  # rejected input or parameters: leave no run group behind
         if run.created and not run.done_stages:
             run.location.child(run.name).delete()
         raise
-    seconds = time.perf_counter() - t0
+    seconds = took["seconds"]
     emb = np.asarray(emb.compute() if hasattr(emb, "compute") else emb)
     check_embedding(emb, run.path)
     ids = inp.sample_ids if inp.sample_ids is not None else np.arange(emb.shape[0])

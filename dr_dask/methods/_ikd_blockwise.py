@@ -35,7 +35,6 @@ merged embedding (its squared singular values) and ``eigen_residuals``/``eigen_p
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +58,7 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -391,36 +391,33 @@ def merge_cliques(
     M = int(n_components)
     T = S.shape[0]
     k = S / inverse.sigma2
-    seconds = {}
-    t0 = time.perf_counter()
-    nodes, merges, root = plan_merges(cliques, k, M, min_overlap or M + 1)
-    if nodes[root].size != T:
-        missing = np.setdiff1d(np.arange(T), nodes[root])
-        raise ValueError(f"the cliques do not cover rows {missing[:10].tolist()} "
-                         f"({missing.size} rows in all)")
-    needed = _needed(root, merges)
-    leaves = [n for n in needed if n not in merges]
-    bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
-                   for t in range(len(merges[n].bridges))]
-    bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
-                   for t in range(len(merges[n].bridges))]
-    seconds["merge_plan"] = time.perf_counter() - t0
+    seconds: dict[str, float] = {}
+    with timed(seconds, "merge_plan"):
+        nodes, merges, root = plan_merges(cliques, k, M, min_overlap or M + 1)
+        if nodes[root].size != T:
+            missing = np.setdiff1d(np.arange(T), nodes[root])
+            raise ValueError(f"the cliques do not cover rows {missing[:10].tolist()} "
+                             f"({missing.size} rows in all)")
+        needed = _needed(root, merges)
+        leaves = [n for n in needed if n not in merges]
+        bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
+                       for t in range(len(merges[n].bridges))]
+        bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
+                       for t in range(len(merges[n].bridges))]
 
-    t0 = time.perf_counter()
-    solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, reference, M,
-                        client)
-    seconds["clique_ikd"] = time.perf_counter() - t0
+    with timed(seconds, "clique_ikd"):
+        solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, reference, M,
+                            client)
 
-    t0 = time.perf_counter()
-    Z = {n: solved[i][0] for i, n in enumerate(leaves)}
-    weight = {n: 1.0 for n in leaves}
-    bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
-    log: list[dict] = []
-    for n in needed:
-        if n in merges:
-            Z[n] = _combine(merges[n], nodes, Z, weight, shared_points, bridge_Z, log)
-            weight[n] = weight[merges[n].big] + weight[merges[n].small]
-    seconds["merge"] = time.perf_counter() - t0
+    with timed(seconds, "merge"):
+        Z = {n: solved[i][0] for i, n in enumerate(leaves)}
+        weight = {n: 1.0 for n in leaves}
+        bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
+        log: list[dict] = []
+        for n in needed:
+            if n in merges:
+                Z[n] = _combine(merges[n], nodes, Z, weight, shared_points, bridge_Z, log)
+                weight[n] = weight[merges[n].big] + weight[merges[n].small]
     sizes = np.array([nodes[n].size for n in leaves], dtype=np.float64)
     evr = float(np.sum(sizes * [solved[i][1] for i in range(len(leaves))]) / sizes.sum())
     logger.info("blockwise merge: %d of %d cliques used, %d merges, %d bridging IKDs",
@@ -451,16 +448,14 @@ def fit_blockwise(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
     client = active_client(cfg.client)
     M = cfg.n_components
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    Xn, sigma2 = prepared_rows(cfg, inp)
-    N = Xn.shape[1]
-    (S,) = compute(Xn @ Xn.T, client=client)
-    S = np.asarray(S, dtype=np.float64)
-    seconds["similarity"] = time.perf_counter() - t0
+    with timed(seconds, "similarity"):
+        Xn, sigma2 = prepared_rows(cfg, inp)
+        N = Xn.shape[1]
+        (S,) = compute(Xn @ Xn.T, client=client)
+        S = np.asarray(S, dtype=np.float64)
 
-    t0 = time.perf_counter()
-    cliques, s0, average = _clique_stage(S / sigma2, cfg, N, run)
-    seconds["cliques"] = time.perf_counter() - t0
+    with timed(seconds, "cliques"):
+        cliques, s0, average = _clique_stage(S / sigma2, cfg, N, run)
     logger.info("blockwise IKD: s0=%.3f, %d cliques", s0, len(cliques))
     res = merge_cliques(
         S, cliques, cfg.inverse_kernel(sigma2), cfg.reference, M,
