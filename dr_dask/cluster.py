@@ -33,15 +33,13 @@ from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
 from distributed.worker import thread_state
 
+from dr_dask import config
+
 logger = logging.getLogger(__name__)
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 SCHEDULER_FILE_ENV = "DASK_SCHEDULER_FILE"
 
-#: Attempts of one stage when workers are lost under it (the first run included).
-STAGE_ATTEMPTS = 3
-#: Seconds a computation may wait with no worker at all before it is abandoned.
-NO_WORKER_TIMEOUT = 60.0
 
 #: The stage running in this context, named in errors that tell the user where to resume.
 _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("dr_dask_stage", default="fit")
@@ -65,14 +63,16 @@ def _lost_worker_errors() -> tuple[type[BaseException], ...]:
     return (CancelledError, CommClosedError, KilledWorker)
 
 
-def run_stage(name: str, fn: Callable[[], T], attempts: int = STAGE_ATTEMPTS) -> T:
+def run_stage(name: str, fn: Callable[[], T], attempts: int | None = None) -> T:
     """Run ``fn()`` as stage ``name``, rerun from its start when workers are lost under it.
 
     Lost results that dask can recompute from lineage never get here (the scheduler reruns
     them); this catches what cannot be recovered inside the stage (futures forgotten, closed
     connections, ``KilledWorker``) and runs the whole stage again, at most ``attempts`` times,
-    then raises :class:`ClusterLost` naming the stage.
+    then raises :class:`ClusterLost` naming the stage (``attempts`` defaults to
+    ``dr_dask.cluster.stage-attempts``).
     """
+    attempts = attempts or int(config.get("cluster.stage-attempts"))
     token = _STAGE.set(name)
     try:
         for attempt in range(1, attempts + 1):
@@ -121,7 +121,7 @@ def wait_for(futures: list, client: Client, progress: bool = False) -> None:
     """Wait until ``futures`` are finished (or failed), never forever on a cluster that is gone.
 
     Raises :class:`ClusterLost` (naming the current stage) when the scheduler is unreachable
-    or has had no worker for :data:`NO_WORKER_TIMEOUT` seconds.
+    or has had no worker for ``dr_dask.cluster.no-worker-timeout`` seconds.
     """
 
     if progress:
@@ -145,8 +145,8 @@ def wait_for(futures: list, client: Client, progress: bool = False) -> None:
             since = None
         elif since is None:
             since = time.monotonic()
-        elif time.monotonic() - since > NO_WORKER_TIMEOUT:
-            raise ClusterLost(_STAGE.get(), f"no worker for {NO_WORKER_TIMEOUT:.0f} s")
+        elif time.monotonic() - since > (limit := config.get_seconds("cluster.no-worker-timeout")):
+            raise ClusterLost(_STAGE.get(), f"no worker for {limit:.0f} s")
     if timed_out:
         # a timed-out wait leaves reference cycles (tracebacks in the event loop's thread)
         # that hold the futures: without a collection their results stay on the workers and

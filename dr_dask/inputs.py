@@ -24,14 +24,11 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from dr_dask import config
 from dr_dask.cluster import active_client
 from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
-
-#: Target bytes per row chunk of an input (rows are never split across features).
-CHUNK_BYTES = 64 * 2**20
-
 
 class InputError(ValueError):
     """The input data or a path is unusable; the message says what and where."""
@@ -147,7 +144,7 @@ class _ZarrRows:
 
 def _row_chunks(shape: tuple[int, ...], itemsize: int, native: int | None = None) -> int:
     n_cols = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-    rows = max(256, CHUNK_BYTES // max(1, n_cols * itemsize))
+    rows = max(256, config.get_bytes("input.chunk-bytes") // max(1, n_cols * itemsize))
     if native:  # align with the store's own chunks so no chunk is read twice
         rows = max(native, rows // native * native)
     return int(min(rows, max(1, shape[0])))

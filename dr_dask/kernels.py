@@ -18,8 +18,8 @@ name (aliases)              f(d)                            inverse(k)
                                                             safeguarded Newton for other nu
 ==========================  ==============================  ========================================
 
-The gamma-exponential form is the one of seed 000 (``exp(-(r/l)^gamma)``), not the reciprocal
-exponents misprinted in 001/002 (spec seed-ikd.md, A5).
+The gamma-exponential form is the arXiv HTML version's (``exp(-(r/l)^gamma)``), not the reciprocal
+exponents of the PDF and TMLR versions (docs/decisions.md IKD-A5).
 """
 
 from __future__ import annotations
@@ -228,8 +228,8 @@ class RationalQuadratic(Kernel):
 class GammaExponential(Kernel):
     """``f(d) = exp(-d^(gamma/2))``, ``f^-1(k) = (-ln k)^(2/gamma)``, gamma in (0, 2].
 
-    This is seed 000's form, i.e. ``exp(-(r/l)^gamma)``; 001/002 print the reciprocal
-    exponents, which for gamma = 1 would give ``exp(-d^2)`` (spec A5).
+    This is the arXiv HTML version's form, i.e. ``exp(-(r/l)^gamma)``; the PDF and TMLR print the
+    reciprocal exponents, which for gamma = 1 would give ``exp(-d^2)`` (docs/decisions.md IKD-A5).
     """
 
     name = "gamma_exponential"

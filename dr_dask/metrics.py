@@ -16,6 +16,7 @@ import dask.array as da
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
+from dr_dask import config
 from dr_dask.cluster import active_client, compute, gather, run_stage, share
 from dr_dask.graph.knn import kneighbors
 from dr_dask.linalg.align import (
@@ -64,7 +65,7 @@ def r2_affine(latent: Any, embedding: Any) -> float:
     """R^2 of the true latent after the best affine map of the embedding (the IKD papers' metric).
 
     ``lstsq([1, embedding], latent)`` is fitted in-sample, then ``sklearn.metrics.r2_score`` is
-    taken per latent dimension and averaged uniformly (seed-ikd.md section 4.1).
+    taken per latent dimension and averaged uniformly (Li & Wu 2022, §3.1).
 
     Parameters
     ----------
@@ -168,10 +169,6 @@ def _labels(labels: Any, n: int) -> np.ndarray:
 # Neighbourhood metrics: trustworthiness, continuity, kNN preservation, stress (row blocks)
 # ---------------------------------------------------------------------------------------------
 
-#: Target size in bytes of one block x T float64 distance matrix.
-BLOCK_BYTES = 64 * 2**20
-
-
 def _knn_indices(A: np.ndarray, k: int, client: Any) -> np.ndarray:
     """Indices (T, k) of each point's k nearest other points: the package's one kNN."""
 
@@ -267,7 +264,8 @@ def neighbourhood_scores(
         nbr_x, nbr_y = _knn_indices(Xn, k, client), _knn_indices(Yn, k, client)
     else:
         nbr_x = nbr_y = np.zeros((T, 0), dtype=np.int64)
-    b = int(block_rows or np.clip(BLOCK_BYTES // (8 * T), 16, 4096))
+    block_bytes = config.get_bytes("metrics.block-bytes")
+    b = int(block_rows or np.clip(block_bytes // (8 * T), 16, 4096))
     starts = list(range(0, T, b))
     blocks = [(s, nbr_x[s:s + b], nbr_y[s:s + b]) for s in starts]
     if client is not None:
@@ -327,7 +325,7 @@ def stress(X: Any, Y: Any, *, block_rows: int | None = None, client: Any = None)
 
 
 # ---------------------------------------------------------------------------------------------
-# Trustability (TI) and tractable consistency (TCI) indices, seed-lsdr.md sections 1.5-1.7
+# Trustability (TI) and tractable consistency (TCI) indices (Roy 2021, §2.5, Definitions 3-5)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -413,7 +411,8 @@ def _median_gamma(A: np.ndarray) -> float:
 
 
 def kernel_reconstruction(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """Theorem 3 reconstruction ``f(Y)`` of the training data, "cov_exact" variant (erratum F2).
+    """Theorem 3 reconstruction ``f(Y)`` of the training data, "cov_exact" variant
+    (docs/decisions.md LSDR-F2).
 
     ``f_l(y) = xbar_l + sum_i beta_il (k_y(y, y_i) - mean_j k_y(y_j, y_i))`` with
     ``beta = A (A^T A)^+ C``, ``A = K_y H Y / n`` and ``C`` the d x p sample cross-covariance of
@@ -472,8 +471,8 @@ def consistency_index(
     n p extreme points of the thesis's tractable family (RBF k, median heuristic). Lower is
     better. Each candidate is one re-fit, run as tasks on the cluster.
 
-    Caveats (seed-lsdr.md F4): the thesis's separable kernel makes every ``T`` rank-one (not
-    invertible). ``deformation="bump"`` uses ``x + epsilon k(x, x_i) e_j`` instead, which is
+    Caveats (docs/decisions.md LSDR-F4): the thesis's separable kernel makes every ``T`` rank-one
+    (not invertible). ``deformation="bump"`` uses ``x + epsilon k(x, x_i) e_j`` instead, which is
     invertible for small epsilon (not in the thesis).
 
     Parameters

@@ -5,7 +5,6 @@ latent and the eigenvalue spectrum, beside the numbers)."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from dr_dask.inputs import open_dataset
 from dr_dask.methods.ikd import IKD
 from dr_dask.metrics import r2_affine
 from dr_dask.report import write_json
+from dr_dask.resources import timed
 from dr_dask.runs import run_embedding
 from dr_dask.storage import location
 
@@ -72,13 +72,13 @@ def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
     data = out.child("data.zarr")
     gp_dataset(data, T, N, seed=seed)
     inp = open_dataset(data, "X")
-    t0 = time.perf_counter()
-    run = run_embedding(
-        IKD(LATENT_DIM, similarity="correlation", random_state=seed, client=client,
-            progress=True),
-        inp, out.child("runs.zarr"), method="ikd",
-    )
-    seconds = time.perf_counter() - t0
+    with timed() as took:
+        run = run_embedding(
+            IKD(LATENT_DIM, similarity="correlation", random_state=seed, client=client,
+                progress=True),
+            inp, out.child("runs.zarr"), method="ikd",
+        )
+    seconds = took["seconds"]
     emb = run.read("embedding")
     eigenvalues = run.summary["eigenvalues"]
     Z = read_latent(data)

@@ -26,16 +26,19 @@ def write_json(results: dict, path: Any) -> str:
 
 
 def plain_json(obj: Any) -> Any:
-    """``obj`` with NumPy scalars and arrays as Python values, non-finite floats as None and
-    dict keys as strings: what ``json`` can write and read back unchanged."""
+    """``obj`` with NumPy scalars and arrays as Python values, non-finite floats as None, dict
+    keys as strings and any other object as its ``str``: what ``json`` can write and read back
+    unchanged (run attributes, reports)."""
     if isinstance(obj, dict):
         return {str(k): plain_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [plain_json(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return obj.tolist()
+        return plain_json(obj.tolist())
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
         return None  # JSON has no NaN/inf
-    return obj
+    if obj is None or isinstance(obj, (str, bool, int, float)):
+        return obj
+    return str(obj)

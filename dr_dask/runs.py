@@ -14,7 +14,6 @@ import hashlib
 import inspect
 import json
 import logging
-import time
 import warnings
 from typing import Any, cast
 
@@ -34,6 +33,8 @@ from dr_dask.inputs import (
     open_dataset,
 )
 from dr_dask.lease import Lease
+from dr_dask.report import plain_json
+from dr_dask.resources import timed
 from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ class RunGroup:
         if name in root and overwrite:
             self.location.child(name).delete()
             root = self._root()
-        params = json.loads(json.dumps(params, default=str))
-        identity = json.loads(json.dumps(identity, default=str))
+        params = plain_json(params)
+        identity = plain_json(identity)
         self.group: zarr.Group
         if name in root:
             existing = root[name]
@@ -182,7 +183,7 @@ class RunGroup:
         stages = dict(self._stages)
         stages[stage] = {
             "finished": _dt.datetime.now(_dt.UTC).isoformat(),
-            **json.loads(json.dumps(info, default=float)),
+            **plain_json(info),
         }
         self.group.attrs["stages"] = stages
 
@@ -203,7 +204,7 @@ class RunGroup:
         """The last writes of a run: the completion mark, then consolidated metadata of the run
         group and of the store's root (what ``xarray.open_zarr(store, group=name)`` reads)."""
         self.group.attrs.update(
-            {"complete": True, "summary": json.loads(json.dumps(summary, default=float))}
+            {"complete": True, "summary": plain_json(summary)}
         )
         self.consolidate()
 
@@ -234,7 +235,7 @@ class RunGroup:
         arr = self.create(name, values.shape, values.dtype, values.shape, dims)
         arr[...] = values
         if attrs:
-            arr.attrs.update(json.loads(json.dumps(attrs, default=float)))
+            arr.attrs.update(plain_json(attrs))
 
     def read(self, name: str) -> np.ndarray:
         arr = self.group[name]
@@ -335,17 +336,17 @@ def run_embedding(
 
 def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
               drop_cache: bool) -> RunGroup:
-    t0 = time.perf_counter()
     try:
-        if "run" in inspect.signature(estimator.fit).parameters:
-            emb = estimator.fit(inp, run=run).embedding_
-        else:  # any scikit-learn transformer (PCA, ...): its fit_transform is the embedding
-            emb = estimator.fit_transform(inp.data)
+        with timed() as took:
+            if "run" in inspect.signature(estimator.fit).parameters:
+                emb = estimator.fit(inp, run=run).embedding_
+            else:  # any scikit-learn transformer (PCA, ...): its fit_transform is the embedding
+                emb = estimator.fit_transform(inp.data)
     except ValueError:  # rejected input or parameters: leave no run group behind
         if run.created and not run.done_stages:
             run.location.child(run.name).delete()
         raise
-    seconds = time.perf_counter() - t0
+    seconds = took["seconds"]
     emb = np.asarray(emb.compute() if hasattr(emb, "compute") else emb)
     check_embedding(emb, run.path)
     ids = inp.sample_ids if inp.sample_ids is not None else np.arange(emb.shape[0])

@@ -9,6 +9,9 @@ cluster in this process (a ``LocalCluster``, e.g. through a CLI command without
 
 from __future__ import annotations
 
+import contextlib
+
+import dask
 import numpy as np
 import pytest
 
@@ -109,3 +112,12 @@ def s3_bucket(moto_endpoint, monkeypatch, request):
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
     yield bucket
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def dr_config():
+    """``dr_config({"knn.cells-leaf-size": 64})`` sets dr_dask's tuning knobs (dask config
+    ``dr_dask.*``) until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda values: stack.enter_context(
+            dask.config.set({f"dr_dask.{k}": v for k, v in values.items()}))

@@ -1,5 +1,5 @@
-"""A dense NumPy implementation of IKD Algorithm 1 (seed-ikd.md §1.5), written independently of
-the package so that tests can compare the tiled Dask path against it.
+"""A dense NumPy implementation of IKD Algorithm 1 (Li & Wu 2022, Algorithm 1), written
+independently of the package so that tests can compare the tiled Dask path against it.
 
 Kernel inverses are written out here in closed form (and Matérn by scipy's scalar root
 finder), not taken from dr_dask.kernels, so that a mistake there cannot hide in both.

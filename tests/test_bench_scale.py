@@ -1,4 +1,4 @@
-"""``dr-dask bench scale``: the scaling table and plot (issue 15), at tiny sizes."""
+"""``dr-dask bench scale``: the scaling table and plot, at tiny sizes."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ def test_large_length_scale_matches_isomap_transform(patch):
 
 
 def test_short_length_scale_breaks_equivalence(patch):
-    # the equivalence is a large-length-scale property (digest §3.3), not an identity
+    # the equivalence is a large-length-scale property (docs/decisions.md GPI-HYPER), not an
+    # identity
     Xb, Xs, _ = patch
     gp = GPIsomap(n_neighbors=10, clusterer="single", length_scale=0.03, noise_variance=0.5,
                   random_state=0).fit(Xb)
@@ -83,8 +84,9 @@ def test_kernels_give_finite_calibrated_variance(kernel, patch):
 
 
 def test_spectral_kernel_mean_is_usable_and_variance_not_below_noise(patch):
-    # K2 train kernel with the K3 cross kernel (digest §3.2): the mean approximates S-Isomap
-    # only roughly (Theorem 6.1 mixes eigenpairs of B and B~), the variance is not calibrated
+    # K2 train kernel with the K3 cross kernel (Mahapatra & Chandola 2020, §5.1; docs/decisions.md
+    # GPI-KERNEL): the mean approximates S-Isomap only roughly (Theorem 6.1 mixes eigenpairs of B
+    # and B~), the variance is not calibrated
     Xb, Xs, U = patch
     gp = GPIsomap(n_neighbors=10, clusterer="single", kernel="spectral", length_scale=3.0,
                   random_state=0).fit(Xb)
@@ -182,8 +184,8 @@ def test_fit_and_transform_on_cluster(cluster_client):
     np.testing.assert_allclose(emb, local.transform(sc.stream), rtol=1e-6, atol=1e-9)
 
 
-# ---------------------------------------------------------------- issue 13: layouts
-# (kind, batch points per patch, seed): seeds chosen here; layouts are generated, not stored
+# ---------------------------------------------------------------- drift detection on layouts (kind,
+# batch points per patch, seed): seeds chosen here; layouts are generated, not stored
 LAYOUT_CASES = [("separated", 150, 11), ("touching", 300, 12), ("unequal", 80, 13),
                 ("noise", 150, 14)]
 

@@ -427,12 +427,11 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path):
 
 
 @pytest.fixture
-def small_cells(monkeypatch):
+def small_cells(dr_config):
     # many small cells, so that the pruning and the cross-cell merging are exercised at small T
     import dr_dask.graph._knn_cells as cells
 
-    monkeypatch.setattr(cells, "LEAF_SIZE", 64)
-    monkeypatch.setattr(cells, "CELLS_PER_TASK", 5)
+    dr_config({"knn.cells-leaf-size": 64, "knn.cells-per-task": 5})
     return cells
 
 

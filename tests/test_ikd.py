@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -62,7 +63,6 @@ def test_inverse_kernel_tile_equals_whole_tile_ufuncs(kernel, params, dtype, sha
     path) and np.fill_diagonal: float64 bit for bit, float32 to float32 precision."""
     from dr_dask.kernels import get_kernel
     from dr_dask.linalg.tiles import tile_stats
-    from dr_dask.methods import ikd_core
     from dr_dask.methods.ikd_core import InverseKernel
 
     rng = np.random.default_rng(7)
@@ -72,12 +72,9 @@ def test_inverse_kernel_tile_equals_whole_tile_ufuncs(kernel, params, dtype, sha
     ref = (inv.kernel.inverse(k) * 1.7**2).astype(dtype)
     if diagonal:
         np.fill_diagonal(ref, 0.0)
-    old = ikd_core.CHUNK_BYTES
-    try:
-        ikd_core.CHUNK_BYTES = 7 * shape[1] * S.itemsize  # chunks of 7 rows: a ragged last one
+    # chunks of 7 rows: a ragged last one
+    with dask.config.set({"dr_dask.tiles.kernel-chunk-bytes": 7 * shape[1] * S.itemsize}):
         D, stats = inv.tile(S.copy(), diagonal)
-    finally:
-        ikd_core.CHUNK_BYTES = old
     if dtype == np.float64:
         np.testing.assert_array_equal(D, ref)
     else:
@@ -88,19 +85,18 @@ def test_inverse_kernel_tile_equals_whole_tile_ufuncs(kernel, params, dtype, sha
     np.testing.assert_array_equal(inv(S, diagonal), D)  # __call__ leaves S and agrees
 
 
-def test_stored_tiles_by_bands_equal_tiles_in_memory(tmp_path, monkeypatch):
+def test_stored_tiles_by_bands_equal_tiles_in_memory(tmp_path, dr_config):
     """On disk a task computes and writes its tile one chunk row at a time (diagonal tiles
     and a short last block too): the stored matrix and the tiles' statistics are those of
     the whole tiles in memory, and of the dense D."""
     import dask.array as da
 
     from dr_dask.kernels import get_kernel
-    from dr_dask.linalg import tiles
     from dr_dask.linalg.tiles import TileGrid, band_stats, build_tiles
     from dr_dask.methods._ikd_full import distance_tile
     from dr_dask.methods.ikd_core import InverseKernel
 
-    monkeypatch.setattr(tiles, "TILE_CHUNK_ROWS", 16)  # 50-row tiles in bands of 10 rows
+    dr_config({"tiles.chunk-rows": 16})  # 50-row tiles in bands of 10 rows
     rng = np.random.default_rng(2)
     X = rng.normal(size=(130, 12)) + 0.5
     X /= np.linalg.norm(X, axis=1, keepdims=True)

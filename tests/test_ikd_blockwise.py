@@ -1,4 +1,4 @@
-"""Blockwise IKD and the clique search (issue 3 item 4)."""
+"""Blockwise IKD and the clique search (Li & Wu 2024, §2.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Geodesic IKD and landmark IKD (issue 3 items 3 and 6)."""
+"""Geodesic IKD (Li & Wu 2022, §2.4) and landmark IKD (docs/decisions.md IKD-LANDMARK)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _data(name: str, T: int, N: int, seed: int = 0):
 
 def geodesic_ikd_dense(X, M, *, rule="knn", k=5, s0=None, similarity="correlation",
                        reference="center", floor=1e-3, ceil=1 - 1e-5):
-    """Dense NumPy geodesic IKD (SE kernel), written from the digest (seed-ikd.md §3), not
+    """Dense NumPy geodesic IKD (SE kernel), written from the paper (Li & Wu 2022, §2.4), not
     from the package: similarity, -log graph, all-pairs Dijkstra, SE inverse, g(D), eigh."""
     T, N = X.shape
     Xc = X - X.mean(axis=1, keepdims=True)
@@ -109,7 +109,7 @@ def test_geodesic_recovers_synthetic_latents(name, N, M):
 
 
 def test_geodesic_center_beats_min_max_reference():
-    """Why ``center`` is the geodesic default (issue 3: 0.94 vs 0.79 measured)."""
+    """Why ``center`` is the geodesic default (docs/decisions.md IKD-REF: 0.94 vs 0.79 measured)."""
     X, Z = _data("sinusoidal", 1000, 400)
     r2 = {ref: r2_affine(Z, IKD(1, solver="geodesic", reference=ref, random_state=0)
                          .fit(X).embedding_) for ref in ("center", "min_max")}
@@ -162,8 +162,7 @@ def test_cluster_run_equals_threaded_run(cluster_client):
 
 
 @pytest.mark.cluster
-def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, monkeypatch):
-    import dr_dask.graph.knn as knn
+def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, dr_config):
 
     X, Z = _data("sinusoidal", 800, 60)
     kw = dict(solver="geodesic", n_neighbors=6, n_landmarks=80, random_state=0,
@@ -173,7 +172,7 @@ def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, monkeypatch):
     disk = IKD(1, tile_cache="disk", **kw).fit(X)
     _same_up_to_sign(disk.embedding_, memory.embedding_, atol=1e-8)
     # the cell kNN search (what "auto" picks at large T): the same graph, the same embedding
-    monkeypatch.setattr(knn, "CELLS_MIN_ROWS", 100)
+    dr_config({"knn.cells-min-rows": 100})
     cells = IKD(1, tile_cache="memory", **kw).fit(X)
     assert cells.graph_edges_ == memory.graph_edges_
     _same_up_to_sign(cells.embedding_, memory.embedding_, atol=1e-5)

@@ -75,14 +75,13 @@ def test_isomap_dense_lanczos_and_store_agree(roll2000, our_fit, tmp_path):
     np.testing.assert_allclose(lanczos.transform(Xnew), dense.transform(Xnew), atol=1e-8)
 
 
-def test_isomap_float32_rows_above_dense_size(roll2000, monkeypatch):
-    """Above DIST_MATRIX_MAX the squared geodesics stay on the workers in float32: the
-    embedding still matches the float64 one closely and the eigensolver converges."""
-    import dr_dask.methods.isomap as iso
+def test_isomap_float32_rows_above_dense_size(roll2000, dr_config):
+    """Above dr_dask.isomap.dist-matrix-max the squared geodesics stay on the workers in
+    float32: the embedding still matches the float64 one closely and the eigensolver converges."""
 
     X = roll2000[0][:600]
     ref = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0).fit(X)
-    monkeypatch.setattr(iso, "DIST_MATRIX_MAX", 500)
+    dr_config({"isomap.dist-matrix-max": 500})
     f32 = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0).fit(X)
     assert f32.dist_matrix_ is None and ref.dist_matrix_ is not None
     assert procrustes_disparity(ref.embedding_, f32.embedding_) < 1e-9
@@ -119,15 +118,14 @@ def test_landmark_isomap_close_to_full_isomap():
 
 
 @pytest.mark.cluster
-def test_cluster_equals_threaded(cluster_client, roll2000, monkeypatch):
-    import dr_dask.methods.isomap as iso
+def test_cluster_equals_threaded(cluster_client, roll2000, dr_config):
 
     X, Xnew = roll2000
     X = X[:1200]
     # as for T > 10,000: float32 D2 row blocks stay on the workers (in this process for a),
     # Lanczos products run there, and transform runs Dijkstra from the new points' neighbours
     # on the cluster
-    monkeypatch.setattr(iso, "DIST_MATRIX_MAX", 500)
+    dr_config({"isomap.dist-matrix-max": 500})
     a = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0).fit(X)
     b = Isomap(n_neighbors=8, eigen_solver="lanczos", random_state=0,
                client=cluster_client).fit(X)

@@ -17,13 +17,9 @@ from dr_dask.graph.knn import estimate_recall, knn_algorithm
 
 
 @pytest.fixture
-def small_lists(monkeypatch):
+def small_lists(dr_config):
     # many tasks and chunks at small T: groups of lists, chunk-aligned regions, block offsets
-    import dr_dask.graph._knn_ivf as ivf
-
-    monkeypatch.setattr(ivf, "TASK_ROWS", 300)
-    monkeypatch.setattr(ivf, "CHUNK_ROWS", 64)
-    return ivf
+    dr_config({"knn.ivf-task-rows": 300, "knn.ivf-chunk-rows": 64, "knn.ivf-block-rows": 512})
 
 
 def test_all_lists_probed_equals_exact(small_lists, tmp_path):

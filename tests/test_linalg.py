@@ -92,7 +92,7 @@ def test_tiled_operator_products_and_reductions(tmp_path, where):
     assert len(stats) == len(grid.upper())
 
 
-def test_stored_tiles_stream_by_chunk_rows(tmp_path, monkeypatch):
+def test_stored_tiles_stream_by_chunk_rows(tmp_path, dr_config):
     """Tiles of 96 rows stored as 32-row chunks: products and a row-additive reduction read
     them chunk row by chunk row and equal the dense results."""
     import dask.array as da
@@ -100,7 +100,7 @@ def test_stored_tiles_stream_by_chunk_rows(tmp_path, monkeypatch):
 
     import dr_dask.linalg.tiles as tiles
 
-    monkeypatch.setattr(tiles, "TILE_CHUNK_ROWS", 32)
+    dr_config({"tiles.chunk-rows": 32})
     assert tiles.tile_chunk_rows(96) == 32 and tiles.tile_chunk_rows(97) == 97
     rng = np.random.default_rng(5)
     X = rng.normal(size=(250, 6))

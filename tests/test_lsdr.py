@@ -60,7 +60,7 @@ def test_transform_dask_keeps_row_chunks_and_reproduces_the_embedding(cluster_cl
 
 
 def test_single_simultaneous_pass_leaves_more_edges():
-    """The digest's F7: one simultaneous pass removes fewer edges than the fixed point."""
+    """docs/decisions.md LSDR-F7: one simultaneous pass removes fewer edges than the fixed point."""
     X, _ = noisy_spiral(800)
     from scipy.spatial import Delaunay
 

@@ -250,7 +250,7 @@ def test_cluster_run_matches_threaded_run(cluster_client, model, scenario, refer
     _assert_same(o, reference)
 
 
-# ---------------------------------------------------------------- issue 13: runner
+# ---------------------------------------------------------------- drift detection: runner
 @pytest.mark.cluster
 def test_cli_run_on_local_cluster_refits(scenario, tmp_path):
     """`stream run --batch` on a multi-process LocalCluster: the refit runs as a task (no

@@ -144,14 +144,14 @@ def test_gp_isomap_survives_worker_loss(client, data):
     _survives(client, fit, atol=1e-8)
 
 
-def test_gone_cluster_stops_with_the_stage_to_resume(data, monkeypatch):
+def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
     """With every worker gone for good, a fit stops within a bounded time naming its stage."""
     from distributed import Client, LocalCluster
 
     from dr_dask import cluster as dc
     from dr_dask.methods.ikd import IKD
 
-    monkeypatch.setattr(dc, "NO_WORKER_TIMEOUT", 3.0)
+    dr_config({"cluster.no-worker-timeout": 3.0})
     _, X = data
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None, memory_limit="2GB") as lc, \

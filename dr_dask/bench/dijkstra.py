@@ -1,4 +1,4 @@
-"""Dijkstra's cost per source against T, on one thread (issue 15: where the exact geodesic
+"""Dijkstra's cost per source against T, on one thread (where the exact geodesic
 methods stop growing as T^2 log T).
 
 The graphs are the kNN graphs (k=10) of the first T rows of one sinusoid (N=100), the graphs

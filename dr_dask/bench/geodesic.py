@@ -1,4 +1,4 @@
-"""Geodesic methods against scikit-learn's Isomap on the same data, in one run (issue 15).
+"""Geodesic methods against scikit-learn's Isomap on the same data, in one run.
 
 The IKD paper's sinusoid (N=1,000 features, one latent dimension) at T=10,000 (``--T``), k=5:
 
@@ -30,7 +30,7 @@ from dr_dask.resources import tree_rss
 
 logger = logging.getLogger(__name__)
 
-#: Targets of issue 15, as ratios to scikit-learn's time in the same run, and GB.
+#: Targets, as ratios to scikit-learn's time in the same run, and GB.
 TARGETS = {
     "geodesic_ikd_vs_sklearn": 0.5,
     "geodesic_ikd_peak_rss_gb": 1.5,

@@ -1,4 +1,4 @@
-"""Geodesic, blockwise and landmark IKD benchmarks (issue 3).
+"""Geodesic, blockwise and landmark IKD benchmarks.
 
 Cases (``CASES`` maps a name to ``fn(client, quick, workdir) -> dict``, the signature of
 :data:`dr_dask.bench.isomap.CASES`):
@@ -6,7 +6,7 @@ Cases (``CASES`` maps a name to ``fn(client, quick, workdir) -> dict``, the sign
 - ``blockwise_ikd``: T=1000 on sinusoidal data (N=100, N=400) and GP-mapping data (N=200,
   M=3): R^2 and median wall time on the cluster, against the same fit in this one process on
   dask's threads (the in-run baseline). The authors' single-process code is quoted, not rerun
-  (it is not a dependency): issue 3 measured 15-190 s for these cases on this machine.
+  (it is not a dependency): we measured 15-190 s for these cases on this machine.
 - ``geodesic_ikd``: sinusoidal T=30,000 (``quick``: 5,000), N=100, float32 tiles: wall time
   per stage, peak RSS of the process tree (target <= 6 GB), R^2, against the dense float64
   T x T matrix a NumPy implementation would need.
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 #: Sizes of ``--quick`` (a smoke run; the tests shrink them further).
 QUICK = {"blockwise_T": 1000, "geodesic_T": 5000, "landmark_T": 20_000, "landmark_L": 300}
 
-#: The authors' single-process blockwise code on these cases (issue 3, same machine).
+#: The authors' single-process blockwise code on these cases (measured on the development machine).
 AUTHORS_SECONDS_RANGE = (15.0, 190.0)
 
 

@@ -1,4 +1,4 @@
-"""Isomap benchmarks (issue 3), each against a baseline measured in the same run.
+"""Isomap benchmarks, each against a baseline measured in the same run.
 
 Cases (``CASES`` maps a name to ``fn(client, quick, workdir) -> dict``; the geodesic and
 blockwise IKD cases of the same issue are meant to be added to it):

@@ -1,4 +1,4 @@
-"""``dr-dask bench scale``: the scaling table (issue 15, items 1 and 4).
+"""``dr-dask bench scale``: the scaling table.
 
 The IKD paper's sinusoidal data with N=100 are written to a chunked Zarr store and read from
 it by each method, one fit per size: the landmark variants (landmark IKD, geodesic; Landmark
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask import config
 from dr_dask.bench._common import dataset_store, n_workers, timed_fits
 from dr_dask.resources import timed
 
@@ -44,7 +45,6 @@ KNN_QUERIES = 1000
 def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str,
                search: dict) -> Any:
     from dr_dask.methods.ikd import IKD
-    from dr_dask.methods.ikd_core import MEMORY_TILE_BYTES
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
 
     if method == "full_ikd":
@@ -61,7 +61,7 @@ def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str,
                    dtype="float32", random_state=0, client=client, **search)
     # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
     store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
-             if 4 * n_landmarks * T > MEMORY_TILE_BYTES else None)
+             if 4 * n_landmarks * T > config.get_bytes("tiles.memory-bytes") else None)
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
                           random_state=0, client=client, geodesic_store=store, **search)
 

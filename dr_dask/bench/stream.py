@@ -8,7 +8,7 @@
    faster of one call and the same chunks).
 2. Refit latency for batch 2,000 + buffer 1,000 (the runner's refit task) and the peak RSS of
    the process tree while the runner streams the shift scenario with refits.
-3. Issue 13's figures on generated Euler-roll layouts (separated, touching, unequal, noise;
+3. The drift-detection figures on generated Euler-roll layouts (separated, touching, unequal, noise;
    :func:`dr_dask.stream.evaluate.layout_figures`): per-patch disparity, share of stream
    points beside their own patch, flag rates, variance ratio, and after a refit the new
    patch's disparity and how far the old points moved.
@@ -170,7 +170,7 @@ def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
     return res
 
 
-#: Issue 13's targets, checked in the report.
+#: The drift-detection targets, checked in the report.
 LAYOUT_TARGETS = {"patch_disparity_max": 0.01, "beside_own_patch_min": 0.99,
                   "flagged_unseen_min": 0.95, "flagged_known_max": 0.02,
                   "variance_ratio_min": 3.0, "new_patch_disparity_max": 0.02,
@@ -178,7 +178,7 @@ LAYOUT_TARGETS = {"patch_disparity_max": 0.01, "beside_own_patch_min": 0.99,
 
 
 def bench_layouts(n_batch: int, n_stream: int, seeds) -> dict:
-    """Issue 13's figures per layout and seed, with the targets met or not."""
+    """The drift-detection figures per layout and seed, with the targets met or not."""
     from dr_dask.datasets.roll_layouts import KINDS, patch_layout
     from dr_dask.methods.gp_isomap import GPIsomap
     from dr_dask.stream.evaluate import layout_figures

@@ -1,4 +1,4 @@
-"""The synthetic datasets of the IKD paper (spec seed-ikd.md section 4.1).
+"""The synthetic datasets of the IKD paper (Li & Wu 2022, §3.1).
 
 All three share the latent prior: each of the M latent dimensions is an independent
 zero-mean Gaussian sequence over the sample index with covariance ``6 exp(-|i - j| / 5)``.

@@ -5,7 +5,7 @@ roll (:func:`dr_dask.datasets.swiss_roll.euler_roll`). A patch is a Gaussian in 
 coordinates truncated to its 2-sigma ellipse, so "separated" and "touching" are exact: two
 patches touch when their ellipses meet, and no point of one lies inside another. The stream
 holds held-out points of the three batch patches in random order, then the unseen patch, as
-in the paper's experiment A (digest §5.1).
+in the paper's experiment A (Mahapatra & Chandola 2020, §7.1).
 
 Layouts (``kind``):
 

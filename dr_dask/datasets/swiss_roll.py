@@ -1,10 +1,11 @@
-"""The Euler isometric swiss roll with Gaussian patches (GP-Isomap digest §5.1) and its streams.
+"""The Euler isometric swiss roll with Gaussian patches (Mahapatra & Chandola 2020, §7.1) and its
+streams.
 
 The roll is the clothoid map ``psi(u1, u2) = (int_0^u1 sin(s^2) ds, int_0^u1 cos(s^2) ds, u2)``.
 Its first coordinate is arc length, so the roll is isometric: the ground truth ``u`` is itself a
 valid Isomap embedding and Procrustes disparity against it measures embedding quality directly.
 
-Scenarios (digest §5.1, experiments A and B):
+Scenarios (Mahapatra & Chandola 2020, §7.1, experiments A and B):
 
 * **shift** -- batch from the training halves of patches 1-3; stream the shuffled test halves of
   patches 1-3, then the test half of patch 4 (the unseen mode).
@@ -31,7 +32,8 @@ from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
 
-#: Patch means (u1, u2) and per-axis standard deviations (digest §5.1, from the authors' repo).
+#: Patch means (u1, u2) and per-axis standard deviations (Mahapatra & Chandola 2020, §7.1;
+#: values from the authors' code).
 PATCH_MEANS = np.array([[1.25, 0.65], [1.75, 0.35], [2.35, 0.72], [2.65, 0.29]])
 PATCH_SDS = np.array([[0.07, 0.05], [0.09, 0.06], [0.10, 0.07], [0.12, 0.06]])
 #: Ground-truth domain of the uniform drift stream.

@@ -3,7 +3,8 @@
 Brute force costs T^2 N. Here the rows are projected on their top ``N_PROJ`` principal axes
 (an orthogonal projection never lengthens a distance, so the distance between two cells'
 bounding boxes in the projection is a rigorous lower bound on every distance between their
-rows) and cut into cells of at most ``LEAF_SIZE`` rows by median splits of the widest projected
+rows) and cut into cells of at most
+``dr_dask.knn.cells-leaf-size`` rows by median splits of the widest projected
 coordinate (the leaves of a k-d tree). A query cell visits the cells in increasing order of
 that bound, folding float32 GEMM tiles into running top-k lists with the brute-force kernel,
 and stops once the bound exceeds every row's current k-th distance. Within a visited cell only
@@ -28,6 +29,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+from dr_dask import config
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute, share
 from dr_dask.graph.topk import EXTRA, check_finite, rerank_labelled, select_k
@@ -35,8 +37,6 @@ from dr_dask.linalg.eigen import top_eigh
 
 logger = logging.getLogger(__name__)
 
-#: Rows per cell: large enough for an efficient GEMM tile, small enough for tight boxes.
-LEAF_SIZE = 256
 #: Principal axes of the projection that bounds distances between cells.
 N_PROJ = 8
 #: Rows sampled to estimate the principal axes, at most ``PCA_SAMPLE_BYTES`` of float64 (the
@@ -47,8 +47,6 @@ PCA_SAMPLE_BYTES = 16 << 20
 SLACK = 1e-3
 #: Absolute slack, per unit of squared norm: float32 rounding of ``||x||^2 - 2 <q, x>``.
 ABS_SLACK = 64 * float(np.finfo(np.float32).eps)
-#: Query cells per task.
-CELLS_PER_TASK = 16
 #: Rows per step of the in-process passes over X.
 BLOCK = 1 << 16
 
@@ -207,7 +205,7 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         P = np.empty((T, p))
         for s in range(0, T, BLOCK):
             P[s:s + BLOCK] = _project(X[s:s + BLOCK], s, mean, axes)
-    order, bounds = _cells(P, LEAF_SIZE)
+    order, bounds = _cells(P, int(config.get("knn.cells-leaf-size")))
     starts = bounds[:-1]
     Ps = P[order]
     del P
@@ -234,8 +232,8 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     n_cells = len(starts)
     logger.debug("cell kNN: T=%d in %d cells, projection on %d axes", T, n_cells, p)
     task = dask.delayed(_cell_task, pure=True)
-    groups = [range(c, min(c + CELLS_PER_TASK, n_cells))
-              for c in range(0, n_cells, CELLS_PER_TASK)]
+    per_task = int(config.get("knn.cells-per-task"))
+    groups = [range(c, min(c + per_task, n_cells)) for c in range(0, n_cells, per_task)]
     tasks = [task(Xs, sq, Ps, lo, hi, bounds, order_d, g, kk, k, exclude_self) for g in groups]
     # many small GEMMs in parallel threads: BLAS's own threads would only oversubscribe the
     # cores, 50x slower on a loaded machine (dask's workers get one thread from their nanny)

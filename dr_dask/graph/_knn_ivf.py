@@ -41,6 +41,7 @@ import dask.array as da
 import numpy as np
 import zarr
 
+from dr_dask import config
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute
 from dr_dask.graph._knn_cells import _cells, _centred
@@ -49,18 +50,11 @@ from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
 
-#: Rows per chunk of the staging and lists arrays (40 KB per chunk at N=100 float32): small, so
-#: that reading one list reads little beside it.
-CHUNK_ROWS = 1024
 #: Training rows per centroid (faiss warns below 39) and the sample's byte cap (float32).
 TRAIN_PER_LIST = 64
 TRAIN_BYTES = 128 << 20
 #: Lloyd iterations of the coarse quantizer (faiss's default is 10 or 20).
 KMEANS_ITER = 15
-#: Query rows per search task: lists are grouped to about this many rows.
-TASK_ROWS = 16_384
-#: Rows per assignment task.
-BLOCK_ROWS = 65_536
 #: ``n_probe`` when not given. On the noisy sinusoid (N=100, k=10, T=10^5, 316 lists) 4 to 16
 #: probes gave landmark IKD the same R^2 (0.973-0.975, exact 0.978) at recalls of 0.1-0.4:
 #: there the noise picks the true neighbours (docs/scaling.md, "The partitioned neighbour
@@ -177,13 +171,14 @@ def _search_group(lists: tuple, list_start: np.ndarray, list_size: np.ndarray,
     return own, d, i
 
 
-def _zarr_pair(loc: Location, name: str, T: int, N: int) -> tuple[zarr.Array, zarr.Array]:
-    """Rows (T, N) float32 and their row indices (T,) int64, chunked by ``CHUNK_ROWS``."""
+def _zarr_pair(loc: Location, name: str, T: int, N: int,
+               chunk: int) -> tuple[zarr.Array, zarr.Array]:
+    """Rows (T, N) float32 and their row indices (T,) int64, in chunks of ``chunk`` rows."""
     store = loc.child(name).zarr_store()
     root = zarr.open_group(store, mode="w")
-    rows = root.create_array("rows", shape=(T, N), chunks=(CHUNK_ROWS, N), dtype=np.float32,
+    rows = root.create_array("rows", shape=(T, N), chunks=(chunk, N), dtype=np.float32,
                              compressors=None)
-    ids = root.create_array("ids", shape=(T,), chunks=(CHUNK_ROWS,), dtype=np.int64,
+    ids = root.create_array("ids", shape=(T,), chunks=(chunk,), dtype=np.int64,
                             compressors=None, fill_value=-1)
     return rows, ids
 
@@ -248,10 +243,11 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     order, _ = _cells(cent, 1)
     cent32 = np.ascontiguousarray(cent[order], dtype=np.float32)
 
+    chunk = int(config.get("knn.ivf-chunk-rows"))
     if not isinstance(X, da.Array):
-        X = da.from_array(X, chunks=(BLOCK_ROWS, -1))
+        X = da.from_array(X, chunks=(int(config.get("knn.ivf-block-rows")), -1))
     # row blocks on chunk boundaries: each assignment task writes chunks no other one writes
-    block = CHUNK_ROWS * max(1, round(max(X.chunks[0]) / CHUNK_ROWS))
+    block = chunk * max(1, round(max(X.chunks[0]) / chunk))
     X = X.rechunk((block, -1))
     starts = np.array([0, *np.cumsum(X.chunks[0])])
 
@@ -259,7 +255,7 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     base = location(tempfile.mkdtemp(prefix="dr_dask_ivf_")) if own_tmp else location(scratch)
     loc = base.child(f"ivf_{uuid.uuid4().hex[:12]}")
     try:
-        staging = _zarr_pair(loc, "staging", T, N)
+        staging = _zarr_pair(loc, "staging", T, N, chunk)
         assign = dask.delayed(_assign_block, pure=True)
         with single_blas_thread():
             counts = np.array(compute(*[
@@ -268,12 +264,12 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         sizes = counts.sum(axis=0)
         block_offsets = np.concatenate([np.zeros((len(counts), 1), np.int64),
                                         np.cumsum(counts, axis=1)], axis=1)
-        groups = _groups(sizes, TASK_ROWS)
+        groups = _groups(sizes, int(config.get("knn.ivf-task-rows")))
         # each group starts on a chunk boundary of the lists arrays
         group_rows = [int(sizes[a:b].sum()) for a, b in groups]
-        padded = [CHUNK_ROWS * math.ceil(n / CHUNK_ROWS) for n in group_rows]
+        padded = [chunk * math.ceil(n / chunk) for n in group_rows]
         dest = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
-        lists = _zarr_pair(loc, "lists", int(dest[-1]), N)
+        lists = _zarr_pair(loc, "lists", int(dest[-1]), N, chunk)
         gather = dask.delayed(_gather_group, pure=True)
         compute(*[gather(staging, lists, starts[:-1], block_offsets, a, b, int(dest[g]))
                   for g, (a, b) in enumerate(groups)], client=client)

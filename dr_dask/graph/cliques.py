@@ -1,6 +1,6 @@
 """Maximal cliques by Bron–Kerbosch with pivoting, compiled with numba on bitsets.
 
-Blockwise IKD (seed 002 §2.4; digest seed-ikd.md §2) needs the maximal cliques of the graph
+Blockwise IKD (Li & Wu 2024, §2.4) needs the maximal cliques of the graph
 ``s_ij > s0``. The authors' code runs a recursive NumPy Bron–Kerbosch (BKv2, pivot = the vertex
 of P ∪ X with most neighbours in P), capped at ``max_n_cliques``. Here the same search runs
 iteratively in numba on adjacency bitsets (one uint64 word per 64 vertices), so every set

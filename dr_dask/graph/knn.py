@@ -2,9 +2,9 @@
 
 The data are split in row blocks. One task finds, for a block of query rows, the nearest rows of
 one data block through a :class:`NeighbourIndex`: a KD-tree (scikit-learn's) up to
-``KD_TREE_MAX_DIM`` features, above that brute force, cache-sized float32 GEMM tiles folded into
-running top-k lists by a compiled kernel, certified against float64 (see the class); a merge
-task per query block keeps the k best candidates over all data blocks by a partial sort.
+``dr_dask.knn.kd-tree-max-dim`` features, above that brute force, cache-sized float32 GEMM tiles
+folded into running top-k lists by a compiled kernel, certified against float64 (see the class); a
+merge task per query block keeps the k best candidates over all data blocks by a partial sort.
 Distances of the kept pairs are recomputed directly (``||q - x||``) so that they do not carry
 the rounding and cancellation error of the GEMM expansion. An index built once serves the
 repeated searches of new points (GP-Isomap's mapping).
@@ -25,6 +25,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from dr_dask import config
 from dr_dask.cluster import active_client, compute, share
 from dr_dask.graph._knn_cells import cell_kneighbors
 from dr_dask.graph._knn_ivf import ivf_kneighbors
@@ -37,21 +38,14 @@ logger = logging.getLogger(__name__)
 #: Smallest positive float64: the weight given to zero-length edges so that sparse graph
 #: algorithms still see them as edges (an explicit 0 is dropped by sparse arithmetic).
 ZERO_EDGE = np.finfo(np.float64).tiny
-#: Above this many features trees stop pruning (scikit-learn's own "auto" switches to brute
-#: force at the same point).
-KD_TREE_MAX_DIM = 15
-#: ``algorithm="auto"`` uses the cell search from this many rows (above ``KD_TREE_MAX_DIM``
-#: features): below it brute force takes about a second and the cell set-up would not pay.
-#: At T=10,000, N=1,000 (the IKD paper's sinusoid) cells cost a third of brute force's CPU.
-CELLS_MIN_ROWS = 5_000
 ALGORITHMS = ("auto", "exact", "cells", "ivf")
 #: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
 #: picks), ``"ivf"`` (the partitioned approximate search) or ``"auto"`` (IVF from
-#: ``IVF_MIN_ROWS`` rows above ``KD_TREE_MAX_DIM`` features, else exact).
+#: ``IVF_MIN_ROWS`` rows above ``dr_dask.knn.kd-tree-max-dim`` features, else exact).
 KNN_MODES = ("auto", "exact", "ivf")
 #: ``knn="auto"`` uses the IVF search from this many rows: on the noisy sinusoid (N=100, k=10)
 #: it took 6.2 s against the exact cell search's 13.3 s at T=10^5 (docs/scaling.md, "The
-#: partitioned neighbour search").
+#: partitioned neighbour search"). A constant, not a tuning knob: it changes results.
 IVF_MIN_ROWS = 100_000
 #: The ``knn`` and ``n_probe`` parameters of every estimator that builds a neighbour graph
 #: (merged into its ``_parameter_constraints``).
@@ -102,8 +96,8 @@ def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[A
 class NeighbourIndex:
     """Data rows prepared once for exact k-NN searches of new points (the mapping hot path).
 
-    Up to ``KD_TREE_MAX_DIM`` features a KD-tree (scikit-learn's), built once. Above, brute
-    force in float32: the rows are centred on their mean and rounded to float32 once; float32
+    Up to ``dr_dask.knn.kd-tree-max-dim`` features a KD-tree (scikit-learn's), built once. Above,
+    brute force in float32: the rows are centred on their mean and rounded to float32 once; float32
     GEMM tiles select ``k + EXTRA`` candidates per query row, which are re-ranked by float64
     distances to the original rows. A rounding bound then certifies each row: every
     non-candidate is provably farther than the k-th neighbour found. Rows it cannot certify
@@ -119,7 +113,7 @@ class NeighbourIndex:
     def __init__(self, data: np.ndarray):
         self.data = np.ascontiguousarray(data, dtype=np.float64)
         self._tree = None
-        if self.data.shape[1] <= KD_TREE_MAX_DIM:
+        if self.data.shape[1] <= config.get("knn.kd-tree-max-dim"):
             from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
 
             self._tree = NearestNeighbors().fit(self.data)
@@ -235,15 +229,17 @@ def kneighbors(
         Rows per block of the exact search (default ``max(5000, ceil(T / 4))``).
     algorithm : {"auto", "exact", "cells", "ivf"}
         ``"exact"``: every query block against every data block (KD-trees up to
-        ``KD_TREE_MAX_DIM`` features, else brute-force GEMM): T^2 N work above that dimension.
+        ``dr_dask.knn.kd-tree-max-dim`` features, else brute-force GEMM): T^2 N work above that
+        dimension.
         ``"cells"`` (only without ``query``): the pruned float32 cell search of
         :mod:`dr_dask.graph._knn_cells`, exact for the centred rows rounded to float32, with
         the float32 copy of X held by every worker; far less work on data near a manifold.
         ``"ivf"`` (only without ``query``): the partitioned approximate search of
         :mod:`dr_dask.graph._knn_ivf` (inverted lists in Zarr at ``scratch``; no process holds
         all rows), about ``T n_probe T / n_lists`` row pairs.
-        ``"auto"``: cells without ``query`` from ``CELLS_MIN_ROWS`` rows and above
-        ``KD_TREE_MAX_DIM`` features, else exact (never the approximate search).
+        ``"auto"``: cells without ``query`` from ``dr_dask.knn.cells-min-rows`` rows and
+        above ``dr_dask.knn.kd-tree-max-dim`` features, else exact (never the approximate
+        search).
     n_probe, n_lists : int, optional
         ``"ivf"``: lists each row searches (``>= n_lists``: all, the exact result) and lists
         of the coarse quantizer (default about sqrt(T)); see
@@ -283,8 +279,9 @@ def kneighbors(
     if algorithm == "ivf":
         return ivf_kneighbors(X, k, exclude_self, client=client, n_lists=n_lists,
                               n_probe=n_probe, scratch=scratch, random_state=random_state)
-    if algorithm == "cells" or (algorithm == "auto" and exclude_self and n >= CELLS_MIN_ROWS
-                                and X.shape[1] > KD_TREE_MAX_DIM):
+    if algorithm == "cells" or (algorithm == "auto" and exclude_self
+                                and n >= config.get("knn.cells-min-rows")
+                                and X.shape[1] > config.get("knn.kd-tree-max-dim")):
 
         return cell_kneighbors(X, k, exclude_self, client=client)
     bs = int(block_size or _default_block(n))
@@ -312,7 +309,7 @@ def knn_algorithm(knn: str, n_rows: int, n_features: int) -> str:
     if knn not in KNN_MODES:
         raise ValueError(f"knn must be one of {KNN_MODES}, got {knn!r}")
     if knn == "ivf" or (knn == "auto" and n_rows >= IVF_MIN_ROWS
-                        and n_features > KD_TREE_MAX_DIM):
+                        and n_features > config.get("knn.kd-tree-max-dim")):
         return "ivf"
     return "auto"
 

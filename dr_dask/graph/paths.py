@@ -26,6 +26,7 @@ import zarr
 from distributed import Future
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
+from dr_dask import config
 from dr_dask.cluster import active_client, gather, share, wait_for
 from dr_dask.linalg.tiles import strip_tiles
 from dr_dask.storage import Location, location
@@ -474,27 +475,24 @@ class GeodesicRows:
         self.blocks = []
 
 
-#: Sources per Dijkstra call inside a strip task: bounds its float64 rows (20 MB at T=10^4).
-STRIP_SUB_ROWS = 256
-
-
 def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: bool,
                  transform: Callable, args: tuple, stats_fn: Callable, dtype: Any) -> tuple:
     """Row block ``i`` of the transformed path matrix, columns from the block's start on (the
     upper tiles of block row ``i``), and each tile's ``stats_fn``.
 
-    Sources run ``STRIP_SUB_ROWS`` at a time into one float64 buffer, allocated once, which
-    the transform may overwrite (IKD's does), and each slice is transformed into the strip at
-    once: the task holds that buffer and its strip, no more (IKD's transform made four
+    Sources run ``dr_dask.tiles.strip-sub-rows`` at a time into one float64 buffer, allocated
+    once, which the transform may overwrite (IKD's does), and each slice is transformed into the
+    strip at once: the task holds that buffer and its strip, no more (IKD's transform made four
     buffer-sized temporaries: 250 MB a task at T=30,000). The diagonal tile is
     symmetrised (Dijkstra from i and from j may differ in the last bit), so the upper tiles
     describe one symmetric matrix, and its diagonal set to zero.
     """
     start, stop = bounds[i], bounds[i + 1]
     strip = np.empty((stop - start, graph.n_nodes - start), dtype=dtype)
-    buffer = np.empty((min(STRIP_SUB_ROWS, stop - start), graph.n_nodes))
-    for s in range(start, stop, STRIP_SUB_ROWS):
-        e = min(s + STRIP_SUB_ROWS, stop)
+    sub = int(config.get("tiles.strip-sub-rows"))
+    buffer = np.empty((min(sub, stop - start), graph.n_nodes))
+    for s in range(start, stop, sub):
+        e = min(s + sub, stop)
         P = _rows(graph, np.arange(s, e), square, np.float64, out=buffer[: e - s])
         strip[s - start : e - start] = transform(P[:, start:], *args)
     diag = strip[:, : stop - start]

@@ -16,7 +16,6 @@ and parameters does nothing.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.methods.factory import make_method
 from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_index
 from dr_dask.report import plain_json
-from dr_dask.resources import PeakRSS
+from dr_dask.resources import PeakRSS, timed
 from dr_dask.runs import open_run, run_embedding, run_name, run_params
 from dr_dask.storage import StorageError, location
 
@@ -103,8 +102,8 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
         logger.info("latest already names %s (same input and parameters): nothing to do", name)
         return {**previous, "status": "nothing to do"}
 
-    with PeakRSS() as mem:
-        t0 = time.perf_counter()
+    took: dict[str, float] = {}
+    with PeakRSS() as mem, timed(took, "fit"):
         try:
             run = run_embedding(est, inp, out, method=method, name=name,
                                 storage_options=storage_options)
@@ -112,11 +111,10 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
             if isinstance(exc, InputError | StorageError):
                 raise
             raise InputError(f"refit: {method} on {inp.name}: {exc}") from exc
-        seconds = time.perf_counter() - t0
     emb = run.read("embedding")
-    t0 = time.perf_counter()
-    metrics = _evaluate(est, inp, emb, p, client)
-    evaluate_seconds = time.perf_counter() - t0
+    with timed(took, "evaluate"):
+        metrics = _evaluate(est, inp, emb, p, client)
+    seconds, evaluate_seconds = took["fit"], took["evaluate"]
     metrics["procrustes_disparity_vs_previous"], note = _vs_previous(out, previous, inp, emb)
     summary = dict(run.summary)
     report_dir = out.child(f"{name}.report")

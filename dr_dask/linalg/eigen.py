@@ -20,12 +20,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import scipy.linalg
 
+from dr_dask import config
 from dr_dask.blas import single_blas_thread
 
 logger = logging.getLogger(__name__)
 
-#: Below this size the dense LAPACK path is cheaper than any iteration.
-DENSE_MAX = 1500
 #: An operator known only through products is materialised (T products) for the dense path
 #: when T is at most this many Lanczos blocks: a typical Lanczos run multiplies about as many
 #: columns, and a tiled product pass costs far more than LAPACK (measured: IKD at T=1500 with
@@ -132,7 +131,7 @@ def top_eigh(
     method : {"auto", "dense", "lanczos"}
         ``dense`` materialises A (:func:`materialise`: an operator by ``to_dense()`` or one
         product with the identity) and calls LAPACK ``eigh`` with a subset; ``lanczos`` is block
-        Lanczos with Rayleigh-Ritz. ``auto`` is dense when T <= ``DENSE_MAX`` (1500) for
+        Lanczos with Rayleigh-Ritz. ``auto`` is dense when T <= ``dr_dask.eigen.dense-max`` for
         arrays and operators with ``to_dense()``, when T <= ``PRODUCT_DENSE_BLOCKS`` Lanczos
         blocks for operators known only by products, or when ``n_components`` is close to T;
         else Lanczos. This is the package's only eigensolver entry.
@@ -159,7 +158,7 @@ def top_eigh(
     if method == "auto":
         in_memory = not isinstance(A, SymmetricOperator) or getattr(A, "to_dense", None)
         width = block_size or max(2 * k, k + 8)
-        limit = DENSE_MAX if in_memory else PRODUCT_DENSE_BLOCKS * width
+        limit = config.get("eigen.dense-max") if in_memory else PRODUCT_DENSE_BLOCKS * width
         method = "dense" if T <= max(limit, 4 * k) else "lanczos"
     if method == "dense":
         M = materialise(A)

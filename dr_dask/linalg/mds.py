@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dr_dask.linalg.eigen import SymmetricOperator, as_operator, materialise, top_eigh
+from dr_dask.linalg.eigen import (
+    EigResult,
+    SymmetricOperator,
+    as_operator,
+    materialise,
+    top_eigh,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,28 +95,13 @@ def scaled_vectors(values: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     return vectors * np.sqrt(np.clip(values, 0.0, None))
 
 
-@dataclass
-class MDSResult:
-    """Classical MDS: coordinates and the eigenpairs of the centred matrix.
+class MDSResult(EigResult):
+    """The eigenpairs of ``-1/2 H D2 H`` (:class:`~dr_dask.linalg.eigen.EigResult`) and their
+    MDS coordinates ``embedding`` (n, k): ``vectors * sqrt(max(values, 0))``."""
 
-    Attributes
-    ----------
-    embedding : ndarray of shape (n, k)
-        ``vectors * sqrt(max(values, 0))``.
-    values : ndarray of shape (k,)
-        Top algebraic eigenvalues of ``-1/2 H D2 H``, largest first.
-    vectors : ndarray of shape (n, k)
-    residuals : ndarray of shape (k,)
-    n_passes : int
-    converged : bool
-    """
-
-    embedding: np.ndarray
-    values: np.ndarray
-    vectors: np.ndarray
-    residuals: np.ndarray
-    n_passes: int
-    converged: bool
+    @property
+    def embedding(self) -> np.ndarray:
+        return scaled_vectors(self.values, self.vectors)
 
 
 def classical_mds(
@@ -144,5 +134,4 @@ def classical_mds(
         B = double_centre(D2.compute() if hasattr(D2, "compute") else D2)
     res = top_eigh(B, n_components, method=method, tol=tol, max_passes=max_passes,
                    random_state=random_state)
-    return MDSResult(scaled_vectors(res.values, res.vectors), res.values, res.vectors,
-                     res.residuals, res.n_passes, res.converged)
+    return MDSResult(res.values, res.vectors, res.residuals, res.n_passes, res.converged)

@@ -21,6 +21,7 @@ import dask
 import numpy as np
 import zarr
 
+from dr_dask import config
 from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.storage import Location, location
 
@@ -61,21 +62,15 @@ class TileGrid:
         return int(np.diff(self.bounds).max())
 
 
-#: Rows per Zarr chunk of a stored tile array, at most: a tile of B rows is stored as chunks
-#: of a divisor of B up to this many rows (B columns), so products stream a stored tile chunk
-#: by chunk (16 MB at B = 4096 in float64) instead of loading it whole (128 MB, twice over
-#: with the read buffer) in every task.
-TILE_CHUNK_ROWS = 512
-
-
 def tile_chunk_rows(block: int) -> int:
     """Rows per Zarr chunk for tiles of ``block`` rows: the largest divisor of ``block`` that is
-    at most :data:`TILE_CHUNK_ROWS`, or ``block`` itself when that divisor is small (a chunk
+    at most ``dr_dask.tiles.chunk-rows``, or ``block`` itself when that divisor is small (a chunk
     must never straddle two tiles: tasks write whole tiles concurrently)."""
-    if block <= TILE_CHUNK_ROWS:
+    most = int(config.get("tiles.chunk-rows"))
+    if block <= most:
         return block
-    best = max(d for d in range(1, TILE_CHUNK_ROWS + 1) if block % d == 0)
-    return best if best >= TILE_CHUNK_ROWS // 4 else block
+    best = max(d for d in range(1, most + 1) if block % d == 0)
+    return best if best >= most // 4 else block
 
 
 @dataclass(frozen=True)
@@ -103,13 +98,6 @@ def _load(tile: Any) -> np.ndarray:
     return tile.load() if isinstance(tile, ZarrTile) else tile
 
 
-#: Bytes of the row chunks an in-memory tile is multiplied by: both products of a chunk
-#: (``A V_j`` and ``A^T V_i``) read it while it is in cache, so a product pass reads each tile
-#: from memory once rather than twice (measured: 4096^2 float64 tile, 9 columns, 1 thread,
-#: 83 ms in 1 MB chunks vs 129 ms whole).
-PRODUCT_CHUNK_BYTES = 1 << 20
-
-
 def rows_per_chunk(n_cols: int, itemsize: int, nbytes: int) -> int:
     """Rows of a row chunk of at most ``nbytes`` (at least one row)."""
     return max(1, nbytes // max(1, n_cols * itemsize))
@@ -117,11 +105,12 @@ def rows_per_chunk(n_cols: int, itemsize: int, nbytes: int) -> int:
 
 def _row_chunks(tile: Any):
     """``(offset, rows)`` of a tile by row chunks: a stored tile's own chunks, an in-memory
-    tile's of ``PRODUCT_CHUNK_BYTES``."""
+    tile's of ``dr_dask.tiles.product-chunk-bytes``."""
     if isinstance(tile, ZarrTile):
         yield from tile.row_chunks()
         return
-    step = rows_per_chunk(tile.shape[1], tile.itemsize, PRODUCT_CHUNK_BYTES)
+    step = rows_per_chunk(tile.shape[1], tile.itemsize,
+                          config.get_bytes("tiles.product-chunk-bytes"))
     for a in range(0, tile.shape[0], step):
         yield a, tile[a:a + step]
 
@@ -454,19 +443,17 @@ def _make_tile(tile_fn, Xi, Xj, diag, args, store, ij, grid, band_stats):
 # tiles from upper strips: one task computes block row i's tiles (i, j >= i) together
 
 
-#: Largest block of :func:`strip_grid`: bounds a tile's float64 temporaries (33 MB at 2048^2).
-STRIP_MAX_ROWS = 2048
-
-
 def strip_grid(T: int, client: Any = None, max_block: int | None = None) -> Any:
     """The tile grid of :func:`strip_tiles` for ``T`` nodes: equal blocks of at most
-    ``min(max_block, STRIP_MAX_ROWS)`` rows, a multiple of the worker threads in number (at
+    ``min(max_block, dr_dask.tiles.strip-max-rows)``
+    rows, a multiple of the worker threads in number (at
     least two each). Dijkstra costs the same per source, so equal strips in a multiple of the
     threads balance the workers (3 strips on 2 workers leave one idle for a third of the
     stage), and few strips keep the product passes cheap (each is one task per tile)."""
     client = active_client(client)
     threads = sum(client.nthreads().values()) if client is not None else 1
-    rows = min(max_block or STRIP_MAX_ROWS, STRIP_MAX_ROWS)
+    most = int(config.get("tiles.strip-max-rows"))
+    rows = min(max_block or most, most)
     n = threads * max(2, -(-T // (threads * rows)))
     return TileGrid.regular(T, max(1, -(-T // n)))
 

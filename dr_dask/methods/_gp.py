@@ -1,7 +1,8 @@
 """Gaussian-process regression from geodesic distances to manifold coordinates (GP-Isomap).
 
-One :class:`ManifoldGP` per manifold. The paper's text gives three mutually inconsistent
-kernels (digest §3.2, FLAG K); all are offered, with signal variance fixed to 1 (paper §5.1):
+One :class:`ManifoldGP` per manifold. The paper's text gives three mutually inconsistent kernels
+(Mahapatra & Chandola 2020, §5.1; docs/decisions.md GPI-KERNEL); all are offered, with signal
+variance fixed to 1 (paper §5.1):
 
 ``geodesic_se`` (K3, default)
     ``K_ij = exp(-g_ij^2 / 2l^2)``, ``k_*i = exp(-g_*i^2 / 2l^2)``, ``k_** = 1``: eq. 22 and the
@@ -43,9 +44,10 @@ KERNELS = ("geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde")
 #: Hyper-parameter search box: noise variance (absolute, outputs are in geodesic units).
 NOISE_BOUNDS = (1e-6, 1.0)
 #: Length scale box relative to the manifold's largest geodesic distance. From the diameter
-#: up: the mean must follow S-Isomap (digest §3.3). Shorter scales can win the likelihood on
-#: small manifolds and then interpolate the batch but not map new points (an 80-point
-#: Euler-roll patch: 0.009 chosen from a box starting at 0.05x, stream disparity 0.23-0.36).
+#: up: the mean must follow S-Isomap (docs/decisions.md GPI-HYPER). Shorter scales can win the
+#: likelihood on small manifolds and then interpolate the batch but not map new points (an
+#: 80-point Euler-roll patch: 0.009 chosen from a box starting at 0.05x, stream disparity
+#: 0.23-0.36).
 LENGTH_BOUNDS_REL = (1.0, 20.0)
 #: Admissible negative eigenvalue of K, relative to the noise variance, in the ML search.
 PSD_TOL = 0.1
@@ -60,9 +62,9 @@ QUERY_BLOCK_BYTES = 1 << 19
 def cailliez_constant(G: np.ndarray) -> float:
     """Cailliez additive constant: largest real eigenvalue of ``[[0, 2B], [-I, -4P]]``.
 
-    ``B = -1/2 H G^2 H`` and ``P = -1/2 H G H``. Adding it to every off-diagonal distance makes
-    the distances Euclidean-embeddable (digest §3.2). The 2n x 2n matrix is non-symmetric and
-    only applied through products (ARPACK, ``which="LR"``).
+    ``B = -1/2 H G^2 H`` and ``P = -1/2 H G H``. Adding it to every off-diagonal distance makes the
+    distances Euclidean-embeddable (docs/decisions.md GPI-KERNEL). The 2n x 2n matrix is
+    non-symmetric and only applied through products (ARPACK, ``which="LR"``).
     """
     n = G.shape[0]
     B = double_centre(G**2)
@@ -163,8 +165,8 @@ class KernelSpec:
 def _profile_nll(w: np.ndarray, Yt2: np.ndarray, d: int, noise_lo: float) -> tuple[float, float]:
     """min over noise of the negative log marginal likelihood given eig(K) = w, (V^T Y)^2 = Yt2.
 
-    Summed over the d output dimensions (hyper-parameters shared, digest §3.3); returns
-    ``(nll, noise)``.
+    Summed over the d output dimensions (hyper-parameters shared, docs/decisions.md GPI-HYPER);
+    returns ``(nll, noise)``.
     """
     # the noise must make K + noise I positive definite (K3 can be mildly indefinite)
     lo = max(noise_lo, -w.min() * 1.01 + 1e-12)
@@ -213,8 +215,9 @@ def fit_hyperparameters(
         K = spec.train(G, float(np.exp(log_ell)))
         w, V = scipy.linalg.eigh(K)
         if w.min() < -PSD_TOL * noise_floor:
-            # K3 turns indefinite at short length scales (digest §3.2); held-out variances are
-            # then meaningless (they even undercut the noise), so such scales are not admitted
+            # K3 turns indefinite at short length scales (docs/decisions.md GPI-KERNEL); held-out
+            # variances are then meaningless (they even undercut the noise), so such scales are not
+            # admitted
             return INADMISSIBLE, noise_floor
         Yt2 = (V.T @ Y) ** 2
         if noise_variance is not None:
@@ -441,9 +444,9 @@ def _neighbour_sq_distances(points: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def _chol_with_jitter(K: np.ndarray, noise: float) -> tuple[np.ndarray, float]:
     """Cholesky of ``K + noise I``, adding jitter when it is not positive definite.
 
-    K3 (geodesic SE) is not guaranteed PSD (digest §3.2). On failure the smallest eigenvalue
-    of K sets the jitter (10% margin), which is logged and folded into the noise variance so
-    that the predictive variance stays consistent with the factor.
+    K3 (geodesic SE) is not guaranteed PSD (docs/decisions.md GPI-KERNEL). On failure the smallest
+    eigenvalue of K sets the jitter (10% margin), which is logged and folded into the noise variance
+    so that the predictive variance stays consistent with the factor.
     """
     A = K.copy()
     A[np.diag_indices_from(A)] += noise

@@ -1,4 +1,4 @@
-"""Blockwise IKD (seed 002 §2.4, first bullet; digest seed-ikd.md §2).
+"""Blockwise IKD (Li & Wu 2024, §2.4, first bullet).
 
 Small similarities carry large inverse-kernel errors, so blockwise IKD only trusts the graph
 ``s_ij / sigma^2 > s0``: it finds maximal cliques of that graph (Bron–Kerbosch with pivoting,
@@ -10,11 +10,11 @@ How this runs:
 
 1. ``S`` (T x T) is computed on the cluster and gathered: the blockwise solver is for the small
    T the method is meant for (the authors' code holds S too); the clique search needs all of it.
-2. The clique search and leftover rules follow the authors' code (digest §2): cliques of
-   fewer than M + 2 points are dropped; leftover points, if at most 5% of T, get a kNN
-   "clique" of ``M + max(floor(0.02 T), 2)`` most-similar points each; otherwise, with a user
-   s0 or s0 > 0.26, every point gets such a kNN clique and shared points are averaged; otherwise
-   s0 rises by 0.04 and the search reruns.
+2. The clique search and leftover rules follow the authors' code (the papers leave them
+   open): cliques of fewer than M + 2 points are dropped; leftover points, if at most 5% of T,
+   get a kNN "clique" of ``M + max(floor(0.02 T), 2)`` most-similar points each; otherwise,
+   with a user s0 or s0 > 0.26, every point gets such a kNN clique and shared points are
+   averaged; otherwise s0 rises by 0.04 and the search reruns.
 3. The merge order depends only on the clique sets, so it is planned first (symbolically);
    then every clique IKD the plan needs, and every bridging sub-problem, is solved in one
    parallel batch on the workers; finally the merges (Procrustes on a handful of points) run
@@ -22,8 +22,8 @@ How this runs:
 
 Merges (authors' ``combine_two_eig``): the larger clique's frame is kept; with at least
 ``min_overlap`` (M + 1) shared points the smaller one is aligned to it rigidly (rotation,
-reflection, translation; digest A12); with fewer, a bridging sub-problem of the M + 2 points
-of each side most similar to the closest pair (no shared point) or to a shared point (the one
+reflection, translation; docs/decisions.md IKD-A12); with fewer, a bridging sub-problem of the M + 2
+points of each side most similar to the closest pair (no shared point) or to a shared point (the one
 with the smallest alignment error) is solved and both sides are aligned to it.
 
 ``fit_blockwise(config, data, run) -> IKDResult``. A run keeps the clique search (the cliques
@@ -35,7 +35,6 @@ merged embedding (its squared singular values) and ``eigen_residuals``/``eigen_p
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +58,7 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def clique_ikd(
     G = gram_dense(D, r)
     eig = top_eigh(G, n_components, method="dense")
     with warnings.catch_warnings():
-        # a clique with fewer than M positive eigenvalues gets zero columns (digest A8)
+        # a clique with fewer than M positive eigenvalues gets zero columns (docs/decisions.md
+        # IKD-A8)
         warnings.simplefilter("ignore", RuntimeWarning)
         Z = embedding_from_eigenpairs(eig.values, eig.vectors, n_components)
     return Z, float(np.sum(eig.values**2) / np.sum(G * G))
@@ -174,7 +175,7 @@ def find_cliques(
     T = k.shape[0]
     size = min(T, M + max(int(0.02 * T), 2))
     while True:
-        A = k > s0  # strict (digest A10)
+        A = k > s0  # strict (docs/decisions.md IKD-A10)
         np.fill_diagonal(A, False)
         cliques = maximal_cliques(A, max_cliques=max_cliques, min_size=M + 2)
         covered = np.zeros(T, bool)
@@ -390,36 +391,33 @@ def merge_cliques(
     M = int(n_components)
     T = S.shape[0]
     k = S / inverse.sigma2
-    seconds = {}
-    t0 = time.perf_counter()
-    nodes, merges, root = plan_merges(cliques, k, M, min_overlap or M + 1)
-    if nodes[root].size != T:
-        missing = np.setdiff1d(np.arange(T), nodes[root])
-        raise ValueError(f"the cliques do not cover rows {missing[:10].tolist()} "
-                         f"({missing.size} rows in all)")
-    needed = _needed(root, merges)
-    leaves = [n for n in needed if n not in merges]
-    bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
-                   for t in range(len(merges[n].bridges))]
-    bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
-                   for t in range(len(merges[n].bridges))]
-    seconds["merge_plan"] = time.perf_counter() - t0
+    seconds: dict[str, float] = {}
+    with timed(seconds, "merge_plan"):
+        nodes, merges, root = plan_merges(cliques, k, M, min_overlap or M + 1)
+        if nodes[root].size != T:
+            missing = np.setdiff1d(np.arange(T), nodes[root])
+            raise ValueError(f"the cliques do not cover rows {missing[:10].tolist()} "
+                             f"({missing.size} rows in all)")
+        needed = _needed(root, merges)
+        leaves = [n for n in needed if n not in merges]
+        bridge_keys = [(id(merges[n]), t) for n in needed if n in merges
+                       for t in range(len(merges[n].bridges))]
+        bridge_sets = [merges[n].bridges[t][2] for n in needed if n in merges
+                       for t in range(len(merges[n].bridges))]
 
-    t0 = time.perf_counter()
-    solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, reference, M,
-                        client)
-    seconds["clique_ikd"] = time.perf_counter() - t0
+    with timed(seconds, "clique_ikd"):
+        solved = _solve_all(S, [nodes[n] for n in leaves] + bridge_sets, inverse, reference, M,
+                            client)
 
-    t0 = time.perf_counter()
-    Z = {n: solved[i][0] for i, n in enumerate(leaves)}
-    weight = {n: 1.0 for n in leaves}
-    bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
-    log: list[dict] = []
-    for n in needed:
-        if n in merges:
-            Z[n] = _combine(merges[n], nodes, Z, weight, shared_points, bridge_Z, log)
-            weight[n] = weight[merges[n].big] + weight[merges[n].small]
-    seconds["merge"] = time.perf_counter() - t0
+    with timed(seconds, "merge"):
+        Z = {n: solved[i][0] for i, n in enumerate(leaves)}
+        weight = {n: 1.0 for n in leaves}
+        bridge_Z = {key: solved[len(leaves) + i][0] for i, key in enumerate(bridge_keys)}
+        log: list[dict] = []
+        for n in needed:
+            if n in merges:
+                Z[n] = _combine(merges[n], nodes, Z, weight, shared_points, bridge_Z, log)
+                weight[n] = weight[merges[n].big] + weight[merges[n].small]
     sizes = np.array([nodes[n].size for n in leaves], dtype=np.float64)
     evr = float(np.sum(sizes * [solved[i][1] for i in range(len(leaves))]) / sizes.sum())
     logger.info("blockwise merge: %d of %d cliques used, %d merges, %d bridging IKDs",
@@ -450,16 +448,14 @@ def fit_blockwise(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
     client = active_client(cfg.client)
     M = cfg.n_components
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    Xn, sigma2 = prepared_rows(cfg, inp)
-    N = Xn.shape[1]
-    (S,) = compute(Xn @ Xn.T, client=client)
-    S = np.asarray(S, dtype=np.float64)
-    seconds["similarity"] = time.perf_counter() - t0
+    with timed(seconds, "similarity"):
+        Xn, sigma2 = prepared_rows(cfg, inp)
+        N = Xn.shape[1]
+        (S,) = compute(Xn @ Xn.T, client=client)
+        S = np.asarray(S, dtype=np.float64)
 
-    t0 = time.perf_counter()
-    cliques, s0, average = _clique_stage(S / sigma2, cfg, N, run)
-    seconds["cliques"] = time.perf_counter() - t0
+    with timed(seconds, "cliques"):
+        cliques, s0, average = _clique_stage(S / sigma2, cfg, N, run)
     logger.info("blockwise IKD: s0=%.3f, %d cliques", s0, len(cliques))
     res = merge_cliques(
         S, cliques, cfg.inverse_kernel(sigma2), cfg.reference, M,

@@ -1,4 +1,4 @@
-"""Full IKD (seed 002 Algorithm 1), tiled: ``fit_full(config, data, run) -> IKDResult``.
+"""Full IKD (Li & Wu 2022/2024, Algorithm 1), tiled: ``fit_full(config, data, run) -> IKDResult``.
 
 D is produced as upper-triangle tiles from row blocks of X (kept on the workers, or in a Zarr
 array for large T), the reference point is a reduction over tile statistics, and the
@@ -9,7 +9,6 @@ A run keeps the tiles and the stage marks: a rerun resumes after the last comple
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ def fit_full(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResul
     on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * cfg.dtype.itemsize)
     with scratch("distance", run, cfg.scratch, inp, keep=True) as tiles:
         store = tiles if on_disk else None
-        t0 = time.perf_counter()
-        D, rowmax, rowsum = run_stage(
-            "distance", lambda: _distance_stage(cfg, grid, blocks, inverse, store, run))
-        timings = {"distance": time.perf_counter() - t0}
+        timings: dict[str, float] = {}
+        with timed(timings, "distance"):
+            D, rowmax, rowsum = run_stage(
+                "distance", lambda: _distance_stage(cfg, grid, blocks, inverse, store, run))
         r = reference_index(rowmax, rowsum, cfg.reference)
 
         def eigen() -> dict:
@@ -75,9 +75,8 @@ def fit_full(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResul
                 d_ref[r] = 0.0
             return eigen_stage(cfg, GramOperator(D, d_ref, rowsum / T), run)
 
-        t0 = time.perf_counter()
-        eig = run_stage("eigen", eigen)
-        timings["eigen"] = time.perf_counter() - t0
+        with timed(timings, "eigen"):
+            eig = run_stage("eigen", eigen)
     return eigen_result(eig, cfg, r, sigma2, timings)
 
 

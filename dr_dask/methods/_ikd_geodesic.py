@@ -1,15 +1,17 @@
-"""Geodesic IKD (seed 002 §2.4, second bullet; digest seed-ikd.md §3) and landmark IKD.
+"""Geodesic IKD (Li & Wu 2024, §2.4, second bullet) and landmark IKD.
 
 Weak similarities are replaced by the max-product path similarity
 ``s_geo(i, j) = sigma^2 max_paths prod s_e / sigma^2 = sigma^2 exp(-shortest path)`` on a graph
-with edge weights ``-log(s / sigma^2)`` (digest A11: normalised, so weights are >= 0). Rules:
+with edge weights ``-log(s / sigma^2)`` (docs/decisions.md IKD-A11: normalised, so weights are >=
+0). Rules:
 
 - ``geodesic_rule="knn"`` (the authors' code, default): kNN graph by largest correlation
   (for unit-norm centred rows ``||a - b||^2 = 2 - 2 s``, so the package's Euclidean kNN on the
   normalised rows gives it), every entry replaced by the path similarity;
 - ``geodesic_rule="threshold"`` (the paper): graph of all pairs with ``s / sigma^2 >= s0``
-  (digest A10: entries equal to s0 are kept), only entries below s0 replaced, by the larger of
-  the direct similarity and the best path through the graph (the direct edge is a path too).
+  (docs/decisions.md IKD-A10: entries equal to s0 are kept), only entries below s0 replaced, by the
+  larger of the direct similarity and the best path through the graph (the direct edge is a path
+  too).
 
 Disconnected graphs are bridged by the shortest edges between components (with a warning
 naming them) or refused (``on_disconnected="raise"``), never left as infinite distances.
@@ -24,10 +26,10 @@ and the upper tiles are built from tiles of that array (:func:`dr_dask.linalg.ti
 in worker memory or on disk. The eigensolver only sees ``D @ V`` through
 :class:`~dr_dask.methods.ikd_core.GramOperator`.
 
-Landmark IKD (not in the papers; issue 3 item 6): L landmarks, the L x T geodesic (or, with
-``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
-triangulation of every point from its L distances, summed over landmark row blocks where
-they live. Memory and time are O(L T), which is how IKD reaches 10^6 rows.
+Landmark IKD (not in the papers; docs/decisions.md IKD-LANDMARK): L landmarks, the L x T geodesic
+(or, with ``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
+triangulation of every point from its L distances, summed over landmark row blocks where they live.
+Memory and time are O(L T), which is how IKD reaches 10^6 rows.
 
 Both solvers are functions ``(config, data, run) -> IKDResult``. A run keeps the geodesic
 solver's path lengths and tiles and resumes its eigen stage; landmark IKD writes its L x T rows

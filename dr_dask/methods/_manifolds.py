@@ -1,11 +1,12 @@
-"""Multi-manifold bookkeeping of GP-Isomap (S-Isomap++ batch phase, digest §2.2).
+"""Multi-manifold bookkeeping of GP-Isomap (S-Isomap++ batch phase, Mahapatra & Chandola 2020,
+§3.3).
 
 * :func:`tangent_clusters` -- split a batch into manifolds, their number inferred;
 * :func:`support_pairs`, :func:`support_set` -- k nearest and l farthest point pairs between
   every pair of manifolds;
 * :func:`global_frame` -- global coordinates of the whole batch (landmark MDS of one graph
   joining the manifolds at their nearest pairs): the default stitch's target;
-* :func:`classical_mds`, :func:`ridge_stitch` -- Algorithm 1's stitch: MDS of the support
+* :func:`points_mds`, :func:`ridge_stitch` -- Algorithm 1's stitch: MDS of the support
   points, then an affine map of each manifold's local frame by ridge regression.
 
 The clusterer (the seed names S-Isomap++'s multi-scale-SVD tangent clustering without giving
@@ -252,8 +253,8 @@ def support_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest and l farthest point pairs between every pair of manifolds.
 
-    Distances are ambient Euclidean (digest §2.2, item 3). Computed in row blocks so that the
-    cross-distance temporaries stay small.
+    Distances are ambient Euclidean (docs/decisions.md GPI-SPLIT). Computed in row blocks so that
+    the cross-distance temporaries stay small.
 
     Returns
     -------
@@ -355,7 +356,7 @@ def global_frame(
     return triangulate(mds.pinv, D2, mds.sq_mean)
 
 
-def classical_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
+def points_mds(X: np.ndarray, n_components: int, random_state=None) -> np.ndarray:
     """Classical MDS of points from their ambient Euclidean distances, (m, n_components)."""
 
     k = min(n_components, X.shape[0] - 1)

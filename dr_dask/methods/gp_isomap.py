@@ -1,9 +1,9 @@
 """GP-Isomap (Mahapatra & Chandola 2020): streaming Isomap whose predictive variance flags drift.
 
-Batch phase (S-Isomap++, digest §2.2 and §3.4): split the batch into manifolds, run Isomap on
-each, stitch the local frames into one global frame through the support set, and fit one
-Gaussian process per manifold from geodesic distances to local coordinates. Mapping a point:
-geodesics to each manifold through its nearest manifold points, GP mean and variance per
+Batch phase (S-Isomap++, Mahapatra & Chandola 2020, §3.3 and Algorithm 1): split the batch into
+manifolds, run Isomap on each, stitch the local frames into one global frame through the support
+set, and fit one Gaussian process per manifold from geodesic distances to local coordinates. Mapping
+a point: geodesics to each manifold through its nearest manifold points, GP mean and variance per
 manifold, the manifold of least variance wins, its mean goes through the stitch.
 
 Decisions where the paper is silent or wrong are listed in the class docstring; the kernel
@@ -29,8 +29,8 @@ from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
-    classical_mds,
     global_frame,
+    points_mds,
     ridge_stitch,
     support_pairs,
     support_set,
@@ -165,9 +165,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
     Notes
     -----
-    Decisions where the paper is silent or wrong (digest §2.2, §3.2-3.4 FLAGs). Figures are
-    from Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`, 300 batch
-    and 200 stream points per patch, k = 10), measured when each decision was made.
+    Decisions where the paper is silent or wrong (docs/decisions.md, GPI-*). Figures are from
+    Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`, 300 batch and 200 stream
+    points per patch, k = 10), measured when each decision was made.
 
     Assignment. A point is mapped through the manifold it lies on: the one of least *link
     distance*, its mean distance to its k_s nearest manifold points in units of that
@@ -178,19 +178,18 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     none (0.001). The variance is then the novelty signal only: a point is confident when
     the variance under its manifold is at most ``sigma_t_``.
 
-    Variance. One GP prior, two length scales: the mean uses the maximum-likelihood length
-    scale (long, searched from the manifold's diameter up: what the mean needs to match
-    S-Isomap, digest §3.3); the variance uses the manifold's sampling scale, 2 x its median
-    k-th-neighbour distance, on ambient distances (equal to geodesics at that scale, and a
-    positive definite kernel, so no jitter raises the floor). Under the long length scale
-    every point within it looks explained (median variance unseen/known 1.1, the issue's
-    figure); under the short one known points sit at the floor and unseen ones near the
-    signal variance (ratio 470-860). As that kernel is local, the variance conditions on
-    the point's k_s nearest manifold points only (a nearest-neighbour GP: an exact k_s x k_s
-    solve per point, never below the full GP's variance), which made mapping 5-10x faster
-    than the full O(n_i^2) quadratic form (2 k_s points: 2-4x); flag rates stayed within
-    the targets (known <= 1.3%, unseen >= 99.5%). ``sigma_t_`` is a
-    quantile of leave-one-out variances computed the same way (or of held-out ones).
+    Variance. One GP prior, two length scales: the mean uses the maximum-likelihood length scale
+    (long, searched from the manifold's diameter up: what the mean needs to match S-Isomap,
+    docs/decisions.md GPI-HYPER); the variance uses the manifold's sampling scale, 2 x its median
+    k-th-neighbour distance, on ambient distances (equal to geodesics at that scale, and a positive
+    definite kernel, so no jitter raises the floor). Under the long length scale every point within
+    it looks explained (median variance unseen/known 1.1, the issue's figure); under the short one
+    known points sit at the floor and unseen ones near the signal variance (ratio 470-860). As that
+    kernel is local, the variance conditions on the point's k_s nearest manifold points only (a
+    nearest-neighbour GP: an exact k_s x k_s solve per point, never below the full GP's variance),
+    which made mapping 5-10x faster than the full O(n_i^2) quadratic form (2 k_s points: 2-4x); flag
+    rates stayed within the targets (known <= 1.3%, unseen >= 99.5%). ``sigma_t_`` is a quantile of
+    leave-one-out variances computed the same way (or of held-out ones).
 
     Clustering. Tangent clustering keeps touching patches of one smooth surface together,
     and Isomap of their union distorts both (0.06-0.14); the clusterer therefore also splits
@@ -214,8 +213,8 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     on the same points, so their coordinates move by < 1e-5 (disparity); the new mode is
     embedded by its own Isomap (disparity 0.001-0.012 against truth).
 
-    Also: the variance is eq. 8 with the noise term, one scalar per manifold; the S-Isomap
-    scaling is 1/sqrt(lambda) (digest erratum, used by :class:`Isomap`); ties in the link
+    Also: the variance is eq. 8 with the noise term, one scalar per manifold; the S-Isomap scaling
+    is 1/sqrt(lambda) (docs/decisions.md GPI-SQRT, used by :class:`Isomap`); ties in the link
     distance go to the lowest manifold index.
     """
 
@@ -411,7 +410,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             self.support_ = np.array([], dtype=np.int64)
         elif self.stitch == "ridge":
             sup = support_set(X, labels, self.n_support_nearest, self.n_support_farthest)
-            GE = classical_mds(X[sup], dg, random_state=rng)
+            GE = points_mds(X[sup], dg, random_state=rng)
             local_index = np.empty(len(X), dtype=np.int64)
             for i in range(p):
                 local_index[labels == i] = np.arange(np.sum(labels == i))
@@ -575,10 +574,10 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
             Target coordinates of the batch rows ``rows``.
         rows : index into the batch, default the first m rows
         per_manifold : bool, default=True
-            After the global similarity, align every manifold that has at least
-            ``n_components + 2`` reference points on its own (digest §3.4 FLAG 3: the
-            re-stitched frames of a refit differ per manifold, not only globally). Manifolds
-            without reference points (new modes) keep the global similarity.
+            After the global similarity, align every manifold that has at least ``n_components + 2``
+            reference points on its own (docs/decisions.md GPI-REFIT: the re-stitched frames of a
+            refit differ per manifold, not only globally). Manifolds without reference points (new
+            modes) keep the global similarity.
 
         Returns
         -------

@@ -1,8 +1,8 @@
 """Inverse Kernel Decomposition (Li & Wu), out-of-core on Dask: the estimator.
 
-IKD (seed 002 Algorithm 1; digest ``seed-ikd.md`` §1.5): the T x T sample similarity S over
-samples, the elementwise inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform
-G = g(D), and the top-M algebraic eigenpairs of G give the latent up to an orthogonal map.
+IKD (Li & Wu 2022/2024, Algorithm 1): the T x T sample similarity S over samples, the elementwise
+inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform G = g(D), and the top-M algebraic
+eigenpairs of G give the latent up to an orthogonal map.
 
 This module is the estimator only. ``fit`` validates the parameters once (the declarative
 ``_parameter_constraints``, checked by :func:`dr_dask.validation.check_params` in
@@ -22,11 +22,12 @@ docstrings four times for the gain of hiding a handful of solver options; instea
 says which solver reads it, and options of another solver are ignored, as scikit-learn's
 estimators do (``SVC``'s ``degree`` without ``kernel="poly"``).
 
-Resolutions of the papers' ambiguities (digest §1.6), all parameters of :class:`IKD`:
+Resolutions of the papers' ambiguities (``docs/decisions.md``, IKD-*), all parameters of
+:class:`IKD`:
 
 - entries outside the kernel's domain (0, sigma^2] are clipped to ``[floor, ceil]`` on the
   normalised scale (the authors' code: 1e-3 and 1 - 1e-5), A1-A2;
-- the diagonal of D is zero (A3); the gamma-exponential kernel is seed 000's form (A5);
+- the diagonal of D is zero (IKD-A3); the gamma-exponential kernel is the arXiv form (IKD-A5);
 - fewer than M positive eigenvalues: the missing columns are zero (A8), with a warning;
 - ``explained_variance_ratio_`` is sum_{m<=M} lambda_m^2 / ||G||_F^2 (A9).
 """
@@ -75,13 +76,13 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         The paper's reference point, the min-mean variant, or MDS double centring. Default
         per solver: ``min_max`` (the paper's) for ``full`` and ``blockwise``, ``center`` for
         ``geodesic`` (on geodesic covariances MDS centring recovers the latent far better:
-        R^2 0.94 vs 0.79 on the sinusoidal data, issue 3's measurement).
+        R^2 0.94 vs 0.79 on the sinusoidal data; docs/decisions.md IKD-REF).
     variance : float, optional
         sigma^2; default the mean of diag(S) (1 for the correlation).
     length_scale : float
         l: only rescales the output.
     alpha, gamma, nu : float
-        Rational-quadratic alpha, gamma-exponential gamma (seed 000's form), Matérn nu.
+        Rational-quadratic alpha, gamma-exponential gamma (the arXiv form, IKD-A5), Matérn nu.
     solver : {"full", "geodesic", "blockwise"}
         ``full`` is Algorithm 1; ``geodesic`` and ``blockwise`` are the paper's solutions for
         weakly correlated data (section 2.4).
@@ -312,7 +313,8 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
                     f"reference={self.reference!r} is ignored by landmark IKD: landmark MDS "
                     "centres the landmark distances (the 'center' reference)", UserWarning,
                     stacklevel=3)
-        # MDS centring on geodesic covariances recovers the latent far better (issue 3)
+        # MDS centring on geodesic covariances recovers the latent far better (docs/decisions.md
+        # IKD-REF)
         reference = self.reference or ("center" if self.solver == "geodesic" else "min_max")
         return IKDConfig(
             n_components=M,

@@ -6,11 +6,11 @@ parameters once into an :class:`IKDConfig` and hands it to a solver, a function
 :mod:`._ikd_blockwise`. The solvers depend on this module only, never on each other's
 internals or on estimator state.
 
-IKD (seed 002 Algorithm 1; digest ``seed-ikd.md`` §1.5): the sample similarity S, the
-elementwise inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform G = g(D) and
-its top-M algebraic eigenpairs. G is never formed at scale: for a reference point r,
-``G V = 1/2 (d_r 1^T V + 1 d_r^T V - D V)``, and for MDS centring ``G V = -1/2 J D J V``
-(:func:`dr_dask.linalg.mds.centred_product`), so the eigensolver only needs products ``D V``.
+IKD (Li & Wu 2022/2024, Algorithm 1): the sample similarity S, the elementwise inverse kernel D =
+l^2 f^-1(S / sigma^2), the reference transform G = g(D) and its top-M algebraic eigenpairs. G is
+never formed at scale: for a reference point r, ``G V = 1/2 (d_r 1^T V + 1 d_r^T V - D V)``, and for
+MDS centring ``G V = -1/2 J D J V`` (:func:`dr_dask.linalg.mds.centred_product`), so the eigensolver
+only needs products ``D V``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from dr_dask import config
 from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import active_client, compute
 from dr_dask.inputs import InputData
@@ -32,13 +33,6 @@ from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import rows_per_chunk
 
 logger = logging.getLogger(__name__)
-
-#: Tiles stay in worker memory when the upper triangle is at most this many bytes. Worker-held
-#: tiles add their size to the process tree's RSS one for one; at 1 GiB a fit stays within
-#: issue 15's 2 GB tree (~0.7 GB idle) while float64 D up to T ~ 14,000 (float32 ~ 20,000)
-#: skips the disk. (At 2 GiB, full IKD at T=20,000 float64 held 1.9 GB of tiles: 4.5 GB tree.)
-MEMORY_TILE_BYTES = 2**30
-
 
 # --------------------------------------------------------------------------------------------
 # configuration and result
@@ -95,7 +89,7 @@ class IKDConfig:
     def on_disk(self, nbytes: float) -> bool:
         """Whether an array of ``nbytes`` goes to Zarr rather than worker memory."""
         return self.tile_cache == "disk" or (
-            self.tile_cache == "auto" and nbytes > MEMORY_TILE_BYTES)
+            self.tile_cache == "auto" and nbytes > config.get_bytes("tiles.memory-bytes"))
 
 
 @dataclass
@@ -160,12 +154,6 @@ def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
     return Xn, float(sq)  # mean of diag(S), Algorithm 1 line 3
 
 
-#: Bytes of one row chunk of a tile in the elementwise passes (inverse kernel, statistics,
-#: Frobenius norm): a chunk stays in L2 cache through its whole ufunc chain, so a tile is read
-#: from memory once and no tile-sized temporary exists.
-CHUNK_BYTES = 1 << 18
-
-
 @dataclass(frozen=True)
 class InverseKernel:
     """``S -> D = l^2 f^-1(clip(S / sigma^2, floor, ceil))`` with a zero diagonal."""
@@ -184,7 +172,8 @@ class InverseKernel:
              row0: int = 0) -> tuple:
         """D computed over ``S`` in place, with the tile's :func:`~dr_dask.linalg.tiles.tile_stats`.
 
-        One pass over row chunks of ``CHUNK_BYTES``: each chunk goes through the whole chain
+        One pass over row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: each
+        chunk goes through the whole chain
         (scale, clip, inverse, diagonal, statistics) while in cache, so a tile is read from
         memory once and needs no tile-sized temporary (the tile functions hand over a fresh
         GEMM result). For float64 the values are bit-for-bit those of the ufuncs applied to
@@ -212,7 +201,7 @@ class InverseKernel:
         l2 = self.length_scale**2
         rmax, rsum = np.empty(n), np.empty(n)
         cmax, csum = np.full(m, -np.inf, S.dtype), np.zeros(m)
-        step = rows_per_chunk(m, S.itemsize, CHUNK_BYTES)
+        step = rows_per_chunk(m, S.itemsize, config.get_bytes("tiles.kernel-chunk-bytes"))
         for a in range(0, n, step):
             b = min(a + step, n)
             blk = S[a:b]
@@ -237,7 +226,7 @@ class InverseKernel:
 
 
 def reference_index(rowmax: np.ndarray, rowsum: np.ndarray, reference: str) -> int | None:
-    """Reference point of digest §1.4: argmin_i max_j d_ij (paper), argmin mean, or None
+    """Reference point of Li & Wu (2022), §2.5: argmin_i max_j d_ij (paper), argmin mean, or None
     for MDS centring."""
     if reference == "min_max":
         return int(np.argmin(rowmax))
@@ -302,12 +291,13 @@ def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
 def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
     """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror).
 
-    By row chunks of ``CHUNK_BYTES``: g of a chunk is a cache-sized float64 temporary, not
-    two or three tile-sized ones per task (at 4096^2, 128 MB each beside the tile).
+    By row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: g of a chunk is a cache-sized float64
+    temporary, not two or three tile-sized ones per task (at 4096^2, 128 MB each beside the tile).
     """
     rm, cm = row_mean[rows], row_mean[cols]
     total = 0.0
-    step = rows_per_chunk(D.shape[1], 8, CHUNK_BYTES)  # the float64 chunk of g
+    # the float64 chunk of g
+    step = rows_per_chunk(D.shape[1], 8, config.get_bytes("tiles.kernel-chunk-bytes"))
     for a in range(0, D.shape[0], step):
         blk = D[a:a + step].astype(np.float64, copy=False)
         if d_ref is None:
@@ -319,7 +309,8 @@ def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
 
 
 def embedding_from_eigenpairs(values: np.ndarray, vectors: np.ndarray, n_components: int):
-    """U~ = [sqrt(lambda_m) u_m]; non-positive eigenvalues give zero columns (digest A8)."""
+    """U~ = [sqrt(lambda_m) u_m]; non-positive eigenvalues give zero columns
+    (docs/decisions.md IKD-A8)."""
     n_pos = int(np.sum(values[:n_components] > 0))
     if n_pos < n_components:
         warnings.warn(

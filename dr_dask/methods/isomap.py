@@ -4,9 +4,10 @@ Full Isomap: blockwise kNN graph -> explicit connectivity repair -> Dijkstra ove
 sources on the workers, squared in the task -> top-d algebraic eigenpairs of
 ``B = -1/2 H D2 H`` by block Lanczos. ``B`` is never formed: one product is
 ``B V = -1/2 Hc(D2 Hc(V))`` with ``Hc`` the column-centring (rank-one corrections), and ``D2 V``
-runs where D2 lives: in this process up to ``DIST_MATRIX_MAX`` (kept as ``dist_matrix_``, its
-row blocks copied as they finish), in a Zarr store (``geodesic_store``), else as float32 upper
-tiles in worker memory, written straight from Dijkstra (:func:`dr_dask.graph.paths.geodesic_tiles`).
+runs where D2 lives: in this process up to ``dr_dask.isomap.dist-matrix-max`` rows (kept as
+``dist_matrix_``, its row blocks copied as they finish), in a Zarr store (``geodesic_store``), else
+as float32 upper tiles in worker memory, written straight from Dijkstra
+(:func:`dr_dask.graph.paths.geodesic_tiles`).
 
 Landmark Isomap (de Silva & Tenenbaum 2003): L landmarks, the L x T geodesics (float32, row
 blocks on the workers), classical MDS of the L x L block and distance-based triangulation of every
@@ -16,7 +17,7 @@ fitting.
 Out-of-sample points (both): geodesics through their k nearest training points
 (:func:`dr_dask.graph.geodesics_via_neighbors`); full Isomap then projects the kernel-centred
 vector with ``x_k = q_k^T f / sqrt(lambda_k)`` (Law & Jain eq. 3 in full, as scikit-learn's
-``Isomap.transform``; seed-gpisomap.md §2.1 on the seed's sqrt(lambda) erratum), Landmark
+``Isomap.transform``; docs/decisions.md GPI-SQRT on the paper's sqrt(lambda) erratum), Landmark
 Isomap triangulates.
 """
 
@@ -38,6 +39,7 @@ from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from dr_dask import config
 from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph import (
     GeodesicRows,
@@ -52,8 +54,7 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
-from dr_dask.linalg.eigen import DENSE_MAX
-from dr_dask.linalg.mds import classical_mds, double_centre
+from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
 from dr_dask.validation import (
     Options,
@@ -66,8 +67,6 @@ from dr_dask.validation import (
 
 logger = logging.getLogger(__name__)
 
-#: Largest T for which the dense geodesic matrix is kept as ``dist_matrix_`` (800 MB float64).
-DIST_MATRIX_MAX = 10_000
 #: Bytes of one (queries x T) float64 temporary in ``transform``.
 _CHUNK_BYTES = 1 << 26
 
@@ -363,10 +362,11 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         d = _n_components(self.n_components, T, "samples")
         solver = self.eigen_solver
         if solver == "auto":
-            solver = "dense" if T <= DENSE_MAX else "lanczos"
-        if solver == "dense" and T > DIST_MATRIX_MAX:
+            solver = "dense" if T <= config.get("eigen.dense-max") else "lanczos"
+        dist_max = config.get("isomap.dist-matrix-max")
+        if solver == "dense" and T > dist_max:
             raise ValueError(f"eigen_solver='dense' forms a T x T matrix; T={T} > "
-                             f"{DIST_MATRIX_MAX}: use 'lanczos'")
+                             f"{dist_max}: use 'lanczos'")
         return run_stage("isomap", lambda: self._fit(X, d, solver))
 
     def _fit(self, X: np.ndarray, d: int, solver: str) -> Isomap:
@@ -379,14 +379,15 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
 
         t0 = time.perf_counter()
         D2, store = None, None
-        if self.geodesic_store is not None or T <= DIST_MATRIX_MAX:
+        dist_max = config.get("isomap.dist-matrix-max")
+        if self.geodesic_store is not None or T <= dist_max:
             # the workers write the rows to the store, or (wait=False) this process copies
             # them as they finish: the copies overlap the later blocks' Dijkstra and the
             # workers never hold them all
             rows = GeodesicRows.compute(self.graph_, client=client, block_size=self.block_size,
                                         square=True, out=self.geodesic_store, wait=False)
             store = rows.store
-            if T <= DIST_MATRIX_MAX:
+            if T <= dist_max:
                 # kept anyway for dist_matrix_: products on it here cost no round trips
                 D2 = rows.gather(np.float64, release=True)
                 sq_mean = D2.mean(axis=1)
@@ -418,7 +419,7 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         self.eigenvalues_ = lam
         self.eigenvectors_ = V
         self.eigen_residuals_ = res.residuals
-        self.embedding_ = V * np.sqrt(np.maximum(lam, 0.0))
+        self.embedding_ = scaled_vectors(lam, V)
         self.geodesic_sq_row_mean_ = sq_mean
         self.dist_matrix_ = np.sqrt(D2, out=D2) if D2 is not None else None
         self.geodesic_store_ = store

@@ -1,27 +1,28 @@
 """LSDR: Localized Skeletonization and Dimensionality Reduction (Roy 2021, Algorithm 1).
 
-Pipeline (digest ``seed-lsdr.md`` section 2.4, with its errata resolutions):
+Pipeline (Roy 2021, §3 and Algorithm 1, with the errata resolved in ``docs/decisions.md``, LSDR-*):
 
 1. Delaunay tessellation of the points; its edges, weighted by Euclidean length.
 2. Per-vertex Beta test on incident squared edge lengths with the text's null
-   ``Beta(p/2, (deg-1) p/2)`` at level ``alpha`` (erratum F6: not the pseudo-code's); edges of the
-   Euclidean minimum spanning tree are never removed, so the pruned graph stays connected.
-   Removal is in place (later vertices see earlier removals) or by simultaneous sweeps, repeated
-   until nothing changes (F7: a single simultaneous pass leaves short-circuit edges).
+   ``Beta(p/2, (deg-1) p/2)`` at level ``alpha`` (LSDR-F6: not the pseudo-code's); edges of the
+   Euclidean minimum spanning tree are never removed, so the pruned graph stays connected. Removal
+   is in place (later vertices see earlier removals) or by simultaneous sweeps, repeated until
+   nothing changes (LSDR-F7: a single simultaneous pass leaves short-circuit edges).
 3. Boundary: vertices of facets (p vertices) whose edges survive and that lie in at most one
-   surviving simplex (F8); ``d_B`` = graph distance to the boundary (one multi-source Dijkstra).
-4. Skeleton: local maxima of ``d_B`` over the k graph-nearest neighbours, ties kept (F9).
+   surviving simplex (LSDR-F8); ``d_B`` = graph distance to the boundary (one multi-source
+   Dijkstra).
+4. Skeleton: local maxima of ``d_B`` over the k graph-nearest neighbours, ties kept (LSDR-F9).
 5. Classical MDS of the skeleton's geodesics (Dijkstra from skeleton sources on the cluster,
    :func:`dr_dask.graph.paths.shortest_paths`; top eigenpairs by
    :func:`dr_dask.linalg.mds.classical_mds` on the implicitly double-centred squared geodesics).
 6. Nadaraya-Watson average of the skeleton coordinates for every point with the Gaussian kernel
-   ``exp(-|x-x'|^2 / (2 sigma^2))`` and the thesis's bandwidth
-   ``sigma = max_{i in Sk} sqrt(d_B(i)^2 + min_{j in Sk, j != i} d_G(i, j)^2)`` (F11).
+   ``exp(-|x-x'|^2 / (2 sigma^2))`` and the thesis's bandwidth ``sigma = max_{i in Sk} sqrt(d_B(i)^2
+   + min_{j in Sk, j != i} d_G(i, j)^2)`` (LSDR-F11).
 
-``transform`` of new points applies step 6 to them (``oos="nw"``, Algorithm 1; the spec's
-default), so ``fit_transform(X)`` equals ``fit(X).transform(X)``; ``oos="interp"`` uses the
-Theorem 2 estimator ``K(x)^T K^{-1} Y`` restricted to landmarks drawn from the skeleton
-(digest section 1.3) instead, which reproduces the embedding at those landmarks only.
+``transform`` of new points applies step 6 to them (``oos="nw"``, Algorithm 1; the default), so
+``fit_transform(X)`` equals ``fit(X).transform(X)``; ``oos="interp"`` uses the Theorem 2 estimator
+``K(x)^T K^{-1} Y`` restricted to landmarks drawn from the skeleton (Roy 2021, §2.3) instead, which
+reproduces the embedding at those landmarks only.
 
 Delaunay costs O(n^ceil(p/2)); above ``max_delaunay_dim`` (default 6) ``fit`` refuses with a
 message: reduce first (PCA), or use ``graph="knn"``, a labelled non-thesis candidate graph
@@ -53,7 +54,7 @@ from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.paths import shortest_paths
 from dr_dask.linalg.eigen import DenseOperator
-from dr_dask.linalg.mds import classical_mds
+from dr_dask.linalg.mds import classical_mds, scaled_vectors
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -92,7 +93,8 @@ def _edge_ids(codes_sorted: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) ->
 
 
 def _beta_quantiles(alpha: float, p: float, max_deg: int) -> np.ndarray:
-    """q[deg] = Beta(p/2, (deg-1) p/2).ppf(alpha) (the text's null, erratum F6); q[0..1] = inf."""
+    """q[deg] = Beta(p/2, (deg-1) p/2).ppf(alpha) (the text's null, docs/decisions.md LSDR-F6);
+    q[0..1] = inf."""
     q = np.full(max_deg + 1, np.inf)
     degs = np.arange(2, max_deg + 1)
     q[2:] = beta_dist.ppf(alpha, p / 2.0, (degs - 1) * p / 2.0)
@@ -219,7 +221,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         Edge removal order, see :func:`prune_edges`.
     max_passes : int, optional
         Removal passes; default until nothing changes. ``1`` with ``removal="in_place"`` is the
-        literal Algorithm 1 (the digest found single passes fail on a noisy swiss roll).
+        literal Algorithm 1 (docs/decisions.md LSDR-F7: single passes fail on a noisy swiss roll).
     graph : {"delaunay", "knn"}
         ``delaunay`` is the thesis; ``knn`` (not in the thesis) replaces it by a kNN graph with
         bridging edges so that higher p is feasible.
@@ -474,7 +476,8 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
                 d_b = np.zeros(n)
             else:
                 d_b = dijkstra(G, directed=False, indices=boundary, min_only=True)
-        # skeleton: d_B local maxima over the k graph-nearest neighbours, ties kept (F9)
+        # skeleton: d_B local maxima over the k graph-nearest neighbours, ties kept
+        # (docs/decisions.md LSDR-F9)
         if k >= n:
             raise ValueError(f"n_skeleton_neighbors={k} must be below the {n} points")
         nbrs = self._graph_knn(G, k)
@@ -505,7 +508,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         if np.any(lam <= 0):
             logger.warning("only %d of the top %d skeleton MDS eigenvalues are positive",
                            int((lam > 0).sum()), d)
-        Ys = res.vectors * np.sqrt(np.maximum(lam, 0.0))
+        Ys = scaled_vectors(lam, res.vectors)
         with timed(timings, "smoothing"):
             Xs = X[skeleton]
             emb = _map_rows(X, _nw_block, Xs, Ys, sigma)

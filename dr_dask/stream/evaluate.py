@@ -1,4 +1,4 @@
-"""The figures of issue 13 for a GP-Isomap model on a layout with ground truth.
+"""The drift-detection figures for a GP-Isomap model on a layout with ground truth.
 
 Shared by the tests and ``dr-dask bench stream``, so both report the same quantities:
 per-patch disparity of mapped stream points, the share landing beside their own patch, flag
@@ -8,13 +8,13 @@ rates, the variance's dynamic range, and what a refit on the flagged points does
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import numpy as np
 
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.linalg.align import procrustes_disparity
+from dr_dask.resources import timed
 from dr_dask.stream.runner import refit_model, refit_params
 
 logger = logging.getLogger(__name__)
@@ -63,10 +63,9 @@ def layout_figures(model: Any, layout: Any, refit: bool = True) -> dict:
     }
     if refit:
 
-        t0 = time.perf_counter()
-        new = refit_model(refit_params(model), np.vstack([layout.batch, layout.stream[flagged]]),
-                          model.embedding_)
-        out["refit_seconds"] = time.perf_counter() - t0
+        with timed(out, "refit_seconds"):
+            new = refit_model(refit_params(model),
+                              np.vstack([layout.batch, layout.stream[flagged]]), model.embedding_)
         emb2 = new.map_points(layout.stream)[0]
         out["refit_n_manifolds"] = int(new.n_manifolds_)
         out["new_patch_disparity"] = procrustes_disparity(layout.stream_truth[~known],

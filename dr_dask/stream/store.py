@@ -40,10 +40,6 @@ STATUS_NAMES = {v: k for k, v in STATUS.items()}
 ROW_CHUNK = 4096
 
 
-def _atomic_write(path: Any, data: bytes) -> None:
-    location(path).write_bytes(data)
-
-
 class StreamStore:
     """Reader/writer of a stream output location (one writer: the runner).
 
