@@ -196,7 +196,7 @@ def make_dataset(
     """
     if name not in GENERATORS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(GENERATORS))}")
-    cls = GENERATORS[name]
+    cls: Any = GENERATORS[name]  # a subclass: its __init__ takes the sizes and options
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
     unknown = sorted(set(options) - accepted)
     if unknown:

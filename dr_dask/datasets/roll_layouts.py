@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 #: Per layout: patch centres (u1, u2), 2-sigma radii (u1, u2) and relative point counts;
 #: the last patch is the unseen one.
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, list] | None] = {
     "separated": {
         "centres": [(1.20, 0.30), (1.70, 0.70), (2.20, 0.30), (2.65, 0.72)],
         "radii": [(0.14, 0.18)] * 4, "weights": [1, 1, 1, 1]},
@@ -109,15 +109,17 @@ def patch_layout(
     if noise < 0:
         raise ValueError(f"noise must be >= 0, got {noise}")
     spec = LAYOUTS["separated" if kind == "noise" else kind]
+    assert spec is not None
     rng = check_random_state(random_state)
-    Ub, lb, Us, ls = [], [], [], []
+    parts: dict[str, list[np.ndarray]] = {"Ub": [], "lb": [], "Us": [], "ls": []}
     for p, (c, r, w) in enumerate(zip(spec["centres"], spec["radii"], spec["weights"])):
         if p < 3:
-            Ub.append(truncated_patch(int(n_batch * w), c, r, rng))
-            lb.append(np.full(int(n_batch * w), p, np.int32))
-        Us.append(truncated_patch(int(n_stream * w), c, r, rng))
-        ls.append(np.full(int(n_stream * w), p, np.int32))
-    Ub, lb, Us, ls = np.vstack(Ub), np.concatenate(lb), np.vstack(Us), np.concatenate(ls)
+            parts["Ub"].append(truncated_patch(int(n_batch * w), c, r, rng))
+            parts["lb"].append(np.full(int(n_batch * w), p, np.int32))
+        parts["Us"].append(truncated_patch(int(n_stream * w), c, r, rng))
+        parts["ls"].append(np.full(int(n_stream * w), p, np.int32))
+    Ub, Us = np.vstack(parts["Ub"]), np.vstack(parts["Us"])
+    lb, ls = np.concatenate(parts["lb"]), np.concatenate(parts["ls"])
     order = np.concatenate([rng.permutation(np.flatnonzero(ls < 3)), np.flatnonzero(ls == 3)])
     Us, ls = Us[order], ls[order]
     X = ambient_embedding(euler_roll(np.vstack([Ub, Us])), ambient_dim, rng)

@@ -110,7 +110,9 @@ def connect_components(
 
     warnings.warn(msg, DisconnectedGraphWarning, stacklevel=2)
 
-    rows, cols, lens = [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    lens: list[float] = []
     while n_comp > 1:
         for c in range(n_comp):
             inside = np.flatnonzero(labels == c)
@@ -123,9 +125,10 @@ def connect_components(
             (np.ones(len(rows)), (rows, cols)), shape=graph.shape
         )
         n_comp, labels = connected_components(graph + bridges, directed=False)
-    lens = np.asarray(lens)
-    w = np.asarray(bridge_weight(lens) if bridge_weight is not None else lens, dtype=np.float64)
-    logger.info("added %d bridging edges (longest %.4g)", len(lens), lens.max())
+    lengths = np.asarray(lens)
+    w = np.asarray(bridge_weight(lengths) if bridge_weight is not None else lengths,
+                   dtype=np.float64)
+    logger.info("added %d bridging edges (longest %.4g)", len(lengths), lengths.max())
     extra = _symmetric_graph(np.asarray(rows), np.asarray(cols), w, graph.shape[0])
     # a bridge never duplicates an existing edge (its ends were in different components)
     return (graph + extra).tocsr()

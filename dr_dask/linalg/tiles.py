@@ -125,7 +125,11 @@ def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
     run in the wider of the tile's dtype and ``precision`` (a float32 tile multiplied in
     float64 is cast one chunk at a time, never whole).
     """
-    top = low = extra = Vc = Vr = None
+    top: Any = None
+    low: Any = None
+    extra: Any = None
+    Vc: Any = None
+    Vr: Any = None
     for a, A in _row_chunks(tile):
         if Vc is None:  # V in the products' precision, once
             dt = np.result_type(A.dtype, precision)
@@ -272,7 +276,7 @@ def build_tiles(
     tile_fn: Callable,
     *,
     fn_args: tuple = (),
-    store: str | None = None,
+    store: Any = None,
     dtype: Any = np.float64,
     client: Any = None,
     progress: bool = False,

@@ -131,8 +131,9 @@ class KernelSpec:
         if self.kind == "geodesic_se_cailliez":
             return np.exp(-(_offset(G, self.cailliez) ** 2) / s)
         if self.kind == "spectral":
-            Q = self.eigvecs
-            return np.eye(G.shape[0]) + (Q * np.expm1(-self.eigvals / s)) @ Q.T
+            Q, lam = self.eigvecs, self.eigvals
+            assert Q is not None and lam is not None  # built with them (KernelSpec.build)
+            return np.eye(G.shape[0]) + (Q * np.expm1(-lam / s)) @ Q.T
         return np.exp(-double_centre(_offset(G, self.cailliez) ** 2) / s)
 
     def cross(

@@ -132,7 +132,7 @@ def _solve_all(S: np.ndarray, jobs: list[np.ndarray], inverse, reference, M, cli
         S_f = share(S, client)
         futures = [client.submit(_solve_batch, S_f, [jobs[i] for i in b], inverse, reference,
                                  M, pure=False) for b in batches]
-        parts = gather(futures, client)
+        parts: Any = gather(futures, client)
     else:
         S_d = dask.delayed(S, traverse=False)
         task = dask.delayed(_solve_batch, pure=True)
@@ -328,13 +328,14 @@ def _combine(m: _Merge, nodes, Z: dict, weight: dict, policy: str, bridge_Z: dic
         ZB = fit.apply(ZB)
         entry["residual"] = fit.residual
     else:
-        best = None
+        best: tuple | None = None
         for t, (sa, sb, u) in enumerate(m.bridges):
             Zu = bridge_Z[id(m), t]
             fa, fb = _align(A, ZA, u, Zu, sa), _align(B, ZB, u, Zu, sb)
             err = np.sqrt(fa.residual) + np.sqrt(fb.residual)
             if best is None or err < best[0]:
                 best = (err, fa, fb)
+        assert best is not None  # a merge without overlap has at least one bridge
         err, fa, fb = best
         ZA, ZB = fa.apply(ZA), fb.apply(ZB)
         entry["residual"] = float(err)
@@ -434,7 +435,8 @@ def _clique_stage(k: np.ndarray, cfg: IKDConfig, n_features: int,
         members, offsets = run.read("clique_members"), run.read("clique_offsets")
         return np.split(members, offsets[1:-1]), float(info["s0"]), bool(info["average"])
     user = cfg.clique_threshold is not None
-    s0 = float(cfg.clique_threshold) if user else threshold_rule(n_features)
+    s0 = float(cfg.clique_threshold) if cfg.clique_threshold is not None else threshold_rule(
+        n_features)
     cliques, s0, average = find_cliques(k, s0, cfg.n_components, cfg.max_cliques, user)
     if run is not None:
         run.write("clique_members", np.concatenate(cliques), ("member",))

@@ -267,7 +267,10 @@ def support_pairs(
     for i in range(p):
         for j in range(i + 1, p):
             A, B = members[i], members[j]
-            best_d, best_pairs, far_d, far_pairs = [], [], [], []
+            best_d: list = []
+            best_pairs: list = []
+            far_d: list = []
+            far_pairs: list = []
             step = max(1, (1 << 21) // max(len(B), 1))
             for s in range(0, len(A), step):
                 D = _sq_dists(X[A[s : s + step]], X[B])
