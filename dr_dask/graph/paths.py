@@ -116,9 +116,10 @@ class StoredGraph:
 @functools.lru_cache(maxsize=1)  # one graph per process at a time: every task of a stage
 def _open_stored(loc: Location) -> _SearchGraph:
     root = zarr.open_group(loc.zarr_store(read_only=True), mode="r")
-    arrays = []
+    arrays: list[np.ndarray] = []
     for name in _GRAPH_ARRAYS:
         arr = root[name]
+        assert isinstance(arr, zarr.Array)
         chunk = os.path.join(loc.url, name, "c", "0") if loc.is_local else None
         if (chunk is not None and os.path.exists(chunk)
                 and os.path.getsize(chunk) == arr.nbytes and arr.dtype.byteorder in "<=|"):
