@@ -25,6 +25,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import ClientParam, active_client, gather
+from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
@@ -70,7 +71,7 @@ def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarr
     return coords, gp
 
 
-class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
+class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """GP-Isomap: multi-manifold streaming Isomap with predictive variance.
 
     Input (``fit``, ``transform``, ``map_points``): an array-like, a dask, zarr or xarray

@@ -47,6 +47,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
+from dr_dask.labelled import LabelledOutput
 from dr_dask.methods._ikd_blockwise import fit_blockwise
 from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("full", "geodesic", "blockwise")
 
 
-class IKD(ClientParam, TransformerMixin, BaseEstimator):
+class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Inverse Kernel Decomposition.
 
     Parameters

@@ -54,6 +54,7 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
+from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
 from dr_dask.validation import (
@@ -259,7 +260,7 @@ class _IsomapProjector:
         )
 
 
-class Isomap(ClientParam, TransformerMixin, BaseEstimator):
+class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
     Input (``fit`` and ``transform``): an array-like, a dask, zarr or xarray array, or a
@@ -475,7 +476,7 @@ class _LandmarkProjector:
                                   client=client, local=local)
 
 
-class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
+class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
     Input: as :class:`Isomap`.

@@ -39,6 +39,7 @@ from itertools import combinations
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask.array as da
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -52,6 +53,7 @@ from sklearn.utils.validation import check_is_fitted
 from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.paths import shortest_paths
+from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.eigen import DenseOperator
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
 from dr_dask.resources import timed
@@ -200,7 +202,7 @@ def _checked_block(Xb: np.ndarray, block: Any, *args: Any) -> np.ndarray:
     return block(check_array_like(Xb, "X"), *args)
 
 
-class LSDR(ClientParam, TransformerMixin, BaseEstimator):
+class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Localized Skeletonization and Dimensionality Reduction (Roy 2021).
 
     Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /
@@ -551,7 +553,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         else:
             block, args = _interp_block, (self.oos_points_, self.oos_coef_)
         d = args[1].shape[1]
-        if hasattr(X, "map_blocks"):
+        if isinstance(X, da.Array):  # (xarray objects have map_blocks too: they are read)
             check_input(self, X, reset=False)
             X = X.rechunk({1: -1})  # the caller's row chunks are kept
             return X.map_blocks(_checked_block, block, *args, self.sigma_,
