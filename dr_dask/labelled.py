@@ -55,7 +55,7 @@ def _data_array(X: Any) -> Any:
     import xarray as xr
 
     if isinstance(X, xr.Dataset):
-        from dr_dask.store import _open_xarray  # the store's rule for choosing the variable
+        from dr_dask.inputs import _open_xarray  # the store's rule for choosing the variable
 
         _, _, variable = _open_xarray(X, None, None)
         return X[variable]

@@ -41,8 +41,10 @@ from dataclasses import fields
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import ClientParam, run_stage
@@ -52,6 +54,7 @@ from dr_dask.methods._ikd_blockwise import fit_blockwise
 from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
 from dr_dask.methods.ikd_core import IKDConfig
+from dr_dask.methods.isomap import _out_of_sample
 from dr_dask.storage import Location
 from dr_dask.validation import Interval, Options, check_input, check_params, check_values, positive
 
@@ -152,6 +155,12 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         ``solver="blockwise"``: the s0 used (given, or the authors' N-based rule).
     landmarks_ : ndarray of shape (L,) or None
         With ``n_landmarks``: indices of the landmark rows.
+    out_of_sample_ : NystromMap or TriangulationMap or None
+        What :meth:`transform` needs (:mod:`dr_dask.methods._ikd_transform`): NumPy arrays
+        (weights, reference row, landmark rows, pseudo-inverse; for geodesic maps the L x T
+        float32 landmark path lengths) and the training rows (the NumPy input, or the input's
+        dask array, read block by block). None when the path lengths exceed the in-memory
+        budget (landmark IKD with its rows on disk).
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -383,3 +392,34 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> np.ndarray:
         """Fit and return ``embedding_`` of shape (T, M)."""
         return self.fit(X, y, **fit_params).embedding_
+
+    def _projector(self) -> Any:
+        check_is_fitted(self, "embedding_")
+        if self.out_of_sample_ is None:
+            raise ValueError(
+                "this IKD fit kept no out-of-sample map: its landmark path lengths "
+                f"({len(self.landmarks_)} x {len(self.embedding_)} float32) exceed the "
+                "in-memory budget; refit with fewer landmarks to use transform")
+        return self.out_of_sample_
+
+    def transform(self, X: Any) -> np.ndarray | da.Array:
+        """Map new rows of shape (n, N) into the fitted embedding; a dask array in gives a
+        dask array out with the same row chunks.
+
+        Full IKD (Nyström): ``y(x) = g_x U~ Lambda^-1``, with ``g_x`` the row of g(D) of x's
+        inverse-kernel distances to the training rows (Li & Wu 2024, §2.2, Eqs. 3-5): O(T N)
+        per row, the training rows read block by block. Geodesic, landmark and blockwise
+        IKD: de Silva-Tenenbaum triangulation from x's IKD distances to the landmarks, through
+        the neighbour graph (geodesics via x's ``n_neighbors`` nearest training rows) or, for
+        blockwise and landmark full IKD, directly. Formulas and costs:
+        :mod:`dr_dask.methods._ikd_transform`.
+
+        Parameters
+        ----------
+        X : array-like, dask / zarr / xarray array or path, of shape (n, N)
+
+        Returns
+        -------
+        ndarray or dask array of shape (n, M)
+        """
+        return _out_of_sample(self, X)
