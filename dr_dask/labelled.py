@@ -32,7 +32,11 @@ import logging
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import xarray as xr
 from sklearn.base import ClassNamePrefixFeaturesOutMixin
+
+from dr_dask.inputs import _open_xarray
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +56,8 @@ def _data_array(X: Any) -> Any:
     """The DataArray an xarray input stands for (a Dataset's one 2-D variable), else None."""
     if _module(X) != "xarray":
         return None
-    import xarray as xr
-
     if isinstance(X, xr.Dataset):
-        from dr_dask.inputs import _open_xarray  # the store's rule for choosing the variable
-
-        _, _, variable = _open_xarray(X, None, None)
+        _, _, variable = _open_xarray(X, None, None)  # the inputs' rule for the variable
         return X[variable]
     return X if isinstance(X, xr.DataArray) else None
 
@@ -94,16 +94,12 @@ def label_output(estimator: Any, X: Any, Y: Any) -> Any:
     if arr is not None:
         return _as_data_array(estimator, arr, Y)
     if _module(X) == "pandas" and hasattr(X, "index"):
-        import pandas as pd
-
         return pd.DataFrame(np.asarray(Y), index=X.index,
                             columns=estimator.get_feature_names_out())
     return Y
 
 
 def _as_data_array(estimator: Any, arr: Any, Y: Any) -> Any:
-    import xarray as xr
-
     dim = arr.dims[0]
     if dim == COMPONENT_DIM:
         raise ValueError(f"the input's sample dimension is named {COMPONENT_DIM!r}, the name of "
