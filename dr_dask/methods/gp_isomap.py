@@ -37,6 +37,7 @@ from dr_dask.methods._manifolds import (
     tangent_clusters,
 )
 from dr_dask.methods.isomap import Isomap
+from dr_dask.progress import shown_during
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -134,6 +135,9 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     client : distributed.Client, optional
         The clusterer's neighbour search and the per-manifold Isomap + GP fits run on it;
         default the active client, else in-process.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
 
     Attributes
     ----------
@@ -238,6 +242,7 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         "hyper_max_points": [positive(Integral)],
         "random_state": ["random_state"],
         "client": "no_validation",
+        "progress": ["boolean"],
     }
 
     def __init__(
@@ -263,6 +268,7 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         hyper_max_points: int = 800,
         random_state: int | np.random.RandomState | None = None,
         client: Any = None,
+        progress: bool = False,
     ):
         self.n_neighbors = n_neighbors
         self.n_components = n_components
@@ -284,6 +290,7 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         self.hyper_max_points = hyper_max_points
         self.random_state = random_state
         self.client = client
+        self.progress = progress
 
     # ------------------------------------------------------------------ fit
     def _cluster(self, X: np.ndarray, client) -> np.ndarray:
@@ -306,6 +313,7 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         out[keep] = np.unique(labels[keep], return_inverse=True)[1]
         return out
 
+    @shown_during
     def fit(self, X: Any, y: None = None) -> GPIsomap:
         """Run the batch phase.
 

@@ -55,6 +55,7 @@ from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
 from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.methods.isomap import _out_of_sample
+from dr_dask.progress import shown_during
 from dr_dask.storage import Location
 from dr_dask.validation import Interval, Options, check_input, check_params, check_values, positive
 
@@ -117,7 +118,8 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     client : distributed.Client, optional
         Cluster to run on; default the active client, else dask's threads.
     progress : bool
-        Progress bars on the long stages.
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     n_neighbors, threshold, on_disconnected, geodesic_rule : solver="geodesic" options.
     clique_threshold, max_cliques, min_overlap, shared_points : solver="blockwise" options.
     n_landmarks, landmark_method : landmark IKD (a geodesic-solver extension for large T).
@@ -347,6 +349,7 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     # -- fitting --------------------------------------------------------------------------
 
+    @shown_during
     def fit(self, X: Any, y: Any = None, *, run: Checkpoint | None = None) -> IKD:
         """Fit IKD on X.
 

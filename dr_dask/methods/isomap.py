@@ -57,6 +57,7 @@ from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
 from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
+from dr_dask.progress import shown_during
 from dr_dask.validation import (
     Options,
     check_array_like,
@@ -82,6 +83,7 @@ _COMMON_CONSTRAINTS: dict = {
     "on_disconnected": [Options({"bridge", "raise", "ignore"})],
     "random_state": ["random_state"],
     "client": "no_validation",
+    "progress": ["boolean"],
     "geodesic_store": "no_validation",  # a path, URL, Location or zarr.Array
     "block_size": [positive(Integral)],
 }
@@ -292,6 +294,9 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         options) for the squared geodesics, for T too large for worker memory.
     block_size : int
         Dijkstra sources per task.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
 
     Attributes
     ----------
@@ -327,7 +332,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
                  max_iter: int | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256):
+                 geodesic_store: Any = None, block_size: int = 256, progress: bool = False):
         self.n_neighbors = n_neighbors
         self.radius = radius
         self.n_components = n_components
@@ -339,7 +344,9 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         self.client = client
         self.geodesic_store = geodesic_store
         self.block_size = block_size
+        self.progress = progress
 
+    @shown_during
     def fit(self, X: Any, y: Any = None) -> Isomap:
         """Fit on X of shape (T, N) (see the class docstring for input kinds). Returns self."""
         X = _training(self, X)
@@ -502,6 +509,9 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         ``landmark_geodesics_``.
     block_size : int
         Landmark sources per Dijkstra task.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
 
     Attributes
     ----------
@@ -531,7 +541,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256):
+                 geodesic_store: Any = None, block_size: int = 256, progress: bool = False):
         self.n_neighbors = n_neighbors
         self.n_components = n_components
         self.n_landmarks = n_landmarks
@@ -541,7 +551,9 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         self.client = client
         self.geodesic_store = geodesic_store
         self.block_size = block_size
+        self.progress = progress
 
+    @shown_during
     def fit(self, X: Any, y: Any = None) -> LandmarkIsomap:
         """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self."""
         X = _training(self, X)

@@ -56,6 +56,7 @@ from dr_dask.graph.paths import shortest_paths
 from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.eigen import DenseOperator
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
+from dr_dask.progress import shown_during
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -243,6 +244,9 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Seeds the eigensolver's start block and the landmark subset of ``oos="interp"``.
     client : distributed.Client, optional
         Cluster for the geodesic passes; default the active client, else local threads.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
 
     Attributes
     ----------
@@ -287,6 +291,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         "oos_ridge": [non_negative(Real)],
         "random_state": ["random_state"],
         "client": "no_validation",
+        "progress": ["boolean"],
     }
 
     def __init__(
@@ -305,6 +310,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         oos_ridge: float = 1e-6,
         random_state: Any = None,
         client: Any = None,
+        progress: bool = False,
     ):
         self.n_components = n_components
         self.alpha = alpha
@@ -320,6 +326,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         self.oos_ridge = oos_ridge
         self.random_state = random_state
         self.client = client
+        self.progress = progress
 
     # ----------------------------------------------------------------------------- validation
     def _training(self, X: Any) -> np.ndarray:
@@ -444,6 +451,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         return out
 
     # --------------------------------------------------------------------------------- fit
+    @shown_during
     def fit(self, X: Any, y: Any = None) -> LSDR:
         """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
 
