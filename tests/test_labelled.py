@@ -63,16 +63,14 @@ def test_dataarray_in_dataarray_out(est, roll):
     assert Y.attrs["method"] == type(est).__name__
     assert json.loads(Y.attrs["params"])["n_components"] == 2
     # transform of a Dataset's variable: the same labels, the same numbers as NumPy in
-    if type(est) is not IKD or hasattr(est, "transform"):
-        ds = xr.Dataset({"x": a[:20]})
-        Z = est.transform(ds)
-        assert isinstance(Z, xr.DataArray) and Z.dims == ("time", "component")
-        np.testing.assert_array_equal(Z["time"].values, a["time"].values[:20])
-        np.testing.assert_allclose(Z.values, est.transform(roll[:20]), rtol=1e-10, atol=1e-12)
+    ds = xr.Dataset({"x": a[:20]})
+    Z = est.transform(ds)
+    assert isinstance(Z, xr.DataArray) and Z.dims == ("time", "component")
+    np.testing.assert_array_equal(Z["time"].values, a["time"].values[:20])
+    np.testing.assert_allclose(Z.values, est.transform(roll[:20]), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("est", [e for e in estimators() if type(e) is not IKD],
-                         ids=[i for i in IDS if i != "IKD"])
+@pytest.mark.parametrize("est", estimators(), ids=IDS)
 def test_lazy_dataarray_stays_lazy(est, roll):
     est.fit(roll)
     a = _array(roll).chunk({"time": 50})

@@ -1,9 +1,9 @@
 """IKD's out-of-sample maps: what ``IKD.transform`` needs, built by each solver at the end of
 its fit, and the mapping of new rows.
 
-The papers do not map new points (Li & Wu 2024, §4 lists it among the limits). Both maps
-below extend the fitted embedding by the same construction the fit used, so that a training
-row maps onto its own embedding row:
+The papers give no out-of-sample mapping (Li & Wu 2024 embed a fixed set of T rows). The
+maps below extend the fitted embedding by the same construction the fit used, so that a
+training row maps onto its own embedding row:
 
 **Full IKD: Nyström** (Williams & Seeger 2001; Bengio et al. 2004 for MDS-type kernels). The
 fit's embedding is ``U~ = U Lambda^(1/2)`` with ``G U = U Lambda`` (Li & Wu 2024, §2.2, Eq. 5),
