@@ -122,3 +122,22 @@ def test_missing_or_incomplete_run_is_exit_2_and_writes_nothing(run, tmp_path):
     res = _cli("report", str(run.parent / "half"), "--html", str(out))
     assert res.exit_code == 2 and "incomplete run" in res.output and not out.exists()
     assert "Traceback" not in res.output
+
+
+def test_refit_job_store_shows_its_latest_run_and_metrics(run, tmp_path):
+    """A weekly refit job's run store: the run ``latest.json`` names, with the job's metrics
+    (latest.json as :func:`dr_dask.jobs.run_refit` writes it, trimmed to what the page reads)."""
+    import shutil
+
+    store = tmp_path / "weekly.zarr"
+    shutil.copytree(run.parent, store)
+    Location(str(store)).child("latest.json").write_json(
+        {"run": run.name, "metrics": {"trustworthiness": 0.9321, "tci_per_n": 2.5}})
+    res = html_report(str(store), str(tmp_path / "job.html"))
+    assert res["kind"] == "refit-job" and res["points"] == 400
+    page = (tmp_path / "job.html").read_text()
+    assert "metric: trustworthiness" in page and "0.9321" in page
+    Location(str(store)).child("latest.json").write_json({"run": "gone", "metrics": {}})
+    with pytest.raises(ValueError, match="neither a run"):
+        html_report(str(store), str(tmp_path / "gone.html"))
+    assert not (tmp_path / "gone.html").exists()
