@@ -36,7 +36,8 @@ uses the direct similarities to its landmarks. For landmark IKD this is exactly 
 triangulation (``pinv(Y_L)`` is its landmark MDS pseudo-inverse); geodesic IKD keeps a max-min
 choice of ``min(T, TRANSFORM_LANDMARKS)`` landmarks. Cost per new row: a kNN query over the
 training rows (O(T N) exact), O(k L) for the geodesics, O(L M) for the product; memory: the
-L x T float32 path lengths (kept only within the in-memory tile budget, ``MEMORY_TILE_BYTES``).
+L x T float32 path lengths (kept only within the in-memory tile budget,
+``dr_dask.tiles.memory-bytes``).
 
 **Blockwise IKD: local triangulation.** Blockwise IKD trusts only strong similarities (Li &
 Wu 2024 §2.4, first bullet) and has no graph, so each new row is triangulated as above from
@@ -54,13 +55,14 @@ import dask
 import dask.array as da
 import numpy as np
 
+from dr_dask import config
 from dr_dask.cluster import active_client, compute
 from dr_dask.graph import kneighbors
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.landmarks import select_landmarks, triangulate
 from dr_dask.graph.paths import geodesics_via_neighbors
 from dr_dask.inputs import InputData
-from dr_dask.methods.ikd_core import MEMORY_TILE_BYTES, IKDConfig, InverseKernel, normalise_rows
+from dr_dask.methods.ikd_core import IKDConfig, InverseKernel, normalise_rows
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ class TriangulationMap:
         train = self.training
         if local and isinstance(train, da.Array):
             (train,) = dask.compute(train, scheduler="sync")
-        Tu = (da.asarray(train).map_blocks(_unit_normalised, self.similarity, dtype=np.float64)
+        Tu = (da.map_blocks(_unit_normalised, train, self.similarity, dtype=np.float64)
               if isinstance(train, da.Array)
               else _unit_normalised(train, self.similarity))
         if local:
@@ -218,13 +220,15 @@ def _unit_normalised(block: np.ndarray, similarity: str) -> np.ndarray:
     return _unit(normalise_rows(block, similarity, np.float64))
 
 
+def _row_norms(block: np.ndarray, similarity: str) -> np.ndarray:
+    return np.linalg.norm(normalise_rows(block, similarity, np.float64), axis=1)
+
+
 def _norms(train: Any, similarity: str) -> np.ndarray:
     if isinstance(train, da.Array):
-        rows = train.map_blocks(lambda b: np.linalg.norm(normalise_rows(b, similarity,
-                                                                         np.float64), axis=1),
-                                drop_axis=1, dtype=np.float64)
+        rows = da.map_blocks(_row_norms, train, similarity, drop_axis=1, dtype=np.float64)
         return np.asarray(rows.compute(scheduler="sync"))
-    return np.linalg.norm(normalise_rows(train, similarity, np.float64), axis=1)
+    return _row_norms(train, similarity)
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +262,7 @@ def pick_landmarks(cfg: IKDConfig, inp: InputData) -> np.ndarray:
     rows (correlation distance), as landmark IKD picks its own, ``min(T, 256)`` of them."""
     T = int(inp.data.shape[0])
     L = min(T, max(TRANSFORM_LANDMARKS, cfg.n_components + 1))
-    unit = inp.data.map_blocks(_unit_normalised, cfg.similarity, dtype=np.float64)
+    unit = da.map_blocks(_unit_normalised, inp.data, cfg.similarity, dtype=np.float64)
     return select_landmarks(unit, L, method="maxmin", random_state=cfg.random_state,
                             client=active_client(cfg.client))
 
@@ -269,7 +273,7 @@ def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: 
     """The triangulation map from the fit's landmarks and, for a graph map, their (L, T)
     path lengths (None when they exceed the tile budget: then
     the fit has no map and ``transform`` says why)."""
-    if paths is not None and paths.nbytes > MEMORY_TILE_BYTES:
+    if paths is not None and paths.nbytes > config.get_bytes("tiles.memory-bytes"):
         logger.warning("IKD.transform unavailable: the %d x %d landmark path lengths (%.1f GB) "
                        "exceed the in-memory budget", *paths.shape, paths.nbytes / 1e9)
         return None
