@@ -165,9 +165,9 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Notes
     -----
-    Decisions where the paper is silent or wrong (docs/decisions.md, GPI-*). Figures are from
-    Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`, 300 batch and 200 stream
-    points per patch, k = 10), measured when each decision was made.
+    Decisions where the paper is silent or wrong (docs/decisions.md, the GPI- entries).
+    Figures are from Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`,
+    300 batch and 200 stream points per patch, k = 10), measured when each decision was made.
 
     Assignment. A point is mapped through the manifold it lies on: the one of least *link
     distance*, its mean distance to its k_s nearest manifold points in units of that
