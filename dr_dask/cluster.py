@@ -16,7 +16,6 @@ import contextvars
 import gc
 import logging
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,16 +23,15 @@ from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
 import dask
-from dask.diagnostics import ProgressBar
 from dask.system import CPU_COUNT
 from distributed import Client, LocalCluster, Security, default_client, wait
-from distributed import progress as dprogress
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
 from distributed.worker import thread_state
 
 from dr_dask import config
+from dr_dask.progress import cluster_bar, local_bar
 
 logger = logging.getLogger(__name__)
 
@@ -110,22 +108,21 @@ def share(value: Any, client: Client | None = None) -> Any:
         return client.submit(_identity, value, pure=False)
 
 
-def gather(futures: list, client: Client, progress: bool = False) -> list:
+def gather(futures: list, client: Client, progress: bool | None = None) -> list:
     """``client.gather(futures)``, but never waiting forever on a cluster that is gone
-    (see :func:`wait_for`)."""
+    (see :func:`wait_for`). ``progress``: draw a bar (default: the estimator's
+    :func:`dr_dask.progress.scope`)."""
     wait_for(futures, client, progress)
     return client.gather(futures)
 
 
-def wait_for(futures: list, client: Client, progress: bool = False) -> None:
+def wait_for(futures: list, client: Client, progress: bool | None = None) -> None:
     """Wait until ``futures`` are finished (or failed), never forever on a cluster that is gone.
 
     Raises :class:`ClusterLost` (naming the current stage) when the scheduler is unreachable
     or has had no worker for ``dr_dask.cluster.no-worker-timeout`` seconds.
     """
-
-    if progress:
-        show_progress(futures, client)
+    cluster_bar(futures, client, progress)
     since: float | None = None
     timed_out = False
     while True:
@@ -152,16 +149,6 @@ def wait_for(futures: list, client: Client, progress: bool = False) -> None:
         # that hold the futures: without a collection their results stay on the workers and
         # in the scheduler after the caller drops them (120 MB at T=3x10^5 after the kNN)
         gc.collect()
-
-
-def show_progress(futures: list, client: Client) -> None:
-    """A progress bar on stderr until ``futures`` finish; only when stderr is a terminal, so
-    redirected output stays free of escape codes (distributed's bar writes to stdout)."""
-    if not sys.stderr.isatty():
-        return
-
-    with contextlib.redirect_stdout(sys.stderr), client.as_current():
-        dprogress(futures)
 
 
 class ClientParam:
@@ -310,16 +297,16 @@ def session(
             cluster.close()
 
 
-def compute(*collections: Any, client: Client | None = None, progress: bool = False) -> tuple:
-    """Compute dask collections on ``client`` (or the fallback) with an optional progress bar.
+def compute(*collections: Any, client: Client | None = None,
+            progress: bool | None = None) -> tuple:
+    """Compute dask collections on ``client`` (or the fallback) with an optional progress bar
+    (default: the estimator's :func:`dr_dask.progress.scope`; drawn where
+    :func:`dr_dask.progress.output` says).
 
     One call computes everything given, so shared inputs are read once (dask-ml's rule).
     """
     client = active_client(client)
     if client is None:
-        if progress and sys.stderr.isatty():
-
-            with ProgressBar(out=sys.stderr):
-                return dask.compute(*collections, scheduler="threads")
-        return dask.compute(*collections, scheduler="threads")
+        with local_bar(progress):
+            return dask.compute(*collections, scheduler="threads")
     return tuple(gather(client.compute(list(collections)), client, progress=progress))

@@ -117,7 +117,7 @@ def knn_accuracy(embedding: Any, labels: Any, n_neighbors: int = 5, cv: int = 5)
 
 
 def latent_correlation(latent: Any, embedding: Any, method: str = "spearman") -> float:
-    """Mean over latent dimensions of the best |correlation| with any embedding coordinate.
+    """Mean over latent dimensions of the best absolute correlation with any embedding coordinate.
 
     Parameters
     ----------
@@ -555,7 +555,7 @@ def evaluate_embedding(
     labels : array-like of shape (T,), optional
         Class labels: kNN accuracy (5-fold) and silhouette.
     latent : array-like of shape (T, M), optional
-        True latent: R^2 after affine alignment, best |Spearman rho|, Procrustes disparity.
+        True latent: R^2 after affine alignment, best absolute Spearman rho, Procrustes disparity.
     n_neighbors : int
         k of the neighbourhood metrics (reduced to below T/2 for tiny inputs).
     random_state : int, RandomState or None

@@ -11,8 +11,8 @@ import numpy as np
 import zarr
 from sklearn.decomposition import PCA
 
+from dr_dask import plot
 from dr_dask.datasets import make_dataset
-from dr_dask.figures import embedding_figure, report_page, spectrum_figure
 from dr_dask.inputs import open_dataset
 from dr_dask.methods.ikd import IKD
 from dr_dask.metrics import r2_affine
@@ -93,10 +93,10 @@ def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
     metrics_path = write_json(metrics, out.child("metrics.json"))
     table = {"samples T": T, "features N": N, "R² IKD": metrics["ikd"]["r2"],
              "R² PCA": metrics["pca"]["r2"], "IKD seconds": seconds}
-    png = report_page(out.child("embedding.png"), [
-        embedding_figure(emb, Z, label="true latent z1", title="IKD embedding, GP-mapping data",
+    png = plot.report_page(out.child("embedding.png"), [
+        plot.embedding(emb, Z, label="true latent z1", title="IKD embedding, GP-mapping data",
                          random_state=seed),
-        spectrum_figure(eigenvalues, title="IKD eigenvalues"),
+        plot.spectrum(eigenvalues, title="IKD eigenvalues"),
     ], table, title="quickstart (R² against the true latent)")
     return {
         "metrics": metrics,

@@ -1,6 +1,6 @@
 """JSON reports: what a report's table shows, as values a script can read back.
 
-The pictures are drawn by :mod:`dr_dask.figures`.
+The pictures are drawn by :mod:`dr_dask.plot`.
 """
 
 from __future__ import annotations

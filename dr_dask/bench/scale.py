@@ -184,8 +184,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
 
 def plot_scale(results: dict, path: str) -> str:
     """Log-log time and peak RSS against T per method beside a table of the fitted slopes, as
-    PNG (:func:`dr_dask.figures.report_page`)."""
-    from dr_dask.figures import loglog_figure, report_page
+    PNG (:func:`dr_dask.plot.report_page`)."""
+    from dr_dask import plot
 
     panels = []
     for key, label in (("seconds", "wall time (s)"),
@@ -194,10 +194,10 @@ def plot_scale(results: dict, path: str) -> str:
         for method in results["slopes"]:
             mine = [r for r in results["rows"] if r["method"] == method]
             series[method] = ([r["T"] for r in mine], [r[key] for r in mine])
-        panels.append(loglog_figure(series, xlabel="T (points)", ylabel=label,
+        panels.append(plot.loglog(series, xlabel="T (points)", ylabel=label,
                                     title=f"{label.split(',')[0]} against T"))
     table = {m: {"time slope": s["time"], "peak RSS slope": s["peak_rss"]}
              for m, s in results["slopes"].items()}
-    return report_page(path, panels, table, title=(
+    return plot.report_page(path, panels, table, title=(
         f"{results['dataset']} N={results['N']}, k={results['n_neighbors']}, "
         f"{results['workers']} workers"))

@@ -6,6 +6,7 @@ from dr_dask.cli import (  # noqa: F401  (register)
     ikd,
     isomap,
     jobs,
+    report,
     scale,
     stream,
     workflow,

@@ -72,7 +72,7 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     """Score a stored embedding: metrics JSON and a PNG (embedding, spectrum, metric table)."""
-    from dr_dask.figures import embedding_figure, report_page, spectrum_figure
+    from dr_dask import plot
     from dr_dask.inputs import InputError
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import write_json
@@ -107,11 +107,11 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     if eigenvalues is not None:
         result["eigenvalues"] = eigenvalues
     write_json(result, out.child("metrics.json"))
-    panels = [embedding_figure(emb, lab if lab is not None else lat, title=name,
+    panels = [plot.embedding(emb, lab if lab is not None else lat, title=name,
                                label="label" if lab is not None else "latent z1")]
     if eigenvalues is not None:
-        panels.append(spectrum_figure(eigenvalues, title=f"{name}: eigenvalues"))
-    report_page(out.child("embedding.png"), panels, metrics, title=f"{name} (k={n_neighbors})")
+        panels.append(plot.spectrum(eigenvalues, title=f"{name}: eigenvalues"))
+    plot.report_page(out.child("embedding.png"), panels, metrics, title=f"{name} (k={n_neighbors})")
     for key, value in metrics.items():
         click.echo(f"{key:>22}: {value:.4f}")
     click.echo(f"report written to {out}")
@@ -164,7 +164,7 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 @click.pass_context
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""
-    from dr_dask.figures import embedding_figure, report_page
+    from dr_dask import plot
     from dr_dask.inputs import InputError
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import write_json
@@ -219,8 +219,8 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
         table = {m: {"seconds": r["seconds"], "peak_rss_gb": r["peak_rss_gb"], **r["metrics"]}
                  for m, r in results.items()}
         colour, label = (lab, "label") if lab is not None else (lat, "latent z1")
-        report_page(out.child("compare.png"), [
-            embedding_figure(e, colour, label=label, title=m, random_state=seed)
+        plot.report_page(out.child("compare.png"), [
+            plot.embedding(e, colour, label=label, title=m, random_state=seed)
             for m, e in embeddings.items()], table, title=f"{inp.name}: methods compared")
     else:
         fail(f"no method ran ({'; '.join(skipped.values())}); report written to {out}")

@@ -1,6 +1,6 @@
 """The jobs' reports: the nightly drift history page and the weekly refit report.
 
-Every picture is drawn by :mod:`dr_dask.figures`; this module chooses what goes on the page.
+Every picture is drawn by :mod:`dr_dask.plot`; this module chooses what goes on the page.
 """
 
 from __future__ import annotations
@@ -10,13 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.figures import (
-    MAX_POINTS,
-    embedding_figure,
-    report_page,
-    spectrum_figure,
-    variance_figure,
-)
+from dr_dask import plot
 from dr_dask.report import write_json
 from dr_dask.storage import Location
 from dr_dask.stream.report import threshold_in_force
@@ -29,13 +23,13 @@ def drift_report(state: Location, history: list[dict]) -> str:
     """``STATE/report.png``: variance over rows (threshold in force, refits), the embedding by
     model version, and the latest run's figures; returns its URL.
 
-    At most :data:`dr_dask.figures.MAX_POINTS` of the most recent rows are drawn.
+    At most :data:`dr_dask.plot.MAX_POINTS` of the most recent rows are drawn.
     """
 
     store = StreamStore(state)
     ck = store.read_checkpoint()
     n = ck["n_rows"]
-    lo = max(0, n - MAX_POINTS)
+    lo = max(0, n - plot.MAX_POINTS)
     rows = np.arange(lo, n)
     get = {name: np.asarray(store[name][lo:n])
            for name in ("first_variance", "status", "manifold", "version", "embedding")}
@@ -43,11 +37,11 @@ def drift_report(state: Location, history: list[dict]) -> str:
     flagged = np.isin(get["status"], [STATUS["buffered"], STATUS["remapped"]])
     ok = get["status"] != STATUS["quarantined"]
     panels = [
-        variance_figure(rows, np.where(ok, get["first_variance"], np.nan), threshold,
+        plot.variance(rows, np.where(ok, get["first_variance"], np.nan), threshold,
                         [r for r in ck["refits"] if r["publish_row"] >= lo], flagged=flagged,
                         groups=get["manifold"],
                         title=f"predictive variance, rows {lo}..{n} (when first mapped)"),
-        embedding_figure(get["embedding"][ok], get["version"][ok], label="model version",
+        plot.embedding(get["embedding"][ok], get["version"][ok], label="model version",
                          title=f"embedding, rows {lo}..{n}"),
     ]
     last = history[-1] if history else {}
@@ -62,7 +56,7 @@ def drift_report(state: Location, history: list[dict]) -> str:
         "buffered / n_s": f"{len(ck['pending'])} / {last.get('n_s', '-')}",
         "threshold sigma_t": float(ck["sigma_t"][-1]),
     }
-    return report_page(state.child("report.png"), panels, table, title="nightly GP-Isomap")
+    return plot.report_page(state.child("report.png"), panels, table, title="nightly GP-Isomap")
 
 
 def refit_report(where: Location, result: dict, embedding: np.ndarray,
@@ -71,11 +65,11 @@ def refit_report(where: Location, result: dict, embedding: np.ndarray,
     row, the spectrum, the metrics, time and memory); returns the JSON's URL."""
 
     write_json(result, where.child("report.json"))
-    panels = [embedding_figure(embedding, np.arange(len(embedding), dtype=float),
+    panels = [plot.embedding(embedding, np.arange(len(embedding), dtype=float),
                                label="row (landing order)",
                                title=f"{result['method']}: {result['run']}")]
     if eigenvalues is not None and len(eigenvalues):
-        panels.append(spectrum_figure(eigenvalues, n_kept=result["n_components"]))
+        panels.append(plot.spectrum(eigenvalues, n_kept=result["n_components"]))
     m = result["metrics"]
     table = {
         "rows": result["n_samples"],
@@ -88,5 +82,5 @@ def refit_report(where: Location, result: dict, embedding: np.ndarray,
         "evaluation time (s)": result["evaluate_seconds"],
         "peak RSS (GB)": result["peak_rss_gb"],
     }
-    report_page(where.child("report.png"), panels, table, title="weekly refit")
+    plot.report_page(where.child("report.png"), panels, table, title="weekly refit")
     return where.child("report.json").url

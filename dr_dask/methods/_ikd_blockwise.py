@@ -49,6 +49,7 @@ from dr_dask.graph.cliques import maximal_cliques
 from dr_dask.inputs import InputData
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.linalg.eigen import top_eigh
+from dr_dask.methods._ikd_transform import local_map
 from dr_dask.methods.ikd_core import (
     IKDConfig,
     IKDResult,
@@ -479,4 +480,5 @@ def fit_blockwise(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         clique_threshold=s0,
         cliques=res["cliques"],
         merge_log=res["merge_log"],
+        out_of_sample=local_map(cfg, inp, sigma2, embedding),
     )

@@ -23,6 +23,7 @@ from dr_dask.linalg.tiles import (
     row_stats,
     stored_tiles,
 )
+from dr_dask.methods._ikd_transform import nystrom_map
 from dr_dask.methods.ikd_core import (
     GramOperator,
     IKDConfig,
@@ -65,9 +66,10 @@ def fit_full(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResul
             D, rowmax, rowsum = run_stage(
                 "distance", lambda: _distance_stage(cfg, grid, blocks, inverse, store, run))
         r = reference_index(rowmax, rowsum, cfg.reference)
+        d_ref = None
 
         def eigen() -> dict:
-            d_ref = None
+            nonlocal d_ref
             if r is not None:  # row r of D, recomputed from X: O(TN), not a tile row read
                 (xr,) = compute(Xn[r], client=client)
                 (s_r,) = compute(Xn @ xr, client=client)
@@ -77,7 +79,10 @@ def fit_full(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResul
 
         with timed(timings, "eigen"):
             eig = run_stage("eigen", eigen)
-    return eigen_result(eig, cfg, r, sigma2, timings)
+    result = eigen_result(eig, cfg, r, sigma2, timings)
+    result.out_of_sample = run_stage("out_of_sample", lambda: nystrom_map(
+        cfg, inp, Xn, sigma2, result.embedding, result.eigenvalues, r, d_ref, rowsum / T))
+    return result
 
 
 def _distance_stage(cfg: IKDConfig, grid, blocks, inverse, store, run):

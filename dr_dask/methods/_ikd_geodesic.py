@@ -65,6 +65,7 @@ from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored
 from dr_dask.inputs import InputData
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
+from dr_dask.methods._ikd_transform import pick_landmarks, triangulation_map
 from dr_dask.methods.ikd_core import (
     GramOperator,
     IKDConfig,
@@ -331,8 +332,16 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
         eig = eigen_stage(cfg, GramOperator(D, d_ref, rowsum / T), run)
         seconds["eigen"] = time.perf_counter() - t0
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
-    return eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
-                        graph_edges=info["n_edges"], knn_recall=info.get("knn_recall"))
+    result = eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
+                          graph_edges=info["n_edges"],
+                          knn_recall=info.get("knn_recall"))
+    t0 = time.perf_counter()
+    landmarks = pick_landmarks(cfg, inp)  # the out-of-sample map's triangulation
+    paths = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32).gather()
+    result.out_of_sample = triangulation_map(cfg, inp, sigma2, result.embedding, landmarks,
+                                             paths)
+    seconds["out_of_sample"] = time.perf_counter() - t0
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,7 +415,11 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
             seconds["landmark_mds"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean)
+            # the out-of-sample map keeps the rows when they fit the in-memory budget
+            paths = rows.gather() if not on_disk else None
             rows.release()
+        oos = (triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
+               if paths is not None else None)
     else:
         t0 = time.perf_counter()
         order = np.argsort(landmarks)
@@ -421,6 +434,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         parts = compute(*[task(b, XL_d, inverse, mds.pinv, mds.sq_mean)
                           for b in Xn.to_delayed().ravel()], client=client)
         embedding = np.vstack(parts)
+        oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, None)
     seconds["triangulate"] = time.perf_counter() - t0
     B = double_centre((D_LL + D_LL.T) / 2)
     return IKDResult(
@@ -435,5 +449,6 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         graph_components=info.get("n_components"),
         graph_edges=info.get("n_edges"),
         landmarks=landmarks,
+        out_of_sample=oos,
         knn_recall=info.get("knn_recall"),
     )

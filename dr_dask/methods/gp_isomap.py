@@ -26,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import ClientParam, active_client, gather
 from dr_dask.graph.knn import KNN_CONSTRAINTS
+from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.methods._gp import KERNELS, ManifoldGP
 from dr_dask.methods._manifolds import (
@@ -37,6 +38,7 @@ from dr_dask.methods._manifolds import (
     tangent_clusters,
 )
 from dr_dask.methods.isomap import Isomap
+from dr_dask.progress import shown_during
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -71,7 +73,7 @@ def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarr
     return coords, gp
 
 
-class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
+class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """GP-Isomap: multi-manifold streaming Isomap with predictive variance.
 
     Input (``fit``, ``transform``, ``map_points``): an array-like, a dask, zarr or xarray
@@ -134,6 +136,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
     client : distributed.Client, optional
         The clusterer's neighbour search and the per-manifold Isomap + GP fits run on it;
         default the active client, else in-process.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn, n_probe : the batch's neighbour search (``clusterer="tangent"``), as
         :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.
 
@@ -165,9 +170,9 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
 
     Notes
     -----
-    Decisions where the paper is silent or wrong (docs/decisions.md, GPI-*). Figures are from
-    Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`, 300 batch and 200 stream
-    points per patch, k = 10), measured when each decision was made.
+    Decisions where the paper is silent or wrong (docs/decisions.md, the GPI- entries).
+    Figures are from Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`,
+    300 batch and 200 stream points per patch, k = 10), measured when each decision was made.
 
     Assignment. A point is mapped through the manifold it lies on: the one of least *link
     distance*, its mean distance to its k_s nearest manifold points in units of that
@@ -242,6 +247,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         "hyper_max_points": [positive(Integral)],
         "random_state": ["random_state"],
         "client": "no_validation",
+        "progress": ["boolean"],
         **KNN_CONSTRAINTS,
     }
 
@@ -268,6 +274,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         hyper_max_points: int = 800,
         random_state: int | np.random.RandomState | None = None,
         client: Any = None,
+        progress: bool = False,
         knn: str = "auto",
         n_probe: int | None = None,
     ):
@@ -293,6 +300,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.hyper_max_points = hyper_max_points
         self.random_state = random_state
         self.client = client
+        self.progress = progress
 
     # ------------------------------------------------------------------ fit
     def _cluster(self, X: np.ndarray, client) -> np.ndarray:
@@ -320,6 +328,7 @@ class GPIsomap(ClientParam, TransformerMixin, BaseEstimator):
         out[keep] = np.unique(labels[keep], return_inverse=True)[1]
         return out
 
+    @shown_during
     def fit(self, X: Any, y: None = None) -> GPIsomap:
         """Run the batch phase.
 

@@ -41,17 +41,22 @@ from dataclasses import fields
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.checkpoint import Checkpoint
 from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
+from dr_dask.labelled import LabelledOutput
 from dr_dask.methods._ikd_blockwise import fit_blockwise
 from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
 from dr_dask.methods.ikd_core import IKDConfig
+from dr_dask.methods.isomap import _out_of_sample
+from dr_dask.progress import shown_during
 from dr_dask.storage import Location
 from dr_dask.validation import Interval, Options, check_input, check_params, check_values, positive
 
@@ -60,7 +65,7 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("full", "geodesic", "blockwise")
 
 
-class IKD(ClientParam, TransformerMixin, BaseEstimator):
+class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Inverse Kernel Decomposition.
 
     Parameters
@@ -114,7 +119,8 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     client : distributed.Client, optional
         Cluster to run on; default the active client, else dask's threads.
     progress : bool
-        Progress bars on the long stages.
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     n_neighbors, threshold, on_disconnected, geodesic_rule : solver="geodesic" options.
     knn, n_probe : the kNN rule's neighbour search (``solver="geodesic"``, also landmark):
         ``knn="exact"`` (the exact search), ``"ivf"`` (the partitioned approximate search,
@@ -156,6 +162,12 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
         ``solver="blockwise"``: the s0 used (given, or the authors' N-based rule).
     landmarks_ : ndarray of shape (L,) or None
         With ``n_landmarks``: indices of the landmark rows.
+    out_of_sample_ : NystromMap or TriangulationMap or None
+        What :meth:`transform` needs (:mod:`dr_dask.methods._ikd_transform`): NumPy arrays
+        (weights, reference row, landmark rows, pseudo-inverse; for geodesic maps the L x T
+        float32 landmark path lengths) and the training rows (the NumPy input, or the input's
+        dask array, read block by block). None when the path lengths exceed the in-memory
+        budget (landmark IKD with its rows on disk).
     knn_recall_ : float or None
         ``solver="geodesic"`` with the kNN rule: share of the true neighbours the search found
         (1.0 exact; IVF: estimated on 200 seeded rows, warning below 0.9).
@@ -352,6 +364,7 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
 
     # -- fitting --------------------------------------------------------------------------
 
+    @shown_during
     def fit(self, X: Any, y: Any = None, *, run: Checkpoint | None = None) -> IKD:
         """Fit IKD on X.
 
@@ -397,3 +410,34 @@ class IKD(ClientParam, TransformerMixin, BaseEstimator):
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> np.ndarray:
         """Fit and return ``embedding_`` of shape (T, M)."""
         return self.fit(X, y, **fit_params).embedding_
+
+    def _projector(self) -> Any:
+        check_is_fitted(self, "embedding_")
+        if self.out_of_sample_ is None:
+            raise ValueError(
+                "this IKD fit kept no out-of-sample map: its landmark path lengths "
+                f"({len(self.landmarks_)} x {len(self.embedding_)} float32) exceed the "
+                "in-memory budget; refit with fewer landmarks to use transform")
+        return self.out_of_sample_
+
+    def transform(self, X: Any) -> np.ndarray | da.Array:
+        """Map new rows of shape (n, N) into the fitted embedding; a dask array in gives a
+        dask array out with the same row chunks.
+
+        Full IKD (Nyström): ``y(x) = g_x U~ Lambda^-1``, with ``g_x`` the row of g(D) of x's
+        inverse-kernel distances to the training rows (Li & Wu 2024, §2.2, Eqs. 3-5): O(T N)
+        per row, the training rows read block by block. Geodesic, landmark and blockwise
+        IKD: de Silva-Tenenbaum triangulation from x's IKD distances to the landmarks, through
+        the neighbour graph (geodesics via x's ``n_neighbors`` nearest training rows) or, for
+        blockwise and landmark full IKD, directly. Formulas and costs:
+        :mod:`dr_dask.methods._ikd_transform`.
+
+        Parameters
+        ----------
+        X : array-like, dask / zarr / xarray array or path, of shape (n, N)
+
+        Returns
+        -------
+        ndarray or dask array of shape (n, M)
+        """
+        return _out_of_sample(self, X)

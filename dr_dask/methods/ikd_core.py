@@ -115,6 +115,8 @@ class IKDResult:
     cliques: list | None = None
     merge_log: list | None = None
     clique_threshold: float | None = None
+    #: what ``transform`` needs (:mod:`._ikd_transform`); None where it cannot be kept
+    out_of_sample: Any = None
     knn_recall: float | None = None
 
 

@@ -54,8 +54,10 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
 from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
+from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
+from dr_dask.progress import shown_during
 from dr_dask.validation import (
     Options,
     check_array_like,
@@ -81,6 +83,7 @@ _COMMON_CONSTRAINTS: dict = {
     "on_disconnected": [Options({"bridge", "raise", "ignore"})],
     "random_state": ["random_state"],
     "client": "no_validation",
+    "progress": ["boolean"],
     "geodesic_store": "no_validation",  # a path, URL, Location or zarr.Array
     "block_size": [positive(Integral)],
     **KNN_CONSTRAINTS,
@@ -263,7 +266,7 @@ class _IsomapProjector:
         )
 
 
-class Isomap(ClientParam, TransformerMixin, BaseEstimator):
+class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
     Input (``fit`` and ``transform``): an array-like, a dask, zarr or xarray array, or a
@@ -295,6 +298,9 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         options) for the squared geodesics, for T too large for worker memory.
     block_size : int
         Dijkstra sources per task.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn : {"auto", "exact", "ivf"}
         Neighbour search of the k rule: exact, the partitioned approximate IVF search
         (:func:`dr_dask.graph.knn.search_neighbours`), or IVF from 100,000 rows ("auto").
@@ -339,8 +345,8 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
                  max_iter: int | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256, knn: str = "auto",
-                 n_probe: int | None = None):
+                 geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
+                 knn: str = "auto", n_probe: int | None = None):
         self.knn = knn
         self.n_probe = n_probe
         self.n_neighbors = n_neighbors
@@ -354,7 +360,9 @@ class Isomap(ClientParam, TransformerMixin, BaseEstimator):
         self.client = client
         self.geodesic_store = geodesic_store
         self.block_size = block_size
+        self.progress = progress
 
+    @shown_during
     def fit(self, X: Any, y: Any = None) -> Isomap:
         """Fit on X of shape (T, N) (see the class docstring for input kinds). Returns self."""
         X = _training(self, X)
@@ -490,7 +498,7 @@ class _LandmarkProjector:
                                   client=client, local=local)
 
 
-class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
+class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
     Input: as :class:`Isomap`.
@@ -516,6 +524,9 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         ``landmark_geodesics_``.
     block_size : int
         Landmark sources per Dijkstra task.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn, n_probe : as :class:`Isomap`'s.
 
     Attributes
@@ -548,8 +559,8 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
     def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256, knn: str = "auto",
-                 n_probe: int | None = None):
+                 geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
+                 knn: str = "auto", n_probe: int | None = None):
         self.knn = knn
         self.n_probe = n_probe
         self.n_neighbors = n_neighbors
@@ -561,7 +572,9 @@ class LandmarkIsomap(ClientParam, TransformerMixin, BaseEstimator):
         self.client = client
         self.geodesic_store = geodesic_store
         self.block_size = block_size
+        self.progress = progress
 
+    @shown_during
     def fit(self, X: Any, y: Any = None) -> LandmarkIsomap:
         """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self."""
         X = _training(self, X)

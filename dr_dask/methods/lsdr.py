@@ -39,6 +39,7 @@ from itertools import combinations
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask.array as da
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -53,8 +54,10 @@ from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.paths import shortest_paths
+from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.eigen import DenseOperator
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
+from dr_dask.progress import shown_during
 from dr_dask.resources import timed
 from dr_dask.validation import (
     Interval,
@@ -201,7 +204,7 @@ def _checked_block(Xb: np.ndarray, block: Any, *args: Any) -> np.ndarray:
     return block(check_array_like(Xb, "X"), *args)
 
 
-class LSDR(ClientParam, TransformerMixin, BaseEstimator):
+class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Localized Skeletonization and Dimensionality Reduction (Roy 2021).
 
     Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /
@@ -242,6 +245,9 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         Seeds the eigensolver's start block and the landmark subset of ``oos="interp"``.
     client : distributed.Client, optional
         Cluster for the geodesic passes; default the active client, else local threads.
+    progress : bool
+        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
+        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn, n_probe : the neighbour search of ``graph="knn"``, as
         :class:`~dr_dask.methods.isomap.Isomap`'s.
 
@@ -290,6 +296,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         "oos_ridge": [non_negative(Real)],
         "random_state": ["random_state"],
         "client": "no_validation",
+        "progress": ["boolean"],
         **KNN_CONSTRAINTS,
     }
 
@@ -309,6 +316,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         oos_ridge: float = 1e-6,
         random_state: Any = None,
         client: Any = None,
+        progress: bool = False,
         knn: str = "auto",
         n_probe: int | None = None,
     ):
@@ -328,6 +336,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         self.oos_ridge = oos_ridge
         self.random_state = random_state
         self.client = client
+        self.progress = progress
 
     # ----------------------------------------------------------------------------- validation
     def _training(self, X: Any) -> np.ndarray:
@@ -455,6 +464,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         return out
 
     # --------------------------------------------------------------------------------- fit
+    @shown_during
     def fit(self, X: Any, y: Any = None) -> LSDR:
         """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
 
@@ -564,7 +574,7 @@ class LSDR(ClientParam, TransformerMixin, BaseEstimator):
         else:
             block, args = _interp_block, (self.oos_points_, self.oos_coef_)
         d = args[1].shape[1]
-        if hasattr(X, "map_blocks"):
+        if isinstance(X, da.Array):  # (xarray objects have map_blocks too: they are read)
             check_input(self, X, reset=False)
             X = X.rechunk({1: -1})  # the caller's row chunks are kept
             return X.map_blocks(_checked_block, block, *args, self.sigma_,

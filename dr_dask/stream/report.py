@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.figures import embedding_figure, report_page, running_mean, variance_figure
+from dr_dask import plot
 from dr_dask.storage import location
 from dr_dask.stream.store import STATUS, read_output
 
@@ -50,7 +50,7 @@ def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
     flagged = np.isin(status, [STATUS["buffered"], STATUS["remapped"]])
     shown = np.where(ok, var, np.nan)
     threshold = threshold_in_force(refits, ck["sigma_t"], np.arange(n))
-    mean = running_mean(shown, window)
+    mean = plot.running_mean(shown, window)
     counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
     per_manifold = {int(j): int(c) for j, c in zip(*np.unique(man[ok], return_counts=True))}
     summary = {
@@ -61,12 +61,12 @@ def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
     }
     sel = ok & np.isfinite(emb).all(axis=1)
     panels = [
-        variance_figure(np.arange(n), shown, threshold, refits, window=window, flagged=flagged,
+        plot.variance(np.arange(n), shown, threshold, refits, window=window, flagged=flagged,
                         groups=man, title="predictive variance over the stream"),
-        embedding_figure(emb[sel], man[sel], label="manifold", title="embedding by manifold"),
+        plot.embedding(emb[sel], man[sel], label="manifold", title="embedding by manifold"),
     ]
     table = {"rows": n, **{f"rows {k}": v for k, v in counts.items() if v},
              "refits": len(refits), "threshold now": summary["thresholds"][-1],
              f"running mean (w={window})": summary["final_running_mean"]}
-    png = report_page(location(out_png), panels, table, title="stream", ncol=2)
+    png = plot.report_page(location(out_png), panels, table, title="stream", ncol=2)
     return {"png": png, **summary}

@@ -1,14 +1,23 @@
-"""The one place that draws: the figures of reports and the quickstart, and the page that lays
-them out beside a short table.
+"""Plotting: the public drawing functions, and the one place that draws.
 
-Every function draws on its own :class:`matplotlib.figure.Figure` with an Agg canvas (no pyplot:
-no display, no global backend switch, no figure registry that keeps figures alive), so drawing
-works on headless workers and inside other applications. Font sizes are passed explicitly
-instead of through ``rcParams`` so nothing global changes.
+In a notebook::
 
-A figure function returns a Figure of a fixed readable size (:data:`PANEL` inches at
-:data:`DPI`); :func:`report_page` renders each one at that size and places the pixels side by
-side with the table, so fonts are never shrunk to fit a page.
+    from dr_dask import plot
+    ax = plot.embedding(Y, color=z, label="latent z1")      # an Axes; ax.figure shows it
+    plot.spectrum(ikd.eigenvalues_, ax=other_ax)              # into your own figure
+
+:func:`embedding`, :func:`spectrum`, :func:`variance` (threshold and refit marks),
+:func:`drift_history` and :func:`loglog` each draw into ``ax`` (any matplotlib Axes, e.g. from
+``plt.subplots``) or, without one, into a new :class:`matplotlib.figure.Figure` of a fixed
+readable size (:data:`PANEL` inches at :data:`DPI`) with an Agg canvas, and return the Axes.
+Nothing here imports pyplot (no display, no global backend switch, no figure registry that
+keeps figures alive), and font sizes are passed explicitly instead of through ``rcParams``, so
+drawing leaves no global state behind: it works on headless workers, inside other
+applications and in Jupyter (an Axes' ``.figure`` displays inline).
+
+The PNG report pages of runs, jobs and streams are built from the same functions:
+:func:`report_page` renders each panel at its size and places the pixels side by side with a
+table, so fonts are never shrunk to fit a page.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import numpy as np
 from dr_dask.storage import location
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["drift_history", "embedding", "loglog", "report_page", "spectrum", "variance"]
 
 #: Pixels per inch of every figure and page.
 DPI = 100
@@ -49,8 +60,10 @@ def _figure(size: tuple[float, float] = PANEL) -> Any:
     return fig
 
 
-def _axes(fig: Any, title: str, xlabel: str, ylabel: str) -> Any:
-    ax = fig.add_subplot()
+def _axes(ax: Any, title: str, xlabel: str, ylabel: str, size: tuple = PANEL) -> Any:
+    """``ax``, or the Axes of a new panel-sized Figure, titled and labelled."""
+    if ax is None:
+        ax = _figure(size).add_subplot()
     ax.set_title(title, fontsize=TITLE)
     ax.set_xlabel(xlabel, fontsize=LABEL)
     ax.set_ylabel(ylabel, fontsize=LABEL)
@@ -81,9 +94,9 @@ def colour_values(color: Any, n: int) -> tuple[np.ndarray | None, list | None]:
     return codes.astype(float), names.tolist()
 
 
-def embedding_figure(
-    Y: Any, color: Any = None, *, label: str | None = None, title: str = "embedding",
-    random_state: int = 0,
+def embedding(
+    Y: Any, color: Any = None, *, ax: Any = None, label: str | None = None,
+    title: str = "embedding", random_state: int = 0, max_points: int = MAX_POINTS,
 ) -> Any:
     """Scatter of an embedding's first two coordinates, coloured by a latent or by labels.
 
@@ -96,25 +109,27 @@ def embedding_figure(
         (categorical: a legend up to :data:`MAX_LEGEND` classes).
     label : str, optional
         What the colour shows (the colour bar's or legend's title), e.g. ``"latent z1"``.
+    ax : matplotlib.axes.Axes, optional
+        Where to draw; default a new panel-sized Figure.
     title : str
     random_state : int
-        Seeds the subsample drawn above :data:`MAX_POINTS` points.
+        Seeds the subsample drawn above ``max_points`` points.
+    max_points : int
+        Points drawn at most (a seeded subsample above it keeps the picture readable).
 
     Returns
     -------
-    matplotlib.figure.Figure
+    matplotlib.axes.Axes
     """
     Y = np.asarray(_values(Y), dtype=float)
     Y = Y[:, None] if Y.ndim == 1 else Y
     c, categories = colour_values(color, Y.shape[0])
     idx = np.arange(Y.shape[0])
-    if Y.shape[0] > MAX_POINTS:
-        idx = np.sort(np.random.default_rng(random_state).choice(Y.shape[0], MAX_POINTS,
-                                                                 replace=False))
+    if Y.shape[0] > max_points:
+        idx = sample_rows(Y.shape[0], max_points, random_state)
     x = Y[idx, 0]
     y = Y[idx, 1] if Y.shape[1] > 1 else np.zeros_like(x)
-    fig = _figure()
-    ax = _axes(fig, title, "component 1", "component 2" if Y.shape[1] > 1 else "")
+    ax = _axes(ax, title, "component 1", "component 2" if Y.shape[1] > 1 else "")
     size = 12 if len(idx) <= 2000 else 4
     if c is None:
         ax.scatter(x, y, s=size, linewidths=0, color="tab:blue")
@@ -127,12 +142,20 @@ def embedding_figure(
                   size < 12 else 1.5, loc="best", framealpha=0.8)
     else:
         sc = ax.scatter(x, y, c=c[idx], s=size, linewidths=0, cmap="viridis")
-        bar = fig.colorbar(sc, ax=ax)
+        bar = ax.figure.colorbar(sc, ax=ax)
         bar.set_label(label or "colour", fontsize=LABEL)
         bar.ax.tick_params(labelsize=TICK)
     if Y.shape[1] > 1:
         ax.set_aspect("equal", adjustable="datalim")
-    return fig
+    return ax
+
+
+def sample_rows(n: int, size: int, random_state: int = 0) -> np.ndarray:
+    """Sorted indices of a seeded sample of ``size`` of ``n`` rows (all of them when fewer):
+    what a scatter draws of a large embedding."""
+    if n <= size:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(random_state).choice(n, size, replace=False))
 
 
 def _cmap(name: str) -> Any:
@@ -154,8 +177,8 @@ def running_mean(x: Any, window: int) -> np.ndarray:
         return np.where(cnt > 0, (c[idx] - c[lo]) / cnt, np.nan)
 
 
-def variance_figure(
-    times: Any, variance: Any, threshold: Any, refits: Sequence[Any] = (), *,
+def variance(
+    times: Any, variance: Any, threshold: Any, refits: Sequence[Any] = (), *, ax: Any = None,
     window: int = 50, flagged: Any = None, groups: Any = None, title: str = "predictive variance",
 ) -> Any:
     """Per-point predictive variance over stream time, its running mean, the threshold in force
@@ -177,10 +200,13 @@ def variance_figure(
         Points drawn as x (flagged as off the model) instead of dots.
     groups : array-like of int, shape (n,), optional
         Colour of each point (e.g. its manifold).
+    ax : matplotlib.axes.Axes, optional
+        Where to draw; default a new wide Figure.
+    title : str
 
     Returns
     -------
-    matplotlib.figure.Figure
+    matplotlib.axes.Axes
     """
     t = np.asarray(times, dtype=float)
     v = np.asarray(variance, dtype=float)
@@ -190,8 +216,7 @@ def variance_figure(
     flag = np.zeros(t.shape, bool) if flagged is None else np.asarray(flagged, bool)
     g = np.zeros(t.shape, int) if groups is None else np.asarray(groups).astype(int)
     cmap = _cmap("tab10")
-    fig = _figure(WIDE_PANEL)
-    ax = _axes(fig, title, "stream position", "predictive variance (log)")
+    ax = _axes(ax, title, "stream position", "predictive variance (log)", WIDE_PANEL)
     colour_note = "" if groups is None else " (colour: manifold)"
     for sel, marker, what in ((~flag, "o", "point"), (flag, "x", "flagged point")):
         sel = sel & np.isfinite(v)
@@ -214,11 +239,12 @@ def variance_figure(
     if np.any(np.isfinite(v) & (v > 0)):
         ax.set_yscale("log")
     ax.legend(fontsize=TICK, loc="upper left", framealpha=0.8)
-    return fig
+    return ax
 
 
-def spectrum_figure(
-    eigenvalues: Any, *, n_kept: int | None = None, title: str = "eigenvalue spectrum",
+def spectrum(
+    eigenvalues: Any, *, n_kept: int | None = None, ax: Any = None,
+    title: str = "eigenvalue spectrum",
 ) -> Any:
     """Bars of eigenvalues by index, the kept ones highlighted, each labelled with its value.
 
@@ -228,19 +254,20 @@ def spectrum_figure(
         In decreasing order (an indefinite operator's negative ones are drawn below zero).
     n_kept : int, optional
         How many leading ones the embedding uses (default: all).
+    ax : matplotlib.axes.Axes, optional
+        Where to draw; default a new panel-sized Figure.
     title : str
 
     Returns
     -------
-    matplotlib.figure.Figure
+    matplotlib.axes.Axes
     """
     w = np.asarray(eigenvalues, dtype=float).ravel()
     if w.size == 0:
         raise ValueError("no eigenvalues to draw")
     kept = w.size if n_kept is None else int(n_kept)
     index = np.arange(1, w.size + 1)
-    fig = _figure()
-    ax = _axes(fig, title, "index", "eigenvalue")
+    ax = _axes(ax, title, "index", "eigenvalue")
     colours = ["tab:blue" if i <= kept else "lightgray" for i in index]
     bars = ax.bar(index, w, color=colours)
     if w.size <= 20:
@@ -253,11 +280,44 @@ def spectrum_figure(
         ax.legend(handles=[Patch(color="tab:blue", label="kept"),
                            Patch(color="lightgray", label="not kept")], fontsize=TICK)
     ax.margins(y=0.15)
-    return fig
+    return ax
 
 
-def loglog_figure(
+def drift_history(history: Sequence[Mapping[str, Any]], *, ax: Any = None,
+                  title: str = "drift history") -> Any:
+    """The drift statistic of each scheduled run against the rows seen, refits marked.
+
+    Parameters
+    ----------
+    history : sequence of dict
+        The entries of a job's ``drift_history.json`` (``watermark_after``,
+        ``drift_statistic``: the fraction of the run's rows flagged, ``refit``,
+        ``new_versions``).
+    ax : matplotlib.axes.Axes, optional
+        Where to draw; default a new wide Figure.
+    title : str
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
+    rows = np.array([h.get("watermark_after", i) for i, h in enumerate(history)], dtype=float)
+    stat = np.array([np.nan if h.get("drift_statistic") is None else h["drift_statistic"]
+                     for h in history], dtype=float)
+    ax = _axes(ax, title, "rows seen (watermark)", "drift statistic (fraction flagged)",
+               WIDE_PANEL)
+    ax.plot(rows, stat, "o-", color="tab:blue", label="drift statistic")
+    for i, r in enumerate(rows[[bool(h.get("refit")) for h in history]]):
+        ax.axvline(r, color="tab:red", ls="--", lw=1.2, label="refit" if i == 0 else None)
+    if len(history):
+        ax.legend(fontsize=TICK, loc="upper left", framealpha=0.8)
+    ax.set_ylim(bottom=0)
+    return ax
+
+
+def loglog(
     series: Mapping[str, tuple[Any, Any]], *, xlabel: str, ylabel: str, title: str,
+    ax: Any = None,
 ) -> Any:
     """Lines with markers on log-log axes, one per named series (a power law is a straight line).
 
@@ -266,18 +326,18 @@ def loglog_figure(
     series : dict of str -> (x, y)
         Each series' x and y values, array-like of shape (n,); the name goes in the legend.
     xlabel, ylabel, title : str
+    ax : matplotlib.axes.Axes, optional
 
     Returns
     -------
-    matplotlib.figure.Figure
+    matplotlib.axes.Axes
     """
-    fig = _figure()
-    ax = _axes(fig, title, xlabel, ylabel)
+    ax = _axes(ax, title, xlabel, ylabel)
     for name, (x, y) in series.items():
         ax.loglog(np.asarray(x, dtype=float), np.asarray(y, dtype=float), "o-", label=name)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=TICK)
-    return fig
+    return ax
 
 
 def _cell(v: Any) -> str:
@@ -329,7 +389,9 @@ def table_figure(table: Mapping[str, Any], title: str | None = None) -> Any:
 
 
 def render(fig: Any) -> np.ndarray:
-    """The figure's RGB pixels, shape (height, width, 3), at its own size and DPI."""
+    """The RGB pixels of a Figure (or of an Axes' Figure), shape (height, width, 3), at its
+    own size and DPI."""
+    fig = fig if hasattr(fig, "savefig") else fig.figure
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
@@ -377,7 +439,7 @@ def report_page(
     ----------
     path : str or Location
         Where the PNG goes (local path or URL).
-    panels : sequence of matplotlib.figure.Figure
+    panels : sequence of matplotlib Axes (or Figures) drawn by this module
     table : dict, optional
         ``{row: value}`` or ``{column: {row: value}}`` (see :func:`table_rows`).
     title : str, optional

@@ -1,0 +1,40 @@
+"""``dr-dask report RUN_OR_STATE --html OUT.html``: a run, stream or job as one interactive,
+self-contained page (:mod:`dr_dask.html_report`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import click
+
+from dr_dask.cli._app import POSITIVE, SEED, main, storage_options
+
+logger = logging.getLogger(__name__)
+
+
+@main.command("report")
+@click.argument("run_or_state")
+@click.option("--html", "out_html", required=True,
+              help="Where the page goes (path or URL); one self-contained HTML file.")
+@click.option("--max-points", type=POSITIVE, default=100_000, show_default=True,
+              help="Points drawn per scatter; above it a seeded sample of this size (stated "
+              "on the page).")
+@click.option("--window", type=POSITIVE, default=50, show_default=True,
+              help="Running-mean window of a stream's predictive variance.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds the samples.")
+@click.pass_context
+def report(ctx, run_or_state, out_html, max_points, window, seed):
+    """Explore a run, a stream output or a job's state in the browser.
+
+    RUN_OR_STATE is a run group (e.g. runs.zarr/ikd-...), a refit job's run store (its
+    latest.json names the run), a stream output store or an incremental job's state. The page
+    (Bokeh, inline: it opens with no network) has the embedding as a scatter with pan, zoom
+    and hover, the spectrum and the numbers; for streams and jobs also the variance over time
+    with the threshold and refits, the manifolds and the drift history. Prints a JSON summary.
+    """
+    from dr_dask.html_report import html_report
+
+    summary = html_report(run_or_state, out_html, storage_options=storage_options(ctx),
+                          max_points=max_points, window=window, random_state=seed)
+    click.echo(json.dumps(summary))
