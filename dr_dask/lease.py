@@ -164,15 +164,16 @@ class Lease:
     def release(self) -> None:
         """Mark the lease expired (if this run still holds it): the next run takes it at once
         with the next token."""
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-            try:
-                self._swap(self._record(expires=0))
-            except LeaseLost:
-                return  # another run holds it: it is not ours to release
-            if self.delete_on_release and self._version is not None:
-                self.where.delete_if(self._version)
+        if self._stop is None:
+            return
+        self._stop.set()
+        self._stop = None
+        with self._lock:
+            if self._lost is not None:  # another run holds it: not ours to release
+                return
+            version = self.where.swap_bytes(self._record(expires=0), self._version)
+            if version is not None and self.delete_on_release:
+                self.where.delete_if(version)
 
     def __enter__(self) -> Lease:
         return self.acquire()

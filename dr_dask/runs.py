@@ -421,13 +421,15 @@ def run_embedding(
     """
     inp = source if isinstance(source, InputData) else open_dataset(source, None, storage_options)
     check_output_path(out, inp)
-    check_workers_can_read(inp, active_client(getattr(estimator, "client", None)))
+    client = active_client(getattr(estimator, "client", None))
+    check_workers_can_read(inp, client)
+    identity = inp.identify(client)  # content: hashed on the workers if the store keeps no tag
     params = run_params(estimator)
     run = RunGroup(
         out,
-        name or run_name(method, params, inp.identity),
+        name or run_name(method, params, identity),
         params={"method": method, **params},
-        identity=inp.identity,
+        identity=identity,
         overwrite=overwrite,
         storage_options=storage_options,
     )

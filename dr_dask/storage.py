@@ -366,8 +366,8 @@ def _flock(fh: Any, timeout: float = 30.0) -> None:
 
 
 def _local_swap(path: str, data: bytes, version: str | None) -> str | None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     if version is None:  # create: the name appears with its whole content, or not at all
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as out:
             out.write(data)
