@@ -91,11 +91,16 @@ class Lease:
                           ).encode()
 
     def acquire(self) -> Lease:
-        self.token = self.token_floor + 1
-        version = self.where.swap_bytes(self._record(), None)
-        if version is None:
+        version = None
+        for _ in range(3):  # a lease released (deleted) between our two looks: look again
+            self.token = self.token_floor + 1
+            version = self.where.swap_bytes(self._record(), None)
+            if version is not None:
+                break
             got = self.where.read_versioned()
-            held = _parse(got[0]) if got else {}
+            if got is None:
+                continue
+            held = _parse(got[0])
             if (held.get("owner") != self.owner and held.get("expires", 0) > time.time()
                     and not _dead_on_this_host(held.get("owner", ""))):
                 until = _dt.datetime.fromtimestamp(held["expires"], _dt.UTC)
@@ -108,12 +113,12 @@ class Lease:
                             held.get("owner"))
             self.token = max(int(held.get("token", 0)), self.token_floor) + 1
             # over the version read: a run that renewed or took it meanwhile makes this fail
-            version = self.where.swap_bytes(self._record(), got[1]) if got else None
-            if version is None:
-                raise LeaseHeld(
-                    f"another run took over the lease {self.where} at the same moment; "
-                    "retry later"
-                )
+            version = self.where.swap_bytes(self._record(), got[1])
+            break
+        if version is None:
+            raise LeaseHeld(
+                f"another run took over the lease {self.where} at the same moment; retry later"
+            )
         self._version, self._lost = version, None
         self._stop = threading.Event()
         threading.Thread(target=self._renew_loop, daemon=True, name="dr-dask-lease").start()

@@ -215,7 +215,10 @@ class RunGroup:
         try:
             return self.lease.stamp()
         except LeaseLost as exc:
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception:  # the group is gone too: the lease's own message must do
+                raise exc from None
             newest = max(self._stamps(), key=lambda s: int(s.get("token") or 0), default={})
             if int(newest.get("token") or 0) > self.lease.token:
                 raise LeaseLost(f"{exc}; {self.path} was since written by {newest['owner']} "

@@ -177,3 +177,55 @@ def test_incremental_job_zombie_cannot_publish(place, tmp_path):
     assert ck["n_rows"] == len(X) and ck["lease"]["token"] == 2
     (entry,) = state.child("drift_history.json").read_json()  # one entry: the taker's
     assert entry["watermark_after"] == len(X) and entry["lease"]["token"] == 2
+
+
+# ------------------------------------------------------------------------- the lease itself
+@pytest.fixture(params=["local", "memory", "s3"])
+def lease_at(request, tmp_path):
+    if request.param == "local":
+        yield Location(str(tmp_path / "run" / "lease.json"))
+    elif request.param == "memory":
+        loc = Location(f"memory://fencing-{os.getpid()}-{time.time_ns()}/lease.json")
+        yield loc
+        loc.delete()
+    else:
+        yield Location(f"s3://{request.getfixturevalue('s3_bucket')}/run/lease.json")
+
+
+def test_a_paused_holder_is_fenced_off(lease_at):
+    from dr_dask.lease import Lease, LeaseLost
+
+    paused = Lease(lease_at, ttl=0.5).acquire()
+    paused._stop.set()  # its renewals stop, as in a paused process
+    time.sleep(0.8)
+    taker = Lease(lease_at, ttl=30).acquire()
+    assert taker.token == paused.token + 1
+    with pytest.raises(LeaseLost, match=taker.owner):
+        paused.fence()
+    with pytest.raises(LeaseLost):  # and for good
+        paused.fence()
+    paused.release()  # not its lease any more: left alone
+    assert lease_at.read_json()["owner"] == taker.owner
+    assert taker.fence() == taker.token
+    taker.release()
+
+
+def test_one_of_many_simultaneous_takers_wins(lease_at):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dr_dask.lease import Lease, LeaseHeld
+
+    expired = Lease(lease_at, ttl=0.3).acquire()
+    expired._stop.set()
+    time.sleep(0.5)
+
+    def take(_):
+        try:
+            return Lease(lease_at, ttl=30).acquire()
+        except LeaseHeld:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        won = [lease for lease in pool.map(take, range(8)) if lease is not None]
+    assert len(won) == 1 and lease_at.read_json()["owner"] == won[0].owner
+    won[0].release()
