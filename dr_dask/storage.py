@@ -219,7 +219,7 @@ class Location:
         try:
             if self.is_local:
                 with open(self.url, "rb") as fh:
-                    fcntl.flock(fh, fcntl.LOCK_SH)
+                    _flock(fh, fcntl.LOCK_SH)
                     data = fh.read()
                 return data, _digest(data)
             if self.scheme in ("s3", "s3a"):
@@ -351,13 +351,14 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _flock(fh: Any, timeout: float = 30.0) -> None:
-    """An exclusive lock on ``fh``; a holder keeps it for one small read and write, so waiting
-    longer means that holder is paused (SIGSTOP): give up rather than wait with it."""
+def _flock(fh: Any, kind: int = fcntl.LOCK_EX, timeout: float = 30.0) -> None:
+    """A lock on ``fh`` (exclusive by default); a holder keeps it for one small read and
+    write, so waiting longer means that holder is paused (SIGSTOP): give up rather than wait
+    with it."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, kind | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
@@ -389,8 +390,6 @@ def _local_swap(path: str, data: bytes, version: str | None) -> str | None:
         fh.seek(0)
         fh.write(data)
         fh.truncate()
-        fh.flush()
-        os.fsync(fh.fileno())
     return _digest(data)
 
 

@@ -101,7 +101,7 @@ def _where(kind: str, tmp_path, bucket: str | None, name: str) -> Location:
             else Location(f"s3://{bucket}/{name}"))
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def place(request, tmp_path):
     """(kind, bucket): local disk, or a fresh bucket of the moto server."""
     if request.param == "local":
