@@ -50,6 +50,9 @@ NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: arrays of a run.
 RESERVED_NAMES = frozenset({"zarr.json", "lease.json", "latest.json", "checkpoint.json",
                             "job.json", "done", "c", "embedding", "sample", "component"})
+#: The attributes every run has carried since the first release: a group with all of them and
+#: no marker is a run written before the marker existed.
+LEGACY_RUN_ATTRS = ("params", "input", "versions", "stages", "complete")
 #: The run's lease object, kept when ``overwrite`` replaces the run it guards.
 LEASE = "lease.json"
 
@@ -141,7 +144,7 @@ class RunGroup:
         self.group: zarr.Group
         if name in root:
             existing = root[name]
-            if not isinstance(existing, zarr.Group) or not existing.attrs.get(RUN_MARKER):
+            if not isinstance(existing, zarr.Group) or not _is_run(existing):
                 kind = "an array" if isinstance(existing, zarr.Array) else "a group"
                 raise InputError(
                     f"{self.path} is {kind} that is not a run of dr_dask (it has no "
@@ -486,3 +489,9 @@ def check_embedding(emb: np.ndarray, where: str) -> None:
             f"{where}: the embedding is all zeros (were fill values read instead of data?); "
             "not marked complete"
         )
+
+
+def _is_run(group: zarr.Group) -> bool:
+    """Whether ``group`` is a run of this package (its marker, or a run from before the marker)."""
+    attrs = group.attrs
+    return bool(attrs.get(RUN_MARKER)) or all(key in attrs for key in LEGACY_RUN_ATTRS)

@@ -96,3 +96,14 @@ def test_a_run_whose_arrays_were_removed_is_not_complete(npy, done):
     assert res.exit_code == 0, res.output
     np.testing.assert_allclose(np.asarray(open_run(out, "r")["embedding"][...]), emb,
                                atol=1e-10)
+
+
+def test_a_run_from_before_the_marker_is_still_a_run(npy, done):
+    """Run stores written before runs carried their marker are resumed, not refused."""
+    out, emb = done
+    group = zarr.open_group(Location(out).zarr_store(), path="r", mode="r+",
+                            use_consolidated=False)
+    del group.attrs["dr_dask_run"]
+    res = _embed(npy, out, "--name", "r")
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(np.asarray(open_run(out, "r")["embedding"][...]), emb)
