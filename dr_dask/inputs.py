@@ -5,8 +5,14 @@ a Zarr group (xarray-written or not), a NetCDF file (through xarray) or a ``.npy
 in-memory numpy / dask / zarr / xarray object. They are opened read-only and never modified.
 Opening checks the structure (2-D, numeric) and that every stored chunk is present, and
 records the input's identity (location, variable, shape, dtype and a fingerprint of the stored
-chunks), which names the runs made from it. The values are checked by
+chunks' content), which names the runs made from it. The values are checked by
 :func:`dr_dask.validation.check_values`.
+
+Identity is content, not size and modification time (``cp -p``, ``rsync -t`` and in-memory
+stores rewrite bytes and keep both): a stored object's fingerprint is the content tag its store
+keeps (S3's checksums or ETag, GCS's md5/crc32c, any ETag: each changes whenever the bytes do),
+else a hash of its bytes that the workers compute on demand (:meth:`InputData.identify`: one
+read of every stored object without a tag, in pieces of ``HASH_PIECE`` bytes).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import dask
 import dask.array as da
@@ -25,7 +31,7 @@ import xarray as xr
 import zarr
 
 from dr_dask import config
-from dr_dask.cluster import active_client
+from dr_dask.cluster import active_client, compute
 from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
@@ -46,7 +52,8 @@ class InputData:
         The sample coordinate when the source has one.
     identity : dict
         Where the data came from and what it holds (location, variable, shape, chunks, dtype,
-        fingerprint of the stored chunks): recorded in, and part of the name of, every run.
+        and the content ``fingerprint`` once known: at open when the store keeps content
+        tags, else after :meth:`identify`): recorded in, and part of the name of, every run.
     location : Location or None
         Where it is stored (None for in-memory inputs).
     values : ndarray of shape (T, N) or None
@@ -59,6 +66,18 @@ class InputData:
     identity: dict = field(default_factory=dict)
     location: Location | None = None
     values: np.ndarray | None = None
+    #: The stored objects (their prefix and listing) whose content is not hashed yet.
+    stored: tuple[Location, dict[str, dict]] | None = field(default=None, repr=False)
+
+    def identify(self, client: Any = None) -> dict:
+        """:attr:`identity` with its content ``fingerprint``, hashing the content now when
+        the store keeps no tag for it (the stored objects' bytes, or an in-memory array's
+        blocks, on ``client``'s workers or dask's threads); computed once."""
+        if "fingerprint" not in self.identity:
+            self.identity["fingerprint"] = (
+                stored_fingerprint(*self.stored, client=client) if self.stored is not None
+                else values_fingerprint(self.data, client=client))
+        return self.identity
 
     @property
     def path(self) -> str | None:
@@ -176,15 +195,95 @@ def _identity(loc: Location | None, variable: str | None, arr: Any, content: dic
     }
 
 
-def _fingerprint(listing: dict[str, dict]) -> str:
-    """Hash of (key, size, ETag or mtime) of every stored object: appending rows or rewriting a
-    chunk changes it; reopening the same bytes does not."""
-    items = []
-    for key in sorted(listing):
-        info = listing[key]
-        tag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
-        items.append((key, int(info.get("size") or 0), str(tag)))
+#: Bytes per hashing task (a large object is hashed in pieces of this size, small ones are
+#: grouped up to it).
+HASH_PIECE = 64 * 2**20
+#: Listing fields that change whenever an object's bytes do (S3 checksums and ETag, GCS's
+#: md5/crc32c, any ETag); a modification time or a size does not qualify.
+_CONTENT_TAGS = ("ChecksumSHA256", "ChecksumSHA1", "ChecksumCRC32C", "ChecksumCRC32",
+                 "ChecksumCRC64NVME", "md5Hash", "crc32c", "ETag", "etag")
+
+
+def _content_tag(info: dict) -> str | None:
+    for key in _CONTENT_TAGS:
+        if info.get(key):
+            return f"{key}:{info[key]}"
+    return None
+
+
+def _fingerprint(items: list) -> str:
     return hashlib.sha1(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def listed_fingerprint(listing: dict[str, dict]) -> str | None:
+    """The fingerprint of stored objects from their listing alone: (key, size, content tag)
+    of each; None when one of them has no content tag (its bytes must be hashed)."""
+    items = [(key, int(listing[key].get("size") or 0), _content_tag(listing[key]))
+             for key in sorted(listing)]
+    if any(tag is None for _, _, tag in items):
+        return None
+    return _fingerprint(items)
+
+
+def stored_fingerprint(base: Location, listing: dict[str, dict], client: Any = None) -> str:
+    """The fingerprint of the objects ``listing`` names under ``base``: (key, size, content
+    tag or hash of its bytes) of each. The bytes of the objects without a tag are read and
+    hashed on the workers, in pieces of :data:`HASH_PIECE` (the pieces depend on the objects
+    only, never on how the input is chunked for a fit)."""
+    items: list[list[Any]] = []
+    pieces: list[tuple[str, int, int]] = []
+    for key in sorted(listing):
+        size = int(listing[key].get("size") or 0)
+        tag = _content_tag(listing[key])
+        items.append([key, size, tag])
+        if tag is None:
+            pieces += [(key, a, min(a + HASH_PIECE, size)) for a in range(0, size, HASH_PIECE)]
+            pieces += [(key, 0, 0)] if size == 0 else []
+    batches: list[list[tuple[str, int, int]]] = []
+    filled = HASH_PIECE
+    for piece in pieces:  # small objects (Zarr chunks) share a task up to HASH_PIECE bytes
+        if filled + piece[2] - piece[1] > HASH_PIECE:
+            batches.append([])
+            filled = 0
+        batches[-1].append(piece)
+        filled += piece[2] - piece[1]
+    results = compute(*[dask.delayed(_hash_pieces, pure=True)(base, batch)
+                        for batch in batches], client=client)
+    digests: dict[str, list[str]] = {}
+    for batch, found in zip(batches, results):
+        for (key, _, _), digest in zip(batch, found):
+            digests.setdefault(key, []).append(digest)
+    for item in items:
+        if item[2] is None:
+            item[2] = "sha1:" + ",".join(digests[item[0]])
+    logger.debug("hashed %d bytes of %s", sum(b - a for _, a, b in pieces), base)
+    return _fingerprint(items)
+
+
+def _hash_pieces(base: Location, pieces: list[tuple[str, int, int]]) -> list[str]:
+    """SHA-1 of each byte range ``(key, start, end)`` of the objects under ``base`` (a task)."""
+    out = []
+    for key, start, end in pieces:
+        where = base.child(key) if key else base
+        data = where.fs.cat_file(where.path, start=start, end=end) if end > start else b""
+        out.append(hashlib.sha1(data, usedforsecurity=False).hexdigest())
+    return out
+
+
+def values_fingerprint(data: da.Array, client: Any = None) -> str:
+    """The fingerprint of an in-memory input: SHA-1 of each block's values (dtype, shape and
+    bytes), computed where the blocks are."""
+    blocks = data.to_delayed().ravel()
+    digests = compute(*[dask.delayed(_hash_block, pure=True)(b) for b in blocks],
+                      client=client)
+    return _fingerprint([str(data.dtype), list(data.shape), list(digests)])
+
+
+def _hash_block(block: np.ndarray) -> str:
+    block = np.ascontiguousarray(block)
+    h = hashlib.sha1(f"{block.dtype.str}{block.shape}".encode(), usedforsecurity=False)
+    h.update(block.data)
+    return h.hexdigest()
 
 
 def _check_chunks(arr: zarr.Array, where: str, listing: dict[str, dict]) -> None:
@@ -247,7 +346,7 @@ def _open_zarr(
     listing = array_loc.find()  # one listing: the missing-chunk check and the fingerprint
     if arr.ndim == 2:
         _check_chunks(arr, where, listing)
-    content = {"chunks": [int(c) for c in arr.chunks], "fingerprint": _fingerprint(listing)}
+    content = {"chunks": [int(c) for c in arr.chunks], "stored": (array_loc, listing)}
     return _ZarrRows(arr, where), sample_ids, variable, content
 
 
@@ -310,11 +409,11 @@ def open_dataset(
             raise InputError(f"input {loc} does not exist")
         if loc.url.endswith(".npy"):
             arr: Any = _NpyRows(loc)
-            content = {"fingerprint": _fingerprint({"": loc.fs.info(loc.path)})}
+            content = {"stored": (loc, {"": loc.fs.info(loc.path)})}
         elif loc.url.endswith((".nc", ".nc4", ".netcdf", ".h5")):
             ds = open_netcdf(loc, chunks={})
             arr, sample_ids, variable = _open_xarray(ds, variable, loc.url)
-            content = {"fingerprint": _fingerprint({"": loc.fs.info(loc.path)})}
+            content = {"stored": (loc, {"": loc.fs.info(loc.path)})}
         else:
             arr, sample_ids, variable, content = _open_zarr(loc, variable)
     else:
@@ -335,7 +434,11 @@ def open_dataset(
             data = _memory_rows(arr, rows)
         else:
             data = da.from_array(arr, chunks=(rows, -1), asarray=True, inline_array=True)
-    return InputData(data, sample_ids, _identity(loc, variable, arr, content), loc)
+    stored = cast(tuple[Location, dict] | None, content.pop("stored", None))
+    identity = _identity(loc, variable, arr, content)
+    if stored is not None and (tagged := listed_fingerprint(stored[1])) is not None:
+        identity["fingerprint"], stored = tagged, None  # the store keeps content tags
+    return InputData(data, sample_ids, identity, loc, stored=stored)
 
 
 def open_netcdf(loc: Location, **kwargs: Any) -> Any:

@@ -1,4 +1,23 @@
-"""One job at a time: a lease object in the run store."""
+"""One writer at a time: a fenced lease object in the run store.
+
+A lease alone is not safe: a holder can pause (a long GC, SIGSTOP, a suspended VM) past its
+expiry, wake up still believing it holds the lease, and write beside the run that took it over.
+So the lease is *fenced* (Kleppmann, "How to do distributed locking", 2016; the idea of
+ZooKeeper's zxid and etcd's revision): every write of the lease object is a compare-and-swap on
+the version its writer last saw (:meth:`dr_dask.storage.Location.swap_bytes`: ``If-Match`` on
+S3), each acquisition increments a fencing token kept in the object, and a holder calls
+:meth:`Lease.fence` before every commit it makes. The fence is itself a conditional renewal:
+when it fails the lease was taken over, the holder raises :class:`LeaseLost` and writes
+nothing more; the commit then carries the token.
+
+What this guarantees: a commit made after a successful fence was made by the only holder of the
+lease as of the fence's write, with at least ``ttl`` seconds of lease ahead (another run takes
+the lease over only after ``expires``, which the fence just moved ``ttl`` seconds on). The
+window that remains is a holder that pauses for longer than ``ttl`` *between* a fence and the
+commit write that follows it (both are single requests, microseconds apart): no object store
+can check a token kept in another object, so nothing but the clock closes it. A pause anywhere
+else is caught at the next fence.
+"""
 
 from __future__ import annotations
 
@@ -10,49 +29,78 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
 
 import psutil
 
+from dr_dask import config
 from dr_dask.storage import Location
 
 logger = logging.getLogger(__name__)
-
 
 class LeaseHeld(RuntimeError):
     """Another live run of the same job holds its lease (a transient condition: retry later)."""
 
 
-class Lease:
-    """One job at a time: a lease object ``{owner, expires}`` in the run store.
+class LeaseLost(RuntimeError):
+    """This run's lease was taken over by another run (this one paused past the lease's
+    lifetime): it stopped writing; the other run's output stands."""
 
-    Taken with create-if-absent (:meth:`Location.create_bytes`: ``O_EXCL`` locally, a
-    conditional PUT on S3), renewed every ``ttl / 3`` seconds by a daemon thread while the job
-    runs, taken over once expired (a killed run's lease lapses after ``ttl``), deleted on
-    release. A holder on this host whose process is gone (a killed run, rerun at once) is
-    taken over without waiting for expiry. A second run of the same job while the lease is live
-    raises :class:`LeaseHeld` (the CLI exits 1 with the holder and expiry: retry later) rather
-    than redoing the work.
+
+class Lease:
+    """One writer at a time: a lease object ``{owner, token, expires}`` in the run store.
+
+    Taken with create-if-absent (token 1), or by a compare-and-swap over an expired or
+    released lease (token + 1); renewed every ``ttl / 3`` seconds by a daemon thread while the
+    job runs, each renewal a compare-and-swap on the version this holder last wrote. A holder
+    on this host whose process is gone (a killed run, rerun at once) is taken over without
+    waiting for expiry. Release marks the object expired (keeping the token, so tokens only
+    grow). A second run of the same job while the lease is live raises :class:`LeaseHeld`;
+    a holder whose renewal or :meth:`fence` finds the lease changed raises :class:`LeaseLost`
+    naming the run that holds it now.
 
     Parameters
     ----------
     where : Location
         The lease object.
-    ttl : float
-        Seconds a lease stays valid without renewal.
+    ttl : float, optional
+        Seconds a lease stays valid without renewal (default: dask config
+        ``dr_dask.lease.ttl``, 60 s; e.g. ``DASK_DR_DASK__LEASE__TTL=30``).
+    token_floor : int
+        The largest token already used for ``where`` (recorded in the marks it fenced): a
+        lease object deleted on release starts again above it.
+    delete_on_release : bool
+        Delete the object on release (if still this run's) rather than keep it expired: for a
+        lease inside a Zarr group, whose readers would warn about a foreign object.
     """
 
-    def __init__(self, where: Location, ttl: float = 60.0):
-        self.where, self.ttl = where, float(ttl)
+    def __init__(self, where: Location, ttl: float | None = None, *, token_floor: int = 0,
+                 delete_on_release: bool = False):
+        self.where, self.token_floor = where, token_floor
+        self.delete_on_release = delete_on_release
+        self.ttl = float(ttl if ttl is not None else config.get_seconds("lease.ttl"))
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._stop: Any = None
+        self.token = 0
+        self._version: str | None = None
+        self._lost: str | None = None
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
 
-    def _record(self) -> bytes:
-        return json.dumps({"owner": self.owner, "expires": time.time() + self.ttl}).encode()
+    def _record(self, expires: float | None = None) -> bytes:
+        return json.dumps({"owner": self.owner, "token": self.token,
+                           "expires": time.time() + self.ttl if expires is None else expires}
+                          ).encode()
 
     def acquire(self) -> Lease:
-        if not self.where.create_bytes(self._record()):
-            held = self.where.read_json() or {}
+        version = None
+        for _ in range(3):  # a lease released (deleted) between our two looks: look again
+            self.token = self.token_floor + 1
+            version = self.where.swap_bytes(self._record(), None)
+            if version is not None:
+                break
+            got = self.where.read_versioned()
+            if got is None:
+                continue
+            held = _parse(got[0])
             if (held.get("owner") != self.owner and held.get("expires", 0) > time.time()
                     and not _dead_on_this_host(held.get("owner", ""))):
                 until = _dt.datetime.fromtimestamp(held["expires"], _dt.UTC)
@@ -60,35 +108,91 @@ class Lease:
                     f"another run of this job ({held.get('owner')}) holds {self.where} until "
                     f"{until:%Y-%m-%d %H:%M:%S} UTC (renewed while it runs); retry later"
                 )
-            logger.info("taking over the expired lease %s of %s", self.where, held.get("owner"))
-            self.where.write_bytes(self._record())
-            if (self.where.read_json() or {}).get("owner") != self.owner:  # lost a take-over race
-                raise LeaseHeld(
-                    f"another run took over the expired lease {self.where}; retry later"
-                )
+            if held.get("expires", 0) > 0:
+                logger.info("taking over the expired lease %s of %s", self.where,
+                            held.get("owner"))
+            self.token = max(int(held.get("token", 0)), self.token_floor) + 1
+            # over the version read: a run that renewed or took it meanwhile makes this fail
+            version = self.where.swap_bytes(self._record(), got[1])
+            break
+        if version is None:
+            raise LeaseHeld(
+                f"another run took over the lease {self.where} at the same moment; retry later"
+            )
+        self._version, self._lost = version, None
         self._stop = threading.Event()
-        threading.Thread(target=self._renew, daemon=True, name="dr-dask-lease").start()
+        threading.Thread(target=self._renew_loop, daemon=True, name="dr-dask-lease").start()
+        logger.debug("lease %s held by %s (token %d)", self.where, self.owner, self.token)
         return self
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+    def fence(self) -> int:
+        """Renew the lease if this run still holds it, and return its fencing token; else
+        raise :class:`LeaseLost`. Call before every commit (a mark, a checkpoint) and let the
+        commit carry the token."""
+        self._swap(self._record())
+        return self.token
+
+    def _swap(self, record: bytes) -> None:
+        with self._lock:
+            if self._lost is None:
+                version = self.where.swap_bytes(record, self._version)
+                if version is not None:
+                    self._version = version
+                    return
+                now = self.where.read_json() or {}
+                holder = (f"{now.get('owner')} (token {now.get('token')})" if now
+                          else "another run, which has since released it")
+                self._lost = (
+                    f"the lease {self.where} was taken over by {holder} while this run "
+                    f"({self.owner}, token {self.token}) was paused past its lifetime; this "
+                    "run stopped writing and the other run's output stands"
+                )
+                logger.error("%s", self._lost)
+            raise LeaseLost(self._lost)
+
+    def _renew_loop(self) -> None:
+        stop = self._stop
+        assert stop is not None
+        while not stop.wait(self.ttl / 3):
             try:
-                self.where.write_bytes(self._record())
+                self._swap(self._record())
+            except LeaseLost:
+                return  # the next fence raises it where the run can act on it
             except Exception:  # a blip: the next renewal (well before expiry) retries
                 logger.warning("could not renew the lease %s", self.where, exc_info=True)
 
+    def stamp(self) -> dict:
+        """What a commit mark records of its lease, after a successful fence: ``{token,
+        owner}``."""
+        return {"token": self.fence(), "owner": self.owner}
+
     def release(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-            if (self.where.read_json() or {}).get("owner") == self.owner:
-                self.where.delete()
+        """Mark the lease expired (if this run still holds it): the next run takes it at once
+        with the next token."""
+        if self._stop is None:
+            return
+        self._stop.set()
+        self._stop = None
+        with self._lock:
+            if self._lost is not None:  # another run holds it: not ours to release
+                return
+            version = self.where.swap_bytes(self._record(expires=0), self._version)
+            if version is not None and self.delete_on_release:
+                self.where.delete_if(version)
 
     def __enter__(self) -> Lease:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _parse(data: bytes) -> dict:
+    try:
+        held = json.loads(data)
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
 
 
 def _dead_on_this_host(owner: str) -> bool:

@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 import warnings
 from typing import Any, cast
 
@@ -32,16 +33,46 @@ from dr_dask.inputs import (
     check_workers_can_read,
     open_dataset,
 )
-from dr_dask.lease import Lease
+from dr_dask.lease import Lease, LeaseLost
 from dr_dask.report import plain_json
 from dr_dask.resources import timed
 from dr_dask.storage import Location, StorageError, location
 
 logger = logging.getLogger(__name__)
 
+#: The attribute that says a group is a run of this package (only such a group is resumed or
+#: overwritten).
+RUN_MARKER = "dr_dask_run"
+#: A run name: one path segment of letters, digits, ``.``, ``_`` and ``-``, starting with a
+#: letter or digit, at most 128 characters.
+NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Names a run may not take: the objects a store, a run or a job keeps beside its runs, and the
+#: arrays of a run.
+RESERVED_NAMES = frozenset({"zarr.json", "lease.json", "latest.json", "checkpoint.json",
+                            "job.json", "done", "c", "embedding", "sample", "component"})
+#: The attributes every run has carried since the first release: a group with all of them and
+#: no marker is a run written before the marker existed.
+LEGACY_RUN_ATTRS = ("params", "input", "versions", "stages", "complete")
+#: The run's lease object, kept when ``overwrite`` replaces the run it guards.
+LEASE = "lease.json"
+
+
+def check_run_name(name: str) -> str:
+    """``name`` if it is a safe run name, else an :class:`InputError` naming the rule."""
+    if not isinstance(name, str) or not NAME_RULE.fullmatch(name):
+        raise InputError(
+            f"run name {name!r} is not allowed: a run name is one path segment of letters, "
+            "digits, '.', '_' and '-', starting with a letter or digit, at most 128 characters"
+        )
+    if name in RESERVED_NAMES or name.endswith((".json", ".report")):
+        raise InputError(
+            f"run name {name!r} is reserved (it names an object or array of the store: "
+            f"{', '.join(sorted(RESERVED_NAMES))}, *.json, *.report); choose another run name"
+        )
+    return name
+
+
 def _versions() -> dict:
-
-
     return {
         "dr_dask": dr_dask.__version__,
         "dask": dask.__version__,
@@ -77,9 +108,16 @@ class RunGroup:
     identity : dict
         Input provenance and content (:attr:`InputData.identity`).
     overwrite : bool
-        Discard an existing run of this name.
+        Replace an existing run of this name (a group of this package only), once the run
+        holds its lease (:meth:`hold`).
     storage_options : dict, optional
         For the filesystem of a URL.
+
+    Raises
+    ------
+    InputError
+        An unsafe or reserved name (:func:`check_run_name`), a node of that name that is not a
+        run of this package, or a run of other parameters or input without ``overwrite``.
     """
 
     def __init__(
@@ -94,20 +132,28 @@ class RunGroup:
     ):
         self.location = location(store, storage_options)
         self.location.check()
-        self.store, self.name = self.location.url, name
-        self.created = False
-        root = self._root()
-        if name in root and overwrite:
-            self.location.child(name).delete()
-            root = self._root()
+        self.store, self.name = self.location.url, check_run_name(name)
+        self.created = self.replacing = False
+        self.lease: Lease | None = None
         params = plain_json(params)
         identity = plain_json(identity)
+        self._fresh: dict[str, Any] = {RUN_MARKER: 1, "params": params, "input": identity,
+                                       "versions": _versions(), "stages": {},
+                                       "complete": False}
+        root = self._root()
         self.group: zarr.Group
         if name in root:
             existing = root[name]
-            if not isinstance(existing, zarr.Group):
-                raise InputError(f"{self.path} is an array, not a run; choose another run name")
+            if not isinstance(existing, zarr.Group) or not _is_run(existing):
+                kind = "an array" if isinstance(existing, zarr.Array) else "a group"
+                raise InputError(
+                    f"{self.path} is {kind} that is not a run of dr_dask (it has no "
+                    f"{RUN_MARKER!r} attribute); it is left alone: choose another run name"
+                )
             self.group = existing
+            if overwrite:  # replaced only once this run holds the lease (hold)
+                self.replacing = True
+                return
             old = self.group.attrs.get("params")
             if old is not None and old != params:
                 raise InputError(
@@ -125,16 +171,62 @@ class RunGroup:
         else:
             self.created = True
             self.group = root.create_group(name)
-            self.group.attrs.update(
-                {
-                    "params": params,
-                    "input": identity,
-                    "versions": _versions(),
-                    "created": _dt.datetime.now(_dt.UTC).isoformat(),
-                    "stages": {},
-                    "complete": False,
-                }
-            )
+            self._start()
+
+    def _start(self) -> None:
+        self.group.attrs.update(
+            {**self._fresh, "created": _dt.datetime.now(_dt.UTC).isoformat()})
+
+    @property
+    def lease_location(self) -> Location:
+        """The run's lease object (:class:`dr_dask.lease.Lease`)."""
+        return self.location.child(self.name, LEASE)
+
+    def hold(self, lease: Lease) -> None:
+        """Write under ``lease`` from now on: every mark is fenced (:meth:`Lease.fence`) and
+        carries its token. A pending ``overwrite`` happens here, under the lease: the old
+        run's arrays and marks are deleted (the lease object is kept) and the group restarts.
+        """
+        self.lease = lease
+        if self.replacing:
+            lease.fence()
+            here = self.location.child(self.name)
+            for entry in here.listdir():
+                if entry != LEASE:
+                    here.child(entry).delete()
+            self.group = self._root().create_group(self.name)
+            self._start()
+            self.replacing, self.created = False, True
+            logger.info("replaced the run %s (overwrite)", self.path)
+        else:
+            self.refresh()
+
+    def _stamps(self) -> list[dict]:
+        marks = [*self._stages.values(), dict(self.group.attrs)]
+        return [m["lease"] for m in marks if isinstance(m.get("lease"), dict)]
+
+    @property
+    def last_token(self) -> int:
+        """The largest lease token the run's marks carry (0: none)."""
+        return max([int(s.get("token") or 0) for s in self._stamps()], default=0)
+
+    def _fence(self) -> dict | None:
+        """The lease's stamp ``{token, owner}`` after a successful fence (None for a run
+        written without a lease); LeaseLost, naming the run's newest writer, if it was lost."""
+        if self.lease is None:
+            return None
+        try:
+            return self.lease.stamp()
+        except LeaseLost as exc:
+            try:
+                self.refresh()
+            except Exception:  # the group is gone too: the lease's own message must do
+                raise exc from None
+            newest = max(self._stamps(), key=lambda s: int(s.get("token") or 0), default={})
+            if int(newest.get("token") or 0) > self.lease.token:
+                raise LeaseLost(f"{exc}; {self.path} was since written by {newest['owner']} "
+                                f"(token {newest['token']})") from None
+            raise
 
     def refresh(self) -> None:
         """Re-read the group's marks (another process may have written them)."""
@@ -173,16 +265,26 @@ class RunGroup:
 
     @property
     def complete(self) -> bool:
-        return bool(self.group.attrs.get("complete", False))
+        """Marked complete, and every array the completion mark vouches for is still there
+        (checked in the store, not in consolidated metadata)."""
+        if self.replacing or not self.group.attrs.get("complete", False):
+            return False
+        vouched = cast(list, self.group.attrs.get("arrays") or [])
+        missing = [a for a in vouched if not self.child(a).child("zarr.json").exists()]
+        if missing:
+            logger.warning("run %s is marked complete but its arrays %s are gone: redoing it",
+                           self.path, missing)
+        return not missing
 
     def is_done(self, stage: str) -> bool:
         return stage in self._stages
 
     def mark_done(self, stage: str, **info: Any) -> None:
         """Record ``stage`` as complete; call only after its arrays are fully written."""
+        stamp = self._fence()
         stages = dict(self._stages)
         stages[stage] = {
-            "finished": _dt.datetime.now(_dt.UTC).isoformat(),
+            "finished": _dt.datetime.now(_dt.UTC).isoformat(), "lease": stamp,
             **plain_json(info),
         }
         self.group.attrs["stages"] = stages
@@ -198,13 +300,18 @@ class RunGroup:
     def note_cache(self, name: str) -> None:
         """Record array ``name`` as a cache of this run (``drop_cache`` deletes it)."""
         if name not in self.caches:
+            self._fence()
             self.group.attrs["caches"] = [*self.caches, name]
 
-    def mark_complete(self, **summary: Any) -> None:
-        """The last writes of a run: the completion mark, then consolidated metadata of the run
-        group and of the store's root (what ``xarray.open_zarr(store, group=name)`` reads)."""
+    def mark_complete(self, arrays: tuple[str, ...] = (), **summary: Any) -> None:
+        """The last writes of a run: the completion mark (vouching for ``arrays``, the
+        results: a run missing one of them is not complete), then consolidated metadata of the
+        run group and of the store's root (what ``xarray.open_zarr(store, group=name)``
+        reads)."""
+        stamp = self._fence()
         self.group.attrs.update(
-            {"complete": True, "summary": plain_json(summary)}
+            {"complete": True, "arrays": list(arrays), "lease": stamp,
+             "summary": plain_json(summary)}
         )
         self.consolidate()
 
@@ -217,6 +324,8 @@ class RunGroup:
     def drop(self, *names: str) -> None:
         """Delete intermediate arrays (a tile cache) that the result no longer needs."""
         present = [n for n in names if n in self.group]
+        if present:
+            self._fence()
         for name in present:
             self.child(name).delete()
         if present and self.complete:
@@ -224,6 +333,7 @@ class RunGroup:
 
     def create(self, name: str, shape: tuple, dtype: Any, chunks: tuple, dims: tuple) -> zarr.Array:
         """(Re)create an array of this run; a stage rewrites its arrays from scratch."""
+        self._fence()
         return self.group.create_array(
             name, shape=shape, dtype=dtype, chunks=chunks, dimension_names=dims,
             compressors=None, fill_value=0, overwrite=True,
@@ -247,6 +357,7 @@ class RunGroup:
 def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr.Group:
     """A run group for reading (consolidated metadata when the run is complete)."""
     loc = location(store, storage_options)
+    check_run_name(name)
     try:
         return zarr.open_group(store=loc.zarr_store(read_only=True), path=name, mode="r")
     except StorageError:
@@ -298,9 +409,11 @@ def run_embedding(
     method : str
         Method label recorded in the run.
     name : str, optional
-        Run group name (default: derived from method, parameters and input).
+        Run group name (default: derived from method, parameters and input); one path
+        segment (:func:`check_run_name`).
     overwrite : bool
-        Discard an existing run of that name.
+        Replace an existing run of that name (a run of this package only, and only once this
+        run holds the lease).
     storage_options : dict, optional
         For the filesystems of ``source`` and ``out`` when they are URLs.
     drop_cache : bool
@@ -314,21 +427,23 @@ def run_embedding(
     """
     inp = source if isinstance(source, InputData) else open_dataset(source, None, storage_options)
     check_output_path(out, inp)
-    check_workers_can_read(inp, active_client(getattr(estimator, "client", None)))
+    client = active_client(getattr(estimator, "client", None))
+    check_workers_can_read(inp, client)
+    identity = inp.identify(client)  # content: hashed on the workers if the store keeps no tag
     params = run_params(estimator)
     run = RunGroup(
         out,
-        name or run_name(method, params, inp.identity),
+        name or run_name(method, params, identity),
         params={"method": method, **params},
-        identity=inp.identity,
+        identity=identity,
         overwrite=overwrite,
         storage_options=storage_options,
     )
     if run.complete:
         logger.info("run %s is already complete", run.path)
         return run
-    with Lease(run.location.child(run.name, "lease.json")):
-        run.refresh()
+    with Lease(run.lease_location, token_floor=run.last_token, delete_on_release=True) as lease:
+        run.hold(lease)
         if run.complete:  # finished by another run between our first look and the lease
             return run
         return _fit_into(estimator, inp, run, method, drop_cache)
@@ -359,7 +474,7 @@ def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
         value = getattr(estimator, attr, None)
         if value is not None:
             summary[attr.rstrip("_")] = np.asarray(value).tolist()
-    run.mark_complete(**summary)
+    run.mark_complete(arrays=("sample", "component", "embedding"), **summary)
     if drop_cache:
         run.drop(*run.caches)
     logger.info("run %s complete in %.1f s", run.path, seconds)
@@ -375,3 +490,9 @@ def check_embedding(emb: np.ndarray, where: str) -> None:
             f"{where}: the embedding is all zeros (were fill values read instead of data?); "
             "not marked complete"
         )
+
+
+def _is_run(group: zarr.Group) -> bool:
+    """Whether ``group`` is a run of this package (its marker, or a run from before the marker)."""
+    attrs = group.attrs
+    return bool(attrs.get(RUN_MARKER)) or all(key in attrs for key in LEGACY_RUN_ATTRS)

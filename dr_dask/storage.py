@@ -24,16 +24,23 @@ recorded or printed.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import io
 import json
 import logging
 import os
 import posixpath
+import threading
+import time
+import uuid
 from typing import Any
 
 import fsspec
 import numpy as np
 import zarr
+from fsspec.asyn import sync
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,10 @@ _PACKAGES = {
 #: (botocore defaults: 60 s connect timeout, several retries). Users may override them.
 _S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
                                   "retries": {"max_attempts": 3}}}
+
+
+#: ``memory://`` filesystems live in this process: one lock makes their swaps atomic.
+_MEMORY_LOCK = threading.Lock()
 
 
 class StorageError(ValueError):
@@ -193,28 +204,104 @@ class Location:
     def create_bytes(self, data: bytes) -> bool:
         """Write the object only if absent (create-if-absent); False when it already exists.
 
-        Atomic where the backend offers it: ``O_CREAT | O_EXCL`` on local disk, a conditional
-        PUT (``If-None-Match: *``) on S3. Other filesystems check, then write (a small race).
+        Atomic where the backend offers it: a hard link of a complete temporary file on local
+        disk, a conditional PUT (``If-None-Match: *``) on S3, a lock on ``memory://``. Other
+        filesystems check, then write (a small race).
+        """
+        return self.swap_bytes(data, None) is not None
+
+    def read_versioned(self) -> tuple[bytes, str] | None:
+        """The object's bytes and version (None when absent), for :meth:`swap_bytes`.
+
+        The version is the ETag on S3 (from the same GET as the bytes), else a hash of the
+        bytes; a local read holds a shared lock, so it never sees a swap half-written.
+        """
+        try:
+            if self.is_local:
+                with open(self.url, "rb") as fh:
+                    _flock(fh, fcntl.LOCK_SH)
+                    data = fh.read()
+                return data, _digest(data)
+            if self.scheme in ("s3", "s3a"):
+                bucket, key, _ = self.fs.split_path(self.path)
+                return _guard(self, sync, self.fs.loop, _s3_get, self.fs, bucket, key)
+            data = self.read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, _digest(data)
+
+    def swap_bytes(self, data: bytes, version: str | None) -> str | None:
+        """Compare-and-swap: write ``data`` only if the object is still at ``version`` (from
+        :meth:`read_versioned` or a previous swap; None: only if absent). Returns the new
+        version, or None when the object changed or appeared meanwhile (nothing written).
+
+        S3: a conditional PUT (``If-Match: <ETag>``, ``If-None-Match: *``); local disk: the
+        comparison and an in-place rewrite under an exclusive ``flock`` (creation: a hard link
+        of a complete temporary file, which fails if the name exists); ``memory://``: under a
+        process lock (the filesystem lives in this process). Other filesystems compare, then
+        write: two requests, a small race.
         """
         if self.is_local:
-            os.makedirs(os.path.dirname(self.url), exist_ok=True)
+            return _local_swap(self.url, data, version)
+        if self.scheme in ("s3", "s3a"):
+            match = {"mode": "create"} if version is None else {"IfMatch": version}
+
+            def put() -> Any:
+                try:
+                    return self.fs.pipe_file(self.path, data, **match)
+                except OSError as exc:  # 412 on If-Match, which s3fs reports as EINVAL
+                    if _precondition_failed(exc):
+                        raise FileExistsError(self.url) from None
+                    raise
+
             try:
-                fd = os.open(self.url, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+                return str(_guard(self, put)["ETag"])
+            except (FileExistsError, FileNotFoundError):
+                return None
+        with _MEMORY_LOCK if self.scheme == "memory" else contextlib.nullcontext():
+            got = self.read_versioned()
+            if (got is None) != (version is None) or (got is not None and got[1] != version):
+                return None
+            self.write_bytes(data)
+            return _digest(data)
+
+    def delete_if(self, version: str) -> bool:
+        """Delete the object only if it is still at ``version`` (compare-and-delete, as
+        :meth:`swap_bytes`); False when it changed (left alone) or is gone."""
+        if self.is_local:
+            try:
+                fh = open(self.url, "rb")
+            except FileNotFoundError:
                 return False
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+            with fh:
+                _flock(fh)
+                if _digest(fh.read()) != version:
+                    return False
+                os.unlink(self.url)
             return True
         if self.scheme in ("s3", "s3a"):
+            bucket, key, _ = self.fs.split_path(self.path)
+
+            def delete() -> None:
+                try:
+                    self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+                except OSError as exc:
+                    if _precondition_failed(exc):
+                        raise FileExistsError(self.url) from None
+                    raise
+                self.fs.invalidate_cache(self.path)
+
             try:
-                _guard(self, self.fs.pipe_file, self.path, data, mode="create")
-            except FileExistsError:
+                _guard(self, delete)
+            except (FileExistsError, FileNotFoundError):
                 return False
             return True
-        if self.exists():
-            return False
-        self.write_bytes(data)
-        return True
+        with _MEMORY_LOCK if self.scheme == "memory" else contextlib.nullcontext():
+            got = self.read_versioned()
+            if got is None or got[1] != version:
+                return False
+            self.delete()
+            return True
 
     def read_json(self, default: Any = None) -> Any:
         """The JSON object here, or ``default`` when absent or unparsable (a torn local write)."""
@@ -258,6 +345,67 @@ class Location:
         except FileNotFoundError:
             return {}
         return {k[len(base):] if k.startswith(base) else k: v for k, v in found.items()}
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _flock(fh: Any, kind: int = fcntl.LOCK_EX, timeout: float = 30.0) -> None:
+    """A lock on ``fh`` (exclusive by default); a holder keeps it for one small read and
+    write, so waiting longer means that holder is paused (SIGSTOP): give up rather than wait
+    with it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fh, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{fh.name} stayed locked for {timeout:.0f} s") from None
+            time.sleep(0.01)
+
+
+def _local_swap(path: str, data: bytes, version: str | None) -> str | None:
+    if version is None:  # create: the name appears with its whole content, or not at all
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as out:
+            out.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return None
+        finally:
+            os.unlink(tmp)
+        return _digest(data)
+    try:
+        fh = open(path, "r+b")
+    except FileNotFoundError:
+        return None
+    with fh:  # closing releases the lock
+        _flock(fh)
+        if _digest(fh.read()) != version:
+            return None
+        fh.seek(0)
+        fh.write(data)
+        fh.truncate()
+    return _digest(data)
+
+
+async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
+    """Bytes and ETag of one object from one GET (a HEAD then a GET could pair other
+    versions)."""
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+    try:
+        return await resp["Body"].read(), str(resp["ETag"])
+    finally:
+        resp["Body"].close()
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    response = getattr(exc.__cause__, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("PreconditionFailed", "412")
 
 
 def location(url: Any, storage_options: dict | None = None) -> Location:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Any
 
@@ -143,7 +143,7 @@ def check_input(
         values = _validate(estimator, values, inp.sample_ids, reset=reset,
                            dtype=dtype, ensure_min_samples=min_samples,
                            ensure_min_features=min_features)
-        return InputData(inp.data, inp.sample_ids, inp.identity, inp.location, values)
+        return replace(inp, values=values)
     values = _validate(estimator, X, None, reset=reset, dtype=dtype,
                        ensure_min_samples=min_samples, ensure_min_features=min_features)
     inp = open_dataset(values)

@@ -282,8 +282,11 @@ def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
     first = Lease(loc, ttl=30).acquire()
     with pytest.raises(LeaseHeld, match="holds .*lease.json until"):
         Lease(loc, ttl=30).acquire()
-    first.release()
-    assert not loc.exists()
+    first.release()  # marked expired, its token kept: the next run takes it at once
+    assert loc.read_json()["expires"] == 0
+    second = Lease(loc, ttl=30).acquire()
+    assert second.token == first.token + 1
+    second.release()
     killed = Lease(loc, ttl=0.5).acquire()
     killed._stop.set()  # the process dies: no renewal, no release
     time.sleep(0.8)

@@ -59,14 +59,15 @@ class App(click.Group):
             # would let it install its own handlers
             from dr_dask.cluster import ClusterLost
             from dr_dask.inputs import InputError
-            from dr_dask.lease import LeaseHeld
+            from dr_dask.lease import LeaseHeld, LeaseLost
             from dr_dask.storage import StorageError
 
             # rejected below a command that did not catch it: bad input, an unusable location
             if isinstance(exc, (InputError, StorageError)):
                 fail(str(exc))
-            # transient: another run holds the lease, or the cluster went away; a rerun resumes
-            if isinstance(exc, (LeaseHeld, ClusterLost)):
+            # transient: another run holds the lease (or took it over from this one while it
+            # was paused), or the cluster went away; a rerun resumes
+            if isinstance(exc, (LeaseHeld, LeaseLost, ClusterLost)):
                 busy(str(exc))
             # a bug: say so briefly, the traceback only when asked
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)

@@ -120,12 +120,12 @@ def run_incremental(source: str, state: str, *, variable: str | None = None,
         # before the lease: rejected rows leave nothing behind (a rare concurrent first run
         # fits twice, and the lease lets one of them write)
         model = _first_model(inp, p, client)
-    with Lease(loc.child("lease.json")):
-        return _run(array, n_rows, n_features, loc, p, client, model)
+    with Lease(StreamStore(loc).lease_location) as lease:
+        return _run(array, n_rows, n_features, loc, p, client, model, lease)
 
 
-def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: Any) -> dict:
-
+def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: Any,
+         lease: Lease) -> dict:
     store = StreamStore(loc)
     history_loc = loc.child("drift_history.json")
     history = history_loc.read_json(default=[])
@@ -141,21 +141,23 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
             logger.info("%s: no row beyond the watermark %d; nothing to do", array.url, before)
             return {**summary, **_idle(ck, before), "status": "nothing to do"}
     else:
+        lease.fence()
         loc.child("job.json").write_json({"source": array.url, "n_features": n_features})
     runner = StreamRunner(
         loc, array, model, n_s=p["n_s"], chunk_size=p["chunk_size"],
         strict_sequential=bool(p["strict"]), max_in_flight=p["max_in_flight"], client=client,
-        storage_options=loc.storage_options,
+        storage_options=loc.storage_options, lease=lease,
     )
     result = runner.run()
     ck = store.read_checkpoint()
     prev_version = history[-1]["model_version"] if history else 0
     entry = _history_entry(store, ck, before, prev_version, p["n_s"])
     if entry["rows"] or entry["refit"]:
+        entry["lease"] = lease.stamp()
         history_loc.write_json([*history, entry])  # after the checkpoint it describes
     report = None
     if p["report"]:
-
+        lease.fence()
         report = drift_report(loc, [*history, entry])
     status = "stopped" if result["stopped"] else "done"
     logger.info("incremental %s: rows %d..%d mapped, model v%d%s", status, before,

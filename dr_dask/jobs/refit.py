@@ -95,7 +95,7 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     out.check()
     est = make_method(method, n_components, n_neighbors=p["n_neighbors"],
                       seed=p["random_state"], client=client)
-    name = run_name(method, run_params(est), inp.identity)  # what run_embedding names it
+    name = run_name(method, run_params(est), inp.identify(client))  # what run_embedding names
     latest_loc = out.child("latest.json")
     previous = latest_loc.read_json()
     if previous and previous.get("run") == name:

@@ -31,6 +31,7 @@ during a refit; they are carried over to the next refit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -44,6 +45,7 @@ import numpy as np
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import active_client, gather, share
+from dr_dask.lease import Lease
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.stream.sources import Chunk, open_source
 from dr_dask.stream.store import STATUS, StreamStore
@@ -182,6 +184,10 @@ class StreamRunner:
         checkpoint, return.
     storage_options : dict, optional
         For the filesystems of ``out`` and ``source`` when they are URLs.
+    lease : Lease, optional
+        A lease of ``out`` the caller holds; by default :meth:`run` holds ``out/lease.json``
+        (one writer at a time: a second runner of the same output raises LeaseHeld, and a
+        runner that loses the lease while paused raises LeaseLost at its next write).
     """
 
     def __init__(
@@ -200,6 +206,7 @@ class StreamRunner:
         client: Any = None,
         handle_signals: bool = True,
         storage_options: dict | None = None,
+        lease: Lease | None = None,
     ):
         if n_s < 1:
             raise ValueError(f"n_s must be >= 1, got {n_s}")
@@ -218,6 +225,7 @@ class StreamRunner:
         self._stop = threading.Event()
         self._refit: _Refit | None = None
         self._refit_failures = 0
+        self.lease = lease
 
     # ------------------------------------------------------------------ lifecycle
     def request_stop(self) -> None:
@@ -257,6 +265,12 @@ class StreamRunner:
 
     def run(self) -> dict:
         """Process the stream until it ends (or a stop is requested); returns a summary."""
+        with contextlib.ExitStack() as stack:
+            self.store.lease = self.lease or stack.enter_context(
+                Lease(self.store.lease_location))
+            return self._run()
+
+    def _run(self) -> dict:
         self._setup()
         self.exec = _Executor(self.client, self.max_in_flight + 1)
         self.exec.put_model(self.model)

@@ -18,6 +18,11 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
     :mod:`dr_dask.storage`):
     anything beyond it (rows past ``n_rows``, buffer entries past ``buffer_len``, models newer
     than ``version``, quarantine records from chunk ``n_chunks`` on) is discarded on restart.
+    It carries the lease it was written under (``lease``: fencing token and owner).
+``lease.json``
+    One writer at a time (:class:`dr_dask.lease.Lease`): every write of the store is fenced
+    (:meth:`StreamStore.fence`), so a writer that paused past the lease's lifetime and lost it
+    to another writes nothing more.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from dr_dask.lease import Lease
 from dr_dask.methods.gp_isomap_io import load_gp_isomap, save_gp_isomap
 from dr_dask.storage import Location, location
 
@@ -55,17 +61,28 @@ class StreamStore:
         self.location = location(path, storage_options)
         self.path = self.location.url
         self.group = None
+        #: The lease every write is fenced by (None: a store read, or written without one).
+        self.lease: Lease | None = None
+
+    def fence(self) -> int | None:
+        """Before a write: the lease's token if this writer still holds it, else LeaseLost."""
+        return self.lease.fence() if self.lease is not None else None
 
     # ------------------------------------------------------------------ layout
     @property
     def checkpoint_path(self) -> Location:
         return self.location.child("checkpoint.json")
 
+    @property
+    def lease_location(self) -> Location:
+        return self.location.child("lease.json")
+
     def exists(self) -> bool:
         return self.checkpoint_path.exists()
 
     def create(self, n_features: int, global_dim: int) -> None:
         self.location.check()
+        self.fence()
         g = zarr.open_group(store=self.location.zarr_store(), mode="a")
         spec = {
             "embedding": ((0, global_dim), "f8", (ROW_CHUNK, global_dim), np.nan),
@@ -97,12 +114,14 @@ class StreamStore:
         return json.loads(self.checkpoint_path.read_bytes())
 
     def write_checkpoint(self, state: dict) -> None:
-        """The commit mark of everything written before it."""
+        """The commit mark of everything written before it, with the lease's stamp."""
+        state["lease"] = self.lease.stamp() if self.lease is not None else None
         self.checkpoint_path.write_json(state)
 
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
         n, b = state["n_rows"], state["buffer_len"]
+        self.fence()
         for name in ("embedding", "variance", "first_variance", "manifold", "version", "status"):
             arr = self[name]
             if arr.shape[0] != n:
@@ -126,6 +145,7 @@ class StreamStore:
         """Write rows ``start..start+m`` (growing the arrays); returns the new row count."""
         m = len(status)
         end = start + m
+        self.fence()
         # first_variance keeps the variance under the model that first saw the row (detection
         # plots); variance is overwritten when a refit re-maps the row
         for name, val in (("embedding", emb), ("variance", var), ("first_variance", var),
@@ -142,6 +162,7 @@ class StreamStore:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return
+        self.fence()
         order = np.argsort(rows)
         vals = {"embedding": np.asarray(emb)[order]}
         for name, val in (("variance", var), ("manifold", manifold), ("version", version),
@@ -154,6 +175,7 @@ class StreamStore:
 
     def append_buffer(self, start: int, points: np.ndarray, rows: np.ndarray) -> int:
         end = start + len(rows)
+        self.fence()
         for name, val in (("buffer_points", points), ("buffer_rows", rows)):
             arr = self[name]
             if arr.shape[0] < end:
@@ -173,7 +195,7 @@ class StreamStore:
 
     # ------------------------------------------------------------------ models, quarantine
     def save_model(self, version: int, model: Any, batch: np.ndarray) -> None:
-
+        self.fence()
         save_gp_isomap(model, self.location.child("models", f"v{version}"), batch)
 
     def load_model(self, version: int) -> tuple[Any, np.ndarray]:
@@ -182,6 +204,7 @@ class StreamStore:
 
     def quarantine(self, seq: int, record: dict, data: np.ndarray | None) -> None:
         qdir = self.location.child("quarantine")
+        self.fence()
         if data is not None:
             try:
                 qdir.child(f"{seq:09d}.npy").write_npy(data)

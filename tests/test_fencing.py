@@ -1,0 +1,231 @@
+"""One writer: a holder paused past its lease's lifetime (SIGSTOP) loses it to a second run, and
+when it resumes (SIGCONT) it writes nothing more and exits 1 naming the run that took over.
+
+Real processes and signals, on local disk and on S3 (moto), for ``dr-dask embed``,
+``dr-dask stream run`` and ``dr-dask job incremental``. The first run stops itself right after
+its first commit (a stage mark, a checkpoint of one chunk), so the pause falls at the same
+point every time; the lease lives 3 s (``DASK_DR_DASK__LEASE__TTL``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+import zarr
+
+from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
+from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.methods.gp_isomap_io import save_gp_isomap
+from dr_dask.runs import open_run
+from dr_dask.storage import Location
+from dr_dask.stream import StreamStore, read_output
+
+TTL = 3.0
+
+#: Run the CLI with ``CLASS.METHOD`` wrapped so that the process stops itself (SIGSTOP) right
+#: after the first call for which ``WHEN`` holds: a holder paused after its first commit.
+_PAUSING_CLI = """
+import os, signal, sys
+import {module} as m
+
+real, paused = m.{cls}.{method}, []
+
+def pausing(self, *args, **kwargs):
+    out = real(self, *args, **kwargs)
+    if not paused and ({when}):
+        paused.append(True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return out
+
+m.{cls}.{method} = pausing
+from dr_dask.cli import main
+sys.exit(main())
+"""
+
+_RUNS = dict(module="dr_dask.runs", cls="RunGroup", method="mark_done", when="True")
+_STREAM = dict(module="dr_dask.stream.store", cls="StreamStore", method="write_checkpoint",
+               when="args[0]['n_chunks'] >= 1")
+
+
+def _cli(*args: str, pause: dict | None = None) -> subprocess.Popen:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
+               DASK_DR_DASK__LEASE__TTL=str(TTL))
+    code = (_PAUSING_CLI.format(**pause) if pause else
+            "import sys; from dr_dask.cli import main; sys.exit(main())")
+    return subprocess.Popen([sys.executable, "-c", code, "--scheduler", "threads", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _snapshot(where: Location) -> dict[str, bytes]:
+    """Every object under ``where`` and its bytes."""
+    return {key: where.child(key).read_bytes() for key in sorted(where.find())}
+
+
+def _take_over(args: tuple[str, ...], pause: dict, out: Location) -> tuple[dict, str]:
+    """Run A until it pauses after its first commit, let its lease lapse, run B to the end,
+    then wake A: A must exit 1 naming B and leave the output exactly as B left it. Returns
+    B's output (a snapshot) and A's stderr."""
+    zombie = _cli(*args, pause=pause)
+    try:
+        t0 = time.time()
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_STOPPED:
+            assert zombie.poll() is None, zombie.communicate()[1].decode()[-2000:]
+            assert time.time() - t0 < 120, "the first run never reached its first commit"
+            time.sleep(0.02)
+        time.sleep(TTL + 1.0)  # the paused holder's lease lapses
+        taker = _cli(*args)
+        _, err = taker.communicate(timeout=300)
+        assert taker.returncode == 0, err.decode()[-3000:]
+        after_taker = _snapshot(out)
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+    _, zerr = zombie.communicate(timeout=300)
+    message = zerr.decode()
+    assert zombie.returncode == 1, message[-3000:]
+    assert "taken over" in message and f":{taker.pid}:" in message, message[-3000:]
+    assert "Traceback" not in message
+    # the zombie wrote nothing after it woke: the output is exactly the taker's
+    assert _snapshot(out) == after_taker
+    return after_taker, message
+
+
+def _where(kind: str, tmp_path, bucket: str | None, name: str) -> Location:
+    return (Location(str(tmp_path / name)) if kind == "local"
+            else Location(f"s3://{bucket}/{name}"))
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+def place(request, tmp_path):
+    """(kind, bucket): local disk, or a fresh bucket of the moto server."""
+    if request.param == "local":
+        return "local", None
+    return "s3", request.getfixturevalue("s3_bucket")
+
+
+# ------------------------------------------------------------------------------------- embed
+def test_embed_zombie_cannot_publish(place, tmp_path):
+    kind, bucket = place
+    rng = np.random.default_rng(1)
+    X = np.tanh(rng.normal(size=(240, 2)) @ rng.normal(size=(2, 12)))
+    X += 0.05 * rng.normal(size=X.shape)
+    src = _where(kind, tmp_path, bucket, "in.zarr")
+    zarr.open_group(store=src.zarr_store(), mode="w").create_array("X", data=X, chunks=(80, 12))
+    out = _where(kind, tmp_path, bucket, "out.zarr")
+    args = ("embed", "ikd", "-n", "2", "--tile-cache", "disk", "--tile-size", "96", "--name",
+            "r", "--input", f"{src.url}:X", "--out", out.url)
+    _, message = _take_over(args, _RUNS, out)
+    run = open_run(out.url, "r")
+    assert run.attrs["complete"] and np.isfinite(np.asarray(run["embedding"][...])).all()
+    # the first stage was committed by the paused holder before it lost the lease; the rest,
+    # and the completion, by the run that took over, under the next token
+    stages = run.attrs["stages"]
+    assert stages["distance"]["lease"]["token"] == 1
+    assert stages["eigen"]["lease"]["token"] == run.attrs["lease"]["token"] == 2
+    assert run.attrs["lease"]["owner"] in message
+    assert not out.child("r", "lease.json").exists()  # released by the taker
+
+
+# ------------------------------------------------------------------------------------ stream
+@pytest.fixture(scope="module")
+def stream_scenario(tmp_path_factory):
+    """A shift scenario of 12 chunks of 20 rows, and its model saved as a file."""
+    sc = shift_scenario(60, random_state=3)
+    root = tmp_path_factory.mktemp("fencing_stream")
+    write_scenario(sc, str(root), kind="npy-dir", chunk_size=20)
+    model = str(root / "model.zarr")
+    save_gp_isomap(GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch), model)
+    return str(root / "stream"), model, len(sc.stream)
+
+
+def test_stream_zombie_cannot_publish(place, tmp_path, stream_scenario):
+    kind, bucket = place
+    source_dir, model, n = stream_scenario
+    source = _where(kind, tmp_path, bucket, "stream")
+    if kind == "s3":
+        for name in sorted(os.listdir(source_dir)):
+            with open(os.path.join(source_dir, name), "rb") as fh:
+                source.child(name).write_bytes(fh.read())
+    out = _where(kind, tmp_path, bucket, "out")
+    args = ("stream", "run", source_dir if kind == "local" else source.url, "--out", out.url,
+            "--model", model, "--n-s", "100000", "--max-in-flight", "1")
+    _take_over(args, _STREAM, out)
+    o = read_output(out.url)
+    assert o["checkpoint"]["n_rows"] == n == len(o["status"])  # every row, once
+    assert o["checkpoint"]["lease"]["token"] == 2
+    assert np.isfinite(o["embedding"]).all()
+
+
+# ------------------------------------------------------------------------------- incremental
+def test_incremental_job_zombie_cannot_publish(place, tmp_path):
+    kind, bucket = place
+    sc = shift_scenario(60, random_state=3)
+    X = np.vstack([sc.batch, sc.stream])[:420]
+    src = _where(kind, tmp_path, bucket, "land.zarr")
+    zarr.open_group(store=src.zarr_store(), mode="w").create_array("X", data=X, chunks=(30, 3))
+    state = _where(kind, tmp_path, bucket, "state")
+    args = ("job", "incremental", f"{src.url}:X", "--state", state.url, "--n-batch", "180",
+            "--n-s", "100000", "--chunk-size", "30", "--max-in-flight", "1", "--no-report")
+    _take_over(args, _STREAM, state)
+    ck = StreamStore(state).read_checkpoint()
+    assert ck["n_rows"] == len(X) and ck["lease"]["token"] == 2
+    (entry,) = state.child("drift_history.json").read_json()  # one entry: the taker's
+    assert entry["watermark_after"] == len(X) and entry["lease"]["token"] == 2
+
+
+# ------------------------------------------------------------------------- the lease itself
+@pytest.fixture(params=["local", "memory", "s3"])
+def lease_at(request, tmp_path):
+    if request.param == "local":
+        yield Location(str(tmp_path / "run" / "lease.json"))
+    elif request.param == "memory":
+        loc = Location(f"memory://fencing-{os.getpid()}-{time.time_ns()}/lease.json")
+        yield loc
+        loc.delete()
+    else:
+        yield Location(f"s3://{request.getfixturevalue('s3_bucket')}/run/lease.json")
+
+
+def test_a_paused_holder_is_fenced_off(lease_at):
+    from dr_dask.lease import Lease, LeaseLost
+
+    paused = Lease(lease_at, ttl=0.5).acquire()
+    paused._stop.set()  # its renewals stop, as in a paused process
+    time.sleep(0.8)
+    taker = Lease(lease_at, ttl=30).acquire()
+    assert taker.token == paused.token + 1
+    with pytest.raises(LeaseLost, match=taker.owner):
+        paused.fence()
+    with pytest.raises(LeaseLost):  # and for good
+        paused.fence()
+    paused.release()  # not its lease any more: left alone
+    assert lease_at.read_json()["owner"] == taker.owner
+    assert taker.fence() == taker.token
+    taker.release()
+
+
+def test_one_of_many_simultaneous_takers_wins(lease_at):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dr_dask.lease import Lease, LeaseHeld
+
+    expired = Lease(lease_at, ttl=0.3).acquire()
+    expired._stop.set()
+    time.sleep(0.5)
+
+    def take(_):
+        try:
+            return Lease(lease_at, ttl=30).acquire()
+        except LeaseHeld:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        won = [lease for lease in pool.map(take, range(8)) if lease is not None]
+    assert len(won) == 1 and lease_at.read_json()["owner"] == won[0].owner
+    won[0].release()
