@@ -55,6 +55,24 @@ def test_few_probes_are_approximate_and_warned(small_lists):
     assert exact.knn_recall_ == 1.0
 
 
+def test_auto_never_settles_for_a_poor_approximate_graph(small_lists, dr_config):
+    """knn="auto" tries IVF above dr_dask.knn.ivf-min-rows and searches exactly when the
+    estimated recall is below 0.9: the default loses no quality and warns about none."""
+    import warnings
+
+    from dr_dask.methods.isomap import LandmarkIsomap
+
+    dr_config({"knn.ivf-min-rows": 1000})
+    X = noisy_curve(2000, 30, seed=1)
+    kw = dict(n_neighbors=10, n_components=1, n_landmarks=50, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LowRecallWarning)
+        auto = LandmarkIsomap(knn="auto", n_probe=1, **kw).fit(X)
+    exact = LandmarkIsomap(knn="exact", **kw).fit(X)
+    assert auto.knn_recall_ == 1.0
+    np.testing.assert_allclose(auto.embedding_, exact.embedding_)
+
+
 def test_knn_modes():
     assert knn_algorithm("ivf", 100, 3) == "ivf"
     assert knn_algorithm("exact", 10**7, 100) == "auto"

@@ -41,12 +41,9 @@ ZERO_EDGE = np.finfo(np.float64).tiny
 ALGORITHMS = ("auto", "exact", "cells", "ivf")
 #: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
 #: picks), ``"ivf"`` (the partitioned approximate search) or ``"auto"`` (IVF from
-#: ``IVF_MIN_ROWS`` rows above ``dr_dask.knn.kd-tree-max-dim`` features, else exact).
+#: ``dr_dask.knn.ivf-min-rows`` rows above ``dr_dask.knn.kd-tree-max-dim`` features, kept only
+#: when its estimated recall reaches ``RECALL_WARN``, else the exact search).
 KNN_MODES = ("auto", "exact", "ivf")
-#: ``knn="auto"`` uses the IVF search from this many rows: on the noisy sinusoid (N=100, k=10)
-#: it took 6.2 s against the exact cell search's 13.3 s at T=10^5 (docs/scaling.md, "The
-#: partitioned neighbour search"). A constant, not a tuning knob: it changes results.
-IVF_MIN_ROWS = 100_000
 #: The ``knn`` and ``n_probe`` parameters of every estimator that builds a neighbour graph
 #: (merged into its ``_parameter_constraints``).
 KNN_CONSTRAINTS: dict = {"knn": [Options(set(KNN_MODES))], "n_probe": [positive(Integral), None]}
@@ -308,7 +305,7 @@ def knn_algorithm(knn: str, n_rows: int, n_features: int) -> str:
     """The :func:`kneighbors` algorithm of an estimator's ``knn`` mode (see ``KNN_MODES``)."""
     if knn not in KNN_MODES:
         raise ValueError(f"knn must be one of {KNN_MODES}, got {knn!r}")
-    if knn == "ivf" or (knn == "auto" and n_rows >= IVF_MIN_ROWS
+    if knn == "ivf" or (knn == "auto" and n_rows >= config.get("knn.ivf-min-rows")
                         and n_features > config.get("knn.kd-tree-max-dim")):
         return "ivf"
     return "auto"
@@ -360,7 +357,10 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
     recall : float
         1.0 for the exact searches; for the IVF search the recall estimated on
         ``RECALL_ROWS`` seeded rows (:func:`estimate_recall`), with a
-        :class:`~dr_dask.graph.LowRecallWarning` below ``RECALL_WARN``.
+        :class:`~dr_dask.graph.LowRecallWarning` below ``RECALL_WARN``. ``knn="auto"`` never
+        settles for less: below ``RECALL_WARN`` it searches again exactly (where noise in every
+        feature, not the manifold, decides who is a neighbour, a partitioned search cannot find
+        them cheaply, and the default must not lose quality silently).
     """
     from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
@@ -373,6 +373,12 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
         return dist, idx, 1.0
     recall = estimate_recall(X, idx, random_state=seed, client=client)
     logger.info("IVF kNN: estimated recall %.3f on %d rows", recall, RECALL_ROWS)
+    if knn == "auto" and recall < RECALL_WARN:
+        logger.warning("knn='auto': the IVF search's estimated recall %.3f is below %s; "
+                       "searching exactly instead (knn='ivf' keeps the approximate graph)",
+                       recall, RECALL_WARN)
+        dist, idx = kneighbors(X, n_neighbors, client=client, algorithm="auto")
+        return dist, idx, 1.0
     check_recall(recall, "kNN")
     return dist, idx, recall
 
