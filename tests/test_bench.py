@@ -134,6 +134,31 @@ def test_bench_geodesic_fresh_process_trees(tmp_path):
     assert r["geodesic_ikd"]["r2_vs_latent"] > 0.8
 
 
+@pytest.mark.cluster
+def test_bench_geodesic_as_user(tmp_path):
+    """--as-user times the user's calls, each in a fresh process, with no client and on a
+    LocalCluster, against scikit-learn in the same run; the results are the methods' own."""
+    from dr_dask.bench.geodesic import AS_USER_PATHS
+
+    r = bench("geodesic", "--as-user", "--T", "600", "--repeats", "1", "--workdir",
+              str(tmp_path))
+    assert r["mode"] == "as_user" and r["T"] == 600 and r["workers"] == 1
+    assert finite_positive(r["sklearn_isomap"]["seconds_median"])
+    for method in ("isomap", "geodesic_ikd"):
+        assert set(r[method]) == set(AS_USER_PATHS)
+        for path, row in r[method].items():
+            assert finite_positive(row["seconds_median"], row["ratio_to_sklearn"],
+                                   row["peak_rss_gb_process_tree"]), (method, path)
+            assert len(row["seconds"]) == 1 and isinstance(row["meets_target"], bool)
+            assert set(row["stage_seconds"]) >= {"graph", "shortest_paths", "eigen"}
+            assert ("cluster_start_seconds_median" in row) == (path == "local_cluster")
+            if method == "isomap":
+                # scikit-learn's Isomap on the same graph: the same embedding up to a rigid map
+                assert row["disparity_vs_sklearn"] < 1e-8, path
+            else:
+                assert row["r2_vs_latent"] > 0.8, path
+
+
 def test_bench_dijkstra(tmp_path):
     r = bench("dijkstra", "--max-T", "2000", "--workdir", str(tmp_path))
     (row,) = r["rows"]
@@ -147,6 +172,7 @@ def test_bench_dijkstra(tmp_path):
     (["--scheduler", "tcp://127.0.0.1:1", "bench", "geodesic", "--T", "600"],
      "size it with --workers, not --scheduler"),
     (["bench", "dijkstra", "--max-T", "10"], "--max-T"),
+    (["bench", "geodesic", "--as-user", "--full-T", "600"], "--full-T and --skip-sklearn"),
 ])
 def test_bench_bad_options_are_refused(args, message):
     res = CliRunner().invoke(main, args)

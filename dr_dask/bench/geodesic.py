@@ -16,6 +16,14 @@ process that starts its own LocalCluster (``n_workers`` processes, sized as ``dr
 kernels by an untimed fit of 600 rows, then runs the timed fits. Its peak is that process and
 its workers, and nothing an earlier method left behind; scikit-learn's is its own process.
 The data are read into memory before the clock starts: the methods are timed, not the reads.
+
+``--as-user`` (:func:`run_as_user`) times instead exactly the calls a user makes, with no
+warm-up: ``dr_dask.Isomap(n_neighbors=5, n_components=1).fit_transform(X)`` and
+``dr_dask.IKD(n_components=1, solver="geodesic", n_neighbors=5).fit_transform(X)`` with a NumPy
+``X`` in memory, each call in a fresh process, once with no client (dask's threads, as in a
+notebook) and once beside a LocalCluster of ``n_workers`` processes started in that process
+(its start is not timed, its workers' first tasks are). scikit-learn's ``Isomap`` runs the
+same way in each repeat, so every ratio compares runs under the same load.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any
 
 from dr_dask.bench._common import dataset_arrays, timed_fits
 from dr_dask.bench.isomap import _sklearn_in_child
-from dr_dask.resources import tree_rss
+from dr_dask.resources import PeakRSS, timed, tree_rss
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +46,11 @@ TARGETS = {
     "full_ikd_seconds_at_10000": 5.0,
     "full_ikd_peak_rss_gb_at_20000": 2.0,
 }
+
+#: Targets of ``--as-user``: each call's time as a ratio to scikit-learn's, on either path.
+AS_USER_TARGETS = {"isomap": 0.4, "geodesic_ikd": 0.5}
+#: The two paths of ``--as-user``: no client (dask's threads), and a LocalCluster.
+AS_USER_PATHS = ("threads", "local_cluster")
 
 
 def _estimator(method: str, n_neighbors: int, client: Any) -> Any:
@@ -82,12 +95,17 @@ def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: 
             "stage_seconds": est.timings_, "embedding": est.embedding_}
 
 
-def _fits_in_fresh_tree(method: str, T: int, **kwargs: Any) -> dict:
+def _in_fresh_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a spawned process of its own (its imports, its caches)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
-        row = ex.submit(_fits, method, T, **kwargs).result()
+        return ex.submit(fn, *args, **kwargs).result()
+
+
+def _fits_in_fresh_tree(method: str, T: int, **kwargs: Any) -> dict:
+    row = _in_fresh_process(_fits, method, T, **kwargs)
     logger.info("%s at T=%d: %.1f s, %.2f GB", method, T, row["seconds_median"],
                 row["peak_rss_gb_process_tree"])
     return row
@@ -152,5 +170,120 @@ def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, 
     for size in full_sizes or (T, 2 * T):
         row = out[f"full_ikd_T{size}"] = _fits_in_fresh_tree("full_ikd", size, **kwargs)
         row.pop("embedding")
+    out["load_average_after"] = os.getloadavg()
+    return out
+
+
+def _as_user_call(method: str, path: str, T: int, N: int, n_neighbors: int, n_workers: int,
+                  workdir: str) -> dict:
+    """One user's call in the fresh process this runs in (see the module): the estimator
+    exactly as a user builds it (no client, no seed), ``fit_transform`` on the NumPy rows."""
+    import contextlib
+
+    from dr_dask.metrics import r2_affine
+
+    X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
+    row: dict[str, Any] = {}
+    with timed(row, "import_seconds"):  # what the first ``dr_dask.Isomap`` attribute loads
+        import dr_dask
+
+        make = dr_dask.Isomap if method == "isomap" else dr_dask.IKD
+    with contextlib.ExitStack() as stack:
+        if path == "local_cluster":
+            from distributed import Client, LocalCluster
+
+            from dr_dask.cluster import local_cluster_kwargs
+
+            with timed(row, "cluster_start_seconds"):
+                cluster = stack.enter_context(LocalCluster(**local_cluster_kwargs(n_workers)))
+                stack.enter_context(Client(cluster))  # the default client: no client= given
+        if method == "isomap":
+            est = make(n_neighbors=n_neighbors, n_components=1)
+        else:
+            est = make(n_components=1, solver="geodesic", n_neighbors=n_neighbors)
+        with PeakRSS() as mem, timed(row, "seconds"):
+            Y = est.fit_transform(X)
+        row["peak_rss_gb_process_tree"] = mem.peak_gb
+    row.update(stage_seconds=est.timings_, r2_vs_latent=r2_affine(latent, Y), embedding=Y)
+    return row
+
+
+def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbors: int = 5,
+                repeats: int = 3, workdir: str | None = None) -> dict:
+    """The user's calls of Isomap and geodesic IKD, no client and on a LocalCluster, against
+    scikit-learn's Isomap, each repeat of each in a fresh process (see the module).
+
+    Repeats are interleaved (scikit-learn, then every call, then again), so a change of load
+    on a shared machine falls on all of them alike.
+
+    Parameters
+    ----------
+    n_workers : int
+        Worker processes of the LocalCluster path.
+    T, N : int
+        Rows and features of the sinusoid.
+    n_neighbors : int
+        k of every method's graph.
+    repeats : int
+        Fresh-process calls per method and path (the median is reported).
+    workdir : str, optional
+        Where the generated data are kept (default a temporary directory).
+
+    Returns
+    -------
+    dict
+        ``sklearn_isomap`` and, per method and path, the median seconds, every repeat's,
+        the ratio to scikit-learn's median and its target, peak RSS of the process tree,
+        the last call's stage seconds and its R^2 to the latent (Isomap: its Procrustes
+        disparity to scikit-learn's embedding); the settings and the load averages.
+    """
+    import statistics
+    import tempfile
+
+    from dr_dask.bench.isomap import _sklearn_isomap
+    from dr_dask.linalg.align import procrustes_disparity
+    from dr_dask.metrics import r2_affine
+
+    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_as_user_")
+    X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
+    out: dict[str, Any] = {
+        "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats, "workers": n_workers,
+        "mode": "as_user", "load_average_before": os.getloadavg(),
+        "targets": {f"{m}_vs_sklearn": r for m, r in AS_USER_TARGETS.items()},
+    }
+    sk_times: list[float] = []
+    sk_peak, sk_emb = 0.0, None
+    runs: dict[tuple[str, str], list[dict]] = {
+        (m, p): [] for m in AS_USER_TARGETS for p in AS_USER_PATHS}
+    for rep in range(repeats):
+        sk_emb, seconds, peak = _in_fresh_process(_sklearn_isomap, X, n_neighbors, 1)
+        sk_times.append(seconds)
+        sk_peak = max(sk_peak, peak)
+        for (method, path), rows in runs.items():
+            rows.append(_in_fresh_process(_as_user_call, method, path, T, N, n_neighbors,
+                                          n_workers, workdir))
+            logger.info("as user, %s (%s) repeat %d: %.1f s", method, path, rep + 1,
+                        rows[-1]["seconds"])
+    sk = statistics.median(sk_times)
+    out["sklearn_isomap"] = {"seconds_median": sk, "seconds": sk_times,
+                             "peak_rss_gb_process_tree": sk_peak,
+                             "r2_vs_latent": r2_affine(latent, sk_emb)}
+    for (method, path), rows in runs.items():
+        last = rows[-1]
+        seconds = statistics.median(r["seconds"] for r in rows)
+        row = {
+            "seconds_median": seconds, "seconds": [r["seconds"] for r in rows],
+            "ratio_to_sklearn": seconds / sk, "target_ratio": AS_USER_TARGETS[method],
+            "peak_rss_gb_process_tree": max(r["peak_rss_gb_process_tree"] for r in rows),
+            "import_seconds_median": statistics.median(r["import_seconds"] for r in rows),
+            "stage_seconds": last["stage_seconds"], "r2_vs_latent": last["r2_vs_latent"],
+        }
+        row["meets_target"] = row["ratio_to_sklearn"] <= row["target_ratio"]
+        if path == "local_cluster":
+            row["cluster_start_seconds_median"] = statistics.median(
+                r["cluster_start_seconds"] for r in rows)
+        if method == "isomap":
+            row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, last["embedding"])
+        out.setdefault(method, {})[path] = row
     out["load_average_after"] = os.getloadavg()
     return out

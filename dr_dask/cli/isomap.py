@@ -116,9 +116,14 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
               help="Sizes of the full-IKD rows (default: T and 2T).")
 @click.option("--skip-sklearn", is_flag=True, help="Leave out the scikit-learn baseline.")
 @click.option("--workdir", default=None, help="Where the data go (default: a temp dir).")
+@click.option("--as-user", "as_user", is_flag=True,
+              help="Time exactly a user's calls instead: Isomap and geodesic IKD "
+                   "fit_transform on a NumPy array, each in a fresh process, with no client "
+                   "(dask's threads) and on a LocalCluster of --workers processes, against "
+                   "scikit-learn's Isomap (--full-T and --skip-sklearn do not apply).")
 @click.option("--json", "json_path", default=None, help="Also write the results here.")
 @click.pass_context
-def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, workdir, json_path):
+def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json_path):
     """scikit-learn's Isomap, our Isomap and geodesic IKD on the same sinusoid (k=5), with
     time ratios to scikit-learn and peak RSS of the process tree; full IKD at T and 2T.
 
@@ -126,7 +131,7 @@ def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, workdir, json_path):
     processes, or dask's threads with --scheduler threads): it measures this machine, so it
     joins no other scheduler."""
     from dr_dask.bench._common import write_report
-    from dr_dask.bench.geodesic import run_geodesic
+    from dr_dask.bench.geodesic import run_as_user, run_geodesic
     from dr_dask.cluster import local_cluster_kwargs
 
     obj = ctx.find_root().obj or {}
@@ -135,6 +140,13 @@ def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, workdir, json_path):
         fail("bench geodesic starts a LocalCluster per method (it measures this machine's "
              "process trees): size it with --workers, not --scheduler")
     n_workers = obj.get("workers") or local_cluster_kwargs()["n_workers"]
+    if as_user:
+        if full_T or skip_sklearn:
+            fail("--as-user times the user's calls against scikit-learn: --full-T and "
+                 "--skip-sklearn do not apply")
+        click.echo(write_report(run_as_user(n_workers, T=T, repeats=repeats, workdir=workdir),
+                                json_path))
+        return
     results = run_geodesic(n_workers, threads=threads, T=T, repeats=repeats,
                            full_sizes=tuple(full_T) or None, skip_sklearn=skip_sklearn,
                            workdir=workdir)

@@ -27,7 +27,7 @@ from distributed import Future
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask import config
-from dr_dask.cluster import active_client, gather, share, wait_for
+from dr_dask.cluster import active_client, gather, map_local, share, wait_for
 from dr_dask.linalg.tiles import strip_tiles
 from dr_dask.storage import Location, location
 
@@ -340,6 +340,7 @@ class GeodesicRows:
         self.blocks = blocks
         self.client = client
         self.store = store
+        self._whole: np.ndarray | None = None  # the blocks' one array, when they are its views
 
     @classmethod
     def compute(
@@ -403,8 +404,18 @@ class GeodesicRows:
         tasks = [(_rows, sources[s:e], square, dtype) if store is None else
                  (_rows_to_store, sources[s:e], square, dtype, store, s)
                  for s, e in itertools.pairwise(bounds)]
+        if client is None and store is None:
+            # dask's threads (Dijkstra releases the GIL), each block written in place into one
+            # array: gather(release=True) hands it over without a second T x S copy
+            whole = np.empty((len(sources), T), dtype=dtype)
+            map_local(lambda se: _rows(graph, sources[se[0]:se[1]], square, dtype,
+                                       out=whole[se[0]:se[1]]), list(itertools.pairwise(bounds)))
+            rows = cls((len(sources), T), bounds,
+                       [whole[s:e] for s, e in itertools.pairwise(bounds)], None, None, dtype)
+            rows._whole = whole
+            return rows
         if client is None:
-            blocks = [fn(graph, *args) for fn, *args in tasks]
+            blocks = map_local(lambda t: t[0](graph, *t[1:]), tasks)
         else:
             g = (StoredGraph.write(graph, graph_store) if graph_store is not None
                  else share(graph, client))
@@ -460,6 +471,10 @@ class GeodesicRows:
         with ``compute(wait=False)`` the copies overlap the later blocks' Dijkstra);
         ``release`` drops each block once copied (the workers never hold all rows).
         """
+        if release and self._whole is not None and self._whole.dtype == np.dtype(
+                dtype or self.dtype):
+            out, self._whole, self.blocks = self._whole, None, []
+            return out
         out = np.empty(self.shape, dtype=dtype or self.dtype)
         for n, (s, e) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
             b = self.blocks[n]
@@ -474,6 +489,7 @@ class GeodesicRows:
     def release(self) -> None:
         """Drop the blocks (frees worker memory when they are futures)."""
         self.blocks = []
+        self._whole = None
 
 
 def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: bool,

@@ -22,7 +22,7 @@ import numpy as np
 import zarr
 
 from dr_dask import config
-from dr_dask.cluster import active_client, compute, gather, share
+from dr_dask.cluster import active_client, compute, gather, local_threads, map_local, share
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -455,7 +455,7 @@ def strip_grid(T: int, client: Any = None, max_block: int | None = None) -> Any:
     threads balance the workers (3 strips on 2 workers leave one idle for a third of the
     stage), and few strips keep the product passes cheap (each is one task per tile)."""
     client = active_client(client)
-    threads = sum(client.nthreads().values()) if client is not None else 1
+    threads = sum(client.nthreads().values()) if client is not None else local_threads()
     most = int(config.get("tiles.strip-max-rows"))
     rows = min(max_block or most, most)
     n = threads * max(2, -(-T // (threads * rows)))
@@ -510,8 +510,8 @@ def strip_tiles(strip_fn: Callable, shared: Any, grid: TileGrid, args: tuple, *,
         if len(todo) < grid.n_blocks:
             logger.info("resuming: %d of %d strips already written", grid.n_blocks - len(todo),
                         grid.n_blocks)
-        if client is None:
-            parts = [_strip_to_store(strip_fn, g, grid, i, args, store) for i in todo]
+        if client is None:  # dask's threads (strip_fn releases the GIL: compiled Dijkstra)
+            parts = map_local(lambda i: _strip_to_store(strip_fn, g, grid, i, args, store), todo)
         else:
             parts = gather([client.submit(_strip_to_store, strip_fn, g, grid, i, args, store,
                                           pure=False) for i in todo], client)
@@ -520,8 +520,8 @@ def strip_tiles(strip_fn: Callable, shared: Any, grid: TileGrid, args: tuple, *,
         return (TiledSymmetric(grid, stored_tiles(store, grid), client, precision),
                 [stats[ij] for ij in grid.upper()])
     if client is None:
-        for i in range(grid.n_blocks):
-            strip, st = strip_fn(g, bounds, i, *args)
+        strips = map_local(lambda i: strip_fn(g, bounds, i, *args), range(grid.n_blocks))
+        for i, (strip, st) in enumerate(strips):
             for j, s in zip(range(i, grid.n_blocks), st):
                 tiles[(i, j)] = _strip_tile((strip, None), bounds[j] - bounds[i],
                                             bounds[j + 1] - bounds[i])
