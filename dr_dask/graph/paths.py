@@ -27,6 +27,7 @@ from distributed import Future
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask import config
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import active_client, gather, map_local, share, wait_for
 from dr_dask.linalg.tiles import strip_tiles
 from dr_dask.storage import Location, location
@@ -436,7 +437,11 @@ class GeodesicRows:
         """Futures (or, without a client, values) of ``func(block, start, *args)`` per block."""
         spans = self.bounds[:-1]
         if self.client is None:
-            return [_apply(b, func, s, args) for b, s in zip(self.blocks, spans)]
+            # dask's threads, one BLAS thread each (see dr_dask.blas): products over row blocks
+            # in memory are bound by memory traffic, which BLAS's own threads do not add to
+            with single_blas_thread():
+                return map_local(lambda bs: _apply(bs[0], func, bs[1], args),
+                                 list(zip(self.blocks, spans)))
         shared = tuple(share(a, self.client) if isinstance(a, np.ndarray) and a.nbytes > 1 << 20
                        else a for a in args)
         return [self.client.submit(_apply, b, func, s, shared, pure=False)

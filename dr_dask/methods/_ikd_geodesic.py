@@ -52,6 +52,7 @@ import scipy.sparse as sp
 import zarr
 from scipy.sparse.csgraph import connected_components
 
+from dr_dask.blas import single_blas_thread
 from dr_dask.checkpoint import Checkpoint, scratch
 from dr_dask.cluster import active_client, compute
 from dr_dask.graph import (
@@ -285,6 +286,10 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
     return D, stats, d_ref_row
 
 
+# one BLAS thread in this process for the whole fit (see dr_dask.blas): its BLAS calls (the
+# cell search's principal axes, the eigensolver's) run beside dask's threads or a LocalCluster's
+# workers on the same cores, where BLAS's own threads only contend
+@single_blas_thread()
 def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResult:
     """Geodesic IKD of ``inp``: graph, path lengths, distance tiles, eigenpairs of g(D)."""
     client = active_client(cfg.client)

@@ -40,6 +40,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from dr_dask import config
+from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph import (
     GeodesicRows,
@@ -377,6 +378,10 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                              f"{dist_max}: use 'lanczos'")
         return run_stage("isomap", lambda: self._fit(X, d, solver))
 
+    # one BLAS thread in this process for the whole fit (see dr_dask.blas): its BLAS calls (the
+    # cell search's principal axes, the products over D2's row blocks on dask's threads, the
+    # eigensolver's) run beside dask's threads or a LocalCluster's workers on the same cores
+    @single_blas_thread()
     def _fit(self, X: np.ndarray, d: int, solver: str) -> Isomap:
         T = X.shape[0]
         client = active_client(self.client)
@@ -399,7 +404,10 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                 # kept anyway for dist_matrix_: products on it here cost no round trips
                 D2 = rows.gather(np.float64, release=True)
                 sq_mean = D2.mean(axis=1)
-                rows = GeodesicRows((T, T), [0, T], [D2], None, store, D2.dtype)
+                # row blocks of D2 (views): the products run on this process's threads
+                rows = GeodesicRows((T, T), rows.bounds,
+                                    [D2[s:e] for s, e in zip(rows.bounds, rows.bounds[1:])],
+                                    None, store, D2.dtype)
             else:
                 sq_mean = np.concatenate(rows.map(_block_row_means))
             op: Any = _SquaredGeodesics(rows, D2)
