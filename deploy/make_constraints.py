@@ -18,7 +18,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 #: The extras deploy/Dockerfile installs.
-EXTRAS = ("netcdf", "kubernetes", "s3")
+IMAGE_EXTRAS = ("netcdf", "kubernetes", "s3", "dashboard")
+#: The extras pinned: the image's, and deploy/hpc's (``pip install -c constraints.txt
+#: "dr-dask[hpc,s3]"`` on a cluster's login node).
+EXTRAS = (*IMAGE_EXTRAS, "hpc")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -36,6 +36,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
+from importlib.resources import files
 from string import Template
 from typing import Any
 
@@ -316,25 +317,71 @@ def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
     )
 
 
+def shipped() -> dict[str, Any]:
+    """The workflows shipped inside the package (``dr_dask/workflows/*.toml``), by name: what
+    ``dr-dask run NAME`` runs from an installed wheel or image."""
+    folder = files("dr_dask") / "workflows"
+    return {entry.name.removesuffix(".toml"): entry for entry in folder.iterdir()
+            if entry.name.endswith(".toml")}
+
+
+def _read(path: str, storage_options: dict | None) -> tuple[bytes, str]:
+    """The bytes of the workflow ``path`` (a file, URL or shipped name) and how to name it."""
+    is_name = "/" not in path and "://" not in path and not path.endswith(".toml")
+    if is_name and not os.path.exists(path):
+        found = shipped()
+        if path not in found:
+            raise WorkflowError(f"cannot read {path}: no such file, and no shipped workflow of "
+                                f"that name (shipped: {', '.join(sorted(found))})")
+        return found[path].read_bytes(), f"{path}.toml"
+    return location(path, storage_options).read_bytes(), path
+
+
 def load(path: str, overrides: Mapping[str, str] | None = None,
          environ: Mapping[str, str] | None = None,
          storage_options: dict | None = None) -> Workflow:
-    """Read and validate the workflow file ``path``, a local path or URL (see :func:`parse`)."""
+    """Read and validate the workflow ``path`` (see :func:`parse`): a local path, a URL, or
+    the name of a shipped workflow (:func:`shipped`, e.g. ``nightly-gp-isomap``)."""
 
     try:
-        spec = tomllib.loads(location(path, storage_options).read_bytes().decode())
+        data, source = _read(path, storage_options)
+        spec = tomllib.loads(data.decode())
     except FileNotFoundError:
         raise WorkflowError(f"cannot read {path}: no such file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise WorkflowError(f"{path} is not valid TOML: {exc}") from None
     except StorageError as exc:  # unreadable: scheme, permissions, credentials, endpoint
         raise WorkflowError(f"cannot read {path}: {exc}") from None
-    return parse(spec, overrides, environ, source=path)
+    return parse(spec, overrides, environ, source=source)
 
 
-def _pump(stream: Any, echo: Callable[[str], None]) -> None:
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """How a step ended.
+
+    Attributes
+    ----------
+    code : int
+        0, 2 (bad input: not retried) or 1 (a transient failure that outlived the retries).
+    attempts : int
+    seconds : float
+        Wall time of all attempts and the waits between them.
+    stdout : str
+        What the last attempt printed on its stdout (a ``dr-dask`` command's result, e.g. a
+        job's JSON summary).
+    """
+
+    code: int
+    attempts: int
+    seconds: float
+    stdout: str
+
+
+def _pump(stream: Any, echo: Callable[[str], None], keep: list[str] | None = None) -> None:
     for line in stream:
         echo(line.rstrip("\n"))
+        if keep is not None:
+            keep.append(line)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -350,34 +397,40 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _attempt(command: Sequence[str], timeout: float | None,
-             echo: Callable[[str], None]) -> int | None:
-    """Run one attempt: its exit code, or None when its timeout stopped it."""
+             echo: Callable[[str], None]) -> tuple[int | None, str]:
+    """Run one attempt: its exit code (None when its timeout stopped it) and its stdout.
+
+    Both of the step's streams are echoed (to the job's log); its stdout is also kept, since
+    it is the step's result."""
     # its own session: a timeout stops the step and anything it started, nothing else
-    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, echo), daemon=True)
-    pump.start()
+    out: list[str] = []
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, echo, out), daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, echo), daemon=True)]
+    for pump in pumps:
+        pump.start()
     try:
-        return proc.wait(timeout=timeout)
+        return proc.wait(timeout=timeout), "".join(out)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        return None
+        return None, "".join(out)
     except BaseException:  # the runner is interrupted or terminated: take the step with it
         _stop(proc)
         raise
     finally:
-        pump.join(timeout=5)
+        for pump in pumps:
+            pump.join(timeout=5)
 
 
-def run_step(step: Step, command: Sequence[str], echo: Callable[[str], None]) -> int:
-    """Run ``command`` (the step's full argv) with the step's retries and timeout.
-
-    Returns 0, 2 (bad input: not retried) or 1 (a transient failure that outlived its retries).
-    """
+def run_step(step: Step, command: Sequence[str], echo: Callable[[str], None]) -> StepResult:
+    """Run ``command`` (the step's full argv) with the step's retries and timeout; ``echo``
+    receives every line the attempts print and the runner's notes."""
+    start = time.monotonic()
     for attempt in range(step.retries + 1):
-        code = _attempt(command, step.timeout, echo)
+        code, stdout = _attempt(command, step.timeout, echo)
         if code in (EXIT_OK, EXIT_BAD_INPUT):
-            return code
+            return StepResult(code, attempt + 1, time.monotonic() - start, stdout)
         reason = f"timed out after {step.timeout:g}s" if code is None else f"exit code {code}"
         if attempt < step.retries:
             logger.warning("step %r %s; retry %d of %d in %gs", step.name, reason, attempt + 1,
@@ -388,4 +441,4 @@ def run_step(step: Step, command: Sequence[str], echo: Callable[[str], None]) ->
         else:
             echo(f"step {step.name!r} {reason}"
                  + (f" after {step.retries + 1} attempts" if step.retries else ""))
-    return EXIT_TRANSIENT
+    return StepResult(EXIT_TRANSIENT, step.retries + 1, time.monotonic() - start, stdout)

@@ -121,3 +121,51 @@ def dr_config():
     with contextlib.ExitStack() as stack:
         yield lambda values: stack.enter_context(
             dask.config.set({f"dr_dask.{k}": v for k, v in values.items()}))
+
+
+# ---------------------------------------------------------------------------- TLS material
+def _cert(subject: str, key, issuer: str, issuer_key, ca: bool):
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def tls_files(directory) -> dict[str, str]:
+    """A private CA and a certificate it signed for localhost / 127.0.0.1, as PEM files in
+    ``directory``: paths by ``ca_file``, ``cert``, ``key``."""
+    import pathlib
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    d = pathlib.Path(directory)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("dr-dask test CA", ca_key, "dr-dask test CA", ca_key, ca=True)
+    cert = _cert("dr-dask", key, "dr-dask test CA", ca_key, ca=False)
+    paths = {"ca_file": d / "ca.pem", "cert": d / "cert.pem", "key": d / "key.pem"}
+    paths["ca_file"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return {k: str(v) for k, v in paths.items()}

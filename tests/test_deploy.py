@@ -20,12 +20,14 @@ import yaml
 from click.testing import CliRunner
 
 from dr_dask.cli import main
+from dr_dask.workflow import shipped
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 K8S = os.path.join(ROOT, "deploy", "kubernetes")
-#: The oldest Kubernetes we support (CronJob timeZone is GA from 1.27) and the newest schemas.
+#: The oldest Kubernetes we support (deploy/README.md: CronJob timeZone is GA from 1.27, Job
+#: podFailurePolicy on by default from 1.26, the namespace name label from 1.22) and the newest.
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
-IMAGE_WORKFLOWS = "/opt/dr_dask/workflows/"  # where deploy/Dockerfile puts workflows/
+IMAGE = "dr-dask"  # the image name kustomization.yaml's images: pins
 
 
 def _docs(path: str) -> list[dict]:
@@ -111,11 +113,11 @@ def test_dask_operator_manifest_is_valid(name, doc, crd_schemas):
 
 def test_validation_catches_mistakes(crd_schemas):
     """The checks are real: a misspelt field, a missing one or a wrong type fails."""
-    (cron,) = BY_KIND["CronJob"]
+    cron = BY_KIND["CronJob"][0]
     misspelt = {**cron, "spec": {**cron["spec"], "concurencyPolicy": "Forbid"}}
     with pytest.raises(kubernetes_validate.ValidationError, match="'concurencyPolicy' was unexp"):
         kubernetes_validate.validate(misspelt, K8S_VERSIONS[0], strict=True)
-    (job,) = BY_KIND["DaskJob"]
+    job = BY_KIND["DaskJob"][0]
     broken = copy.deepcopy(job)
     del broken["spec"]["cluster"]
     with pytest.raises(jsonschema.ValidationError, match="'cluster' is a required property"):
@@ -132,68 +134,138 @@ def test_autoscaler_scales_the_shipped_cluster():
     assert 1 <= scaler["spec"]["minimum"] < scaler["spec"]["maximum"]
 
 
-def test_nightly_daskjob_runs_a_shipped_workflow_that_passes_check():
-    (job,) = BY_KIND["DaskJob"]
+@pytest.mark.parametrize("job", BY_KIND["DaskJob"], ids=lambda j: j["metadata"]["name"])
+def test_daskjob_runs_a_shipped_workflow_that_passes_check(job):
     (container,) = job["spec"]["job"]["spec"]["containers"]
     args = container["args"]
-    assert args[:2] == ["dr-dask", "run"] and args[2].startswith(IMAGE_WORKFLOWS)
-    local = os.path.join(ROOT, "workflows", args[2][len(IMAGE_WORKFLOWS):])
-    res = CliRunner().invoke(main, ["run", local, *args[3:], "--check"])
+    assert args[:2] == ["dr-dask", "run"] and args[2] in shipped()  # a real job, by name
+    assert args[2] != "demo-ikd"  # the synthetic demo is an example, never deployed
+    params = {e["name"]: e["value"] for e in container["env"]}
+    assert all(k.startswith("DR_DASK_PARAM_") for k in params)
+    res = CliRunner(env=params).invoke(main, ["run", *args[2:], "--check"])
     assert res.exit_code == 0, (shlex.join(args), res.output)
+    for key, value in params.items():  # every parameter is one the workflow has
+        assert f"param {key[len('DR_DASK_PARAM_'):].lower()} = {value!r}" in res.output
     # its scheduler Service selects the job's own cluster (the operator names it after the job)
     selector = job["spec"]["cluster"]["spec"]["scheduler"]["service"]["selector"]
     assert selector["dask.org/cluster-name"] == job["metadata"]["name"]
 
 
-def test_cronjob_submits_the_daskjob_nightly_one_at_a_time():
-    (cron,) = BY_KIND["CronJob"]
+def test_the_nightly_and_weekly_jobs_are_deployed():
+    workflows = {j["metadata"]["name"]: j["spec"]["job"]["spec"]["containers"][0]["args"][2]
+                 for j in BY_KIND["DaskJob"]}
+    assert workflows == {"dr-dask-nightly": "nightly-gp-isomap",
+                         "dr-dask-weekly": "weekly-refit"}
+    crons = {c["metadata"]["name"]: c for c in BY_KIND["CronJob"]}
+    assert set(crons) == set(workflows)
+    assert crons["dr-dask-nightly"]["spec"]["schedule"] == "0 2 * * *"
+    assert crons["dr-dask-weekly"]["spec"]["schedule"] == "0 3 * * 0"
+
+
+@pytest.mark.parametrize("cron", BY_KIND["CronJob"], ids=lambda c: c["metadata"]["name"])
+def test_cronjob_submits_its_daskjob_one_at_a_time(cron):
     spec = cron["spec"]
     assert spec["concurrencyPolicy"] == "Forbid"
-    assert spec["startingDeadlineSeconds"] > 0 and spec["jobTemplate"]["spec"][
-        "activeDeadlineSeconds"] > 0
+    job_spec = spec["jobTemplate"]["spec"]
+    assert spec["startingDeadlineSeconds"] > 0 and job_spec["activeDeadlineSeconds"] > 0
     # bad input (exit 2) is never retried
-    (rule,) = spec["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    rule = job_spec["podFailurePolicy"]["rules"][0]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [2]
-    pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+    pod = job_spec["template"]["spec"]
     (container,) = pod["containers"]
+    assert rule["onExitCodes"]["containerName"] == container["name"]
     mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    config_dir = mounted[next(n for n, v in volumes.items() if "configMap" in v)]
+    (config,) = [n for n, v in volumes.items() if "configMap" in v]
     kustomization = _docs(os.path.join(K8S, "kustomization.yaml"))[0]
     (generator,) = kustomization["configMapGenerator"]
-    assert volumes[next(n for n, v in volumes.items() if "configMap" in v)]["configMap"][
-        "name"] == generator["name"]
-    assert [a.replace(config_dir + "/", "") for a in container["args"][1:]] == [
-        "submit_daskjob.py", "daskjob-nightly.yaml"]
+    assert volumes[config]["configMap"]["name"] == generator["name"]
+    args = [a.replace(mounted[config] + "/", "") for a in container["args"]]
+    component = cron["metadata"]["labels"]["app.kubernetes.io/component"]
+    assert args[1:3] == ["submit_daskjob.py", f"daskjob-{component}.yaml"]
+    assert set(args[1:3]) <= set(generator["files"])
+    # the submitter deletes its DaskJob on its own deadline, before the Job's SIGTERM
+    deadline = float(args[args.index("--deadline") + 1])
+    assert 0 < deadline < job_spec["activeDeadlineSeconds"]
+    assert pod["terminationGracePeriodSeconds"] >= 30  # time to delete it after SIGTERM
+    (env,) = container["env"]
+    assert env == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     # its ServiceAccount may create DaskJobs (and nothing cluster-wide)
     (account,), (role,), (binding,) = BY_KIND["ServiceAccount"], BY_KIND["Role"], BY_KIND[
         "RoleBinding"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"]}]
-    assert any("kubernetes.dask.org" in r["apiGroups"] and "daskjobs" in r["resources"]
-               and "create" in r["verbs"] for r in role["rules"])
     assert "ClusterRole" not in BY_KIND
 
 
+def test_the_role_grants_what_the_submitter_calls_and_nothing_else():
+    (role,) = BY_KIND["Role"]
+    grants = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"]}
+    assert grants == {("kubernetes.dask.org", "daskjobs"): ["create", "delete", "get", "list"],
+                      ("", "pods"): ["get"]}
+
+
+def test_one_image_pinned_in_one_place():
+    kustomization = _docs(os.path.join(K8S, "kustomization.yaml"))[0]
+    (image,) = kustomization["images"]
+    assert image["name"] == IMAGE and (image.get("newTag") or image.get("digest"))
+    for name, doc in MANIFESTS:  # every container names the image; none pins a tag itself
+        for where, pod in _pod_specs(doc):
+            for c in pod["containers"]:
+                assert c["image"] == IMAGE, (name, where, c["image"])
+
+
+def test_spill_and_scratch_volumes_are_size_limited():
+    for name, doc in MANIFESTS:
+        for where, pod in _pod_specs(doc):
+            for volume in pod.get("volumes", []):
+                if "emptyDir" in volume:
+                    assert volume["emptyDir"].get("sizeLimit"), (name, where, volume["name"])
+
+
+def test_network_policy_admits_the_dask_ports_only_from_the_namespace():
+    policies = {p["metadata"]["name"]: p["spec"] for p in BY_KIND["NetworkPolicy"]}
+    scheduler = policies["dr-dask-scheduler"]
+    assert scheduler["podSelector"] == {"matchLabels": {"dask.org/component": "scheduler"}}
+    assert scheduler["policyTypes"] == ["Ingress"]
+    (rule,) = scheduler["ingress"]
+    assert sorted(p["port"] for p in rule["ports"]) == [8786, 8787]
+    # this namespace's pods (an empty podSelector without a namespaceSelector) and the operator
+    assert {"podSelector": {}} in rule["from"]
+    others = [peer for peer in rule["from"] if peer != {"podSelector": {}}]
+    assert others == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "dask-operator"}}}]
+    workers = policies["dr-dask-workers"]
+    assert workers["podSelector"] == {"matchLabels": {"dask.org/component": "worker"}}
+    assert workers["ingress"] == [{"from": [{"podSelector": {}}]}]
+
+
 def test_submitted_daskjob_is_dated_and_its_service_selects_its_cluster(crd_schemas):
-    import importlib.util
     import time
+
+    submit = _submitter()
+    for template in BY_KIND["DaskJob"]:
+        before = copy.deepcopy(template)
+        job = submit.dated(template, time.strptime("2026-11-23 02:00:07", "%Y-%m-%d %H:%M:%S"))
+        assert template == before  # the template is left alone
+        name = template["metadata"]["name"] + "-20261123-020007"
+        assert job["metadata"]["name"] == name
+        selector = job["spec"]["cluster"]["spec"]["scheduler"]["service"]["selector"]
+        assert selector == {"dask.org/cluster-name": name, "dask.org/component": "scheduler"}
+        crd_schemas["DaskJob"].validate(job)
+        assert len(name) + len("-default-worker-0123456789") <= 63  # pod labels
+
+
+def _submitter():
+    import importlib.util
 
     spec = importlib.util.spec_from_file_location("submit_daskjob",
                                                   os.path.join(K8S, "submit_daskjob.py"))
     submit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(submit)
-    (template,) = BY_KIND["DaskJob"]
-    before = copy.deepcopy(template)
-    job = submit.dated(template, time.strptime("2026-11-23 02:00:07", "%Y-%m-%d %H:%M:%S"))
-    assert template == before  # the template is left alone
-    assert job["metadata"]["name"] == "dr-dask-nightly-20261123-020007"
-    selector = job["spec"]["cluster"]["spec"]["scheduler"]["service"]["selector"]
-    assert selector == {"dask.org/cluster-name": job["metadata"]["name"],
-                        "dask.org/component": "scheduler"}
-    crd_schemas["DaskJob"].validate(job)
-    assert len(job["metadata"]["name"]) + len("-default-worker-0123456789") <= 63  # pod labels
+    return submit
 
 
 @pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS if _pod_specs(d)],

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -40,10 +41,9 @@ def _compose() -> dict:
         return yaml.safe_load(fh)
 
 
-def _daskjob_args() -> list[str]:
-    with open(os.path.join(DEPLOY, "kubernetes", "daskjob-nightly.yaml")) as fh:
-        job = yaml.safe_load(fh)
-    return job["spec"]["job"]["spec"]["containers"][0]["args"]
+def _daskjob_container(job: str) -> dict:
+    with open(os.path.join(DEPLOY, "kubernetes", f"daskjob-{job}.yaml")) as fh:
+        return yaml.safe_load(fh)["spec"]["job"]["spec"]["containers"][0]
 
 
 # ------------------------------------------------------------------------------ the image
@@ -66,9 +66,8 @@ def test_dockerfile_installs_pinned_as_non_root_with_dask_entrypoints():
                         base), base
     installs = [args for op, args in steps if op == "RUN" and "pip install" in args]
     assert installs and all("-c constraints.txt" in cmd for cmd in installs)
-    assert any(f'".[{",".join(make.EXTRAS)}]"' in cmd for cmd in installs)
-    copies = [args.split() for op, args in steps if op == "COPY"]
-    assert ["workflows", "./workflows"] in copies  # beside WORKDIR /opt/dr_dask
+    assert any(f'".[{",".join(make.IMAGE_EXTRAS)}]"' in cmd for cmd in installs)
+    assert "dashboard" in make.IMAGE_EXTRAS  # bokeh: the dashboard on 8787 is served
     (user,) = [args for op, args in steps if op == "USER"]
     assert user.split(":")[0] == "10001"  # the runAsUser of deploy/kubernetes
     (cmd,) = [json.loads(args) for op, args in steps if op == "CMD"]
@@ -111,9 +110,9 @@ def test_compose_file_is_valid_against_the_compose_spec(compose_schema):
         _validate_compose(broken, compose_schema)
 
 
-def test_compose_health_checks_dependencies_and_the_same_job():
+def test_compose_health_checks_dependencies_and_the_same_jobs():
     services = _compose()["services"]
-    assert {"scheduler", "worker", "job"} <= set(services)
+    assert {"scheduler", "worker", "nightly", "weekly"} == set(services)
     for name in ("scheduler", "worker"):
         service = services[name]
         port = next(a for a in service["command"] if a.startswith(":")).lstrip(":")
@@ -121,10 +120,35 @@ def test_compose_health_checks_dependencies_and_the_same_job():
     assert services["scheduler"]["command"][:2] == ["dask", "scheduler"]
     assert services["worker"]["command"][:3] == ["dask", "worker", "tcp://scheduler:8786"]
     assert services["worker"]["depends_on"]["scheduler"]["condition"] == "service_healthy"
-    job = services["job"]
-    assert job["depends_on"]["worker"]["condition"] == "service_healthy"
-    assert job["environment"]["DASK_SCHEDULER_ADDRESS"] == "tcp://scheduler:8786"
-    assert job["command"] == _daskjob_args()  # the job the Kubernetes DaskJob runs
+    for name in ("nightly", "weekly"):  # the jobs the Kubernetes DaskJobs run, with their params
+        job, pod = services[name], _daskjob_container(name)
+        assert job["depends_on"]["worker"]["condition"] == "service_healthy"
+        assert job["environment"]["DASK_SCHEDULER_ADDRESS"] == "tcp://scheduler:8786"
+        assert job["command"] == pod["args"]
+        params = {k: v for k, v in job["environment"].items() if k.startswith("DR_DASK_PARAM_")}
+        assert params == {e["name"]: e["value"] for e in pod["env"]}
+
+
+def test_compose_publishes_on_loopback_and_spills_to_disk():
+    services = _compose()["services"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    worker = services["worker"]
+    spill = worker["command"][worker["command"].index("--local-directory") + 1]
+    mounts = [v for v in worker["volumes"] if isinstance(v, dict)]
+    assert [m["type"] for m in mounts if m["target"] == spill] == ["volume"]  # not a tmpfs
+    assert not any(spill.startswith(t) for t in worker.get("tmpfs", []))
+
+
+def test_dockerignore_sends_only_what_the_image_needs():
+    with open(os.path.join(ROOT, ".dockerignore")) as fh:
+        rules = [line.strip() for line in fh if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"  # everything is excluded, then the image's inputs are let back in
+    copied = {args.split()[0] for op, args in _dockerfile() if op == "COPY"}
+    copied = {c for path in copied for c in path.split() if not c.startswith("--")}
+    for path in copied:
+        assert f"!{path.rstrip('/')}" in [r.rstrip("/") for r in rules], path
 
 
 def test_compose_services_are_hardened_and_hold_no_credentials():
@@ -162,11 +186,67 @@ def test_slurm_example_writes_a_scheduler_file_clients_join(tmp_path):
         cluster.close()
 
 
-def test_nightly_sbatch_joins_through_the_scheduler_file():
-    with open(os.path.join(DEPLOY, "hpc", "nightly.sbatch")) as fh:
+@pytest.mark.parametrize("job, workflow", [("nightly", "nightly-gp-isomap"),
+                                           ("weekly", "weekly-refit")])
+def test_sbatch_joins_through_the_scheduler_file(job, workflow):
+    path = os.path.join(DEPLOY, "hpc", f"{job}.sbatch")
+    with open(path) as fh:
         text = fh.read()
-    assert re.search(r"dr-dask --scheduler-file \"\$SCHEDULER_FILE\"", text)
-    assert "workflows/nightly-ikd.toml" in text
-    bash = subprocess.run(["bash", "-n", os.path.join(DEPLOY, "hpc", "nightly.sbatch")],
-                          capture_output=True, text=True, check=False)
+    assert re.search(rf"dr-dask --scheduler-file \"\$SCHEDULER_FILE\" run {workflow}$", text,
+                     re.MULTILINE)
+    bash = subprocess.run(["bash", "-n", path], capture_output=True, text=True, check=False)
     assert bash.returncode == 0, bash.stderr
+    # the parameters it exports are the workflow's
+    from dr_dask.workflow import load
+
+    params = re.findall(r"^export DR_DASK_PARAM_(\w+)=", text, re.MULTILINE)
+    assert params and {p.lower() for p in params} <= set(load(workflow).params)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_slurm_cluster_closes_and_removes_its_scheduler_file_on_a_signal(tmp_path, sig):
+    """scancel sends SIGTERM (Ctrl-C SIGINT): the scheduler closes and its file goes, so the
+    next job cannot join a dead scheduler."""
+    import socket
+    import time
+
+    scheduler_file = tmp_path / "scheduler.json"
+    proc = subprocess.Popen([sys.executable, os.path.join(DEPLOY, "hpc", "slurm_cluster.py"),
+                             "--scheduler-file", str(scheduler_file), "--queue", "debug",
+                             "--max-jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        end = time.monotonic() + 120
+        while not (scheduler_file.exists() and scheduler_file.read_text()):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.1)
+        address = json.loads(scheduler_file.read_text())["address"]
+        host, port = address.rsplit("/", 1)[-1].rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()  # it is serving
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"{sig.name}: closing the cluster" in err
+    assert not scheduler_file.exists()
+    with pytest.raises(OSError):  # nothing listens there any more
+        socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_the_package_build_ships_the_workflows(tmp_path):
+    """`dr-dask run nightly-gp-isomap` from an installed wheel or image: setuptools' build of
+    the package (what a wheel holds) contains the workflow files, found by their names."""
+    build = subprocess.run(
+        [sys.executable, "-c", "import setuptools; setuptools.setup()", "-q",
+         "egg_info", "--egg-base", str(tmp_path), "build_py", "--build-lib", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert build.returncode == 0, build.stderr
+    found = subprocess.run(
+        [sys.executable, "-c", "from dr_dask.workflow import shipped; print(sorted(shipped()))"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True,
+        text=True, timeout=300, check=False)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == ["['demo-ikd',", "'nightly-gp-isomap',", "'weekly-refit']"]
+    assert (tmp_path / "dr_dask" / "workflows" / "nightly-gp-isomap.toml").is_file()

@@ -2,59 +2,21 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
-
 import dask
 import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from conftest import tls_files
 
 from dr_dask.cli import main
 from dr_dask.cluster import tls_security
 
 
-def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _cert(subject: str, key, issuer: str, issuer_key, ca: bool) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     """A private CA and one certificate it signed (as distributed's Security.temporary())."""
-    d = tmp_path_factory.mktemp("tls")
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("dr-dask test CA", ca_key, "dr-dask test CA", ca_key, ca=True)
-    cert = _cert("dr-dask", key, "dr-dask test CA", ca_key, ca=False)
-    paths = {"ca_file": d / "ca.pem", "cert": d / "cert.pem", "key": d / "key.pem"}
-    paths["ca_file"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(_pem_key(key))
-    return {k: str(v) for k, v in paths.items()}
+    return tls_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.mark.cluster

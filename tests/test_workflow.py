@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -18,11 +19,12 @@ from click.testing import CliRunner
 from dr_dask.cli import main
 from dr_dask.workflow import Step, WorkflowError, load, run_step
 
-WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "workflows", "*.toml")))
+WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dr_dask", "workflows",
+                                           "*.toml")))
 #: Every shipped workflow, at a size the test suite can afford (a new workflow needs an entry);
 #: ``{root}`` is the test's job directory.
 SMALL = {
-    "nightly-ikd.toml": {"T": "150", "N": "30", "dtype": "float64"},
+    "demo-ikd.toml": {"T": "150", "N": "30", "dtype": "float64"},
     "nightly-gp-isomap.toml": {"source": "{root}/landing.zarr:X", "n_batch": "300", "n_s": "40",
                                "chunk_size": "100"},
     "weekly-refit.toml": {"source": "{root}/landing.zarr:X", "eval_rows": "150",
@@ -245,18 +247,18 @@ def test_transient_failure_is_retried_and_bad_input_is_not(tmp_path):
                     "n=len(p.read_text()) if p.exists() else 0; p.write_text('x'*(n+1)); "
                     "sys.exit(1 if n < 2 else 0)")
     lines: list[str] = []
-    assert run_step(Step("flaky", (), retries=2, retry_delay=0.01), flaky, lines.append) == 0
+    assert run_step(Step("flaky", (), retries=2, retry_delay=0.01), flaky, lines.append).code == 0
     assert counter.read_text() == "xxx"
     assert any("retry 2 of 2" in line for line in lines)
 
     counter.unlink()
-    assert run_step(Step("flaky", (), retries=1, retry_delay=0.01), flaky, lines.append) == 1
+    assert run_step(Step("flaky", (), retries=1, retry_delay=0.01), flaky, lines.append).code == 1
     assert counter.read_text() == "xx"  # gave up after 1 + 1 attempts: exit 1, retry the job
 
     counter.unlink()
     bad = _python(f"import pathlib,sys; pathlib.Path({str(counter)!r}).write_text('x'); "
                   "sys.exit(2)")
-    assert run_step(Step("bad", (), retries=3, retry_delay=0.01), bad, lines.append) == 2
+    assert run_step(Step("bad", (), retries=3, retry_delay=0.01), bad, lines.append).code == 2
     assert counter.read_text() == "x"  # bad input is never retried
 
 
@@ -268,8 +270,9 @@ def test_timeout_stops_the_step_and_what_it_started(tmp_path):
                    f"open({str(pidfile)!r},'w').write(str(p.pid)); time.sleep(300)")
     lines: list[str] = []
     start = time.monotonic()
-    code = run_step(Step("hang", (), retries=1, retry_delay=0.01, timeout=1.5), hang, lines.append)
-    assert code == 1 and time.monotonic() - start < 30
+    result = run_step(Step("hang", (), retries=1, retry_delay=0.01, timeout=1.5), hang,
+                      lines.append)
+    assert (result.code, result.attempts) == (1, 2) and time.monotonic() - start < 30
     assert any("timed out after 1.5s" in line and "after 2 attempts" in line for line in lines)
     grandchild = int(pidfile.read_text())
     for _ in range(50):  # reaped by init shortly after the kill
@@ -324,3 +327,41 @@ def test_a_terminated_runner_stops_its_running_step(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the step {step_pid} outlived its terminated runner")
+
+
+# ------------------------------------------------------------- what a calling script reads
+def test_run_prints_only_its_json_summary_on_stdout(tmp_path):
+    """A shipped workflow by name, as cron or a BashOperator runs it: stdout is one JSON
+    document (the job's summary, each step's own result in it), the steps' logs go to stderr."""
+    root = str(tmp_path / "job")
+    _landing(root)
+    argv = [sys.executable, "-m", "dr_dask.cli", "--scheduler", "threads", "run",
+            "nightly-gp-isomap", "--param", f"root={root}",
+            "--param", f"source={root}/landing.zarr:X",
+            *[f"--param={k}={v}" for k, v in SMALL["nightly-gp-isomap.toml"].items()
+              if k != "source"]]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)  # the whole of stdout
+    assert (summary["workflow"], summary["status"], summary["exit_code"]) == (
+        "nightly-gp-isomap", "done", 0)
+    (step,) = summary["steps"]
+    assert (step["name"], step["exit_code"], step["attempts"]) == ("incremental", 0, 1)
+    assert step["result"]["status"] == "done"
+    assert step["result"]["rows_mapped"] == 700  # every row landed
+    # the step's output is in the log, not on stdout
+    assert "[nightly-gp-isomap] incremental: dr-dask job incremental" in proc.stderr
+    assert '"rows_mapped": 700' in proc.stderr
+
+    # a failing job prints its summary too, with the code it exits with
+    argv[argv.index(f"source={root}/landing.zarr:X")] = f"source={root}/missing.zarr:X"
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["status"], summary["exit_code"]) == ("bad input", 2)
+    assert summary["steps"][0]["exit_code"] == 2 and "missing.zarr" in proc.stderr
+
+
+def test_unknown_workflow_name_lists_the_shipped_ones():
+    _rejected(CliRunner().invoke(main, ["run", "nightly-gp-isomp", "--check"]),
+              "no shipped workflow of that name", "nightly-gp-isomap", "weekly-refit")

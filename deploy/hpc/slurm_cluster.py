@@ -16,6 +16,7 @@ the jobs see (home or a shared scratch), like the Zarr stores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -65,6 +66,12 @@ def main() -> None:
                         help="print the worker batch script and exit")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # scancel sends SIGTERM, Ctrl-C SIGINT: blocked in every thread (the mask is inherited by the
+    # threads the cluster starts) and taken by sigwait below, so that either one closes the
+    # cluster and removes the scheduler file instead of killing the process (exit 143) and
+    # leaving a file that points the next job at a dead scheduler
+    stop = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     cluster = make_cluster(args.scheduler_file, cores=args.cores, memory=args.memory,
                            processes=args.processes, walltime=args.walltime, queue=args.queue,
                            account=args.account)
@@ -76,10 +83,12 @@ def main() -> None:
     logger.info("scheduler %s; dashboard %s; scheduler file %s", cluster.scheduler_address,
                 cluster.dashboard_link, args.scheduler_file)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})  # until scancel / Ctrl-C
+        received = signal.sigwait(stop)  # until scancel / Ctrl-C
+        logger.info("%s: closing the cluster", signal.Signals(received).name)
     finally:
         cluster.close()
-        os.remove(args.scheduler_file)
+        with contextlib.suppress(FileNotFoundError):  # the scheduler may have removed it
+            os.remove(args.scheduler_file)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,22 @@ import os
 import shlex
 import signal
 import sys
+from typing import Any
 
 import click
 
 from dr_dask.cli._app import cluster, fail, main, storage_options
-from dr_dask.workflow import EXIT_TRANSIENT, Step, Workflow, WorkflowError, load, run_step
+from dr_dask.workflow import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_TRANSIENT,
+    Step,
+    StepResult,
+    Workflow,
+    WorkflowError,
+    load,
+    run_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +88,11 @@ def _plan(wf: Workflow) -> None:
               help="Override a [params] default (repeatable); also $DR_DASK_PARAM_<NAME>.")
 @click.pass_context
 def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[str, ...]) -> None:
-    """Run the steps of the TOML WORKFLOW in order on one cluster.
+    """Run the steps of WORKFLOW in order on one cluster.
+
+    WORKFLOW is a TOML file (path or URL) or the name of a shipped workflow:
+    nightly-gp-isomap, weekly-refit, demo-ikd. Steps' output goes to stderr; stdout gets one
+    JSON summary of the job (status, exit code, each step's attempts and result).
 
     Exit codes: 0 done (including nothing to do), 2 bad workflow or input (do not retry),
     1 a transient or internal failure that outlived the step's retries (retry the job).
@@ -119,21 +134,60 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def _run(ctx: click.Context, wf: Workflow) -> None:
+    """Run the steps; the steps' output goes to stderr (the job's log), and stdout gets one
+    JSON summary (:func:`_summary`), so that a script or a BashOperator can read the result."""
     root = ctx.find_root().obj
-    with cluster(ctx) as client:
-        address = client.scheduler.address if client is not None else "threads"
-        verbose = ["-" + "v" * root["verbose"]] if root.get("verbose") else []
-        prefix = [sys.executable, "-m", "dr_dask.cli", "--scheduler", address, *verbose]
-        for key, value in root["tls"].items():
-            prefix += [f"--tls-{key.replace('_', '-')}", value]
-        for key, value in (root.get("storage_options") or {}).items():
-            text = value if isinstance(value, str) else json.dumps(value)
-            prefix += ["--storage-option", f"{key}={text}"]
-        for step in wf.steps:
-            click.echo(f"[{wf.name}] {step.name}: dr-dask {shlex.join(step.args)}", err=True)
-            code = run_step(step, [*prefix, *step.args], click.echo)
-            if code:
-                click.echo(f"error: step {step.name!r} failed (exit {code}); the job stops",
-                           err=True)
-                sys.exit(code)
-    click.echo(f"[{wf.name}] done", err=True)
+    results: dict[str, StepResult] = {}
+    code = EXIT_TRANSIENT  # until the job ends otherwise (a SIGTERM or a crash in between)
+    try:
+        with cluster(ctx) as client:
+            address = client.scheduler.address if client is not None else "threads"
+            verbose = ["-" + "v" * root["verbose"]] if root.get("verbose") else []
+            prefix = [sys.executable, "-m", "dr_dask.cli", "--scheduler", address, *verbose]
+            for key, value in root["tls"].items():
+                prefix += [f"--tls-{key.replace('_', '-')}", value]
+            for key, value in (root.get("storage_options") or {}).items():
+                text = value if isinstance(value, str) else json.dumps(value)
+                prefix += ["--storage-option", f"{key}={text}"]
+            for step in wf.steps:
+                click.echo(f"[{wf.name}] {step.name}: dr-dask {shlex.join(step.args)}", err=True)
+                result = results[step.name] = run_step(step, [*prefix, *step.args], _log)
+                if result.code:
+                    click.echo(f"error: step {step.name!r} failed (exit {result.code}); the job "
+                               "stops", err=True)
+                    code = result.code
+                    break
+            else:
+                code = EXIT_OK
+                click.echo(f"[{wf.name}] done", err=True)
+    except SystemExit as exc:  # terminated, or the cluster could not be joined
+        code = exc.code if isinstance(exc.code, int) else EXIT_TRANSIENT
+        raise
+    finally:
+        click.echo(json.dumps(_summary(wf, results, code), indent=2))
+    if code:
+        sys.exit(code)
+
+
+def _log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _summary(wf: Workflow, results: dict[str, StepResult], code: int) -> dict:
+    """The job's result: its status and exit code, and per step the attempts, the time and the
+    step's own result (its stdout, parsed when it is JSON, as the jobs' summaries are)."""
+    steps = []
+    for step in wf.steps:
+        if step.name not in results:
+            steps.append({"name": step.name, "status": "not run"})
+            continue
+        r = results[step.name]
+        try:
+            output: Any = json.loads(r.stdout)
+        except ValueError:
+            output = r.stdout.strip() or None
+        steps.append({"name": step.name, "exit_code": r.code, "attempts": r.attempts,
+                      "seconds": round(r.seconds, 3), "result": output})
+    status = {EXIT_OK: "done", EXIT_BAD_INPUT: "bad input"}.get(code, "failed")
+    return {"workflow": wf.name, "status": status, "exit_code": code, "params": wf.params,
+            "steps": steps}
