@@ -32,7 +32,13 @@ import zarr
 
 from dr_dask import config
 from dr_dask.cluster import active_client, compute
-from dr_dask.storage import Location, StorageError, location
+from dr_dask.storage import (
+    Location,
+    StorageError,
+    StorageUnavailable,
+    location,
+    raise_if_transient,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +147,7 @@ class _ZarrRows:
         try:
             return np.asarray(self.arr[key])
         except Exception as exc:
+            raise_if_transient(exc, self.where)  # an unreachable store is not a bad chunk
             raise InputError(
                 f"{self.where}: chunk {self._bad_chunk(key)} cannot be read "
                 f"({type(exc).__name__}: {exc})"
@@ -308,6 +315,7 @@ def _open_zarr(
     except StorageError:
         raise
     except Exception as exc:  # zarr raises several types for "not a zarr store"
+        raise_if_transient(exc, loc)
         raise InputError(f"{loc} is not a readable Zarr store: {exc}") from exc
     if isinstance(node, zarr.Array):
         if variable:
@@ -465,6 +473,8 @@ def check_workers_can_read(inp: InputData, client: Any = None) -> None:
 def _can_read(loc: Location) -> str | None:
     try:
         return None if loc.exists() else "it does not exist there"
+    except StorageUnavailable:  # transient, not a worker that cannot see the input
+        raise
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
 

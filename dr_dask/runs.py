@@ -36,7 +36,7 @@ from dr_dask.inputs import (
 from dr_dask.lease import Lease, LeaseLost
 from dr_dask.report import plain_json
 from dr_dask.resources import timed
-from dr_dask.storage import Location, StorageError, location
+from dr_dask.storage import Location, StorageError, location, raise_if_transient
 
 logger = logging.getLogger(__name__)
 
@@ -363,6 +363,7 @@ def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr
     except StorageError:
         raise
     except Exception as exc:
+        raise_if_transient(exc, loc)
         raise InputError(f"{loc}/{name} is not a readable run group: {exc}") from None
 
 

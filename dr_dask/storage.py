@@ -25,6 +25,7 @@ recorded or printed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -51,9 +52,30 @@ _PACKAGES = {
 }
 
 #: Bounded timeouts/retries for S3 so an unreachable endpoint fails in seconds, not minutes
-#: (botocore defaults: 60 s connect timeout, several retries). Users may override them.
+#: (botocore defaults: 60 s connect timeout, several retries). botocore's "standard" retry mode
+#: retries throttling, 5xx and connection errors with jittered exponential backoff, and s3fs
+#: retries each call again (S3_CALL_RETRIES times in all, backed off; its default, 5, multiplied
+#: with the other layers, would hold a read of a silent endpoint for many minutes). Users may
+#: override the botocore settings.
 _S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                                  "retries": {"max_attempts": 3}}}
+                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+S3_CALL_RETRIES = 2
+#: Idempotent reads of a Location (an object, a listing, an existence check) are tried this many
+#: times when the store fails transiently, waiting READ_BACKOFF s, then twice that, ...: on top of
+#: the client's own retries, so that a store that is down for a few seconds (a restart, a
+#: failover) does not fail a night's job. Writes are not retried here (the clients retry them).
+READ_ATTEMPTS = 3
+READ_BACKOFF = 1.0
+
+#: Answers of an object store that mean "not now": throttling, and the server's own failures.
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                    "TooManyRequests", "RequestTimeout", "ServiceUnavailable", "InternalError",
+                    "OperationAborted"}
+#: errno values s3fs gives those answers (SlowDown/503 -> EBUSY, 500 -> EREMOTEIO) and the
+#: network's own.
+_TRANSIENT_ERRNOS = {errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO), errno.EAGAIN,
+                     errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+                     errno.EHOSTUNREACH, errno.ENETUNREACH}
 
 
 #: ``memory://`` filesystems live in this process: one lock makes their swaps atomic.
@@ -61,7 +83,13 @@ _MEMORY_LOCK = threading.Lock()
 
 
 class StorageError(ValueError):
-    """A location is unusable: unknown scheme, missing bucket, refused credentials, unreachable."""
+    """A location is unusable as given: unknown scheme, missing bucket, refused credentials.
+    Bad input or configuration (exit 2): a retry fails the same way."""
+
+
+class StorageUnavailable(ConnectionError):
+    """The store did not answer (connection refused, timeout) or answered "not now"
+    (throttling, 5xx). Transient (exit 1): a rerun later resumes."""
 
 
 def _split_scheme(url: str) -> tuple[str, str]:
@@ -166,7 +194,7 @@ class Location:
     # ------------------------------------------------------------------ objects
     def exists(self) -> bool:
         """An object or a prefix (directory) is here."""
-        return bool(_guard(self, self.fs.exists, self.path))
+        return bool(_read(self, self.fs.exists, self.path))
 
     def check(self) -> None:
         """Fail early and clearly (StorageError) when the store behind this location cannot be
@@ -175,12 +203,12 @@ class Location:
             return
         root = self.path.split("/", 1)[0]
         try:
-            _guard(self, self.fs.ls, root, detail=False)
+            _read(self, self.fs.ls, root, detail=False)
         except FileNotFoundError:
             raise StorageError(f"{self.url}: bucket/container {root!r} does not exist") from None
 
     def read_bytes(self) -> bytes:
-        return _guard(self, self.fs.cat_file, self.path)
+        return _read(self, self.fs.cat_file, self.path)
 
     def write_bytes(self, data: bytes) -> None:
         """Write one object (a single PUT on object stores)."""
@@ -331,7 +359,7 @@ class Location:
         """Names directly under this prefix (sorted; [] when absent). Never used to decide
         whether something is complete: marks do that."""
         try:
-            entries = self.fs.ls(self.path, detail=False)
+            entries = _read(self, self.fs.ls, self.path, detail=False)
         except FileNotFoundError:
             return []
         return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
@@ -341,7 +369,7 @@ class Location:
         listing (paged on object stores)."""
         base = self.path.rstrip("/") + "/"
         try:
-            found = _guard(self, self.fs.find, self.path, detail=True)
+            found = _read(self, self.fs.find, self.path, detail=True)
         except FileNotFoundError:
             return {}
         return {k[len(base):] if k.startswith(base) else k: v for k, v in found.items()}
@@ -430,7 +458,10 @@ def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
         ) from None
     except ValueError:
         raise StorageError(f"unknown URL scheme {scheme}:// (no fsspec filesystem)") from None
-    return cls(**_options(scheme, storage_options))
+    fs = cls(**_options(scheme, storage_options))
+    if scheme in ("s3", "s3a"):  # not a constructor argument of s3fs: an attribute it reads
+        fs.retries = S3_CALL_RETRIES
+    return fs
 
 
 def _options(scheme: str, storage_options: dict | None) -> dict:
@@ -443,22 +474,94 @@ def _options(scheme: str, storage_options: dict | None) -> dict:
 
 
 def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn``; turn refused credentials, a missing bucket or an unreachable endpoint into a
-    StorageError naming the location (never the credentials)."""
+    """Call ``fn``; turn a store's failure into a :class:`StorageUnavailable` (transient) or a
+    :class:`StorageError` (refused credentials, a missing bucket, a bad request) naming the
+    location (never the credentials)."""
     try:
         return fn(*args, **kwargs)
     except (FileNotFoundError, FileExistsError):  # answers, not failures: callers handle them
         raise
-    except PermissionError as exc:
-        raise StorageError(f"access to {loc.url} was refused (check credentials): "
-                           f"{_scrub(exc, loc)}") from None
-    except OSError as exc:
-        raise StorageError(f"cannot reach {loc.url}: {_scrub(exc, loc)}") from None
-    except Exception as exc:  # botocore / aiohttp errors that fsspec does not translate
+    except Exception as exc:
+        raise_if_transient(exc, loc)
+        if isinstance(exc, PermissionError) or _status(exc) in (401, 403):
+            raise StorageError(f"access to {loc.url} was refused (check credentials): "
+                               f"{_scrub(exc, loc)}") from None
         name = type(exc).__name__
-        if any(s in name for s in ("Endpoint", "Connect", "Timeout", "Credential", "ClientError")):
-            raise StorageError(f"cannot reach {loc.url}: {name}: {_scrub(exc, loc)}") from None
+        if isinstance(exc, OSError) or any(s in name for s in ("Credential", "ClientError",
+                                                                "Endpoint")):
+            raise StorageError(f"cannot use {loc.url}: {name}: {_scrub(exc, loc)}") from None
         raise
+
+
+def _read(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """:func:`_guard` for an idempotent read, tried :data:`READ_ATTEMPTS` times with backoff
+    while the store fails transiently."""
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            return _guard(loc, fn, *args, **kwargs)
+        except StorageUnavailable as exc:
+            if attempt + 1 == READ_ATTEMPTS:
+                raise
+            wait = READ_BACKOFF * 2**attempt
+            logger.warning("%s; reading again in %gs (attempt %d of %d)", exc, wait,
+                           attempt + 2, READ_ATTEMPTS)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes (s3fs raises an OSError caused by botocore's ClientError)."""
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of a botocore ClientError in ``exc``'s chain, if any."""
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status:
+                return int(status)
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """``exc`` says the store is unreachable or asks to come back later: a connection refused
+    or reset, a timeout, throttling (SlowDown, 429) or a server error (5xx). Refused
+    credentials, a missing bucket or object and bad data are not transient."""
+    for e in _chain(exc):
+        if isinstance(e, (PermissionError, FileNotFoundError)):
+            return False
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return True
+        name = type(e).__name__  # botocore / aiohttp, which fsspec does not translate
+        if any(s in name for s in ("EndpointConnection", "ConnectTimeout", "ReadTimeout",
+                                   "ConnectionClosed", "ServerDisconnected", "Throttl")):
+            return True
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if code in _TRANSIENT_CODES or int(status) >= 500 or int(status) == 429:
+                return True
+    return False
+
+
+def raise_if_transient(exc: BaseException, loc: Any) -> None:
+    """Raise :class:`StorageUnavailable` naming ``loc`` when ``exc`` is transient
+    (:func:`is_transient`); for the few places that turn any other failure into bad input."""
+    if is_transient(exc):
+        where = loc.url if isinstance(loc, Location) else str(loc)
+        scrub = _scrub(exc, loc) if isinstance(loc, Location) else str(exc)
+        raise StorageUnavailable(f"cannot reach {where} now (transient: retry later): "
+                                 f"{type(exc).__name__}: {scrub}") from None
 
 
 def _scrub(exc: BaseException, loc: Location) -> str:

@@ -128,19 +128,80 @@ def test_changed_input_is_a_new_run_or_refused(tmp_path, data):
     assert open_run(out, "nightly")["embedding"].shape == (200, 2)
 
 
-@pytest.mark.parametrize("case", ["missing bucket", "unreachable endpoint", "wrong credentials"])
-def test_storage_failures_are_clear_and_fast(s3_bucket, tmp_path, data, monkeypatch, case):
+class _Unwell:
+    """A local HTTP server on 127.0.0.1 that speaks for an S3 endpoint in trouble (moto cannot
+    be made to): "slowdown" answers every request 503 SlowDown (throttling), "unavailable" 503
+    ServiceUnavailable, "silent" accepts connections and never answers (a timeout). With
+    ``recover_after=n`` it answers the first n requests 503, then serves ``body`` to GETs."""
+
+    def __init__(self, mode: str, recover_after: int | None = None, body: bytes = b""):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        state = self
+        self.requests = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def _do(self) -> None:
+                state.requests += 1
+                if mode == "silent":
+                    time.sleep(30)
+                    return
+                if recover_after is not None and state.requests > recover_after:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("ETag", '"1"')
+                    self.end_headers()
+                    self.wfile.write(body if self.command == "GET" else b"")
+                    return
+                code, message = {"slowdown": ("SlowDown", "Please reduce your request rate."),
+                                 }.get(mode, ("ServiceUnavailable", "Service is unable to "
+                                                                    "handle request."))
+                xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                       f"<Message>{message}</Message></Error>").encode()
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(xml)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(xml)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _do
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False  # "silent" handlers sleep: do not wait for them
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+#: Each way an object store fails, and the exit code it must give: 1 transient (the workflow's
+#: retries and the CronJob's backoff retry it), 2 bad input or configuration (never retried).
+STORE_FAILURES = {"missing bucket": 2, "wrong credentials": 2, "unreachable endpoint": 1,
+                  "throttled": 1, "server error": 1, "timeout": 1}
+
+
+@pytest.mark.parametrize("case", list(STORE_FAILURES))
+def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, monkeypatch,
+                                                     case):
     import s3fs
 
     path = str(tmp_path / "in.zarr")
     _write_input(path, data)
     out = f"s3://{s3_bucket}/out.zarr"
-    proc = None
+    proc = unwell = None
+    options: list[str] = []
     if case == "missing bucket":
         out = "s3://no-such-bucket-dr-dask/out.zarr"
-    elif case == "unreachable endpoint":
+    elif case == "unreachable endpoint":  # connection refused: a closed port
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
-    else:  # a second S3 server that checks credentials and knows none of ours
+    elif case == "wrong credentials":  # a second S3 server that checks credentials
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -149,19 +210,91 @@ def test_storage_failures_are_clear_and_fast(s3_bucket, tmp_path, data, monkeypa
         )
         _wait_port(port)
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    else:
+        unwell = _Unwell({"throttled": "slowdown", "server error": "unavailable",
+                          "timeout": "silent"}[case])
+        monkeypatch.setenv("AWS_ENDPOINT_URL", unwell.url)
+        if case == "timeout":
+            options = ["--storage-option",  # short and unretried by botocore: a quick test
+                       'config_kwargs={"read_timeout": 1, "retries": {"max_attempts": 1}}']
+    monkeypatch.setattr("dr_dask.storage.READ_BACKOFF", 0.1)
     s3fs.S3FileSystem.clear_instance_cache()
     try:
         t0 = time.perf_counter()
-        code, output = _embed(["ikd", "-n", "2", "--input", path + ":X", "--out", out])
+        res = CliRunner().invoke(main, ["--scheduler", "threads", *options, "embed", "ikd",
+                                        "-n", "2", "--input", path + ":X", "--out", out])
         elapsed = time.perf_counter() - t0
     finally:
         if proc is not None:
             proc.kill()
             proc.wait()
-    assert code == 2, output
-    assert "Traceback" not in output and "out.zarr" in output
-    assert S3_SECRET not in output
-    assert elapsed < 30
+        if unwell is not None:
+            unwell.close()
+    assert res.exit_code == STORE_FAILURES[case], res.output
+    assert "Traceback" not in res.output and "out.zarr" in res.output
+    if STORE_FAILURES[case] == 1:
+        assert "transient: retry later" in res.output
+    assert S3_SECRET not in res.output
+    assert elapsed < 90
+    if unwell is not None and case != "timeout":
+        assert unwell.requests > 1  # retried before giving up
+
+
+def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog):
+    """A store that answers 503 three times, then recovers: a read succeeds (the client's own
+    retries alone would have given up), a few seconds late; with no recovery it is a bounded
+    number of attempts, then StorageUnavailable."""
+    import s3fs
+
+    from dr_dask import storage
+
+    monkeypatch.setattr(storage, "READ_BACKOFF", 0.2)
+    for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    flaky = _Unwell("unavailable", recover_after=3, body=b'{"watermark": 700}')
+    try:
+        s3fs.S3FileSystem.clear_instance_cache()
+        loc = Location("s3://lake/state/checkpoint.json", {"endpoint_url": flaky.url})
+        t0 = time.perf_counter()
+        assert loc.read_json() == {"watermark": 700}
+        # the client gave up once (its own attempts), the storage layer read again after 0.2 s
+        retries = [r for r in caplog.records if "reading again in 0.2s" in r.getMessage()]
+        assert len(retries) == 1 and flaky.requests > 3 and time.perf_counter() - t0 >= 0.2
+    finally:
+        flaky.close()
+    down = _Unwell("unavailable")
+    try:
+        s3fs.S3FileSystem.clear_instance_cache()
+        loc = Location("s3://lake/state/checkpoint.json", {"endpoint_url": down.url})
+        with pytest.raises(storage.StorageUnavailable, match="transient"):
+            loc.read_json()
+        assert 1 < down.requests <= 3 * storage.READ_ATTEMPTS
+    finally:
+        down.close()
+
+
+def test_missing_object_and_bad_data_are_bad_input(s3_bucket):
+    with pytest.raises(InputError, match="does not exist"):
+        open_dataset(f"s3://{s3_bucket}/nothing-here.zarr:X")
+    Location(f"s3://{s3_bucket}/junk.zarr/zarr.json").write_bytes(b"not json")
+    with pytest.raises(InputError, match="not a readable Zarr store"):
+        open_dataset(f"s3://{s3_bucket}/junk.zarr")
+
+
+def test_unreachable_store_while_opening_an_input_is_transient(monkeypatch):
+    import s3fs
+
+    from dr_dask import storage
+
+    monkeypatch.setattr(storage, "READ_BACKOFF", 0.1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(storage.StorageUnavailable, match="transient"):
+        open_dataset("s3://lake/in.zarr:X")
 
 
 def _wait_port(port: int, timeout: float = 20) -> None:

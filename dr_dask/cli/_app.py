@@ -22,8 +22,9 @@ PEM = click.Path(exists=True, dir_okay=False)
 EXIT_CODES = """\b
 Exit codes:
   0  success
-  1  internal error (a bug: rerun with -v for the traceback), or the cluster was lost
-     (the message names the stage a rerun resumes from)
+  1  internal error (a bug: rerun with -v for the traceback), the cluster was lost
+     (the message names the stage a rerun resumes from), or the store was unreachable,
+     timed out, throttled or failed (5xx): retry later
   2  user error: bad option, parameter or input (a message, no traceback)"""
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
@@ -60,14 +61,15 @@ class App(click.Group):
             from dr_dask.cluster import ClusterLost
             from dr_dask.inputs import InputError
             from dr_dask.lease import LeaseHeld, LeaseLost
-            from dr_dask.storage import StorageError
+            from dr_dask.storage import StorageError, StorageUnavailable
 
             # rejected below a command that did not catch it: bad input, an unusable location
             if isinstance(exc, (InputError, StorageError)):
                 fail(str(exc))
             # transient: another run holds the lease (or took it over from this one while it
-            # was paused), or the cluster went away; a rerun resumes
-            if isinstance(exc, (LeaseHeld, LeaseLost, ClusterLost)):
+            # was paused), the cluster went away, the store did not answer or asked to slow
+            # down; a rerun resumes
+            if isinstance(exc, (LeaseHeld, LeaseLost, ClusterLost, StorageUnavailable)):
                 busy(str(exc))
             # a bug: say so briefly, the traceback only when asked
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
