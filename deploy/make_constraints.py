@@ -1,10 +1,13 @@
-"""Write deploy/constraints.txt: the versions, from the tested environment, of everything the
-image installs (dr-dask's dependencies and extras below, transitively).
+"""Write deploy/constraints.txt (or constraints-prefect.txt): the versions, from the tested
+environment, of everything the image installs (dr-dask's dependencies and extras below,
+transitively).
 
-    python deploy/make_constraints.py          # after the test suite passed in this environment
+    python deploy/make_constraints.py            # after the test suite passed in this environment
+    python deploy/make_constraints.py constraints-prefect.txt   # where tests/test_flows.py passed
 
-The Dockerfile installs with ``pip install -c constraints.txt``, so the image runs what the tests
-ran. tests/test_deploy_image.py fails when the file is stale (a dependency added or upgraded).
+The Dockerfile installs with ``pip install -c constraints.txt`` (its `prefect` stage with
+constraints-prefect.txt), so the image runs what the tests ran. tests/test_deploy_image.py (and
+tests/test_flows.py for the Prefect pins) fails when a file is stale.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ IMAGE_EXTRAS = ("netcdf", "kubernetes", "s3", "dashboard")
 #: The extras pinned: the image's, and deploy/hpc's (``pip install -c constraints.txt
 #: "dr-dask[hpc,s3]"`` on a cluster's login node).
 EXTRAS = (*IMAGE_EXTRAS, "hpc")
+#: The extras of the Dockerfile's `prefect` stage (a flow-run image for a Prefect work pool),
+#: pinned on their own in constraints-prefect.txt: prefect's pins conflict with kr8s's.
+PREFECT_EXTRAS = ("prefect", "netcdf", "s3", "dashboard")
+#: Where each set of pins goes.
+FILES = {"constraints.txt": EXTRAS, "constraints-prefect.txt": PREFECT_EXTRAS}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -65,5 +73,6 @@ def render(versions: dict[str, str]) -> str:
 
 
 if __name__ == "__main__":
-    with open(os.path.join(HERE, "constraints.txt"), "w") as fh:
-        fh.write(render(pins()))
+    name = sys.argv[1] if len(sys.argv) > 1 else "constraints.txt"
+    with open(os.path.join(HERE, name), "w") as fh:
+        fh.write(render(pins(extras=FILES[name])))

@@ -1,16 +1,30 @@
 """Prefect flows of the scheduled jobs (the optional extra: ``pip install dr-dask[prefect]``).
 
 ``nightly_flow`` runs :func:`dr_dask.jobs.incremental.run_incremental` and ``weekly_flow`` runs
-:func:`dr_dask.jobs.refit.run_refit`, each as one Prefect task on the flow's Dask cluster: the
-flow's task runner is prefect-dask's ``DaskTaskRunner`` (a container-sized LocalCluster, or the
-scheduler at ``$DASK_SCHEDULER_ADDRESS``), and the task hands the job a client of that same
-cluster (``get_dask_client``), so the job's own Dask work is spread over the cluster rather
-than run inside the one worker thread that holds the task. :func:`deployments` gives both flows
-with cron schedules; :func:`serve` runs them on this machine (``prefect.serve``), or register
-them with a work pool as for any Prefect flow.
+:func:`dr_dask.jobs.refit.run_refit`, each as one Prefect task holding a client of a Dask
+cluster: the scheduler given as the flow's ``scheduler`` parameter (so that a deployment to a
+work pool carries it), else ``$DASK_SCHEDULER_ADDRESS``, else a LocalCluster started for the run
+(:func:`dr_dask.cluster.session`). The job's own Dask work runs on that cluster; the task is only
+the call that drives it, so it runs in the flow run's process (a Dask task runner would fix the
+address when the flow is imported, and a work pool's worker imports it with its own
+environment).
 
-A failed run is simply run again: the jobs resume from their own marks (watermark, stage
-marks) and hold a lease, so Prefect retries or an overlapping schedule cannot double-write.
+What Prefect sees:
+
+- **logs**: dr_dask's log records (``logging.getLogger("dr_dask...")``) during the job go to the
+  task run's logger, so they are in the flow run's logs;
+- **retries and timeouts** from the shipped workflow files (``nightly-gp-isomap``,
+  ``weekly-refit``: one source for both ways of scheduling the jobs); a bad-input failure
+  (:class:`~dr_dask.inputs.InputError`, :class:`~dr_dask.storage.StorageError`: exit 2 on the
+  command line) is never retried; a transient one (a lost cluster, a held lease, an unreachable
+  store) is;
+- **artifacts**: the nightly drift history (a table) and report (the PNG, inline), the weekly
+  metrics (a table) and report page.
+
+:func:`deployments` gives both flows with cron schedules and their parameters; :func:`serve`
+runs them from this process (``prefect.serve``); ``deployment.deploy(work_pool_name=...)``
+registers them with a work pool. A failed run is simply run again: the jobs resume from their
+own marks and hold a lease, so retries and overlapping schedules cannot double-write.
 
 Airflow and Dagster users call the same jobs through the CLI or the Python API
 (``docs/workflows.md``).
@@ -18,106 +32,140 @@ Airflow and Dagster users call the same jobs through the CLI or the Python API
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
-from distributed import rejoin, secede
-from distributed.worker import thread_state
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect import serve as prefect_serve
-from prefect.task_runners import TaskRunner
-from prefect_dask import DaskTaskRunner, get_dask_client
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from dr_dask.cluster import SCHEDULER_ENV, local_cluster_kwargs
+from dr_dask.cluster import session
+from dr_dask.inputs import InputError
 from dr_dask.jobs.incremental import run_incremental
 from dr_dask.jobs.refit import run_refit
+from dr_dask.storage import StorageError, location
+from dr_dask.workflow import Step, load
 
 logger = logging.getLogger(__name__)
 
 #: Default schedules (cron, the scheduler's time zone): nightly at 02:00, weekly Sunday 03:00.
 NIGHTLY_CRON = "0 2 * * *"
 WEEKLY_CRON = "0 3 * * 0"
+#: Exceptions that mean bad input or configuration: never retried (exit 2 on the command line).
+BAD_INPUT = (InputError, StorageError)
 
 
-# Typed as prefect's TaskRunner[Any]: prefect-dask subclasses a bare `TaskRunner`, which the type
-# variable's default makes a TaskRunner[PrefectConcurrentFuture] that `flow` does not accept.
-def task_runner(scheduler: str | None = None, n_workers: int | None = None) -> TaskRunner[Any]:
-    """The flows' task runner: the Dask scheduler at ``scheduler`` (default
-    ``$DASK_SCHEDULER_ADDRESS``), else a LocalCluster sized to this container, started for the
-    flow run and closed after it.
+def _limits(workflow: str) -> dict[str, Any]:
+    """The retries, delay and timeout of the shipped ``workflow``'s (only) step, as task
+    options."""
+    step: Step = load(workflow).steps[0]
+    return {"retries": step.retries, "retry_delay_seconds": step.retry_delay,
+            "timeout_seconds": step.timeout}
 
-    Parameters
-    ----------
-    scheduler : str, optional
-        Address such as ``tcp://10.0.0.5:8786``.
-    n_workers : int, optional
-        Worker processes of the LocalCluster (default: one per core).
 
-    Returns
-    -------
-    prefect_dask.DaskTaskRunner
-    """
-    address = scheduler or os.environ.get(SCHEDULER_ENV)
-    if address:
-        return DaskTaskRunner(address=address)
-    return DaskTaskRunner(cluster_class="distributed.LocalCluster",
-                          cluster_kwargs=local_cluster_kwargs(n_workers))
+def retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: retry anything but bad input (its exception is in the
+    failed ``state``)."""
+    exc = state.result(raise_on_failure=False)
+    return not isinstance(exc, BAD_INPUT)
+
+
+class _ToRunLogger(logging.Handler):
+    """Hands dr_dask's records to a Prefect run logger (which sends them to the API)."""
+
+    def __init__(self, run_logger: Any):
+        super().__init__()
+        self.run_logger = run_logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.run_logger.log(record.levelno, "%s: %s", record.name, record.getMessage())
 
 
 @contextlib.contextmanager
-def cluster_client() -> Iterator[Any]:
-    """Inside a task of these flows: a client of the flow's cluster.
-
-    The task's worker thread leaves the worker's thread pool while the job runs (``secede``,
-    as ``distributed.worker_client`` does), so the job's tasks can use that thread too: with
-    one thread per worker the job would otherwise wait on its own worker. The client is given
-    to the job explicitly and never becomes the worker process's default.
-    """
-
-    on_worker = getattr(thread_state, "key", None) is not None
-    # not the process's default client: other tasks on this worker (a job's own tasks whose
-    # estimators have client=None) would find it and wait on the cluster from a worker thread
-    # prefect-dask annotates **client_kwargs as Dict[str, Any] (each kwarg a dict): a stub
-    # error (unused where prefect is not installed, e.g. CI's type check)
-    with get_dask_client(
-            set_as_default=False,  # type: ignore[arg-type, unused-ignore]
-    ) as client:
-        if on_worker:
-            secede()
-        try:
-            yield client
-        finally:
-            if on_worker:
-                rejoin()
+def run_logs(level: int = logging.INFO) -> Iterator[None]:
+    """Inside a task: dr_dask's log records at ``level`` and above reach the task run's logs."""
+    handler = _ToRunLogger(get_run_logger())
+    handler.setLevel(level)
+    package = logging.getLogger("dr_dask")
+    previous = package.level
+    package.addHandler(handler)
+    if package.getEffectiveLevel() > level:
+        package.setLevel(level)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous)
 
 
-@task(name="dr-dask incremental job")
+@task(name="dr-dask incremental job", retry_condition_fn=retry_unless_bad_input,
+      **_limits("nightly-gp-isomap"))
 def incremental_task(source: str, state: str, variable: str | None,
-                     storage_options: dict | None, params: dict) -> dict:
-    """:func:`~dr_dask.jobs.incremental.run_incremental` with the flow's cluster."""
-
-    with cluster_client() as client:
+                     storage_options: dict | None, params: dict,
+                     scheduler: str | None) -> dict:
+    """:func:`~dr_dask.jobs.incremental.run_incremental` on the cluster at ``scheduler``."""
+    with run_logs(), session(scheduler) as client:
         return run_incremental(source, state, variable=variable,
                                storage_options=storage_options, client=client, **params)
 
 
-@task(name="dr-dask refit job")
+@task(name="dr-dask refit job", retry_condition_fn=retry_unless_bad_input,
+      **_limits("weekly-refit"))
 def refit_task(source: str, runs: str, method: str, n_components: int, variable: str | None,
-               storage_options: dict | None, params: dict) -> dict:
-    """:func:`~dr_dask.jobs.refit.run_refit` with the flow's cluster."""
-
-    with cluster_client() as client:
+               storage_options: dict | None, params: dict, scheduler: str | None) -> dict:
+    """:func:`~dr_dask.jobs.refit.run_refit` on the cluster at ``scheduler``."""
+    with run_logs(), session(scheduler) as client:
         return run_refit(source, runs, method=method, n_components=n_components,
                          variable=variable, storage_options=storage_options, client=client,
                          **params)
 
 
-@flow(name="dr-dask-nightly", task_runner=task_runner(), log_prints=True)
+def _png_markdown(title: str, png: bytes, lines: list[str]) -> str:
+    """A markdown page with the PNG inline (a data URI: the report may sit on storage the
+    Prefect UI cannot reach)."""
+    image = base64.b64encode(png).decode()
+    return "\n".join([f"# {title}", "", *lines, "", f"![{title}](data:image/png;base64,{image})"])
+
+
+def publish_nightly(summary: dict, state: str, storage_options: dict | None) -> None:
+    """The drift history (a table) and, when drawn, the report (PNG inline) as artifacts."""
+    history = location(state, storage_options).child("drift_history.json").read_json(default=[])
+    create_table_artifact(key="dr-dask-nightly-drift-history", table=history,
+                          description=f"drift history of {summary['state']}")
+    if summary.get("report"):
+        png = location(summary["report"], storage_options).read_bytes()
+        lines = [f"- status: {summary['status']}",
+                 f"- rows {summary['watermark_before']}..{summary['watermark_after']}, "
+                 f"model v{summary['model_version']}, refit: {summary['refit']}",
+                 f"- drift statistic: {summary['drift_statistic']}", f"- {summary['report']}"]
+        create_markdown_artifact(key="dr-dask-nightly-report",
+                                 markdown=_png_markdown("nightly GP-Isomap", png, lines),
+                                 description="report.png of the nightly job")
+
+
+def publish_weekly(summary: dict, storage_options: dict | None) -> None:
+    """The refit's metrics (a table) and report page (PNG inline) as artifacts."""
+    if summary.get("status") != "done":
+        return
+    metrics = [{"metric": k, "value": v} for k, v in summary["metrics"].items()]
+    create_table_artifact(key="dr-dask-weekly-metrics", table=metrics,
+                          description=f"{summary['run']} on {summary['n_samples']} rows")
+    # report.png beside report.json (RUNS/NAME.report/)
+    png_loc = location(summary["report"].rsplit("/", 1)[0], storage_options).child("report.png")
+    lines = [f"- run: {summary['run']} ({summary['method']}, {summary['n_components']} "
+             f"components)", f"- previous: {summary['previous']}", f"- {summary['report']}"]
+    create_markdown_artifact(key="dr-dask-weekly-report",
+                             markdown=_png_markdown("weekly refit", png_loc.read_bytes(), lines),
+                             description="report.png of the weekly refit")
+
+
+@flow(name="dr-dask-nightly", log_prints=True)
 def nightly_flow(source: str, state: str, variable: str | None = None,
-                 storage_options: dict | None = None, params: dict | None = None) -> dict:
+                 storage_options: dict | None = None, params: dict | None = None,
+                 scheduler: str | None = None) -> dict:
     """Map the rows appended to ``source`` since the last run; refit GP-Isomap on drift.
 
     Parameters
@@ -130,20 +178,24 @@ def nightly_flow(source: str, state: str, variable: str | None = None,
     storage_options : dict, optional
     params : dict, optional
         The job's parameters (``dr_dask.jobs.incremental.DEFAULTS``).
+    scheduler : str, optional
+        Dask scheduler address (default ``$DASK_SCHEDULER_ADDRESS``, else a LocalCluster).
 
     Returns
     -------
     dict
         The job's summary.
     """
-    return incremental_task.submit(source, state, variable, storage_options,
-                                   params or {}).result()
+    summary = incremental_task(source, state, variable, storage_options, params or {},
+                               scheduler)
+    publish_nightly(summary, state, storage_options)
+    return summary
 
 
-@flow(name="dr-dask-weekly", task_runner=task_runner(), log_prints=True)
+@flow(name="dr-dask-weekly", log_prints=True)
 def weekly_flow(source: str, runs: str, method: str = "ikd", n_components: int = 2,
                 variable: str | None = None, storage_options: dict | None = None,
-                params: dict | None = None) -> dict:
+                params: dict | None = None, scheduler: str | None = None) -> dict:
     """Refit ``method`` on all of ``source``, evaluate it and move ``latest`` when it is good.
 
     Parameters
@@ -157,15 +209,19 @@ def weekly_flow(source: str, runs: str, method: str = "ikd", n_components: int =
     variable : str, optional
     storage_options : dict, optional
     params : dict, optional
-        The job's parameters (``dr_dask.jobs.refit``).
+        The job's parameters (``dr_dask.jobs.refit.DEFAULTS``).
+    scheduler : str, optional
+        Dask scheduler address (default ``$DASK_SCHEDULER_ADDRESS``, else a LocalCluster).
 
     Returns
     -------
     dict
         The job's summary.
     """
-    return refit_task.submit(source, runs, method, n_components, variable, storage_options,
-                             params or {}).result()
+    summary = refit_task(source, runs, method, n_components, variable, storage_options,
+                         params or {}, scheduler)
+    publish_weekly(summary, storage_options)
+    return summary
 
 
 def deployments(*, source: str, state: str, runs: str, nightly_cron: str = NIGHTLY_CRON,
@@ -184,7 +240,8 @@ def deployments(*, source: str, state: str, runs: str, nightly_cron: str = NIGHT
     nightly_cron, weekly_cron : str
         Cron expressions.
     scheduler : str, optional
-        Dask scheduler address both flows run on (default: see :func:`task_runner`).
+        Dask scheduler address both flows run on: a flow parameter of both deployments, so it
+        reaches a work pool's runs too (default: see :func:`dr_dask.cluster.connect`).
     nightly, weekly : dict, optional
         Further flow parameters (``variable``, ``storage_options``, ``params``; for the weekly
         flow also ``method`` and ``n_components``).
@@ -192,16 +249,16 @@ def deployments(*, source: str, state: str, runs: str, nightly_cron: str = NIGHT
     Returns
     -------
     list of prefect deployments
-        For :func:`serve` / ``prefect.serve`` or ``.deploy`` to a work pool.
+        For :func:`serve` / ``prefect.serve``, or ``.deploy(work_pool_name=..., image=...)``.
     """
-    runner = task_runner(scheduler)
+    common = {"scheduler": scheduler} if scheduler else {}
     return [
-        nightly_flow.with_options(task_runner=runner).to_deployment(
+        nightly_flow.to_deployment(
             name="dr-dask-nightly", cron=nightly_cron,
-            parameters={"source": source, "state": state, **(nightly or {})}),
-        weekly_flow.with_options(task_runner=runner).to_deployment(
+            parameters={"source": source, "state": state, **common, **(nightly or {})}),
+        weekly_flow.to_deployment(
             name="dr-dask-weekly", cron=weekly_cron,
-            parameters={"source": source, "runs": runs, **(weekly or {})}),
+            parameters={"source": source, "runs": runs, **common, **(weekly or {})}),
     ]
 
 

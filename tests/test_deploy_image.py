@@ -57,20 +57,39 @@ def test_constraints_pin_the_tested_environment():
         assert re.search(rf"^{name}==\d", current, re.MULTILINE), name
 
 
+def _stages() -> dict[str, list[tuple[str, str]]]:
+    """The Dockerfile's instructions by stage (FROM ... AS NAME)."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    for op, args in _dockerfile():
+        if op == "FROM":
+            name = args.split()[-1]
+            stages[name] = [(op, args)]
+        else:
+            stages[name].append((op, args))
+    return stages
+
+
 def test_dockerfile_installs_pinned_as_non_root_with_dask_entrypoints():
     make = _load_module(os.path.join(DEPLOY, "make_constraints.py"), "make_constraints")
-    steps = _dockerfile()
-    (base,) = [args for op, args in steps if op == "FROM"]
+    stages = _stages()
+    assert list(stages) == ["base", "prefect", "dask"]  # the last one is the default target
+    base = stages["base"][0][1].split()[0]
     # the tested Python, at a pinned patch version
     assert re.fullmatch(rf"python:{sys.version_info.major}\.{sys.version_info.minor}\.\d+-slim-\w+",
                         base), base
-    installs = [args for op, args in steps if op == "RUN" and "pip install" in args]
-    assert installs and all("-c constraints.txt" in cmd for cmd in installs)
-    assert any(f'".[{",".join(make.IMAGE_EXTRAS)}]"' in cmd for cmd in installs)
+    for name, constraints, extras in [("dask", "constraints.txt", make.IMAGE_EXTRAS),
+                                      ("prefect", "constraints-prefect.txt",
+                                       make.PREFECT_EXTRAS)]:
+        steps = stages[name]
+        assert steps[0][1] == "base AS " + name
+        (install,) = [args for op, args in steps if op == "RUN" and "pip install" in args]
+        assert f"-c {constraints}" in install and f'".[{",".join(extras)}]"' in install
+        assert make.FILES[constraints] == (make.EXTRAS if name == "dask" else extras)
+        (user,) = [args for op, args in steps if op == "USER"]
+        assert user.split(":")[0] == "10001"  # the runAsUser of deploy/kubernetes
     assert "dashboard" in make.IMAGE_EXTRAS  # bokeh: the dashboard on 8787 is served
-    (user,) = [args for op, args in steps if op == "USER"]
-    assert user.split(":")[0] == "10001"  # the runAsUser of deploy/kubernetes
-    (cmd,) = [json.loads(args) for op, args in steps if op == "CMD"]
+    assert "kubernetes" not in make.PREFECT_EXTRAS  # kr8s's pins conflict with prefect's
+    (cmd,) = [json.loads(args) for op, args in stages["dask"] if op == "CMD"]
     assert cmd[:2] == ["dask", "scheduler"]
 
 
