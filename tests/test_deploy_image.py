@@ -145,7 +145,8 @@ def test_compose_health_checks_dependencies_and_the_same_jobs():
         assert job["environment"]["DASK_SCHEDULER_ADDRESS"] == "tcp://scheduler:8786"
         assert job["command"] == pod["args"]
         params = {k: v for k, v in job["environment"].items() if k.startswith("DR_DASK_PARAM_")}
-        assert params == {e["name"]: e["value"] for e in pod["env"]}
+        assert params == {e["name"]: e["value"] for e in pod["env"]
+                          if e["name"].startswith("DR_DASK_PARAM_")}
 
 
 def test_compose_publishes_on_loopback_and_spills_to_disk():

@@ -365,3 +365,21 @@ def test_run_prints_only_its_json_summary_on_stdout(tmp_path):
 def test_unknown_workflow_name_lists_the_shipped_ones():
     _rejected(CliRunner().invoke(main, ["run", "nightly-gp-isomp", "--check"]),
               "no shipped workflow of that name", "nightly-gp-isomap", "weekly-refit")
+
+
+def test_an_unreachable_scheduler_is_transient(tmp_path):
+    """A scheduler that does not answer (yet: the operator starts it with the job's pod) is
+    exit 1, retried by the CronJob, not exit 2; the summary says so on stdout."""
+    import dask
+
+    from dr_dask.bench.io import free_port
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        res = CliRunner().invoke(main, ["--scheduler", f"tcp://127.0.0.1:{free_port()}", "run",
+                                        "demo-ikd", "--param", f"root={tmp_path}"])
+    assert res.exit_code == 1, res.output
+    assert "cannot reach the Dask scheduler (retry later)" in res.stderr
+    summary = json.loads(res.stdout)
+    assert (summary["status"], summary["exit_code"]) == ("failed", 1)
+    assert [s["status"] for s in summary["steps"]] == ["not run"] * 3
+

@@ -23,8 +23,8 @@ EXIT_CODES = """\b
 Exit codes:
   0  success
   1  internal error (a bug: rerun with -v for the traceback), the cluster was lost
-     (the message names the stage a rerun resumes from), or the store was unreachable,
-     timed out, throttled or failed (5xx): retry later
+     (the message names the stage a rerun resumes from) or did not answer, or the store
+     was unreachable, timed out, throttled or failed (5xx): retry later
   2  user error: bad option, parameter or input (a message, no traceback)"""
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
@@ -197,8 +197,10 @@ def cluster(ctx: click.Context) -> Iterator:
         started = session(obj.get("scheduler"), obj.get("workers"), obj.get("scheduler_file"),
                           security=security(obj.get("tls", {})))
         client = started.__enter__()
-    except (ValueError, OSError) as exc:  # a missing scheduler file, an unreachable scheduler
+    except ValueError as exc:  # a malformed address, a missing scheduler file
         fail(f"cannot join the Dask cluster: {exc}")
+    except OSError as exc:  # no answer (yet): a scheduler starting or restarting is transient
+        busy(f"cannot reach the Dask scheduler (retry later): {exc}")
     with contextlib.ExitStack() as stack:
         stack.push(started)
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
