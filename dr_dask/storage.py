@@ -43,6 +43,8 @@ import numpy as np
 import zarr
 from fsspec.asyn import sync
 
+from dr_dask import config
+
 logger = logging.getLogger(__name__)
 
 #: Which package gives fsspec each common protocol (for the "install X" error).
@@ -53,19 +55,12 @@ _PACKAGES = {
 
 #: Bounded timeouts/retries for S3 so an unreachable endpoint fails in seconds, not minutes
 #: (botocore defaults: 60 s connect timeout, several retries). botocore's "standard" retry mode
-#: retries throttling, 5xx and connection errors with jittered exponential backoff, and s3fs
-#: retries each call again (S3_CALL_RETRIES times in all, backed off; its default, 5, multiplied
-#: with the other layers, would hold a read of a silent endpoint for many minutes). Users may
+#: retries throttling, 5xx and connection errors with jittered exponential backoff; s3fs retries
+#: each call again (``dr_dask.storage.s3-call-retries``), and idempotent reads are retried once
+#: more here (``read-attempts``, ``read-backoff``; writes are left to the clients). Users may
 #: override the botocore settings.
 _S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
                                   "retries": {"max_attempts": 2, "mode": "standard"}}}
-S3_CALL_RETRIES = 2
-#: Idempotent reads of a Location (an object, a listing, an existence check) are tried this many
-#: times when the store fails transiently, waiting READ_BACKOFF s, then twice that, ...: on top of
-#: the client's own retries, so that a store that is down for a few seconds (a restart, a
-#: failover) does not fail a night's job. Writes are not retried here (the clients retry them).
-READ_ATTEMPTS = 3
-READ_BACKOFF = 1.0
 
 #: Answers of an object store that mean "not now": throttling, and the server's own failures.
 _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
@@ -460,7 +455,7 @@ def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
         raise StorageError(f"unknown URL scheme {scheme}:// (no fsspec filesystem)") from None
     fs = cls(**_options(scheme, storage_options))
     if scheme in ("s3", "s3a"):  # not a constructor argument of s3fs: an attribute it reads
-        fs.retries = S3_CALL_RETRIES
+        fs.retries = int(config.get("storage.s3-call-retries"))
     return fs
 
 
@@ -494,17 +489,18 @@ def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _read(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """:func:`_guard` for an idempotent read, tried :data:`READ_ATTEMPTS` times with backoff
-    while the store fails transiently."""
-    for attempt in range(READ_ATTEMPTS):
+    """:func:`_guard` for an idempotent read, tried ``dr_dask.storage.read-attempts`` times with
+    backoff while the store fails transiently."""
+    attempts = int(config.get("storage.read-attempts"))
+    for attempt in range(1, attempts + 1):
         try:
             return _guard(loc, fn, *args, **kwargs)
         except StorageUnavailable as exc:
-            if attempt + 1 == READ_ATTEMPTS:
+            if attempt == attempts:
                 raise
-            wait = READ_BACKOFF * 2**attempt
+            wait = config.get_seconds("storage.read-backoff") * 2 ** (attempt - 1)
             logger.warning("%s; reading again in %gs (attempt %d of %d)", exc, wait,
-                           attempt + 2, READ_ATTEMPTS)
+                           attempt + 1, attempts)
             time.sleep(wait)
     raise AssertionError("unreachable")
 

@@ -189,7 +189,7 @@ STORE_FAILURES = {"missing bucket": 2, "wrong credentials": 2, "unreachable endp
 
 @pytest.mark.parametrize("case", list(STORE_FAILURES))
 def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, monkeypatch,
-                                                     case):
+                                                     dr_config, case):
     import s3fs
 
     path = str(tmp_path / "in.zarr")
@@ -217,7 +217,7 @@ def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, 
         if case == "timeout":
             options = ["--storage-option",  # short and unretried by botocore: a quick test
                        'config_kwargs={"read_timeout": 1, "retries": {"max_attempts": 1}}']
-    monkeypatch.setattr("dr_dask.storage.READ_BACKOFF", 0.1)
+    dr_config({"storage.read-backoff": 0.1})
     s3fs.S3FileSystem.clear_instance_cache()
     try:
         t0 = time.perf_counter()
@@ -240,15 +240,15 @@ def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, 
         assert unwell.requests > 1  # retried before giving up
 
 
-def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog):
+def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog, dr_config):
     """A store that answers 503 three times, then recovers: a read succeeds (the client's own
     retries alone would have given up), a few seconds late; with no recovery it is a bounded
     number of attempts, then StorageUnavailable."""
     import s3fs
 
-    from dr_dask import storage
+    from dr_dask import config, storage
 
-    monkeypatch.setattr(storage, "READ_BACKOFF", 0.2)
+    dr_config({"storage.read-backoff": 0.2})
     for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
@@ -269,7 +269,7 @@ def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog):
         loc = Location("s3://lake/state/checkpoint.json", {"endpoint_url": down.url})
         with pytest.raises(storage.StorageUnavailable, match="transient"):
             loc.read_json()
-        assert 1 < down.requests <= 3 * storage.READ_ATTEMPTS
+        assert 1 < down.requests <= 3 * config.get("storage.read-attempts")
     finally:
         down.close()
 
@@ -282,12 +282,12 @@ def test_missing_object_and_bad_data_are_bad_input(s3_bucket):
         open_dataset(f"s3://{s3_bucket}/junk.zarr")
 
 
-def test_unreachable_store_while_opening_an_input_is_transient(monkeypatch):
+def test_unreachable_store_while_opening_an_input_is_transient(monkeypatch, dr_config):
     import s3fs
 
     from dr_dask import storage
 
-    monkeypatch.setattr(storage, "READ_BACKOFF", 0.1)
+    dr_config({"storage.read-backoff": 0.1})
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
