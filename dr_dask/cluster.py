@@ -26,11 +26,12 @@ import dask
 from dask.system import CPU_COUNT
 from distributed import Client, LocalCluster, Security, default_client, wait
 from distributed.comm.core import CommClosedError
+from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
 from distributed.worker import thread_state
 
-from dr_dask import config
+from dr_dask import config, credentials
 from dr_dask.progress import cluster_bar, local_bar
 
 logger = logging.getLogger(__name__)
@@ -310,3 +311,38 @@ def compute(*collections: Any, client: Client | None = None,
         with local_bar(progress):
             return dask.compute(*collections, scheduler="threads")
     return tuple(gather(client.compute(list(collections)), client, progress=progress))
+
+
+class CredentialsPlugin(WorkerPlugin):
+    """Puts credential sets into each worker's registry (:mod:`dr_dask.credentials`)."""
+
+    def __init__(self, sets: dict[str, dict]):
+        self.sets = sets
+
+    def setup(self, worker: Any) -> None:
+        credentials.register(self.sets)
+
+
+#: (client id, reference) pairs already delivered: each client registers a set once.
+_DELIVERED: set[tuple[str, str]] = set()
+
+
+def deliver_credentials(client: Client | None, storage_options: dict | None) -> None:
+    """Give every worker of ``client``, now and later, the credentials among
+    ``storage_options``, so that the Locations in task graphs carry only a reference to them
+    (:mod:`dr_dask.credentials`). Once per client and credential set; nothing to do without
+    a client or without credentials.
+    """
+    _, secret = credentials.split(storage_options or {})
+    if client is None or not secret:
+        return
+    ref = credentials.reference(secret)
+    key = (str(client.id), ref)
+    if key in _DELIVERED:
+        return
+    # the one message that carries the secret (and the scheduler's copy for workers that join
+    # later): a TLS cluster protects it
+    client.register_plugin(CredentialsPlugin({ref: secret}), name=ref)
+    _DELIVERED.add(key)
+    logger.debug("storage credentials delivered to the workers as %s", ref)
+

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -491,3 +492,126 @@ def test_workflow_file_read_from_s3(s3_bucket, moto_endpoint, monkeypatch):
     res = CliRunner().invoke(main, ["--storage-option", f"endpoint_url={moto_endpoint}", "run",
                                     f"s3://{s3_bucket}/jobs/absent.toml", "--check"])
     assert res.exit_code == 2 and "cannot read" in res.output and "Traceback" not in res.output
+
+
+# ------------------------------------------------------------------ no secrets in the graph
+def _graph_scan(secret: str, bucket: str, dask_scheduler: Any = None) -> dict:
+    """What the scheduler holds now: tasks, and which of them show the secret or the bucket."""
+    from distributed.protocol.pickle import dumps
+
+    found = {"tasks": 0, "leaks": [], "bucket": 0, "keys": []}
+    for key, ts in list(dask_scheduler.tasks.items()):
+        text = f"{key!r} {ts.run_spec!r} {ts!r}"
+        try:
+            blob = dumps(ts.run_spec)
+        except Exception as exc:  # noqa: BLE001  (reported, so the scan cannot pass silently)
+            blob = repr(exc).encode()
+        found["tasks"] += 1
+        found["keys"].append(str(key))
+        if secret in text or secret.encode() in blob:
+            found["leaks"].append(str(key))
+        found["bucket"] += bucket.encode() in blob
+    plugins = dumps(dict(dask_scheduler.worker_plugins))
+    found["in_plugins"] = secret.encode() in plugins
+    return found
+
+
+@pytest.mark.cluster
+def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeypatch):
+    """`--storage-option key=… secret=…` on a multi-process cluster whose workers have no
+    credentials of their own: while the S3 run is in flight the secret is in no task's
+    run_spec (pickled or printed), no task key and no dashboard page; it reaches the workers
+    once, in the worker plugin the scheduler keeps (the channel TLS protects)."""
+    import importlib.util
+    import threading
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    import uuid
+
+    import boto3
+    import s3fs
+    from distributed import Client, LocalCluster
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE",
+                "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    opts = _s3_options(moto_endpoint)
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id=opts["key"],
+                 aws_secret_access_key=S3_SECRET).create_bucket(Bucket=bucket)
+    s3_in, out = f"s3://{bucket}/in.zarr", f"s3://{bucket}/out.zarr"
+    g = zarr.open_group(store=Location(s3_in, opts).zarr_store(), mode="w")
+    g.create_array("X", data=data, chunks=(40, N), dimension_names=("sample", "feature"))
+    bokeh = importlib.util.find_spec("bokeh") is not None
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="2GB",
+                      dashboard_address="127.0.0.1:0" if bokeh else None) as cluster, \
+            Client(cluster, set_as_default=False) as observer:
+        result = {}
+
+        def run():
+            result["res"] = CliRunner().invoke(main, [
+                "--scheduler", cluster.scheduler_address, "--storage-option", "key=testing-key-id",
+                "--storage-option", f"secret={S3_SECRET}", "--storage-option",
+                f"endpoint_url={moto_endpoint}", "embed", "ikd", "-n", "2", "--tile-cache",
+                "disk", "--tile-size", "80", "--input", f"{s3_in}:X", "--out", out,
+                "--name", "r"])
+
+        th = threading.Thread(target=run)
+        th.start()
+        scans, pages, fetched = [], [], 0.0
+        while th.is_alive():
+            scan = observer.run_on_scheduler(_graph_scan, S3_SECRET, bucket)
+            scans.append(scan)
+            if bokeh and scan["keys"] and time.time() - fetched > 1:
+                fetched = time.time()
+                base = cluster.dashboard_link.rsplit("/", 1)[0]
+                for path in ("/info/main/workers.html", "/json/counts.json",
+                             *(f"/info/task/{urllib.parse.quote(k, safe='')}.html"
+                               for k in scan["keys"][:3])):
+                    try:
+                        with urllib.request.urlopen(base + path, timeout=30) as resp:
+                            pages.append((path, resp.read()))
+                    except urllib.error.HTTPError as exc:
+                        pages.append((path, exc.read()))
+            time.sleep(0.05)
+        th.join()
+    res = result["res"]
+    assert res.exit_code == 0, res.output
+    assert open_run(out, "r", storage_options=opts)["embedding"].shape == (T, 2)
+    assert sum(s["tasks"] for s in scans) > 0, "no task was ever seen in flight"
+    assert sum(s["bucket"] for s in scans) > 0  # Locations of the bucket were in the graph
+    assert not [k for s in scans for k in s["leaks"]]
+    assert all(s["in_plugins"] for s in scans[1:])  # where it does travel: the plugin, once
+    if bokeh:
+        assert any(p == "/info/main/workers.html" and b"<html" in body.lower()
+                   for p, body in pages)
+        assert not [p for p, body in pages if S3_SECRET.encode() in body]
+    else:
+        pytest.skip("bokeh is not installed: the dashboard pages were not checked")
+
+
+def test_pickled_location_carries_a_reference_not_the_credentials():
+    import pickle
+
+    from dr_dask import credentials
+
+    opts = {"key": "testing-key-id", "secret": S3_SECRET, "endpoint_url": "http://127.0.0.1:9",
+            "client_kwargs": {"aws_session_token": S3_SECRET + "-token"}}
+    loc = Location("s3://bucket/x.zarr", opts).child("X")
+    blob = pickle.dumps(loc)
+    assert S3_SECRET.encode() not in blob and b"http://127.0.0.1:9" in blob
+    back = pickle.loads(blob)  # in this process (the client) the reference resolves
+    assert back.storage_options == opts and back == loc
+    # a process the credentials never reached (the scheduler) passes the reference on intact
+    state = back.__getstate__()
+    saved = credentials._REGISTRY.pop(state["credentials"])
+    try:
+        relay = pickle.loads(pickle.dumps(back))
+        assert "secret" not in relay.storage_options
+        assert pickle.loads(pickle.dumps(relay.child("c"))).__getstate__()["credentials"] == \
+            state["credentials"]
+    finally:
+        credentials._REGISTRY[state["credentials"]] = saved

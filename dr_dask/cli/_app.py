@@ -200,6 +200,10 @@ def cluster(ctx: click.Context) -> Iterator:
     with contextlib.ExitStack() as stack:
         stack.push(started)
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
+        from dr_dask.cluster import deliver_credentials
+
+        # once per worker, so that task graphs carry only a reference to them
+        deliver_credentials(client, obj.get("storage_options"))
         yield client
 
 

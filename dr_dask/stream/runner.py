@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import active_client, gather, share
+from dr_dask.cluster import active_client, deliver_credentials, gather, share
 from dr_dask.lease import Lease
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.methods.gp_isomap_io import check_model
@@ -223,6 +223,7 @@ class StreamRunner:
         self.max_in_flight = 1 if self.strict else int(max_in_flight)
         self.poll_interval = poll_interval
         self.client = active_client(client)
+        deliver_credentials(self.client, storage_options)
         self.handle_signals = handle_signals
         self._init_model, self._init_batch = model, batch
         self._stop = threading.Event()
