@@ -399,13 +399,14 @@ def test_empty_chunk_is_consumed_not_blocking(model, scenario, tmp_path):
 
 
 def test_late_file_sorting_before_the_checkpoint_is_processed(model, scenario, tmp_path,
-                                                               monkeypatch, caplog):
+                                                               request, caplog):
     """Processed names, not a high-water mark: a chunk file that appears after the
     checkpoint with a name sorting before it is processed with a warning; the checkpoint
     stays small (names move to archive objects) and a restart reads the archives."""
-    import dr_dask.stream.sources as sources
+    import dask
 
-    monkeypatch.setattr(sources, "COMPACT_AFTER", 3)
+    compact = dask.config.set({"dr_dask.stream.compact-after": 3})
+    request.addfinalizer(lambda: compact.__exit__(None, None, None))
     S = scenario.stream
     src = tmp_path / "chunks"
     src.mkdir()

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from dr_dask import config
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -82,11 +83,6 @@ class ZarrSource:
         return not self.follow and offset >= self._array().shape[0]
 
 
-#: Processed file names an offset lists before they move to an archive object: the checkpoint
-#: is rewritten after every chunk, so it must stay small however long the stream runs.
-COMPACT_AFTER = 256
-
-
 class DirectorySource:
     """Chunk files (``.npy``) in a directory, each processed once, in name order.
 
@@ -97,7 +93,8 @@ class DirectorySource:
     never skipped. A writer must make each file appear whole: on local disk write under a
     temporary name (not ending in ``.npy``) and rename; on an object store one PUT is atomic.
 
-    Compaction: once an offset lists :data:`COMPACT_AFTER` names, :meth:`read` writes them
+    Compaction: once an offset lists ``dr_dask.stream.compact-after`` names (dask config;
+    the checkpoint is rewritten after every chunk, so it must stay small), :meth:`read` writes them
     to an archive object under :attr:`archive` (named by a hash of its content, so it is
     never rewritten with other names) and the next offset refers to it instead. An archive
     nothing committed refers to (a crash right after writing it) is harmless debris.
@@ -145,7 +142,7 @@ class DirectorySource:
 
     def _after(self, state: dict, name: str) -> dict:
         done, archives = [*state["done"], name], list(state["archives"])
-        if self.archive is not None and len(done) >= COMPACT_AFTER:
+        if self.archive is not None and len(done) >= int(config.get("stream.compact-after")):
             data = json.dumps(sorted(done)).encode()
             key = hashlib.sha256(data).hexdigest()[:24]
             self.archive_location(key).write_bytes(data)  # before any offset names it
