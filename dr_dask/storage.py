@@ -475,6 +475,11 @@ def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except (FileNotFoundError, FileExistsError):  # answers, not failures: callers handle them
         raise
+    except TypeError as exc:  # an option the filesystem (or its client session) does not take
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        raise StorageError(f"{loc.url}: a --storage-option is not an option of its filesystem "
+                           f"({_scrub(exc, loc)}); remove it or check its name") from None
     except PermissionError as exc:
         raise StorageError(f"access to {loc.url} was refused (check credentials): "
                            f"{_scrub(exc, loc)}") from None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from conftest import S3_SECRET, free_port
+from conftest import S3_SECRET, free_port, wait_port
 
 from dr_dask.cli import main
 from dr_dask.inputs import InputError, open_dataset
@@ -105,9 +105,8 @@ def test_corrupt_chunk_is_an_error_naming_it(tmp_path, data):
     res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", "-n", "2",
                                     "--input", path + ":X", "--out", str(tmp_path / "o.zarr")])
     assert res.exit_code == 2 and "chunk c/2/0" in res.output
-    # no run group is left for rejected input
-    root = zarr.open_group(str(tmp_path / "o.zarr"), mode="r")
-    assert list(root.group_keys()) == []
+    # nothing is left for rejected input: no run group, not even the store it created
+    assert not (tmp_path / "o.zarr").exists()
 
 
 def test_changed_input_is_a_new_run_or_refused(tmp_path, data):
@@ -148,7 +147,7 @@ def test_storage_failures_are_clear_and_fast(s3_bucket, tmp_path, data, monkeypa
             env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        _wait_port(port)
+        wait_port(port)
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     s3fs.S3FileSystem.clear_instance_cache()
     try:
@@ -163,18 +162,6 @@ def test_storage_failures_are_clear_and_fast(s3_bucket, tmp_path, data, monkeypa
     assert "Traceback" not in output and "out.zarr" in output
     assert S3_SECRET not in output
     assert elapsed < 30
-
-
-def _wait_port(port: int, timeout: float = 20) -> None:
-    import socket
-
-    end = time.time() + timeout
-    while time.time() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"server on {port} did not start")
 
 
 def test_unknown_scheme_names_the_package():
@@ -615,3 +602,14 @@ def test_pickled_location_carries_a_reference_not_the_credentials():
             state["credentials"]
     finally:
         credentials._REGISTRY[state["credentials"]] = saved
+
+
+def test_unknown_storage_option_is_a_user_error(s3_bucket, data):
+    _write_input(f"s3://{s3_bucket}/in.zarr", data)
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "--storage-option", "bogus=1",
+                                    "embed", "ikd", "-n", "2", "--input",
+                                    f"s3://{s3_bucket}/in.zarr:X", "--out",
+                                    f"s3://{s3_bucket}/out.zarr"])
+    assert res.exit_code == 2, res.output
+    assert "not an option of its filesystem" in res.output and "'bogus'" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
