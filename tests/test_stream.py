@@ -498,3 +498,18 @@ def test_rows_mapped_to_nan_are_quarantined_not_written(model, scenario, tmp_pat
     assert sum(r["n_rows"] for r in records) == q.sum()
     assert sorted(r for rec in records for r in rec["rows"]) == np.flatnonzero(q).tolist()
     assert all("non-finite" in r["reason"] for r in records)
+
+
+def test_resume_with_a_tampered_stored_model_exits_2(model, scenario, tmp_path):
+    """The model a stream resumes with is checked as strictly as a given one."""
+    src = tmp_path / "chunks"
+    src.mkdir()
+    np.save(src / "000.npy", scenario.stream[:20])
+    out = str(tmp_path / "out")
+    StreamRunner(out, str(src), model, n_s=1000).run()
+    zarr.open_group(os.path.join(out, "models", "v0"), mode="a")["manifold_0"]["beta"][0, 0] = \
+        np.inf
+    proc = _cli("--scheduler", "threads", "stream", "run", str(src), "--out", out)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err.decode()
+    assert b"v0" in err and b"manifold_0/beta" in err and b"Traceback" not in err
