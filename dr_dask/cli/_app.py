@@ -240,6 +240,9 @@ def drop_tracebacks() -> None:
                                       if name.startswith("distributed"))]
     for lg in loggers:
         for handler in lg.handlers:
+            # the terminal's handlers only (a test's capture handler keeps what it captures)
+            if getattr(handler, "stream", None) not in (sys.stderr, sys.__stderr__):
+                continue
             if not any(isinstance(f, _NoTraceback) for f in handler.filters):
                 handler.addFilter(_NoTraceback())
 
