@@ -26,11 +26,12 @@ import dask
 from dask.system import CPU_COUNT
 from distributed import Client, LocalCluster, Security, default_client, wait
 from distributed.comm.core import CommClosedError
+from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
 from distributed.worker import thread_state
 
-from dr_dask import config
+from dr_dask import config, credentials
 from dr_dask.blas import single_blas_thread
 from dr_dask.progress import cluster_bar, local_bar
 
@@ -46,6 +47,19 @@ _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("dr_dask_stage", de
 T = TypeVar("T")
 
 
+#: The stage last entered in this process and whether it finished: where a failure raised
+#: outside any stage happened ("before the first stage", "after stage 'x'").
+_LAST_STAGE: dict[str, Any] = {"name": None, "finished": False}
+
+
+def where_now() -> str:
+    """Where this process is in its stages, for messages about failures outside a stage."""
+    name = _LAST_STAGE["name"]
+    if name is None:
+        return "before the first stage (while connecting or opening the input)"
+    return f"{'after' if _LAST_STAGE['finished'] else 'during'} stage {name!r}"
+
+
 class ClusterLost(RuntimeError):
     """The cluster went away (or kept losing workers) under a stage; rerun to resume from it."""
 
@@ -53,6 +67,54 @@ class ClusterLost(RuntimeError):
         super().__init__(f"stage {stage!r} could not finish: {why}. Rerun to resume from stage "
                          f"{stage!r} (completed stages of a run are kept)")
         self.stage = stage
+
+
+class WorkerOutOfMemory(RuntimeError):
+    """A task's workers were restarted by their nanny for exceeding their memory limit: rerun
+    unchanged, it would fail again."""
+
+    def __init__(self, task: Any, worker: str, limit: float, rss: float, attempts: int):
+        gb = 1e9
+        super().__init__(
+            f"{where_now()}: task {task!r} ran on {attempts} worker(s) and each died; the last, "
+            f"{worker}, was restarted for exceeding its memory limit ({rss / gb:.2f} GB used of "
+            f"{limit / gb:.2f} GB). Give each worker more memory (dask worker --memory-limit, or "
+            "fewer worker processes per machine: --workers) or make the work smaller (smaller "
+            "chunks or tiles: --chunk-size, --tile-size)")
+        self.task, self.worker = task, worker
+
+
+def memory_killed(exc: KilledWorker, client: Client | None) -> WorkerOutOfMemory | None:
+    """The memory error behind ``exc`` when its last worker was restarted for memory (the
+    nanny's ``worker-restart-memory`` event on the scheduler), else None."""
+    if client is None:
+        return None
+    worker = exc.last_worker.address
+    for _ in range(5):  # the nanny's event and the worker's removal race to the scheduler
+        try:
+            events = client.get_events("worker-restart-memory")
+        except Exception:  # noqa: BLE001  (no answer: no explanation, the caller's error stands)
+            return None
+        found = [e for _, e in events if e.get("worker") == worker]
+        if found:
+            return WorkerOutOfMemory(exc.task, worker, exc.last_worker.memory_limit or 0,
+                                     found[-1].get("rss", 0), exc.allowed_failures + 1)
+        time.sleep(0.2)
+    return None
+
+
+def cluster_gone(exc: BaseException) -> bool:
+    """``exc`` says the cluster (scheduler or workers) went away, not that the work is wrong:
+    a lost-worker error, or a connection error raised by distributed's comm layer."""
+    if isinstance(exc, _lost_worker_errors()):
+        return True
+    if not isinstance(exc, (OSError, TimeoutError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return f"{os.sep}distributed{os.sep}" in where or f"{os.sep}tornado{os.sep}" in where
 
 
 def _lost_worker_errors() -> tuple[type[BaseException], ...]:
@@ -73,10 +135,13 @@ def run_stage(name: str, fn: Callable[[], T], attempts: int | None = None) -> T:
     """
     attempts = attempts or int(config.get("cluster.stage-attempts"))
     token = _STAGE.set(name)
+    _LAST_STAGE.update(name=name, finished=False)
     try:
         for attempt in range(1, attempts + 1):
             try:
-                return fn()
+                result = fn()
+                _LAST_STAGE.update(name=name, finished=True)
+                return result
             except ClusterLost:
                 raise
             except _lost_worker_errors() as exc:
@@ -114,7 +179,13 @@ def gather(futures: list, client: Client, progress: bool | None = None) -> list:
     (see :func:`wait_for`). ``progress``: draw a bar (default: the estimator's
     :func:`dr_dask.progress.scope`)."""
     wait_for(futures, client, progress)
-    return client.gather(futures)
+    try:
+        return client.gather(futures)
+    except KilledWorker as exc:  # for memory, a rerun of the stage would fail the same way
+        oom = memory_killed(exc, client)
+        if oom is None:
+            raise
+        raise oom from exc
 
 
 def wait_for(futures: list, client: Client, progress: bool | None = None) -> None:
@@ -282,6 +353,10 @@ def connect(
     """
     address = scheduler or os.environ.get(SCHEDULER_ENV)
     if address:
+        if address.startswith("tls://") and security is None \
+                and not dask.config.get("distributed.comm.tls.ca-file", None):
+            raise ValueError(f"{address} is a TLS scheduler: pass --tls-ca-file, --tls-cert and "
+                             "--tls-key (or set distributed.comm.tls.* in the dask config)")
         logger.info("connecting to scheduler %s", address)
         return Client(address, security=security)
     scheduler_file = scheduler_file or os.environ.get(SCHEDULER_FILE_ENV)
@@ -335,3 +410,38 @@ def compute(*collections: Any, client: Client | None = None,
         with single_blas_thread(), local_bar(progress):
             return dask.compute(*collections, scheduler="threads")
     return tuple(gather(client.compute(list(collections)), client, progress=progress))
+
+
+class CredentialsPlugin(WorkerPlugin):
+    """Puts credential sets into each worker's registry (:mod:`dr_dask.credentials`)."""
+
+    def __init__(self, sets: dict[str, dict]):
+        self.sets = sets
+
+    def setup(self, worker: Any) -> None:
+        credentials.register(self.sets)
+
+
+#: (client id, reference) pairs already delivered: each client registers a set once.
+_DELIVERED: set[tuple[str, str]] = set()
+
+
+def deliver_credentials(client: Client | None, storage_options: dict | None) -> None:
+    """Give every worker of ``client``, now and later, the credentials among
+    ``storage_options``, so that the Locations in task graphs carry only a reference to them
+    (:mod:`dr_dask.credentials`). Once per client and credential set; nothing to do without
+    a client or without credentials.
+    """
+    _, secret = credentials.split(storage_options or {})
+    if client is None or not secret:
+        return
+    ref = credentials.reference(secret)
+    key = (str(client.id), ref)
+    if key in _DELIVERED:
+        return
+    # the one message that carries the secret (and the scheduler's copy for workers that join
+    # later): a TLS cluster protects it
+    client.register_plugin(CredentialsPlugin({ref: secret}), name=ref)
+    _DELIVERED.add(key)
+    logger.debug("storage credentials delivered to the workers as %s", ref)
+

@@ -31,7 +31,7 @@ import xarray as xr
 import zarr
 
 from dr_dask import config
-from dr_dask.cluster import active_client, compute
+from dr_dask.cluster import active_client, compute, deliver_credentials
 from dr_dask.storage import (
     Location,
     StorageError,
@@ -137,11 +137,33 @@ class _NpyRows:
 
 class _ZarrRows:
     """A Zarr array read so that a chunk that cannot be decoded is an :class:`InputError`
-    naming the array and the chunk key (not a bare codec traceback from a worker)."""
+    naming the array and the chunk key (not a bare codec traceback from a worker).
 
-    def __init__(self, arr: zarr.Array, where: str):
-        self.arr, self.where = arr, where
-        self.shape, self.dtype, self.ndim, self.chunks = arr.shape, arr.dtype, arr.ndim, arr.chunks
+    Pickled (into a task graph) as its :class:`Location`, never as the store: a store's
+    filesystem would carry the credentials in the graph (see :mod:`dr_dask.credentials`).
+    """
+
+    def __init__(self, arr: zarr.Array | None, where: str, loc: Location, meta: tuple):
+        self._arr, self.where, self.loc = arr, where, loc
+        self.shape, self.dtype, self.ndim, self.chunks = meta
+
+    @classmethod
+    def of(cls, arr: zarr.Array, where: str, loc: Location) -> _ZarrRows:
+        return cls(arr, where, loc, (arr.shape, arr.dtype, arr.ndim, arr.chunks))
+
+    @property
+    def arr(self) -> zarr.Array:
+        # opened where it is read: the scheduler unpickles task graphs and must not open stores
+        if self._arr is None:
+            self._arr = zarr.open_array(store=self.loc.zarr_store(read_only=True), mode="r")
+        return self._arr
+
+    def __getstate__(self) -> dict:
+        return {"where": self.where, "loc": self.loc,
+                "meta": (self.shape, self.dtype, self.ndim, self.chunks)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(None, state["where"], state["loc"], state["meta"])  # type: ignore[misc]
 
     def __getitem__(self, key: Any) -> np.ndarray:
         try:
@@ -355,7 +377,7 @@ def _open_zarr(
     if arr.ndim == 2:
         _check_chunks(arr, where, listing)
     content = {"chunks": [int(c) for c in arr.chunks], "stored": (array_loc, listing)}
-    return _ZarrRows(arr, where), sample_ids, variable, content
+    return _ZarrRows.of(arr, where, array_loc), sample_ids, variable, content
 
 
 def _open_xarray(obj: Any, variable: str | None, path: str | None) -> tuple[Any, Any, str | None]:
@@ -464,6 +486,7 @@ def check_workers_can_read(inp: InputData, client: Any = None) -> None:
     client = active_client(client)
     if client is None or inp.location is None:
         return
+    deliver_credentials(client, inp.location.storage_options)
     answers = client.run(_can_read, inp.location)
     for worker, problem in sorted(answers.items()):
         if problem:

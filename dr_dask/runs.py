@@ -135,6 +135,8 @@ class RunGroup:
         self.store, self.name = self.location.url, check_run_name(name)
         self.created = self.replacing = False
         self.lease: Lease | None = None
+        #: This run created the store itself (so a rejected input leaves no empty store behind).
+        self.created_store = not self.location.child("zarr.json").exists()
         params = plain_json(params)
         identity = plain_json(identity)
         self._fresh: dict[str, Any] = {RUN_MARKER: 1, "params": params, "input": identity,
@@ -461,6 +463,9 @@ def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
     except ValueError:  # rejected input or parameters: leave no run group behind
         if run.created and not run.done_stages:
             run.location.child(run.name).delete()
+            # nor the store this run created, unless another run has appeared in it since
+            if run.created_store and not [*run._root().group_keys()]:
+                run.location.delete()
         raise
     seconds = took["seconds"]
     emb = np.asarray(emb.compute() if hasattr(emb, "compute") else emb)

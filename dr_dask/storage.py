@@ -17,9 +17,10 @@ stores; on local disk :meth:`Location.write_bytes` gives the same guarantee with
 name and ``os.replace`` (the one place a rename is used, invisible to callers).
 
 Local paths are made absolute when a :class:`Location` is built (on the client), so a worker
-whose working directory differs reads the same files. ``storage_options`` travel with a pickled
-Location (workers need them) but never appear in its ``str``/``repr``: only :attr:`url` is ever
-recorded or printed.
+whose working directory differs reads the same files. A pickled Location (in a task graph)
+carries its non-secret ``storage_options`` and only a reference to its credentials, which
+reach the workers once by another path (:mod:`dr_dask.credentials`). Neither appears in its
+``str``/``repr``: only :attr:`url` is ever recorded or printed.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import numpy as np
 import zarr
 from fsspec.asyn import sync
 
-from dr_dask import config
+from dr_dask import config, credentials
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class Location:
         self.scheme = scheme
         self.storage_options: dict = dict(storage_options or {})
         self._fs: Any = None
+        #: The reference to this Location's credentials it was unpickled with (if any).
+        self._credentials: str | None = None
 
     # ------------------------------------------------------------------ identity
     def __repr__(self) -> str:
@@ -134,10 +137,30 @@ class Location:
         return hash(self.url)
 
     def __getstate__(self) -> dict:
-        return {"url": self.url, "scheme": self.scheme, "storage_options": self.storage_options}
+        # credentials never travel in a pickle (a task graph): a reference to them does. The
+        # reference a Location arrived with is kept: the scheduler unpickles and re-pickles
+        # task graphs without holding the credentials themselves
+        public, secret = credentials.split(self.storage_options)
+        state = {"url": self.url, "scheme": self.scheme, "storage_options": public}
+        ref = self._credentials or (credentials.reference(secret) if secret else None)
+        if ref is not None:
+            state["credentials"] = ref
+        return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _fs=None)
+        state = dict(state)
+        ref = state.pop("credentials", None)
+        if ref is not None:  # {} where they were never delivered: this process's own
+            state["storage_options"] = {**state["storage_options"],
+                                        **credentials.resolve(ref)}
+        self.__dict__.update(state, _fs=None, _credentials=ref)
+
+    def _backend_options(self) -> dict:
+        """The storage options a filesystem or store is built with here (saying so when the
+        credentials this Location was sent with never reached this process)."""
+        if self._credentials is not None and not credentials.resolve(self._credentials):
+            credentials.warn_missing(self._credentials, self.url)
+        return self.storage_options
 
     @property
     def is_local(self) -> bool:
@@ -153,6 +176,7 @@ class Location:
         out = Location.__new__(Location)
         out.__setstate__({"url": sep.join([self.url.rstrip(sep), *parts]), "scheme": self.scheme,
                           "storage_options": self.storage_options})
+        out._credentials = self._credentials
         return out
 
     def contains(self, other: Location) -> bool:
@@ -168,7 +192,7 @@ class Location:
     def fs(self) -> Any:
         """The fsspec filesystem (created on first use, in the process that uses it)."""
         if self._fs is None:
-            self._fs = filesystem(self.scheme, self.storage_options)
+            self._fs = filesystem(self.scheme, self._backend_options())
         return self._fs
 
     @property
@@ -182,7 +206,7 @@ class Location:
         if self.is_local:
             return zarr.storage.LocalStore(self.url, read_only=read_only)
         return zarr.storage.FsspecStore.from_url(
-            self.url, storage_options=_options(self.scheme, self.storage_options),
+            self.url, storage_options=_options(self.scheme, self._backend_options()),
             read_only=read_only,
         )
 
@@ -476,6 +500,11 @@ def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except (FileNotFoundError, FileExistsError):  # answers, not failures: callers handle them
         raise
+    except TypeError as exc:  # an option the filesystem (or its client session) does not take
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        raise StorageError(f"{loc.url}: a --storage-option is not an option of its filesystem "
+                           f"({_scrub(exc, loc)}); remove it or check its name") from None
     except Exception as exc:
         raise_if_transient(exc, loc)
         if isinstance(exc, PermissionError) or _status(exc) in (401, 403):
@@ -564,16 +593,12 @@ def _scrub(exc: BaseException, loc: Location) -> str:
     """The exception text with any storage-option value that looks secret removed."""
     text = str(exc)
     for key, value in loc.storage_options.items():
-        if isinstance(value, str) and len(value) >= 8 and _secret_key(key):
+        if isinstance(value, str) and len(value) >= 8 and credentials.secret_name(key):
             text = text.replace(value, "***")
     for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY"):
         if len(os.environ.get(var, "")) >= 8:
             text = text.replace(os.environ[var], "***")
     return text
-
-
-def _secret_key(name: str) -> bool:
-    return any(s in name.lower() for s in ("secret", "key", "token", "password", "credential"))
 
 
 def parse_storage_options(pairs: tuple[str, ...] | list[str]) -> dict:
@@ -585,7 +610,7 @@ def parse_storage_options(pairs: tuple[str, ...] | list[str]) -> dict:
             raise StorageError(f"--storage-option {pair!r} must be KEY=VALUE")
         key, value = pair.split("=", 1)
         key = key.strip()
-        if _secret_key(key):  # a key id or secret of digits stays a string
+        if credentials.secret_name(key):  # a key id or secret of digits stays a string
             out[key] = value
             continue
         try:

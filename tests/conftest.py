@@ -82,6 +82,20 @@ S3_SECRET = "s3cr3t-dr-dask-never-print-me"
 from dr_dask.bench.io import free_port  # noqa: E402  (re-exported for the tests)
 
 
+def wait_port(port: int, timeout: float = 30) -> None:
+    """Until a server listens on 127.0.0.1:``port`` (a subprocess started it)."""
+    import socket
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint():
     """A real S3 protocol server (moto in server mode) on 127.0.0.1, for the whole session."""

@@ -162,3 +162,61 @@ def test_stdout_is_json_and_distributed_is_quiet(tmp_path, npy):
     summary = json.loads(res.stdout)
     assert summary["shape"] == [60, 2] and "\x1b" not in res.stdout
     assert "INFO" not in res.stderr and len(res.stderr.splitlines()) <= 3, res.stderr
+
+
+# ------------------------------------------------------- rejected input leaves nothing behind
+def _rejected_inputs():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 5))
+    nan, inf = X.copy(), X.copy()
+    nan[3, 2], inf[3, 2] = np.nan, np.inf
+    return {
+        "NaN": (nan, ["-n", "2"], "NaN or infinite values in 1 row"),
+        "inf": (inf, ["-n", "2"], "NaN or infinite values in 1 row"),
+        "one sample": (X[:1], ["-n", "2"], "1 sample"),
+        "one feature": (X[:, :1], ["-n", "2"], "1 feature"),
+        "constant rows": (np.ones((60, 5)), ["-n", "2"], "constant rows"),
+        "too many components": (X, ["-n", "9"], "n_components=9 is more than the data supports"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_rejected_inputs()))
+def test_rejected_input_leaves_no_store_behind(tmp_path, case):
+    """Six inputs the fit rejects after the run group was created: exit 2 naming what is wrong,
+    and neither the run group nor the output store the command created is left."""
+    import zarr
+
+    X, args, message = _rejected_inputs()[case]
+    zarr.save_array(str(tmp_path / "in.zarr"), X)
+    out = tmp_path / "o.zarr"
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", *args, "--input",
+                                    str(tmp_path / "in.zarr"), "--out", str(out)])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert not out.exists()
+    # a store that held runs before keeps them
+    good = np.random.default_rng(1).normal(size=(60, 5))
+    zarr.save_array(str(tmp_path / "good.zarr"), good)
+    assert CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", "-n", "2",
+                                     "--input", str(tmp_path / "good.zarr"), "--out", str(out),
+                                     "--name", "kept"]).exit_code == 0
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", *args, "--input",
+                                    str(tmp_path / "in.zarr"), "--out", str(out)])
+    assert res.exit_code == 2
+    assert sorted(zarr.open_group(str(out), mode="r").group_keys()) == ["kept"]
+
+
+def test_unwritable_output_is_a_user_error(tmp_path):
+    import zarr
+
+    zarr.save_array(str(tmp_path / "in.zarr"), np.random.default_rng(0).normal(size=(60, 5)))
+    if os.geteuid() == 0:  # permissions do not stop root: sysfs refuses new files to anyone
+        out = "/sys/dr-dask-out.zarr"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        out = str(ro / "o.zarr")
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", "-n", "2",
+                                    "--input", str(tmp_path / "in.zarr"), "--out", out])
+    assert res.exit_code == 2, res.output
+    assert f"cannot write {out}" in res.output and "Traceback" not in res.output

@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from conftest import S3_SECRET, free_port
+from conftest import S3_SECRET, free_port, wait_port
 
 from dr_dask.cli import main
 from dr_dask.inputs import InputError, open_dataset
@@ -104,9 +105,8 @@ def test_corrupt_chunk_is_an_error_naming_it(tmp_path, data):
     res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "ikd", "-n", "2",
                                     "--input", path + ":X", "--out", str(tmp_path / "o.zarr")])
     assert res.exit_code == 2 and "chunk c/2/0" in res.output
-    # no run group is left for rejected input
-    root = zarr.open_group(str(tmp_path / "o.zarr"), mode="r")
-    assert list(root.group_keys()) == []
+    # nothing is left for rejected input: no run group, not even the store it created
+    assert not (tmp_path / "o.zarr").exists()
 
 
 def test_changed_input_is_a_new_run_or_refused(tmp_path, data):
@@ -208,7 +208,7 @@ def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, 
             env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        _wait_port(port)
+        wait_port(port)
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     else:
         unwell = _Unwell({"throttled": "slowdown", "server error": "unavailable",
@@ -295,18 +295,6 @@ def test_unreachable_store_while_opening_an_input_is_transient(monkeypatch, dr_c
     s3fs.S3FileSystem.clear_instance_cache()
     with pytest.raises(storage.StorageUnavailable, match="transient"):
         open_dataset("s3://lake/in.zarr:X")
-
-
-def _wait_port(port: int, timeout: float = 20) -> None:
-    import socket
-
-    end = time.time() + timeout
-    while time.time() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"server on {port} did not start")
 
 
 def test_unknown_scheme_names_the_package():
@@ -624,3 +612,137 @@ def test_workflow_file_read_from_s3(s3_bucket, moto_endpoint, monkeypatch):
     res = CliRunner().invoke(main, ["--storage-option", f"endpoint_url={moto_endpoint}", "run",
                                     f"s3://{s3_bucket}/jobs/absent.toml", "--check"])
     assert res.exit_code == 2 and "cannot read" in res.output and "Traceback" not in res.output
+
+
+# ------------------------------------------------------------------ no secrets in the graph
+def _graph_scan(secret: str, bucket: str, dask_scheduler: Any = None) -> dict:
+    """What the scheduler holds now: tasks, and which of them show the secret or the bucket."""
+    from distributed.protocol.pickle import dumps
+
+    found = {"tasks": 0, "leaks": [], "bucket": 0, "keys": []}
+    for key, ts in list(dask_scheduler.tasks.items()):
+        text = f"{key!r} {ts.run_spec!r} {ts!r}"
+        try:
+            blob = dumps(ts.run_spec)
+        except Exception as exc:  # noqa: BLE001  (reported, so the scan cannot pass silently)
+            blob = repr(exc).encode()
+        found["tasks"] += 1
+        found["keys"].append(str(key))
+        if secret in text or secret.encode() in blob:
+            found["leaks"].append(str(key))
+        found["bucket"] += bucket.encode() in blob
+    plugins = dumps(dict(dask_scheduler.worker_plugins))
+    found["in_plugins"] = secret.encode() in plugins
+    return found
+
+
+@pytest.mark.cluster
+def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeypatch):
+    """`--storage-option key=… secret=…` on a multi-process cluster whose workers have no
+    credentials of their own: while the S3 run is in flight the secret is in no task's
+    run_spec (pickled or printed), no task key and no dashboard page; it reaches the workers
+    once, in the worker plugin the scheduler keeps (the channel TLS protects)."""
+    import importlib.util
+    import threading
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    import uuid
+
+    import boto3
+    import s3fs
+    from distributed import Client, LocalCluster
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE",
+                "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    opts = _s3_options(moto_endpoint)
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id=opts["key"],
+                 aws_secret_access_key=S3_SECRET).create_bucket(Bucket=bucket)
+    s3_in, out = f"s3://{bucket}/in.zarr", f"s3://{bucket}/out.zarr"
+    g = zarr.open_group(store=Location(s3_in, opts).zarr_store(), mode="w")
+    g.create_array("X", data=data, chunks=(40, N), dimension_names=("sample", "feature"))
+    bokeh = importlib.util.find_spec("bokeh") is not None
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="2GB",
+                      dashboard_address="127.0.0.1:0" if bokeh else None) as cluster, \
+            Client(cluster, set_as_default=False) as observer:
+        result = {}
+
+        def run():
+            result["res"] = CliRunner().invoke(main, [
+                "--scheduler", cluster.scheduler_address, "--storage-option", "key=testing-key-id",
+                "--storage-option", f"secret={S3_SECRET}", "--storage-option",
+                f"endpoint_url={moto_endpoint}", "embed", "ikd", "-n", "2", "--tile-cache",
+                "disk", "--tile-size", "80", "--input", f"{s3_in}:X", "--out", out,
+                "--name", "r"])
+
+        th = threading.Thread(target=run)
+        th.start()
+        scans, pages, fetched = [], [], 0.0
+        while th.is_alive():
+            scan = observer.run_on_scheduler(_graph_scan, S3_SECRET, bucket)
+            scans.append(scan)
+            if bokeh and scan["keys"] and time.time() - fetched > 1:
+                fetched = time.time()
+                base = cluster.dashboard_link.rsplit("/", 1)[0]
+                for path in ("/info/main/workers.html", "/json/counts.json",
+                             *(f"/info/task/{urllib.parse.quote(k, safe='')}.html"
+                               for k in scan["keys"][:3])):
+                    try:
+                        with urllib.request.urlopen(base + path, timeout=30) as resp:
+                            pages.append((path, resp.read()))
+                    except urllib.error.HTTPError as exc:
+                        pages.append((path, exc.read()))
+            time.sleep(0.05)
+        th.join()
+    res = result["res"]
+    assert res.exit_code == 0, res.output
+    assert open_run(out, "r", storage_options=opts)["embedding"].shape == (T, 2)
+    assert sum(s["tasks"] for s in scans) > 0, "no task was ever seen in flight"
+    assert sum(s["bucket"] for s in scans) > 0  # Locations of the bucket were in the graph
+    assert not [k for s in scans for k in s["leaks"]]
+    assert all(s["in_plugins"] for s in scans[1:])  # where it does travel: the plugin, once
+    if bokeh:
+        assert any(p == "/info/main/workers.html" and b"<html" in body.lower()
+                   for p, body in pages)
+        assert not [p for p, body in pages if S3_SECRET.encode() in body]
+    else:
+        pytest.skip("bokeh is not installed: the dashboard pages were not checked")
+
+
+def test_pickled_location_carries_a_reference_not_the_credentials():
+    import pickle
+
+    from dr_dask import credentials
+
+    opts = {"key": "testing-key-id", "secret": S3_SECRET, "endpoint_url": "http://127.0.0.1:9",
+            "client_kwargs": {"aws_session_token": S3_SECRET + "-token"}}
+    loc = Location("s3://bucket/x.zarr", opts).child("X")
+    blob = pickle.dumps(loc)
+    assert S3_SECRET.encode() not in blob and b"http://127.0.0.1:9" in blob
+    back = pickle.loads(blob)  # in this process (the client) the reference resolves
+    assert back.storage_options == opts and back == loc
+    # a process the credentials never reached (the scheduler) passes the reference on intact
+    state = back.__getstate__()
+    saved = credentials._REGISTRY.pop(state["credentials"])
+    try:
+        relay = pickle.loads(pickle.dumps(back))
+        assert "secret" not in relay.storage_options
+        assert pickle.loads(pickle.dumps(relay.child("c"))).__getstate__()["credentials"] == \
+            state["credentials"]
+    finally:
+        credentials._REGISTRY[state["credentials"]] = saved
+
+
+def test_unknown_storage_option_is_a_user_error(s3_bucket, data):
+    _write_input(f"s3://{s3_bucket}/in.zarr", data)
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "--storage-option", "bogus=1",
+                                    "embed", "ikd", "-n", "2", "--input",
+                                    f"s3://{s3_bucket}/in.zarr:X", "--out",
+                                    f"s3://{s3_bucket}/out.zarr"])
+    assert res.exit_code == 2, res.output
+    assert "not an option of its filesystem" in res.output and "'bogus'" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1

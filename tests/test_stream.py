@@ -373,3 +373,143 @@ def test_s3_stream_killed_and_resumed_gives_every_row_once(
     _check_complete(o, n)
     _assert_same(o, reference)
     assert not os.path.exists("s3:")
+
+
+# ------------------------------------------------------------ a stream that never stalls or lies
+def test_empty_chunk_is_consumed_not_blocking(model, scenario, tmp_path):
+    """A (0, D) chunk is recorded by the checkpoint and writes nothing; the stream goes on
+    (it used to fail on every restart: mapping refuses zero rows)."""
+    S = scenario.stream
+    src = tmp_path / "chunks"
+    src.mkdir()
+    np.save(src / "000.npy", S[:20])
+    np.save(src / "001.npy", np.zeros((0, S.shape[1])))
+    np.save(src / "002.npy", S[20:45])
+    out = str(tmp_path / "out")
+    summary = StreamRunner(out, str(src), model, n_s=1000).run()
+    assert summary["n_rows"] == 45 and summary["n_chunks"] == 3
+    o = read_output(out)
+    assert o["checkpoint"]["n_empty"] == 1 and not o["quarantine"]
+    np.testing.assert_allclose(o["embedding"], model.map_points(S[:45])[0], rtol=1e-6,
+                               atol=1e-9)
+    # an iterator source too, with the empty chunk last
+    out2 = str(tmp_path / "out2")
+    summary = StreamRunner(out2, [S[:20], np.zeros((0, S.shape[1]))], model, n_s=1000).run()
+    assert summary["n_rows"] == 20 and summary["n_chunks"] == 2
+
+
+def test_late_file_sorting_before_the_checkpoint_is_processed(model, scenario, tmp_path,
+                                                               request, caplog):
+    """Processed names, not a high-water mark: a chunk file that appears after the
+    checkpoint with a name sorting before it is processed with a warning; the checkpoint
+    stays small (names move to archive objects) and a restart reads the archives."""
+    import dask
+
+    compact = dask.config.set({"dr_dask.stream.compact-after": 3})
+    request.addfinalizer(lambda: compact.__exit__(None, None, None))
+    S = scenario.stream
+    src = tmp_path / "chunks"
+    src.mkdir()
+    for i in range(2, 9):
+        np.save(src / f"{i:03d}.npy", S[10 * i:10 * i + 10])
+    out = str(tmp_path / "out")
+    StreamRunner(out, str(src), model, n_s=1000).run()
+    ck = StreamStore(out).read_checkpoint()
+    assert ck["n_rows"] == 70 and len(ck["source"]["done"]) < 3 and ck["source"]["archives"]
+    np.save(src / "000.npy", S[:10])  # late, and sorting before every processed name
+    np.save(src / "001.npy", S[10:20])
+    with caplog.at_level("WARNING", logger="dr_dask.stream.sources"):
+        summary = StreamRunner(out, str(src), n_s=1000).run()
+    assert summary["n_rows"] == 90 and summary["n_chunks"] == 9
+    assert "000.npy arrived after 008.npy was processed" in caplog.text
+    o = read_output(out)
+    late = np.vstack([S[20:90], S[:20]])  # rows in the order they were processed
+    np.testing.assert_allclose(o["embedding"], model.map_points(late)[0], rtol=1e-6, atol=1e-9)
+    # nothing new: nothing done (every name is known, archived or listed)
+    assert StreamRunner(out, str(src), n_s=1000).run()["n_rows"] == 90
+
+
+def test_high_water_mark_checkpoint_still_resumes(model, scenario, tmp_path):
+    """A checkpoint written by the name-offset format resumes after its name."""
+    S = scenario.stream
+    src = tmp_path / "chunks"
+    src.mkdir()
+    for i in range(3):
+        np.save(src / f"{i:03d}.npy", S[10 * i:10 * i + 10])
+    out = str(tmp_path / "out")
+    StreamRunner(out, str(src), model, n_s=1000).run()
+    store = StreamStore(out)
+    ck = store.read_checkpoint()
+    ck["source"] = "002.npy"
+    store.write_checkpoint(ck)
+    np.save(src / "003.npy", S[30:40])
+    assert StreamRunner(out, str(src), n_s=1000).run()["n_rows"] == 40
+
+
+def _tampered(model, path, edit):
+    save_gp_isomap(model, path)
+    edit(zarr.open_group(path, mode="a"))
+    return path
+
+
+@pytest.mark.parametrize("field, edit", [
+    ("kernel", lambda g: g.attrs.update(params={**g.attrs["params"], "kernel": "evil_kernel"})),
+    ("n_neighbors", lambda g: g.attrs.update(params={**g.attrs["params"], "n_neighbors": "ten"})),
+    ("manifold_1/beta", lambda g: g["manifold_1"]["beta"].__setitem__((0, 0), np.nan)),
+    ("stitch_translation_", lambda g: g["stitch_translation"].__setitem__((0, 0), np.inf)),
+    ("sigma_t_", lambda g: g.attrs.update(fitted={**g.attrs["fitted"], "sigma_t_": -1.0})),
+    ("manifold_0 length_scale",
+     lambda g: g["manifold_0"].attrs.update(length_scale="NaN")),
+])
+def test_loaded_model_is_validated_like_a_fitted_one(model, tmp_path, field, edit):
+    from dr_dask.methods.gp_isomap_io import ModelFormatError, load_gp_isomap
+
+    path = _tampered(model, str(tmp_path / "m.zarr"), edit)
+    with pytest.raises(ModelFormatError, match=field):
+        load_gp_isomap(path)
+    # the CLI: exit 2 naming the file and the field, no traceback, nothing written
+    proc = _cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
+                str(tmp_path / "o"), "--model", path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err.decode()
+    assert b"Traceback" not in err and b"m.zarr" in err and field.encode() in err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_rows_mapped_to_nan_are_quarantined_not_written(model, scenario, tmp_path):
+    """A model whose weights of one manifold are NaN (handed to the runner in memory; a
+    model file like it is refused at load): its rows are quarantined with the reason, the
+    others written; no result row is NaN."""
+    import copy
+
+    bad = copy.deepcopy(model)
+    bad.manifolds_[1].beta[:] = np.nan
+    S = scenario.stream[:120]
+    chunks = [S[i:i + 40] for i in range(0, len(S), 40)]
+    out = str(tmp_path / "out")
+    StreamRunner(out, chunks, bad, n_s=1000).run()
+    o = read_output(out)
+    q = o["status"] == STATUS["quarantined"]
+    _, _, manifold = model.map_points(S)
+    np.testing.assert_array_equal(q, manifold == 1)
+    assert q.any() and not q.all()
+    assert np.isfinite(o["embedding"][~q]).all() and np.isfinite(o["variance"][~q]).all()
+    records = o["quarantine"]
+    assert sum(r["n_rows"] for r in records) == q.sum()
+    assert sorted(r for rec in records for r in rec["rows"]) == np.flatnonzero(q).tolist()
+    assert all("non-finite" in r["reason"] for r in records)
+
+
+def test_resume_with_a_tampered_stored_model_exits_2(model, scenario, tmp_path):
+    """The model a stream resumes with is checked as strictly as a given one."""
+    src = tmp_path / "chunks"
+    src.mkdir()
+    np.save(src / "000.npy", scenario.stream[:20])
+    out = str(tmp_path / "out")
+    StreamRunner(out, str(src), model, n_s=1000).run()
+    zarr.open_group(os.path.join(out, "models", "v0"), mode="a")["manifold_0"]["beta"][0, 0] = \
+        np.inf
+    proc = _cli("--scheduler", "threads", "stream", "run", str(src), "--out", out)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err.decode()
+    assert b"v0" in err and b"manifold_0/beta" in err and b"Traceback" not in err

@@ -85,3 +85,12 @@ def test_partial_tls_options_are_rejected(certs, tmp_path):
     res = CliRunner().invoke(main, ["run", str(wf)])
     assert res.exit_code == 2 and "[tls] cert = " in res.output and "gone.pem" in res.output
     assert not (tmp_path / "d.zarr").exists()
+
+
+def test_tls_address_without_tls_options_is_a_user_error(tmp_path):
+    res = CliRunner().invoke(main, ["--scheduler", "tls://127.0.0.1:1", "embed", "ikd",
+                                    "--input", f"{tmp_path}/d.zarr:X", "--out",
+                                    str(tmp_path / "o.zarr"), "-n", "1"])
+    assert res.exit_code == 2, res.output
+    assert "--tls-ca-file, --tls-cert and --tls-key" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "o.zarr").exists()

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from conftest import free_port, wait_port
 
 pytestmark = pytest.mark.cluster
 
@@ -200,3 +201,92 @@ def test_cli_survives_worker_loss(tmp_path, data):
     got = np.asarray(zarr.open_group(out, mode="r")["r"]["embedding"][...])
     np.testing.assert_allclose(got, IKD(2, tile_size=60, random_state=0).fit(X).embedding_,
                                atol=1e-8)
+
+
+# ------------------------------------------------------------------- exit codes that mean something
+def test_cluster_lost_in_the_first_seconds_exits_1_naming_where(tmp_path, data):
+    """The scheduler dies as soon as the command has joined it, before any stage: exit 1 (a
+    rerun resumes), a message that says where, and no traceback without -v."""
+    _, X = data
+    np.save(tmp_path / "x.npy", X)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+           "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"}
+    bindir = os.path.dirname(sys.executable)
+    scheduler = subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host",
+                                  "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        wait_port(port)
+        worker = subprocess.Popen([os.path.join(bindir, "dask"), "worker",
+                                   f"tcp://127.0.0.1:{port}", "--nthreads", "1",
+                                   "--no-dashboard", "--memory-limit", "1GB"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dr_dask.cli", "--scheduler", f"tcp://127.0.0.1:{port}",
+             "embed", "ikd", "--input", str(tmp_path / "x.npy"), "--out",
+             str(tmp_path / "o.zarr"), "-n", "2"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        first = proc.stderr.readline().decode()
+        assert first.startswith("dask cluster:"), first
+        scheduler.kill()  # the moment the command has joined
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        for p in (scheduler, worker):
+            if p is not None:
+                p.kill()
+                p.wait()
+    err = rest.decode()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert "the Dask cluster was lost before the first stage" in err or "stage '" in err, err
+    assert "Rerun to resume" in err
+
+
+def _hog(n: int) -> float:
+    a = np.ones(n)  # every page touched: resident memory, as a real task's arrays
+    time.sleep(5)
+    return float(a.sum())
+
+
+def test_worker_killed_for_memory_says_so(tmp_path):
+    """A task that outgrows its worker's memory limit: the nanny restarts the worker, and the
+    error names the memory limit and what to change instead of a bare KilledWorker (and is
+    not retried as a lost worker: it would fail the same way)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dr_dask.cluster import WorkerOutOfMemory, gather, run_stage
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         dashboard_address=None, memory_limit="400MB") as lc, \
+            Client(lc, set_as_default=False) as c:
+        with pytest.raises(WorkerOutOfMemory, match=r"during stage 'hog'.*exceeding its memory "
+                           r"limit.*of 0.40 GB.*--memory-limit.*--chunk-size"):
+            run_stage("hog", lambda: gather([c.submit(_hog, 100_000_000)], c))
+
+
+def test_cli_worker_killed_for_memory_exits_2(tmp_path):
+    """Through the command line: exit 2 (rerunning unchanged fails again), the message names
+    the memory limit, no traceback."""
+    import dask
+    from distributed import LocalCluster
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(4000, 30)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # one 4000 x 4000 float64 tile (128 MB) and its temporaries outgrow a 230 MB worker
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         dashboard_address=None, memory_limit="230MB") as lc:
+        res = subprocess.run(
+            [sys.executable, "-m", "dr_dask.cli", "--scheduler", lc.scheduler_address, "embed",
+             "ikd", "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "o.zarr"),
+             "-n", "2", "--tile-size", "4000", "--tile-cache", "memory"],
+            env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "exceeding its memory limit" in res.stderr and "--memory-limit" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -25,7 +26,9 @@ Exit codes:
   1  internal error (a bug: rerun with -v for the traceback), the cluster was lost
      (the message names the stage a rerun resumes from) or did not answer, or the store
      was unreachable, timed out, throttled or failed (5xx): retry later
-  2  user error: bad option, parameter or input (a message, no traceback)"""
+  2  user error: bad option, parameter, input or model file, unknown storage option,
+     unwritable output, tls:// without --tls-*, workers out of memory (a message naming
+     the fix, no traceback)"""
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
 SEED = click.IntRange(0, 2**32 - 1)
@@ -47,6 +50,10 @@ def knn_options(fn: Any) -> Any:
                         "rows).")(fn)
 
 
+#: errno values of a location the user cannot write to (permissions, a read-only filesystem).
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
 class App(click.Group):
     """The root group: turns any exception escaping a command into the documented exit code."""
 
@@ -58,19 +65,27 @@ class App(click.Group):
         except Exception as exc:  # noqa: BLE001  (every failure maps to a documented code)
             # imported only now: importing distributed before main() configured logging
             # would let it install its own handlers
-            from dr_dask.cluster import ClusterLost
+            from dr_dask.cluster import ClusterLost, WorkerOutOfMemory, cluster_gone, where_now
             from dr_dask.inputs import InputError
             from dr_dask.lease import LeaseHeld, LeaseLost
+            from dr_dask.methods.gp_isomap_io import ModelFormatError
             from dr_dask.storage import StorageError, StorageUnavailable
 
-            # rejected below a command that did not catch it: bad input, an unusable location
-            if isinstance(exc, (InputError, StorageError)):
+            # rejected below a command that did not catch it: bad input, an unusable location,
+            # a model file that is not a model, workers too small for the work
+            if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory)):
                 fail(str(exc))
+            if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE and exc.filename:
+                fail(f"cannot write {exc.filename}: {exc.strerror}; choose a location you can "
+                     "write to (or fix its permissions)")
             # transient: another run holds the lease (or took it over from this one while it
             # was paused), the cluster went away, the store did not answer or asked to slow
             # down; a rerun resumes
             if isinstance(exc, (LeaseHeld, LeaseLost, ClusterLost, StorageUnavailable)):
                 busy(str(exc))
+            if cluster_gone(exc):
+                busy(f"the Dask cluster was lost {where_now()} ({type(exc).__name__}: {exc}). "
+                     "Rerun to resume (completed stages of a run are kept)")
             # a bug: say so briefly, the traceback only when asked
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             if (ctx.obj or {}).get("verbose"):
@@ -204,7 +219,36 @@ def cluster(ctx: click.Context) -> Iterator:
     with contextlib.ExitStack() as stack:
         stack.push(started)
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
+        from dr_dask.cluster import deliver_credentials
+
+        # once per worker, so that task graphs carry only a reference to them
+        deliver_credentials(client, obj.get("storage_options"))
+        if not obj.get("verbose"):
+            drop_tracebacks()
         yield client
+
+
+class _NoTraceback(logging.Filter):
+    """Keeps a log record's message, drops its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+def drop_tracebacks() -> None:
+    """Without -v, distributed's log lines (a lost scheduler, a closed comm) keep their one-line
+    message but not their traceback: the command's own error says what happened."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in
+                                      list(logging.root.manager.loggerDict)
+                                      if name.startswith("distributed"))]
+    for lg in loggers:
+        for handler in lg.handlers:
+            # the terminal's handlers only (a test's capture handler keeps what it captures)
+            if getattr(handler, "stream", None) not in (sys.stderr, sys.__stderr__):
+                continue
+            if not any(isinstance(f, _NoTraceback) for f in handler.filters):
+                handler.addFilter(_NoTraceback())
 
 
 def busy(message: str) -> None:

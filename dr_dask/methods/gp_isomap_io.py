@@ -29,9 +29,10 @@ import zarr
 from sklearn.utils.validation import check_is_fitted
 from zarr.core.metadata import ArrayV3Metadata
 
-from dr_dask.methods._gp import KernelSpec, ManifoldGP
+from dr_dask.methods._gp import KERNELS, KernelSpec, ManifoldGP
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.storage import Location
+from dr_dask.validation import ParameterError, check_params
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +185,85 @@ def load_gp_isomap(where: Any) -> tuple[Any, np.ndarray | None]:
             f"{where} was written in GPIsomap model format version {version}; this dr_dask "
             f"reads version {FORMAT_VERSION} only: refit the model with this version")
     try:
-        return _read(g, attrs, GPIsomap, KernelSpec, ManifoldGP)
-    except (KeyError, TypeError) as exc:
+        model, batch = _read(g, attrs, GPIsomap, KernelSpec, ManifoldGP)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{where}: {exc}") from exc
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ModelFormatError(f"{where} is not a readable GPIsomap model of format version "
-                               f"{FORMAT_VERSION}: {exc}") from exc
+                               f"{FORMAT_VERSION}: {exc!r}") from exc
+    check_model(model, str(where))
+    if batch is not None:
+        _finite(batch, str(where), "batch")
+        if batch.ndim != 2 or batch.shape[1] != model.n_features_in_:
+            raise ModelFormatError(f"{where}: batch has shape {batch.shape}, expected "
+                                   f"(n, {model.n_features_in_})")
+    return model, batch
+
+
+def _finite(value: Any, where: str, field: str) -> None:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf" or not np.isfinite(arr).all():
+        raise ModelFormatError(f"{where}: {field} holds non-finite or non-numeric values")
+
+
+def check_model(model: Any, where: str) -> None:
+    """Refuse a GPIsomap that fit could not have produced: a loaded (or refitted) model is
+    held to what ``fit`` guarantees before it maps a single point.
+
+    Checked: every parameter against ``GPIsomap._parameter_constraints`` (the rule ``fit``
+    applies), every array and scalar finite, and the shapes that mapping combines consistent.
+
+    Raises
+    ------
+    ModelFormatError
+        Naming ``where`` and the field.
+    """
+    try:
+        check_params(model)
+    except ParameterError as exc:
+        raise ModelFormatError(f"{where}: {exc}") from None
+    p = len(model.manifolds_)
+    D = model.n_features_in_
+    if not (isinstance(D, int) and D >= 1 and model.n_manifolds_ == p >= 1):
+        raise ModelFormatError(f"{where}: n_features_in_ {D!r} / n_manifolds_ "
+                               f"{model.n_manifolds_!r} do not describe the manifolds stored")
+    sigma_t = model.sigma_t_
+    if not isinstance(sigma_t, (int, float)) or not (np.isfinite(sigma_t) and sigma_t > 0):
+        raise ModelFormatError(f"{where}: sigma_t_ must be a positive number, got {sigma_t!r}")
+    for name in _ARRAYS:
+        _finite(getattr(model, name), where, name)
+    R = model.stitch_rotation_
+    d = int(model.n_components)
+    if R.ndim != 3 or R.shape[0] != p or R.shape[2] != d or \
+            model.stitch_translation_.shape != R.shape[:2]:
+        raise ModelFormatError(f"{where}: stitch_rotation_ {R.shape} / stitch_translation_ "
+                               f"{model.stitch_translation_.shape} do not fit {p} manifolds of "
+                               f"dimension {d}")
+    for i, gp in enumerate(model.manifolds_):
+        field = f"manifold_{i}"
+        for name in (*_GP_ARRAYS, *_SPEC_ARRAYS):
+            value = getattr(gp, name, None)
+            if value is None:
+                value = getattr(gp.spec, name, None)
+            if value is not None:
+                _finite(value, where, f"{field}/{name}")
+        _finite(model.local_embedding_[i], where, f"{field}/local_embedding")
+        for name in _GP_SCALARS:
+            value = getattr(gp, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not np.isfinite(value) or value < 0:
+                raise ModelFormatError(f"{where}: {field} {name} must be a non-negative "
+                                       f"number, got {value!r}")
+        if gp.spec.kind not in KERNELS:
+            raise ModelFormatError(f"{where}: {field} kind must be one of {list(KERNELS)}, "
+                                   f"got {gp.spec.kind!r}")
+        n = len(gp.points)
+        if gp.points.shape != (n, D) or gp.geodesics.shape != (n, n) or len(gp.beta) != n \
+                or model.local_embedding_[i].shape != (n, d):
+            raise ModelFormatError(f"{where}: {field} arrays have inconsistent shapes (points "
+                                   f"{gp.points.shape}, geodesics {gp.geodesics.shape}, beta "
+                                   f"{gp.beta.shape}, local_embedding "
+                                   f"{model.local_embedding_[i].shape}) for {D} features")
 
 
 def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):

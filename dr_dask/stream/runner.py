@@ -44,10 +44,11 @@ from typing import Any
 import numpy as np
 
 from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import active_client, gather, share
+from dr_dask.cluster import active_client, deliver_credentials, gather, share
 from dr_dask.lease import Lease
 from dr_dask.methods.gp_isomap import GPIsomap
-from dr_dask.stream.sources import Chunk, open_source
+from dr_dask.methods.gp_isomap_io import check_model
+from dr_dask.stream.sources import Chunk, DirectorySource, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)
@@ -215,11 +216,14 @@ class StreamRunner:
         self.store = StreamStore(out, storage_options)
         self.source = open_source(source, chunk_size=chunk_size, follow=follow,
                                   storage_options=storage_options)
+        if isinstance(self.source, DirectorySource) and self.source.archive is None:
+            self.source.archive = self.store.location.child("source_keys")
         self.n_s = int(n_s)
         self.strict = bool(strict_sequential)
         self.max_in_flight = 1 if self.strict else int(max_in_flight)
         self.poll_interval = poll_interval
         self.client = active_client(client)
+        deliver_credentials(self.client, storage_options)
         self.handle_signals = handle_signals
         self._init_model, self._init_batch = model, batch
         self._stop = threading.Event()
@@ -308,7 +312,8 @@ class StreamRunner:
                 data, reason = self._validate(ch)
                 if data is not None and skip:
                     data = data[skip:]
-                fut = None if reason else self.exec.map(data)
+                # an empty chunk is consumed (recorded by the checkpoint), never mapped
+                fut = None if reason or not len(data) else self.exec.map(data)
                 in_flight.append(_InFlight(st["n_chunks"] + len(in_flight), ch, offset, skip,
                                            data, reason, fut, st["version"]))
                 offset, skip = ch.offset, 0
@@ -353,12 +358,29 @@ class StreamRunner:
         return data, None
 
     # ------------------------------------------------------------------ commits
-    def _write(self, data, emb, var, man, version: int, sigma_t: float) -> None:
-        """Append rows (and their uncertain points to the buffer); no checkpoint."""
+    def _write(self, seq: int, data, emb, var, man, version: int, sigma_t: float) -> None:
+        """Append rows (and their uncertain points to the buffer); no checkpoint.
+
+        A row the model maps to a non-finite value is never written as a result: it is
+        quarantined (status ``quarantined``, NaN coordinates) with a record of its reason.
+        """
         st = self.state
-        unc = var > sigma_t
-        status = np.where(unc, STATUS["buffered"], STATUS["confident"]).astype(np.int8)
         start = st["n_rows"]
+        bad = ~(np.isfinite(emb).all(axis=1) & np.isfinite(var))
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            reason = (f"model v{version} mapped rows {rows[:10].tolist()} of the chunk to "
+                      "non-finite values")
+            logger.warning("quarantined %d rows of chunk %d: %s", rows.size, seq, reason)
+            self.store.quarantine(seq, dict(seq=seq, reason=reason, first_row=start,
+                                            rows=(start + rows).tolist(), n_rows=int(rows.size)),
+                                  data[bad], first_row=start)
+            emb, var = emb.copy(), var.copy()
+            emb[bad], var[bad] = np.nan, np.nan
+            st["n_quarantined"] += 1
+        unc = (var > sigma_t) & ~bad
+        status = np.where(unc, STATUS["buffered"], STATUS["confident"]).astype(np.int8)
+        status[bad] = STATUS["quarantined"]
         st["n_rows"] = self.store.append_rows(
             start, emb, var, man, np.full(len(var), version, np.int32), status)
         rows = start + np.flatnonzero(unc)
@@ -370,6 +392,13 @@ class StreamRunner:
         st = self.state
         if job.reason:
             self._quarantine(job)
+            return
+        if not len(job.data):
+            logger.info("chunk %s holds no rows: consumed", job.chunk.name)
+            st["source"], st["skip"] = job.chunk.offset, 0
+            st["n_chunks"] = job.seq + 1
+            st["n_empty"] = st.get("n_empty", 0) + 1
+            self.store.write_checkpoint(st)
             return
         stale = job.version != st["version"]
         emb, var, man = self.exec.result(job.future)
@@ -390,7 +419,8 @@ class StreamRunner:
                 unc = np.flatnonzero(var > self.model.sigma_t_)
                 if room > 0 and unc.size >= room:
                     cut = int(unc[room - 1]) + 1
-            self._write(data[:cut], emb[:cut], var[:cut], man[:cut], version, self.model.sigma_t_)
+            self._write(job.seq, data[:cut], emb[:cut], var[:cut], man[:cut], version,
+                        self.model.sigma_t_)
             done += cut
             if cut == len(data):
                 st["source"], st["skip"] = job.chunk.offset, 0
@@ -445,6 +475,7 @@ class StreamRunner:
         r, self._refit = self._refit, None
         try:
             model = self.exec.result(r.future)
+            check_model(model, f"the model refitted at row {r.trigger_row}")
         except Exception:
             self._refit_failures += 1
             logger.exception("refit failed; retrying once the buffer holds %d points",

@@ -1,8 +1,9 @@
 """Stream sources: an appendable Zarr array, a directory of chunk files, a Python iterator.
 
 Every source is addressed by a JSON-serialisable *offset* that the runner checkpoints with each
-write. ``read(offset)`` returns the next chunk and the offset after it without side effects, so
-re-reading from a checkpointed offset after a crash yields exactly the rows not yet committed.
+write. ``read(offset)`` returns the next chunk and the offset after it with no side effect a
+checkpoint can see, so re-reading from a checkpointed offset after a crash yields exactly the
+rows not yet committed.
 
 A chunk that cannot be read comes back as a :class:`Chunk` with ``error`` set (the runner
 quarantines it) and an offset past it, so one bad file never blocks the stream.
@@ -10,6 +11,8 @@ quarantines it) and an offset past it, so one bad file never blocks the stream.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from dr_dask import config
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -80,39 +84,92 @@ class ZarrSource:
 
 
 class DirectorySource:
-    """Chunk files (``.npy``) in a directory, processed in name order.
+    """Chunk files (``.npy``) in a directory, each processed once, in name order.
 
-    Offset: the name of the last file consumed ("" before the first). Files whose name sorts
-    after it are new, so a writer must make each file appear whole: on local disk write under
-    a temporary name (not ending in ``.npy``) and rename; on an object store one PUT is atomic.
+    Offset: the names processed, ``{"done": [...], "archives": [...], "last": name}``: the
+    names since the last compaction, the archive objects holding the older ones, and the
+    greatest name processed. Processed names, not a high-water mark: a file that appears
+    after the checkpoint with a name sorting before ``last`` is processed (with a warning),
+    never skipped. A writer must make each file appear whole: on local disk write under a
+    temporary name (not ending in ``.npy``) and rename; on an object store one PUT is atomic.
+
+    Compaction: once an offset lists ``dr_dask.stream.compact-after`` names (dask config;
+    the checkpoint is rewritten after every chunk, so it must stay small), :meth:`read` writes them
+    to an archive object under :attr:`archive` (named by a hash of its content, so it is
+    never rewritten with other names) and the next offset refers to it instead. An archive
+    nothing committed refers to (a crash right after writing it) is harmless debris.
     """
 
-    def __init__(self, path: Any, pattern: str = ".npy", follow: bool = False):
+    def __init__(self, path: Any, pattern: str = ".npy", follow: bool = False,
+                 archive: Location | None = None):
         self.path = location(path)
         if not self.path.exists():
             raise FileNotFoundError(f"stream directory {self.path} does not exist")
         self.suffix = pattern
         self.follow = follow
-        self.initial_offset = ""
+        #: Where compacted names go (the runner sets a location in its store); None: the
+        #: offset lists every name.
+        self.archive = archive
+        self._archived: dict[str, list[str]] = {}
+        self.initial_offset: dict = {"done": [], "archives": [], "last": ""}
 
-    def _pending(self, offset: str) -> list[str]:
-        names = [f for f in self.path.listdir() if f.endswith(self.suffix)]
-        return [f for f in names if f > offset]
+    def _names(self) -> list[str]:
+        return [f for f in self.path.listdir() if f.endswith(self.suffix)]
 
-    def read(self, offset: str) -> Chunk | None:
-        pending = self._pending(offset)
+    def _state(self, offset: Any) -> dict:
+        if isinstance(offset, str):  # a checkpoint of the high-water-mark format
+            done = [f for f in self._names() if f <= offset]
+            return {"done": done, "archives": [], "last": offset}
+        return offset
+
+    def _processed(self, state: dict) -> set[str]:
+        seen = set(state["done"])
+        for name in state["archives"]:
+            if name not in self._archived:
+                self._archived[name] = json.loads(self.archive_location(name).read_bytes())
+            seen.update(self._archived[name])
+        return seen
+
+    def archive_location(self, name: str) -> Location:
+        if self.archive is None:
+            raise ValueError("this offset refers to archived names but the source has no "
+                             "archive location")
+        return self.archive.child(f"{name}.json")
+
+    def _pending(self, state: dict) -> list[str]:
+        seen = self._processed(state)
+        return [f for f in self._names() if f not in seen]
+
+    def _after(self, state: dict, name: str) -> dict:
+        done, archives = [*state["done"], name], list(state["archives"])
+        if self.archive is not None and len(done) >= int(config.get("stream.compact-after")):
+            data = json.dumps(sorted(done)).encode()
+            key = hashlib.sha256(data).hexdigest()[:24]
+            self.archive_location(key).write_bytes(data)  # before any offset names it
+            self._archived[key] = sorted(done)
+            done, archives = [], [*archives, key]
+        return {"done": done, "archives": archives, "last": max(state["last"], name)}
+
+    def read(self, offset: Any) -> Chunk | None:
+        state = self._state(offset)
+        pending = self._pending(state)
         if not pending:
             return None
         name = pending[0]
+        if name < state["last"]:
+            logger.warning("chunk file %s arrived after %s was processed (it sorts before it): "
+                           "processing it now; its rows follow those already written", name,
+                           state["last"])
+        after = self._after(state, name)
         try:
             with self.path.child(name).open("rb") as fh:
                 data = np.load(fh, allow_pickle=False)
         except Exception as exc:
-            return Chunk(None, name, name, f"unreadable file: {exc!r}")
-        return Chunk(np.asarray(data), name, name)
+            return Chunk(None, after, name, f"unreadable file: {exc!r}")
+        return Chunk(np.asarray(data), after, name)
 
-    def exhausted(self, offset: str) -> bool:
-        return not self.follow and not self._pending(offset)
+    def exhausted(self, offset: Any) -> bool:
+        return not self.follow and not self._pending(self._state(offset))
 
 
 class IteratorSource:

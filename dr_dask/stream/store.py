@@ -12,12 +12,17 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
     Each published model version with the batch it was fitted on (Zarr group, no pickle:
     :mod:`dr_dask.methods.gp_isomap_io`).
 ``quarantine/{seq}.json`` (+ ``.npy``)
-    Malformed chunks with the reason.
+    Malformed chunks with the reason; ``quarantine/{seq}-{first_row}.json`` (+ ``.npy``): rows
+    of chunk ``seq`` the model mapped to non-finite values.
+``source_keys/``
+    Names of processed chunk files moved out of the checkpoint
+    (:class:`dr_dask.stream.sources.DirectorySource`).
 ``checkpoint.json``
     The committed state: one object written last (a single PUT on object stores; see
     :mod:`dr_dask.storage`):
     anything beyond it (rows past ``n_rows``, buffer entries past ``buffer_len``, models newer
-    than ``version``, quarantine records from chunk ``n_chunks`` on) is discarded on restart.
+    than ``version``, quarantine records from chunk ``n_chunks`` or row ``n_rows`` on) is
+    discarded on restart.
     It carries the lease it was written under (``lease``: fencing token and owner).
 ``lease.json``
     One writer at a time (:class:`dr_dask.lease.Lease`): every write of the store is fenced
@@ -137,7 +142,12 @@ class StreamStore:
                 mdir.child(f).delete()
         qdir = self.location.child("quarantine")
         for f in qdir.listdir():
-            if f.split(".")[0].isdigit() and int(f.split(".")[0]) >= state["n_chunks"]:
+            seq, _, first_row = f.split(".")[0].partition("-")
+            if not (seq.isdigit() and (first_row or "0").isdigit()):
+                continue
+            # a chunk's record is committed with the chunk; a record of rows with its rows
+            if (int(first_row) >= state["n_rows"] if first_row
+                    else int(seq) >= state["n_chunks"]):
                 qdir.child(f).delete()
 
     # ------------------------------------------------------------------ rows
@@ -202,15 +212,18 @@ class StreamStore:
 
         return load_gp_isomap(self.location.child("models", f"v{version}"))
 
-    def quarantine(self, seq: int, record: dict, data: np.ndarray | None) -> None:
+    def quarantine(self, seq: int, record: dict, data: np.ndarray | None,
+                   first_row: int | None = None) -> None:
+        """Record quarantined chunk ``seq`` (or its rows from output row ``first_row`` on)."""
         qdir = self.location.child("quarantine")
         self.fence()
+        stem = f"{seq:09d}" if first_row is None else f"{seq:09d}-{first_row:012d}"
         if data is not None:
             try:
-                qdir.child(f"{seq:09d}.npy").write_npy(data)
+                qdir.child(f"{stem}.npy").write_npy(data)
             except Exception:  # an object array or similar: the record alone must do
                 logger.debug("could not save quarantined chunk %d data", seq)
-        qdir.child(f"{seq:09d}.json").write_json(record)  # the entry's mark, after its data
+        qdir.child(f"{stem}.json").write_json(record)  # the entry's mark, after its data
 
     def quarantine_records(self) -> list[dict]:
         qdir = self.location.child("quarantine")
