@@ -28,7 +28,7 @@ import html
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from bokeh.document import Document
@@ -49,6 +49,7 @@ from bokeh.transform import factor_cmap, linear_cmap
 from dr_dask.inputs import InputError
 from dr_dask.plot import _cell as cell
 from dr_dask.plot import running_mean, sample_rows
+from dr_dask.runs import run_attr
 from dr_dask.storage import Location, location
 from dr_dask.stream.report import threshold_in_force
 from dr_dask.stream.store import STATUS, read_output
@@ -97,7 +98,7 @@ def _run_data(loc: Location) -> dict:
     arrays = {n: a[...] for n, a in group.arrays() if n in ("embedding", "sample")}
     emb = np.asarray(arrays["embedding"])
     sample = np.asarray(arrays.get("sample", np.arange(len(emb))))
-    summary = dict(cast(dict, group.attrs.get("summary") or {}))
+    summary = dict(run_attr(group, "summary"))
     return {"embedding": emb, "sample": sample, "summary": summary,
             "title": f"{summary.get('method', 'run')}: {loc.url.rstrip('/').rsplit('/', 1)[-1]}"}
 

@@ -19,7 +19,7 @@ from dr_dask.metrics import r2_affine
 from dr_dask.report import write_json
 from dr_dask.resources import timed
 from dr_dask.runs import run_embedding
-from dr_dask.storage import location
+from dr_dask.storage import location, read_array
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +41,8 @@ def gp_dataset(path: Any, T: int, N: int, *, dtype: str = "float64", seed: int =
 def read_latent(path: Any) -> np.ndarray:
     """The true latent of shape (T, LATENT_DIM) stored with a generated dataset."""
 
-    group = zarr.open_group(location(path).zarr_store(read_only=True), mode="r")
-    latent = group["latent"]
-    assert isinstance(latent, zarr.Array), f"{path}: 'latent' is a group, not the latent array"
-    return np.asarray(latent[...])
+    return read_array(zarr.open_group(location(path).zarr_store(read_only=True), mode="r"),
+                      "latent")
 
 
 def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,

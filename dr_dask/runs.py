@@ -36,7 +36,7 @@ from dr_dask.inputs import (
 from dr_dask.lease import Lease, LeaseLost
 from dr_dask.report import plain_json
 from dr_dask.resources import timed
-from dr_dask.storage import Location, StorageError, location, raise_if_transient
+from dr_dask.storage import Location, StorageError, location, raise_if_transient, read_array
 
 logger = logging.getLogger(__name__)
 
@@ -249,8 +249,7 @@ class RunGroup:
         return self.location.child(self.name, name)
 
     def _attr_dict(self, key: str) -> dict[str, Any]:
-        # zarr types an attribute as any JSON value; these keys hold the objects this class writes
-        return cast(dict[str, Any], self.group.attrs.get(key) or {})
+        return run_attr(self.group, key)
 
     @property
     def _stages(self) -> dict[str, Any]:
@@ -350,10 +349,15 @@ class RunGroup:
             arr.attrs.update(plain_json(attrs))
 
     def read(self, name: str) -> np.ndarray:
-        arr = self.group[name]
-        assert isinstance(arr, zarr.Array), f"{self.path}/{name} is a group"
-        return np.asarray(arr[...])
+        return read_array(self.group, name)
 
+
+
+def run_attr(group: zarr.Group, key: str) -> dict[str, Any]:
+    """The object a run group records under attribute ``key`` (``input``, ``params``,
+    ``summary``, ``stages``...), empty when absent."""
+    # zarr types an attribute as any JSON value; these keys hold the objects RunGroup writes
+    return cast(dict[str, Any], group.attrs.get(key) or {})
 
 
 def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr.Group:

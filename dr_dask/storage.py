@@ -462,6 +462,15 @@ def location(url: Any, storage_options: dict | None = None) -> Location:
     return Location(url, storage_options)
 
 
+def read_array(group: zarr.Group, name: str) -> np.ndarray:
+    """The array ``name`` of ``group``, read into memory (a :class:`StorageError` if ``name``
+    is a subgroup: ``group[name]`` may be either)."""
+    node = group[name]
+    if not isinstance(node, zarr.Array):
+        raise StorageError(f"{name!r} in the Zarr group is a group, not an array")
+    return np.asarray(node[...])
+
+
 def filesystem(scheme: str, storage_options: dict | None = None) -> Any:
     """The fsspec filesystem for ``scheme`` ('' = local), or a StorageError naming the package."""
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from dr_dask.report import plain_json
 from dr_dask.resources import measure
+from dr_dask.storage import read_array
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def dataset_store(workdir: str, name: str, T: int, N: int,
     if not os.path.exists(path):
         make_dataset(name, path, n_samples=T, n_features=N, random_state=0,
                      chunk_size=min(T, 50_000), **options)
-    return path + ":X", np.asarray(zarr.open_group(path, mode="r")["latent"][...])
+    return path + ":X", read_array(zarr.open_group(path, mode="r"), "latent")
 
 
 def dataset_arrays(workdir: str, name: str, T: int, N: int,
@@ -60,7 +61,7 @@ def dataset_arrays(workdir: str, name: str, T: int, N: int,
     import zarr
 
     src, latent = dataset_store(workdir, name, T, N, **options)
-    X = np.asarray(zarr.open_group(src.rsplit(":", 1)[0], mode="r")["X"][...])
+    X = read_array(zarr.open_group(src.rsplit(":", 1)[0], mode="r"), "X")
     return X, latent
 
 

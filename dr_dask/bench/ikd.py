@@ -25,6 +25,7 @@ from dr_dask.bench._common import n_workers
 from dr_dask.linalg.mds import scaled_vectors
 from dr_dask.quickstart import gp_dataset, read_latent
 from dr_dask.resources import PeakRSS, measure, timed
+from dr_dask.storage import read_array
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def bench_incore(client: Any, T: int, N: int, workdir: str, repeats: int = 3) ->
     from dr_dask.metrics import r2_affine
 
     path = gp_dataset(os.path.join(workdir, f"gp_T{T}_N{N}.zarr"), T, N)
-    X = np.asarray(zarr.open_group(path, mode="r")["X"][...])
+    X = read_array(zarr.open_group(path, mode="r"), "X")
     Z = read_latent(path)
     dense = measure(lambda: dense_algorithm1(X, 3), repeats)
     est = IKD(3, similarity="correlation", random_state=0, client=client, tol=1e-8)

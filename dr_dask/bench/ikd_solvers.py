@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from dr_dask.bench._common import dataset_store, timed_fits
@@ -54,8 +55,7 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
         row: dict[str, Any] = {"T": T, "N": N, "M": M}
         for label, c in (("cluster", client), ("one_process", None)):
             secs, peak, est = timed_fits(
-                lambda c=c, M=M: IKD(M, solver="blockwise", random_state=0, client=c), X, repeats,
-                client)
+                partial(IKD, M, solver="blockwise", random_state=0, client=c), X, repeats, client)
             row[f"{label}_seconds"] = secs
             row[f"{label}_peak_rss_gb"] = peak
             row[f"{label}_r2"] = r2_affine(Z, est.embedding_)

@@ -115,6 +115,7 @@ def bench_landmark_isomap(client: Any, quick: bool, workdir: str, n_samples: int
     seconds, peak_gb = fit.seconds, fit.peak_rss_gb
     with timed() as t:
         emb_new = est.transform(Xnew)
+    assert isinstance(emb_new, np.ndarray)  # an in-memory input maps to an in-memory embedding
     transform_s = t["seconds"]
     return {
         "T": T,

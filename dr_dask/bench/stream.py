@@ -29,6 +29,7 @@ import numpy as np
 
 from dr_dask.bench._common import n_workers, write_report
 from dr_dask.resources import PeakRSS, measure, timed
+from dr_dask.storage import read_array
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
                                handle_signals=False).run()
     wall = run["seconds"]
     o = read_output(out)
-    flagged_rows = np.asarray(zarr.open_group(out)["buffer_rows"][:])
+    flagged_rows = read_array(zarr.open_group(out), "buffer_rows")
     refits = o["checkpoint"]["refits"]
     # points judged by the model that had not seen the new patch
     horizon = refits[0]["publish_row"] if refits else len(sc.stream)
@@ -152,12 +153,12 @@ def bench_detection(n_per_patch: int, n_s: int, workdir: str, client) -> dict:
     unseen = np.arange(len(sc.stream)) >= sc.first_unseen
     flagged = np.zeros(len(sc.stream), bool)
     flagged[flagged_rows] = True
-    tp = np.sum(flagged & unseen & judged)
+    tp = int(np.sum(flagged & unseen & judged))
     res = {
         "n_per_patch": n_per_patch, "n_s": n_s, "stream_rows": len(sc.stream),
         "fit_seconds": fit["seconds"], "sigma_t": model.sigma_t_,
-        "precision": float(tp / max(np.sum(flagged & judged), 1)),
-        "recall": float(tp / max(np.sum(unseen & judged), 1)),
+        "precision": tp / max(int(np.sum(flagged & judged)), 1),
+        "recall": tp / max(int(np.sum(unseen & judged)), 1),
         "known_false_alarm_rate": float(np.mean(flagged[~unseen])),
         "refits": refits, "runner_wall_seconds": wall,
         "runner_rows_per_s": len(sc.stream) / wall,

@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -218,6 +218,7 @@ def cluster(ctx: click.Context) -> Iterator:
         busy(f"cannot reach the Dask scheduler (retry later): {exc}")
     with contextlib.ExitStack() as stack:
         stack.push(started)
+        assert client.scheduler is not None  # a started Client holds its scheduler's rpc
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
         from dr_dask.cluster import deliver_credentials
 
@@ -251,13 +252,13 @@ def drop_tracebacks() -> None:
                 handler.addFilter(_NoTraceback())
 
 
-def busy(message: str) -> None:
+def busy(message: str) -> NoReturn:
     """Exit 1 (transient: retry later) with a clear message, e.g. another run holds the lease."""
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print a clear error and exit non-zero (no traceback for user errors)."""
     click.echo(f"error: {message}", err=True)
     sys.exit(2)

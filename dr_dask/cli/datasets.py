@@ -55,9 +55,9 @@ def make(ctx: click.Context, name: str, out: str, n_samples: int, n_features: in
     from dr_dask.storage import location
 
     try:
-        out = location(out, storage_options(ctx))
-        if if_missing and not overwrite and dataset_state(out) == "complete":
-            click.echo(f"{out} exists; nothing to do (--if-missing)")
+        loc = location(out, storage_options(ctx))
+        if if_missing and not overwrite and dataset_state(loc) == "complete":
+            click.echo(f"{loc} exists; nothing to do (--if-missing)")
             return
     except ValueError as exc:
         fail(str(exc))
@@ -72,7 +72,7 @@ def make(ctx: click.Context, name: str, out: str, n_samples: int, n_features: in
     with cluster(ctx) if use_cluster else contextlib.nullcontext() as client:
         try:
             path = make_dataset(
-                name, out, n_samples=n_samples, n_features=n_features, chunk_size=chunk_size,
+                name, loc, n_samples=n_samples, n_features=n_features, chunk_size=chunk_size,
                 dtype=dtype, random_state=seed, overwrite=overwrite, client=client, **options,
             )
         except (ValueError, FileExistsError) as exc:

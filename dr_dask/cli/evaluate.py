@@ -41,13 +41,15 @@ def load_values(spec: str, default_store: Any, storage_options: dict | None = No
             return ds[var].values
     import zarr
 
+    from dr_dask.storage import read_array
+
     try:
         group = zarr.open_group(store=loc.zarr_store(read_only=True), mode="r")
     except Exception as exc:
         raise InputError(f"cannot open {loc} as a Zarr group: {exc}") from exc
     if var is None or var not in group:
         raise InputError(f"{loc} has no array {var!r} (has {sorted(group.array_keys())})")
-    return np.asarray(group[var][...])
+    return read_array(group, var)
 
 
 def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, Any]:
@@ -76,16 +78,16 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     from dr_dask.inputs import InputError
     from dr_dask.metrics import evaluate_embedding
     from dr_dask.report import write_json
-    from dr_dask.runs import open_run
-    from dr_dask.storage import location
+    from dr_dask.runs import open_run, run_attr
+    from dr_dask.storage import location, read_array
 
     so = storage_options(ctx)
     try:
         group = open_run(store, name, so)
         if "embedding" not in group:
             raise InputError(f"{store}/{name} has no 'embedding' array")
-        emb = np.asarray(group["embedding"][...])
-        recorded = dict(group.attrs.get("input", {}))
+        emb = read_array(group, "embedding")
+        recorded = run_attr(group, "input")
         if source is None and recorded.get("path"):
             source = recorded["path"] + (f":{recorded['variable']}" if recorded.get("variable")
                                          else "")
@@ -103,7 +105,7 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
         fail(str(exc))
     result = {"store": store, "embedding": name, "input": source, "n_samples": emb.shape[0],
               "n_components": emb.shape[1], "metrics": metrics}
-    eigenvalues = group.attrs.get("summary", {}).get("eigenvalues")
+    eigenvalues = run_attr(group, "summary").get("eigenvalues")
     if eigenvalues is not None:
         result["eigenvalues"] = eigenvalues
     write_json(result, out.child("metrics.json"))
@@ -215,7 +217,7 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
     write_json(report, out.child("compare.json"))
     if embeddings:
         with out.child("embeddings.npz").open("wb") as fh:
-            np.savez(fh, **embeddings)
+            np.savez(fh, allow_pickle=False, **embeddings)
         table = {m: {"seconds": r["seconds"], "peak_rss_gb": r["peak_rss_gb"], **r["metrics"]}
                  for m, r in results.items()}
         colour, label = (lab, "label") if lab is not None else (lat, "latent z1")

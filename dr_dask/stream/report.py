@@ -53,10 +53,11 @@ def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
     mean = plot.running_mean(shown, window)
     counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
     per_manifold = {int(j): int(c) for j, c in zip(*np.unique(man[ok], return_counts=True))}
+    thresholds = [float(s) for s in ck["sigma_t"][: len(refits) + 1]]
     summary = {
         "rows": n, "status": counts, "manifold_rows": per_manifold, "refits": len(refits),
         "refit_rows": [[r["trigger_row"], r["publish_row"]] for r in refits],
-        "thresholds": [float(s) for s in ck["sigma_t"][: len(refits) + 1]],
+        "thresholds": thresholds,
         "final_running_mean": float(mean[-1]) if n and np.isfinite(mean[-1]) else None,
     }
     sel = ok & np.isfinite(emb).all(axis=1)
@@ -66,7 +67,7 @@ def stream_report(store: Any, out_png: Any, window: int = 50) -> dict:
         plot.embedding(emb[sel], man[sel], label="manifold", title="embedding by manifold"),
     ]
     table = {"rows": n, **{f"rows {k}": v for k, v in counts.items() if v},
-             "refits": len(refits), "threshold now": summary["thresholds"][-1],
+             "refits": len(refits), "threshold now": thresholds[-1],
              f"running mean (w={window})": summary["final_running_mean"]}
     png = plot.report_page(location(out_png), panels, table, title="stream", ncol=2)
     return {"png": png, **summary}

@@ -188,17 +188,18 @@ class IteratorSource:
         self._done = False
         self.initial_offset = 0
 
-    def _seek(self, offset: int) -> None:
+    def _seek(self, offset: int) -> Iterator:
+        """The iterator positioned at `offset` (a fresh one, replayed, unless already there)."""
         if self._it is None or self._pos != offset:
             self._it, self._pos = iter(self._factory()), 0
             for _ in range(offset):
                 next(self._it)
                 self._pos += 1
+        return self._it
 
     def read(self, offset: int) -> Chunk | None:
         try:
-            self._seek(offset)
-            item = next(self._it)
+            item = next(self._seek(offset))
         except StopIteration:
             self._done = True
             return None
