@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -37,17 +37,82 @@ POSITIVE = click.IntRange(min=1)
 #: Scales, bandwidths, thresholds and intervals.
 POSITIVE_REAL = click.FloatRange(min=0, min_open=True)
 
+# ------------------------------------------------------------- options several commands share
+Command = TypeVar("Command", bound=Callable[..., Any])
 
-def knn_options(fn: Any) -> Any:
-    """``--knn`` and ``--n-probe``: the neighbour search of the commands that build a graph."""
-    fn = click.option("--n-probe", type=POSITIVE, default=None,
-                      help="Lists each row searches with --knn ivf (of about sqrt(T); "
-                      "default 12; at least the number of lists: exact).")(fn)
-    return click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
-                        show_default=True,
-                        help="Neighbour search: exact, ivf (partitioned, approximate; its "
-                        "estimated recall is in the summary), or auto (ivf from 100,000 "
-                        "rows).")(fn)
+
+def options(*decorators: Callable[[Command], Command]) -> Callable[[Command], Command]:
+    """Click options (or other decorators) as one decorator; ``--help`` lists them in the
+    order given, as if stacked in that order."""
+
+    def apply(fn: Command) -> Command:
+        for decorate in reversed(decorators):
+            fn = decorate(fn)
+        return fn
+
+    return apply
+
+
+def seed_option(help: str = "Random seed.", dest: str = "seed") -> Callable[[Command], Command]:
+    """``--seed``: what numpy's legacy seeding (and so scikit-learn) accepts, default 0."""
+    return click.option("--seed", dest, type=SEED, default=0, show_default=True, help=help)
+
+
+def n_neighbors_option(help: str, default: int = 10,
+                       short: bool = True) -> Callable[[Command], Command]:
+    """``-k/--n-neighbors`` (``--n-neighbors`` alone when ``short`` is false)."""
+    names = ("-k", "--n-neighbors") if short else ("--n-neighbors",)
+    return click.option(*names, type=POSITIVE, default=default, show_default=True, help=help)
+
+
+#: ``--json PATH`` of the benchmarks: the results also written as JSON.
+json_option = click.option("--json", "json_path", default=None,
+                           help="Also write the results here.")
+
+#: A command that writes a run group into a store (``embed ikd``, ``embed isomap``).
+run_options = options(
+    click.option("--input", "source", required=True,
+                 help="STORE[:VAR], file.nc[:VAR] or file.npy."),
+    click.option("--out", required=True,
+                 help="Output Zarr store (a run group is created in it)."),
+    click.option("--name", default=None, help="Run name (default: derived from parameters)."),
+    click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name."),
+    click.option("--drop-cache", is_flag=True,
+                 help="Delete the run's tile cache (distance tiles, geodesic rows) once it "
+                 "completes."),
+)
+
+#: What an embedding is judged against (``evaluate``, ``compare``).
+truth_options = options(
+    click.option("--labels", default=None,
+                 help="Labels: VAR of the input store, PATH:VAR or .npy."),
+    click.option("--latent", default=None,
+                 help="True latent: VAR of the input store, PATH:VAR or .npy."),
+)
+
+#: How rows are mapped through GP-Isomap as they arrive (``stream run``, ``job incremental``).
+mapping_options = options(
+    click.option("--n-s", type=POSITIVE, default=1000, show_default=True,
+                 help="Drift rule: uncertain (buffered) points that trigger a refit."),
+    click.option("--chunk-size", type=POSITIVE, default=1000, show_default=True,
+                 help="Rows per mapping task (a chunk read from the source)."),
+    click.option("--max-in-flight", type=POSITIVE, default=2, show_default=True,
+                 help="Chunks mapped on the cluster at once."),
+    click.option("--strict", is_flag=True,
+                 help="Algorithm 1's point-by-point semantics (refits at reproducible rows)."),
+)
+
+
+#: ``--knn`` and ``--n-probe``: the neighbour search of the commands that build a graph.
+knn_options = options(
+    click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
+                 show_default=True,
+                 help="Neighbour search: exact, ivf (partitioned, approximate; its estimated "
+                 "recall is in the summary), or auto (ivf from 100,000 rows)."),
+    click.option("--n-probe", type=POSITIVE, default=None,
+                 help="Lists each row searches with --knn ivf (of about sqrt(T); default 12; "
+                 "at least the number of lists: exact)."),
+)
 
 
 #: errno values of a location the user cannot write to (permissions, a read-only filesystem).

@@ -7,7 +7,15 @@ import logging
 
 import click
 
-from dr_dask.cli._app import POSITIVE, POSITIVE_REAL, SEED, cluster, datasets, fail, storage_options
+from dr_dask.cli._app import (
+    POSITIVE,
+    POSITIVE_REAL,
+    cluster,
+    datasets,
+    fail,
+    seed_option,
+    storage_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +37,7 @@ def _names() -> list[str]:
               help="Latent dimensions [dataset default].")
 @click.option("--noise", type=click.FloatRange(min=0), default=None,
               help="Noise standard deviation [dataset default].")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
+@seed_option()
 @click.option("--length-scale", type=POSITIVE_REAL, default=None,
               help="GP length scale [3.0] (gp only).")
 @click.option("--method", type=click.Choice(["auto", "exact", "rff"]), default=None,

@@ -8,7 +8,18 @@ from typing import Any
 import click
 import numpy as np
 
-from dr_dask.cli._app import POSITIVE, SEED, bench, cluster, fail, main, storage_options
+from dr_dask.cli._app import (
+    POSITIVE,
+    bench,
+    cluster,
+    fail,
+    json_option,
+    main,
+    n_neighbors_option,
+    seed_option,
+    storage_options,
+    truth_options,
+)
 from dr_dask.methods.factory import METHODS, MethodUnavailable, make_method
 
 logger = logging.getLogger(__name__)
@@ -65,12 +76,9 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 @click.option("--embedding", "name", required=True, help="Run group name inside STORE.")
 @click.option("--input", "source", default=None,
               help="Input data STORE[:VAR] (default: the input recorded in the run).")
-@click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
-@click.option("--latent", default=None,
-              help="True latent: VAR of the input store, PATH:VAR or .npy.")
+@truth_options
 @click.option("--out", default=None, help="Report directory (default: STORE/NAME.report).")
-@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
-              help="k of trustworthiness/continuity/kNN preservation.")
+@n_neighbors_option("k of trustworthiness/continuity/kNN preservation.")
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     """Score a stored embedding: metrics JSON and a PNG (embedding, spectrum, metric table)."""
@@ -155,14 +163,10 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 @click.option("-n", "--n-components", type=POSITIVE, required=True, help="Output dimension.")
 @click.option("--methods", default="ikd,ikd-geodesic,isomap,pca,lsdr", show_default=True,
               help=f"Comma-separated, from: {', '.join(METHODS)}.")
-@click.option("--labels", default=None, help="Labels: VAR of the input store, PATH:VAR or .npy.")
-@click.option("--latent", default=None,
-              help="True latent: VAR of the input store, PATH:VAR or .npy.")
+@truth_options
 @click.option("--out", required=True, help="Output directory (compare.json, compare.png, .npz).")
-@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
-              help="Graph k of the methods and k of the neighbourhood metrics.")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Random seed of every method.")
+@n_neighbors_option("Graph k of the methods and k of the neighbourhood metrics.")
+@seed_option("Random seed of every method.")
 @click.pass_context
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""
@@ -232,13 +236,13 @@ def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors
 # ---------------------------------------------------------------------------- bench metrics
 @bench.command("metrics")
 @click.option("--quick", is_flag=True, help="Small sizes (a smoke run).")
-@click.option("--json", "out", default=None, help="Also write the JSON report here.")
+@json_option
 @click.pass_context
-def bench_metrics(ctx, quick, out):
+def bench_metrics(ctx, quick, json_path):
     """Blockwise trustworthiness at T=50,000 (peak RSS) and LSDR at n=20,000 in 2-D and 3-D."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.metrics import run_bench
 
     with cluster(ctx) as client:
         results = run_bench(client, quick=quick)
-    click.echo(write_report(results, out))
+    click.echo(write_report(results, json_path))

@@ -10,13 +10,17 @@ import click
 from dr_dask.cli._app import (
     POSITIVE,
     POSITIVE_REAL,
-    SEED,
     bench,
     cluster,
     embed,
     fail,
+    json_option,
     knn_options,
     main,
+    n_neighbors_option,
+    options,
+    run_options,
+    seed_option,
     storage_options,
 )
 from dr_dask.inputs import InputError
@@ -24,46 +28,41 @@ from dr_dask.inputs import InputError
 logger = logging.getLogger(__name__)
 
 
-def ikd_options(fn):
-    """Options shared by the commands that build an IKD estimator."""
-    options = [
-        click.option("-n", "--n-components", type=POSITIVE, required=True,
-                     help="Latent dimension M (at most the number of features - 1)."),
-        click.option("--kernel", default="se", show_default=True,
-                     help="se | rational_quadratic | gamma_exponential | matern"),
-        click.option("--alpha", type=POSITIVE_REAL, default=1.0, show_default=True,
-                     help="Rational-quadratic alpha (> 0)."),
-        click.option("--gamma", type=click.FloatRange(0, 2, min_open=True), default=1.0,
-                     show_default=True, help="Gamma-exponential gamma, in (0, 2]."),
-        click.option("--nu", type=POSITIVE_REAL, default=1.5, show_default=True,
-                     help="Matérn nu (> 0)."),
-        click.option("--similarity", type=click.Choice(["correlation", "covariance"]),
-                     default="correlation", show_default=True,
-                     help="Sample similarity S = Xn Xn^T from correlations or covariances."),
-        click.option("--reference", type=click.Choice(["min_max", "min_mean", "center"]),
-                     default=None, help="Reference point (default: per solver)."),
-        click.option("--solver", type=click.Choice(["full", "geodesic", "blockwise"]),
-                     default="full", show_default=True,
-                     help="full: all T x T distances (tiled); geodesic: along a kNN graph; "
-                     "blockwise: per-clique solves merged."),
-        click.option("--n-neighbors", type=POSITIVE, default=5, show_default=True,
-                     help="Geodesic solver: kNN graph size."),
-        click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=None,
-                     help="Landmark IKD with this many landmarks (large T)."),
-        click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64",
-                     show_default=True,
-                     help="Precision of the distance tiles (float32 halves memory and disk)."),
-        click.option("--tile-size", type=POSITIVE, default=4096, show_default=True,
-                     help="Rows per tile of the T x T distance matrix (memory per task grows "
-                     "with its square)."),
-        click.option("--tile-cache", type=click.Choice(["auto", "memory", "disk"]), default="auto",
-                     show_default=True, help="Where distance tiles live between passes."),
-        click.option("--seed", "random_state", type=SEED, default=0, show_default=True,
-                     help="Random seed of every randomized step."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return knn_options(fn)
+#: The options of an IKD estimator (``embed ikd``).
+ikd_options = options(
+    click.option("-n", "--n-components", type=POSITIVE, required=True,
+                 help="Latent dimension M (at most the number of features - 1)."),
+    click.option("--kernel", default="se", show_default=True,
+                 help="se | rational_quadratic | gamma_exponential | matern"),
+    click.option("--alpha", type=POSITIVE_REAL, default=1.0, show_default=True,
+                 help="Rational-quadratic alpha (> 0)."),
+    click.option("--gamma", type=click.FloatRange(0, 2, min_open=True), default=1.0,
+                 show_default=True, help="Gamma-exponential gamma, in (0, 2]."),
+    click.option("--nu", type=POSITIVE_REAL, default=1.5, show_default=True,
+                 help="Matérn nu (> 0)."),
+    click.option("--similarity", type=click.Choice(["correlation", "covariance"]),
+                 default="correlation", show_default=True,
+                 help="Sample similarity S = Xn Xn^T from correlations or covariances."),
+    click.option("--reference", type=click.Choice(["min_max", "min_mean", "center"]),
+                 default=None, help="Reference point (default: per solver)."),
+    click.option("--solver", type=click.Choice(["full", "geodesic", "blockwise"]),
+                 default="full", show_default=True,
+                 help="full: all T x T distances (tiled); geodesic: along a kNN graph; "
+                 "blockwise: per-clique solves merged."),
+    n_neighbors_option("Geodesic solver: kNN graph size.", default=5, short=False),
+    knn_options,
+    click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=None,
+                 help="Landmark IKD with this many landmarks (large T)."),
+    click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float64",
+                 show_default=True,
+                 help="Precision of the distance tiles (float32 halves memory and disk)."),
+    click.option("--tile-size", type=POSITIVE, default=4096, show_default=True,
+                 help="Rows per tile of the T x T distance matrix (memory per task grows "
+                 "with its square)."),
+    click.option("--tile-cache", type=click.Choice(["auto", "memory", "disk"]), default="auto",
+                 show_default=True, help="Where distance tiles live between passes."),
+    seed_option("Random seed of every randomized step.", dest="random_state"),
+)
 
 
 def make_ikd(**kw):
@@ -73,12 +72,7 @@ def make_ikd(**kw):
 
 
 @embed.command("ikd")
-@click.option("--input", "source", required=True, help="STORE[:VAR], file.nc[:VAR] or file.npy.")
-@click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
-@click.option("--name", default=None, help="Run name (default: derived from parameters).")
-@click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
-@click.option("--drop-cache", is_flag=True,
-              help="Delete the run's tile cache (distance tiles, geodesic rows) once it completes.")
+@run_options
 @ikd_options
 @click.pass_context
 def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
@@ -104,8 +98,7 @@ def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
               help="Samples (rows) of the generated dataset.")
 @click.option("-N", "n_features", type=click.IntRange(min=3), default=500, show_default=True,
               help="Features (columns) of the generated dataset.")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Random seed of the data and the fit.")
+@seed_option("Random seed of the data and the fit.")
 @click.pass_context
 def quickstart(ctx, out, n_samples, n_features, seed):
     """Generate the paper's GP-mapping dataset, run IKD on a LocalCluster, report.
@@ -136,7 +129,7 @@ def quickstart(ctx, out, n_samples, n_features, seed):
               show_default=True, help="Samples of the out-of-core case.")
 @click.option("--workdir", default=None,
               help="Where the out-of-core tiles go (default: a temp dir).")
-@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@json_option
 @click.pass_context
 def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
     """IKD: distance-tile throughput vs GEMM, in-core vs dense NumPy, out-of-core peak RSS."""
@@ -156,7 +149,7 @@ def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
 @click.option("--repeats", type=POSITIVE, default=1, show_default=True, help="Timed fits per side.")
 @click.option("--bucket", default=None,
               help="Use this bucket at $AWS_ENDPOINT_URL (default: a local moto S3 server).")
-@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@json_option
 @click.pass_context
 def bench_io(ctx, n_samples, n_features, repeats, bucket, json_path):
     """The same IKD fit from local disk and from S3: both times, the ratio, S3 requests."""

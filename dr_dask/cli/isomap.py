@@ -10,12 +10,15 @@ import click
 from dr_dask.cli._app import (
     POSITIVE,
     POSITIVE_REAL,
-    SEED,
     bench,
     cluster,
     embed,
     fail,
+    json_option,
     knn_options,
+    n_neighbors_option,
+    run_options,
+    seed_option,
     storage_options,
 )
 from dr_dask.inputs import InputError
@@ -25,16 +28,10 @@ logger = logging.getLogger(__name__)
 
 
 @embed.command("isomap")
-@click.option("--input", "source", required=True, help="STORE[:VAR], file.nc[:VAR] or file.npy.")
-@click.option("--out", required=True, help="Output Zarr store (a run group is created in it).")
-@click.option("--name", default=None, help="Run name (default: derived from parameters).")
-@click.option("--overwrite", is_flag=True, help="Discard an existing run of the same name.")
-@click.option("--drop-cache", is_flag=True,
-              help="Delete the run's tile cache (distance tiles, geodesic rows) once it completes.")
+@run_options
 @click.option("-n", "--n-components", type=POSITIVE, default=2, show_default=True,
               help="Embedding dimension (below the number of samples).")
-@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
-              help="Neighbours per point in the kNN graph.")
+@n_neighbors_option("Neighbours per point in the kNN graph.")
 @click.option("--radius", type=POSITIVE_REAL, default=None,
               help="Epsilon rule instead of k (full only).")
 @click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=None,
@@ -47,8 +44,7 @@ logger = logging.getLogger(__name__)
 @click.option("--geodesic-store", default=None,
               help="Zarr path or URL for the geodesic rows (T x T squared, or L x T) instead of "
                    "memory (--storage-option applies).")
-@click.option("--seed", "random_state", type=SEED, default=0, show_default=True,
-              help="Random seed of every randomized step.")
+@seed_option("Random seed of every randomized step.", dest="random_state")
 @knn_options
 @click.pass_context
 def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_neighbors, radius,
@@ -92,7 +88,7 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
 @click.option("--only", multiple=True,
               help="Run only these cases (default: all of dr_dask.bench.isomap.CASES).")
 @click.option("--workdir", default=None, help="Scratch directory (default: a temp dir).")
-@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@json_option
 @click.pass_context
 def bench_isomap(ctx, quick, only, workdir, json_path):
     """Isomap vs scikit-learn at T=20,000; Landmark Isomap at T=200,000, L=2,000."""
@@ -121,7 +117,7 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
                    "fit_transform on a NumPy array, each in a fresh process, with no client "
                    "(dask's threads) and on a LocalCluster of --workers processes, against "
                    "scikit-learn's Isomap (--full-T and --skip-sklearn do not apply).")
-@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@json_option
 @click.pass_context
 def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json_path):
     """scikit-learn's Isomap, our Isomap and geodesic IKD on the same sinusoid (k=5), with

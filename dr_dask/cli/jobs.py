@@ -11,9 +11,11 @@ from dr_dask.cli._app import (
     EXIT_CODES,
     POSITIVE,
     POSITIVE_REAL,
-    SEED,
     cluster,
     job,
+    mapping_options,
+    n_neighbors_option,
+    seed_option,
     storage_options,
 )
 
@@ -27,20 +29,11 @@ logger = logging.getLogger(__name__)
               "report), path or URL; created by the first run.")
 @click.option("--n-batch", type=POSITIVE, default=1000, show_default=True,
               help="First run: the batch phase is fitted on the first N-BATCH rows.")
-@click.option("--n-s", type=POSITIVE, default=1000, show_default=True,
-              help="Drift rule: uncertain (buffered) points that trigger a refit.")
-@click.option("--chunk-size", type=POSITIVE, default=1000, show_default=True,
-              help="Rows per mapping task.")
-@click.option("--max-in-flight", type=POSITIVE, default=2, show_default=True,
-              help="Chunks mapped on the cluster at once.")
-@click.option("--strict", is_flag=True,
-              help="Algorithm 1's point-by-point semantics (refits at reproducible rows).")
-@click.option("--n-neighbors", type=POSITIVE, default=10, show_default=True,
-              help="First run: graph k of the model.")
+@mapping_options
+@n_neighbors_option("First run: graph k of the model.", short=False)
 @click.option("--sigma-t", type=POSITIVE_REAL, default=None,
               help="First run: novelty threshold (default: leave-one-out calibration).")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="First run: random seed of the model fit.")
+@seed_option("First run: random seed of the model fit.")
 @click.option("--no-report", is_flag=True, help="Do not write STATE/report.png.")
 @click.pass_context
 def incremental(ctx, source, state, n_batch, n_s, chunk_size, max_in_flight, strict,
@@ -72,14 +65,12 @@ def incremental(ctx, source, state, n_batch, n_s, chunk_size, max_in_flight, str
               show_default=True, help="The reduction fitted on the whole store.")
 @click.option("-n", "--n-components", type=POSITIVE, default=2, show_default=True,
               help="Embedding dimension.")
-@click.option("-k", "--n-neighbors", type=POSITIVE, default=10, show_default=True,
-              help="Graph k of the method and k of trustworthiness.")
+@n_neighbors_option("Graph k of the method and k of trustworthiness.")
 @click.option("--eval-rows", type=POSITIVE, default=500, show_default=True,
               help="Rows of the seeded subsample TI and TCI are computed on.")
 @click.option("--tci-candidates", type=POSITIVE, default=16, show_default=True,
               help="Sampled TCI warps (each one refit of --eval-rows rows).")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Random seed of the fit and of the evaluation subsample.")
+@seed_option("Random seed of the fit and of the evaluation subsample.")
 @click.pass_context
 def refit(ctx, source, runs, method, n_components, n_neighbors, eval_rows, tci_candidates,
           seed):

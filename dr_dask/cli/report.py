@@ -8,7 +8,7 @@ import logging
 
 import click
 
-from dr_dask.cli._app import POSITIVE, SEED, main, storage_options
+from dr_dask.cli._app import POSITIVE, main, seed_option, storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
               "on the page).")
 @click.option("--window", type=POSITIVE, default=50, show_default=True,
               help="Running-mean window of a stream's predictive variance.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds the samples.")
+@seed_option("Seeds the samples.")
 @click.pass_context
 def report(ctx, run_or_state, out_html, max_points, window, seed):
     """Explore a run, a stream output or a job's state in the browser.

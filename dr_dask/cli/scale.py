@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from dr_dask.cli._app import bench, cluster, fail, knn_options
+from dr_dask.cli._app import bench, cluster, fail, json_option, knn_options
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_pa
 @click.option("--max-T", "max_T", type=click.IntRange(min=1000), default=None,
               help="Skip the sizes above this T (default: up to 100,000).")
 @click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
-@click.option("--json", "json_path", default=None, help="Also write the results here.")
+@json_option
 def bench_dijkstra(max_T, workdir, json_path):
     """Dijkstra's cost per source against T on one thread (kNN graphs of the sinusoid, k=10):
     ms per source, ns per T log T and the bytes each search touches."""

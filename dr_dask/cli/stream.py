@@ -12,10 +12,13 @@ import numpy as np
 from dr_dask.cli._app import (
     POSITIVE,
     POSITIVE_REAL,
-    SEED,
     bench,
     cluster,
     fail,
+    json_option,
+    mapping_options,
+    n_neighbors_option,
+    seed_option,
     storage_options,
     stream,
 )
@@ -40,7 +43,7 @@ logger = logging.getLogger(__name__)
               show_default=True, help="Stream source format.")
 @click.option("--chunk-size", type=POSITIVE, default=250, show_default=True,
               help="Rows per stream chunk.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
+@seed_option()
 @click.pass_context
 def make_scenario(ctx, out, scenario, n_per_patch, n_batch, n_stream, ambient_dim, kind,
                   chunk_size, seed):
@@ -81,29 +84,21 @@ def _load_batch(path: str, storage_options: dict) -> np.ndarray:
 @click.option("--holdout", help="Held-out batch-distribution points to calibrate sigma_t.")
 @click.option("--sigma-t", type=POSITIVE_REAL, default=None,
               help="Novelty threshold (overrides calibration).")
-@click.option("--n-s", type=POSITIVE, default=1000, show_default=True,
-              help="Buffer size triggering a refit.")
-@click.option("--chunk-size", type=POSITIVE, default=1000, show_default=True,
-              help="Rows per Zarr chunk.")
-@click.option("--strict", is_flag=True, help="Algorithm 1's point-by-point semantics.")
-@click.option("--max-in-flight", type=POSITIVE, default=2, show_default=True,
-              help="Chunks mapped on the cluster at once.")
+@mapping_options
 @click.option("--follow", is_flag=True, help="Keep polling the source for new data.")
 @click.option("--poll", type=POSITIVE_REAL, default=1.0, show_default=True,
               help="Seconds between polls.")
-@click.option("--n-neighbors", type=POSITIVE, default=10, show_default=True,
-              help="Graph k of the model fitted on --batch.")
+@n_neighbors_option("Graph k of the model fitted on --batch.", short=False)
 @click.option("--kernel", default="geodesic_se", show_default=True,
               help="GP kernel of the model fitted on --batch.")
 @click.option("--length-scale", type=POSITIVE_REAL, default=None,
               help="GP length scale (default: fitted).")
 @click.option("--noise-variance", type=click.FloatRange(min=0), default=0.01,
               show_default=True, help="GP noise variance.")
-@click.option("--seed", type=SEED, default=0, show_default=True,
-              help="Random seed of the model fit.")
+@seed_option("Random seed of the model fit.")
 @click.pass_context
-def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, strict,
-        max_in_flight, follow, poll, n_neighbors, kernel, length_scale,
+def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, max_in_flight,
+        strict, follow, poll, n_neighbors, kernel, length_scale,
         noise_variance, seed):
     """Stream SOURCE (directory of .npy chunks, Zarr array) through GP-Isomap into --out.
 
@@ -175,13 +170,13 @@ def report(ctx, store, out_png, window):
 
 @bench.command("stream")
 @click.option("--quick", is_flag=True, help="Small sizes, one repeat (smoke run).")
-@click.option("--json", "out_json", default=None, help="Also write the JSON report here.")
+@json_option
 @click.option("--workdir", default=None, help="Scratch directory (default: a temporary one).")
 @click.pass_context
-def bench_stream(ctx, quick, out_json, workdir):
+def bench_stream(ctx, quick, json_path, workdir):
     """Mapping throughput vs sklearn, refit latency, runner RSS, shift detection."""
     from dr_dask.bench.stream import run_benchmarks
 
     with cluster(ctx) as client:
-        report = run_benchmarks(client, quick=quick, out=out_json, workdir=workdir)
+        report = run_benchmarks(client, quick=quick, out=json_path, workdir=workdir)
     click.echo(report)
