@@ -77,7 +77,7 @@ def make_ikd(**kw):
 @click.pass_context
 def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     """Fit IKD on a stored dataset and write the embedding into OUT."""
-    from dr_dask.runs import run_embedding
+    from dr_dask.runs import run_attr, run_embedding
 
     try:
         with cluster(ctx) as client:
@@ -88,7 +88,7 @@ def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
         fail(str(exc))
     # stdout is the JSON summary alone, for scripts; the human note goes to stderr
     click.echo(f"embedding written to {run.path} (array 'embedding')", err=True)
-    click.echo(json.dumps({"path": run.path, **run.group.attrs.get("summary", {})}, indent=2))
+    click.echo(json.dumps({"path": run.path, **run_attr(run.group, "summary")}, indent=2))
 
 
 @main.command()

@@ -52,7 +52,7 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                  knn, n_probe):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
-    from dr_dask.runs import run_embedding
+    from dr_dask.runs import run_attr, run_embedding
 
     if n_landmarks is not None and radius is not None:
         fail("--radius is only supported by full Isomap (drop --landmarks)")
@@ -80,7 +80,7 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
         fail(str(exc))
     # stdout is the JSON summary alone, for scripts; the human note goes to stderr
     click.echo(f"embedding written to {run.path} (array 'embedding')", err=True)
-    click.echo(json.dumps({"path": run.path, **run.group.attrs.get("summary", {})}, indent=2))
+    click.echo(json.dumps({"path": run.path, **run_attr(run.group, "summary")}, indent=2))
 
 
 @bench.command("isomap")
