@@ -215,7 +215,7 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         # each block is centred where it lives, then one task sorts the float32 rows: this
         # process never holds them (a copy here and another in the scheduler's graph cost
         # 0.8 GB at T=10^6, N=100), and only float32 blocks travel
-        Xc = X.map_blocks(_centred, mean, dtype=np.float32)
+        Xc = da.map_blocks(_centred, X, mean, dtype=np.float32)
         Xs: Any = dask.delayed(_sorted_rows, pure=True)(
             list(Xc.to_delayed().ravel()), [0, *np.cumsum(X.chunks[0]).tolist()], order)
     else:

@@ -17,7 +17,7 @@ import operator
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numba
 import numpy as np
@@ -415,6 +415,7 @@ class GeodesicRows:
                        [whole[s:e] for s, e in itertools.pairwise(bounds)], None, None, dtype)
             rows._whole = whole
             return rows
+        blocks: list[Any]  # row blocks, their futures, or Zarr slice handles
         if client is None:
             blocks = map_local(lambda t: t[0](graph, *t[1:]), tasks)
         else:
@@ -578,13 +579,21 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
                        precision=precision, client=client, store=store)
 
 
+@overload
+def shortest_paths(graph: sp.spmatrix, sources: np.ndarray | None = None, *, client: Any = None,
+                   block_size: int = 256, out: None = None,
+                   dtype: Any = np.float64) -> np.ndarray: ...
+@overload
+def shortest_paths(graph: sp.spmatrix, sources: np.ndarray | None = None, *, client: Any = None,
+                   block_size: int = 256, out: zarr.Array | str | Location,
+                   dtype: Any = np.float64) -> zarr.Array: ...
 def shortest_paths(
     graph: sp.spmatrix,
     sources: np.ndarray | None = None,
     *,
     client: Any = None,
     block_size: int = 256,
-    out: Any = None,
+    out: zarr.Array | str | Location | None = None,
     dtype: Any = np.float64,
 ) -> np.ndarray | zarr.Array:
     """Shortest-path distances from ``sources`` to every node, Dijkstra over source blocks.
@@ -616,7 +625,10 @@ def shortest_paths(
     """
     rows = GeodesicRows.compute(graph, sources, client=client, block_size=block_size,
                                 dtype=dtype, out=out)
-    return rows.store if out is not None else rows.gather(dtype)
+    if out is None:
+        return rows.gather(dtype)
+    assert rows.store is not None  # compute opened (or created) it from `out`
+    return rows.store
 
 
 def geodesics_via_neighbors(

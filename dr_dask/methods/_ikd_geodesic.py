@@ -42,11 +42,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import dask
+import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 import zarr
@@ -77,6 +77,7 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
+from dr_dask.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
             k = k * norms[:, None] * norms[idx] / sigma2
         graph = graph_from_neighbors(idx, edge_weight(k, floor, ceil), T)
     else:
+        assert cfg.threshold is not None  # IKD refuses geodesic_rule="threshold" without it
         grid = TileGrid.from_chunks(Xn.chunks[0])
         blocks = Xn.to_delayed().ravel()
         task = dask.delayed(_threshold_edges, pure=True)
@@ -235,13 +237,12 @@ def _tiles_from_dijkstra(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicK
     run in float64, so the eigensolver converges on the stored D to any tolerance.
     """
     grid = strip_grid(T, client, int(cfg.tile_size))
-    t0 = time.perf_counter()
-    # the strip task's path-length buffer becomes D in place
-    D, stats = geodesic_tiles(graph, grid, functools.partial(kernel, overwrite=True),
-                              stats_fn=tile_stats, dtype=np.float32,
-                              precision=np.float64, client=client, store=store)
     # Dijkstra and the inverse kernel run in the same tasks: one stage
-    seconds["shortest_paths"] = time.perf_counter() - t0
+    with timed(seconds, "shortest_paths"):
+        # the strip task's path-length buffer becomes D in place
+        D, stats = geodesic_tiles(graph, grid, functools.partial(kernel, overwrite=True),
+                                  stats_fn=tile_stats, dtype=np.float32,
+                                  precision=np.float64, client=client, store=store)
 
     def d_ref_row(r: int) -> np.ndarray:
         # the reference row, one more Dijkstra here (the tiles hold only the upper half)
@@ -262,23 +263,21 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
     T = grid.size
     path_loc = arrays.enter_context(scratch("geodesic_paths", run, cfg.scratch, inp, keep=True))
     tiles = arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
-    t0 = time.perf_counter()
-    chunk = min(PATH_CHUNK, T)
-    paths = zarr.create_array(
-        path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
-        dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
-        dimension_names=("sample", "sample_"),
-    )
-    GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
-    seconds["shortest_paths"] = time.perf_counter() - t0
+    with timed(seconds, "shortest_paths"):
+        chunk = min(PATH_CHUNK, T)
+        paths = zarr.create_array(
+            path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
+            dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
+            dimension_names=("sample", "sample_"),
+        )
+        GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
 
-    t0 = time.perf_counter()
-    xb = Xn.to_delayed().ravel()
-    blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
-    store = tiles if on_disk else None
-    D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
-                           store=store, dtype=dtype, client=client, progress=cfg.progress)
-    seconds["distance"] = time.perf_counter() - t0
+    with timed(seconds, "distance"):
+        xb = Xn.to_delayed().ravel()
+        blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
+        store = tiles if on_disk else None
+        D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
+                               store=store, dtype=dtype, client=client, progress=cfg.progress)
 
     def d_ref_row(r: int) -> np.ndarray:
         return np.asarray(paths[r : r + 1, :])
@@ -297,11 +296,13 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
     seconds: dict[str, float] = {}
     Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
     T = Xn.shape[0]
-    t0 = time.perf_counter()
-    graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
-    seconds["graph"] = time.perf_counter() - t0
-    kernel = GeodesicKernel(cfg.inverse_kernel(sigma2),
-                            None if cfg.geodesic_rule == "knn" else float(cfg.threshold))
+    with timed(seconds, "graph"):
+        graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
+    threshold = None
+    if cfg.geodesic_rule == "threshold":
+        assert cfg.threshold is not None  # IKD refuses geodesic_rule="threshold" without it
+        threshold = float(cfg.threshold)
+    kernel = GeodesicKernel(cfg.inverse_kernel(sigma2), threshold)
     grid = TileGrid.from_chunks(Xn.chunks[0])
     # the kNN rule's tiles are float32 whatever dtype (_tiles_from_dijkstra): they fit the
     # budget to a larger T than dtype's tiles would
@@ -320,32 +321,31 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
         else:
             D, stats, d_ref_row = _tiles_through_paths(cfg, inp, run, graph, kernel, Xn, grid,
                                                        on_disk, client, seconds, arrays)
-        t0 = time.perf_counter()
-        rowmax, rowsum = row_stats(D.grid, stats)
-        r = reference_index(rowmax, rowsum, cfg.reference)
-        d_ref = None
-        if r is not None:
-            S_r = None
-            if kernel.threshold is not None:
-                (xr,) = compute(Xn[r], client=client)
-                (S_r,) = compute(Xn @ xr, client=client)
-                S_r = S_r[None, :]
-            d_ref = kernel(d_ref_row(r), S_r)[0]
-            d_ref[r] = 0.0
-        seconds["distance"] = seconds.get("distance", 0.0) + time.perf_counter() - t0
-        t0 = time.perf_counter()
-        eig = eigen_stage(cfg, GramOperator(D, d_ref, rowsum / T), run)
-        seconds["eigen"] = time.perf_counter() - t0
+        with timed() as reference:
+            rowmax, rowsum = row_stats(D.grid, stats)
+            r = reference_index(rowmax, rowsum, cfg.reference)
+            d_ref = None
+            if r is not None:
+                S_r = None
+                if kernel.threshold is not None:
+                    (xr,) = compute(Xn[r], client=client)
+                    (S_r,) = compute(Xn @ xr, client=client)
+                    S_r = S_r[None, :]
+                d_ref = kernel(d_ref_row(r), S_r)[0]
+                d_ref[r] = 0.0
+        # the reference row is part of D's stage (with the tiles, for the threshold rule)
+        seconds["distance"] = seconds.get("distance", 0.0) + reference["seconds"]
+        with timed(seconds, "eigen"):
+            eig = eigen_stage(cfg, GramOperator(D, d_ref, rowsum / T), run)
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
     result = eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
                           graph_edges=info["n_edges"],
                           knn_recall=info.get("knn_recall"))
-    t0 = time.perf_counter()
-    landmarks = pick_landmarks(cfg, inp)  # the out-of-sample map's triangulation
-    paths = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32).gather()
-    result.out_of_sample = triangulation_map(cfg, inp, sigma2, result.embedding, landmarks,
-                                             paths)
-    seconds["out_of_sample"] = time.perf_counter() - t0
+    with timed(seconds, "out_of_sample"):
+        landmarks = pick_landmarks(cfg, inp)  # the out-of-sample map's triangulation
+        paths = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32).gather()
+        result.out_of_sample = triangulation_map(cfg, inp, sigma2, result.embedding, landmarks,
+                                                 paths)
     return result
 
 
@@ -374,6 +374,7 @@ def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseK
 def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None) -> IKDResult:
     """Landmark IKD: geodesic (``solver="geodesic"``) or plain similarity (``"full"``)."""
     client = active_client(cfg.client)
+    assert cfg.n_landmarks is not None  # IKD runs this solver only when n_landmarks is given
     M, L = cfg.n_components, int(cfg.n_landmarks)
     if run is not None:
         logger.info("landmark IKD: the run holds the L x T rows during the fit; it has no "
@@ -382,20 +383,18 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
     Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
     inverse = cfg.inverse_kernel(sigma2)
 
-    t0 = time.perf_counter()
-    # max-min: farthest points in correlation distance (Euclidean on unit rows); only the
-    # rows it samples are computed
-    landmarks = select_landmarks(Xn.map_blocks(_unit_rows, dtype=np.float64), L,
-                                 method=cfg.landmark_method, random_state=cfg.random_state,
-                                 client=client)
-    seconds["landmarks"] = time.perf_counter() - t0
+    with timed(seconds, "landmarks"):
+        # max-min: farthest points in correlation distance (Euclidean on unit rows); only the
+        # rows it samples are computed
+        landmarks = select_landmarks(da.map_blocks(_unit_rows, Xn, dtype=np.float64), L,
+                                     method=cfg.landmark_method, random_state=cfg.random_state,
+                                     client=client)
 
     info: dict = {}
     if cfg.solver == "geodesic":
-        t0 = time.perf_counter()
-        graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
-        del Xn  # the graph is all the rest needs: free the persisted rows on the workers
-        seconds["graph"] = time.perf_counter() - t0
+        with timed(seconds, "graph"):
+            graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
+            del Xn  # the graph is all the rest needs: free the persisted rows on the workers
         # the L x T float32 rows stay in worker memory up to the tile budget, else in a
         # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
         T = graph.shape[0]
@@ -406,41 +405,37 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         # does not travel from this process to every worker
         with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc, \
                 scratch("graph", None, cfg.scratch, inp) as graph_loc:
-            t0 = time.perf_counter()
-            rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
-                                        out=rows_loc if on_disk else None,
-                                        graph_store=graph_loc)
-            del graph  # the store holds it as long as the rows need it
-            seconds["shortest_paths"] = time.perf_counter() - t0
+            with timed(seconds, "shortest_paths"):
+                rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
+                                            out=rows_loc if on_disk else None,
+                                            graph_store=graph_loc)
+                del graph  # the store holds it as long as the rows need it
             kernel = GeodesicKernel(inverse, None)
-            t0 = time.perf_counter()
-            D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
-            np.fill_diagonal(D_LL, 0.0)
-            mds = landmark_mds(D_LL, M)
-            seconds["landmark_mds"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean)
-            # the out-of-sample map keeps the rows when they fit the in-memory budget
-            paths = rows.gather() if not on_disk else None
-            rows.release()
-        oos = (triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
-               if paths is not None else None)
+            with timed(seconds, "landmark_mds"):
+                D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
+                np.fill_diagonal(D_LL, 0.0)
+                mds = landmark_mds(D_LL, M)
+            with timed(seconds, "triangulate"):
+                embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean)
+                # the out-of-sample map keeps the rows when they fit the in-memory budget
+                paths = rows.gather() if not on_disk else None
+                rows.release()
+                oos = (triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
+                       if paths is not None else None)
     else:
-        t0 = time.perf_counter()
-        order = np.argsort(landmarks)
-        (XL,) = compute(Xn[landmarks[order]], client=client)
-        XL = np.asarray(XL, np.float64)[np.argsort(order)]
-        D_LL = inverse(XL @ XL.T, diagonal=True)
-        mds = landmark_mds(D_LL, M)
-        seconds["landmark_mds"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        XL_d = dask.delayed(XL, traverse=False)
-        task = dask.delayed(_similarity_triangulate, pure=True)
-        parts = compute(*[task(b, XL_d, inverse, mds.pinv, mds.sq_mean)
-                          for b in Xn.to_delayed().ravel()], client=client)
-        embedding = np.vstack(parts)
-        oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, None)
-    seconds["triangulate"] = time.perf_counter() - t0
+        with timed(seconds, "landmark_mds"):
+            order = np.argsort(landmarks)
+            (XL,) = compute(Xn[landmarks[order]], client=client)
+            XL = np.asarray(XL, np.float64)[np.argsort(order)]
+            D_LL = inverse(XL @ XL.T, diagonal=True)
+            mds = landmark_mds(D_LL, M)
+        with timed(seconds, "triangulate"):
+            XL_d = dask.delayed(XL, traverse=False)
+            task = dask.delayed(_similarity_triangulate, pure=True)
+            parts = compute(*[task(b, XL_d, inverse, mds.pinv, mds.sq_mean)
+                              for b in Xn.to_delayed().ravel()], client=client)
+            embedding = np.vstack(parts)
+            oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, None)
     B = double_centre((D_LL + D_LL.T) / 2)
     return IKDResult(
         embedding=embedding,

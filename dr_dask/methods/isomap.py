@@ -24,7 +24,6 @@ Isomap triangulates.
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -59,6 +58,7 @@ from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
 from dr_dask.progress import shown_during
+from dr_dask.resources import timed
 from dr_dask.validation import (
     Options,
     check_array_like,
@@ -94,8 +94,10 @@ _COMMON_CONSTRAINTS: dict = {
 def _training(estimator: Any, X: Any) -> np.ndarray:
     """The checked float64 training array (any input kind; MDS needs 2 points at least)."""
     check_params(estimator)
-    return check_input(estimator, X, reset=True, in_memory=True, dtype=np.float64,
-                       min_samples=2).values
+    values = check_input(estimator, X, reset=True, in_memory=True, dtype=np.float64,
+                         min_samples=2).values
+    assert values is not None  # in_memory=True always holds the checked values
+    return values
 
 
 def _n_components(n_components: int, n_points: int, points: str) -> int:
@@ -141,6 +143,7 @@ class _Neighbours:
     def query(self, Xq: np.ndarray, client: Any = None, local: bool = False):
         """Neighbours of checked float64 points ``Xq`` (see ``check_input``)."""
         if self.radius is None:
+            assert self.n_neighbors is not None  # fit checked that exactly one rule is given
             if local:
                 return kneighbors_local(self.training, self.n_neighbors, Xq)
             return kneighbors(self.training, self.n_neighbors, query=Xq, client=client)
@@ -378,19 +381,12 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                              f"{dist_max}: use 'lanczos'")
         return run_stage("isomap", lambda: self._fit(X, d, solver))
 
-    # one BLAS thread in this process for the whole fit (see dr_dask.blas): its BLAS calls (the
-    # cell search's principal axes, the products over D2's row blocks on dask's threads, the
-    # eigensolver's) run beside dask's threads or a LocalCluster's workers on the same cores
-    @single_blas_thread()
-    def _fit(self, X: np.ndarray, d: int, solver: str) -> Isomap:
-        T = X.shape[0]
-        client = active_client(self.client)
-        timings = {}
-        t0 = time.perf_counter()
-        self.graph_ = _neighbour_graph(self, X, self.n_neighbors, self.radius, client)
-        timings["graph"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
+    def _squared_geodesics(
+        self, T: int, client: Any
+    ) -> tuple[Any, np.ndarray | None, Any, np.ndarray]:
+        """The operator of the squared geodesics along ``graph_``, the in-memory float64
+        squares (``T <= isomap.dist-matrix-max``, else None), the geodesic store's location
+        (``geodesic_store``, else None) and the squares' row means."""
         D2, store = None, None
         dist_max = config.get("isomap.dist-matrix-max")
         if self.geodesic_store is not None or T <= dist_max:
@@ -420,14 +416,27 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                                        square=True, dtype=np.float32, precision=np.float64,
                                        client=client)
             sq_mean = row_stats(grid, stats)[1] / T
-        timings["shortest_paths"] = time.perf_counter() - t0
+        return op, D2, store, sq_mean
 
-        t0 = time.perf_counter()
-        res = classical_mds(op, d, method=solver, tol=self.tol,
-                            max_passes=self.max_iter or 100,
-                            random_state=check_random_state(self.random_state))
-        del op  # frees the tiles on the workers
-        timings["eigen"] = time.perf_counter() - t0
+    # one BLAS thread in this process for the whole fit (see dr_dask.blas): its BLAS calls (the
+    # cell search's principal axes, the products over D2's row blocks on dask's threads, the
+    # eigensolver's) run beside dask's threads or a LocalCluster's workers on the same cores
+    @single_blas_thread()
+    def _fit(self, X: np.ndarray, d: int, solver: str) -> Isomap:
+        T = X.shape[0]
+        client = active_client(self.client)
+        timings: dict[str, float] = {}
+        with timed(timings, "graph"):
+            self.graph_ = _neighbour_graph(self, X, self.n_neighbors, self.radius, client)
+
+        with timed(timings, "shortest_paths"):
+            op, D2, store, sq_mean = self._squared_geodesics(T, client)
+
+        with timed(timings, "eigen"):
+            res = classical_mds(op, d, method=solver, tol=self.tol,
+                                max_passes=self.max_iter or 100,
+                                random_state=check_random_state(self.random_state))
+            del op  # frees the tiles on the workers
         lam, V = res.values, _fix_signs(res.vectors)
         if np.any(lam <= 0):
             warnings.warn(f"Isomap: eigenvalues {lam[lam <= 0]} are not positive; the matching "
@@ -597,35 +606,29 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     def _fit(self, X: np.ndarray, L: int, d: int) -> LandmarkIsomap:
         T = X.shape[0]
         client = active_client(self.client)
-        timings = {}
-        t0 = time.perf_counter()
-        self.graph_ = _neighbour_graph(self, X, self.n_neighbors, None, client)
-        timings["graph"] = time.perf_counter() - t0
+        timings: dict[str, float] = {}
+        with timed(timings, "graph"):
+            self.graph_ = _neighbour_graph(self, X, self.n_neighbors, None, client)
 
-        t0 = time.perf_counter()
-        self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
-                                           random_state=self.random_state, client=client)
-        timings["landmarks"] = time.perf_counter() - t0
+        with timed(timings, "landmarks"):
+            self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
+                                               random_state=self.random_state, client=client)
 
-        t0 = time.perf_counter()
-        rows = GeodesicRows.compute(self.graph_, self.landmarks_, client=client,
-                                    block_size=self.block_size, dtype=np.float32,
-                                    out=self.geodesic_store)
-        timings["shortest_paths"] = time.perf_counter() - t0
+        with timed(timings, "shortest_paths"):
+            rows = GeodesicRows.compute(self.graph_, self.landmarks_, client=client,
+                                        block_size=self.block_size, dtype=np.float32,
+                                        out=self.geodesic_store)
 
-        t0 = time.perf_counter()
-        D_LL = np.vstack(rows.map(_block_columns, self.landmarks_)).astype(np.float64)
-        mds = landmark_mds(D_LL * D_LL, d)
-        timings["landmark_mds"] = time.perf_counter() - t0
+        with timed(timings, "landmark_mds"):
+            D_LL = np.vstack(rows.map(_block_columns, self.landmarks_)).astype(np.float64)
+            mds = landmark_mds(D_LL * D_LL, d)
 
-        t0 = time.perf_counter()
-        self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
-        timings["triangulation"] = time.perf_counter() - t0
+        with timed(timings, "triangulation"):
+            self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
 
-        t0 = time.perf_counter()
-        self.landmark_geodesics_ = rows.store if rows.store is not None else rows.gather()
-        rows.release()
-        timings["gather"] = time.perf_counter() - t0
+        with timed(timings, "gather"):
+            self.landmark_geodesics_ = rows.store if rows.store is not None else rows.gather()
+            rows.release()
         self.landmark_embedding_ = mds.coords
         self.landmark_pinv_ = mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean
