@@ -264,6 +264,7 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
                                           n_workers, workdir))
             logger.info("as user, %s (%s) repeat %d: %.1f s", method, path, rep + 1,
                         rows[-1]["seconds"])
+    assert sk_emb is not None  # repeats >= 1: scikit-learn ran at least once
     sk = statistics.median(sk_times)
     out["sklearn_isomap"] = {"seconds_median": sk, "seconds": sk_times,
                              "peak_rss_gb_process_tree": sk_peak,

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,8 +43,9 @@ METHODS = LANDMARK_METHODS + EXACT_METHODS
 KNN_QUERIES = 1000
 
 
-def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str,
+def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdir: str,
                search: dict) -> Any:
+    """A fresh estimator of ``method`` (``n_landmarks``: None for the exact methods)."""
     from dr_dask.methods.ikd import IKD
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
 
@@ -59,6 +61,7 @@ def _estimator(method: str, T: int, n_landmarks: int, client: Any, workdir: str,
         # tile_cache="auto" puts the L x T rows in Zarr above the tile budget
         return IKD(1, solver="geodesic", n_landmarks=n_landmarks, n_neighbors=N_NEIGHBORS,
                    dtype="float32", random_state=0, client=client, **search)
+    assert n_landmarks is not None  # run_scale gives the landmark methods their L
     # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
     store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
              if 4 * n_landmarks * T > config.get_bytes("tiles.memory-bytes") else None)
@@ -153,8 +156,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                 # the IKD solvers read the store themselves (its chunks, its identity)
                 data = inp if method.endswith("_ikd") else inp.data
                 seconds, peak, est = timed_fits(
-                    lambda m=method, T=T, L=L: _estimator(m, T, L, client, workdir,
-                                                          {} if m == "full_ikd" else search),
+                    partial(_estimator, method, T, L, client, workdir,
+                            {} if method == "full_ikd" else search),
                     data, 1, client)
                 stages = est.timings_
                 rows.append({

@@ -176,7 +176,7 @@ def _log(line: str) -> None:
 def _summary(wf: Workflow, results: dict[str, StepResult], code: int) -> dict:
     """The job's result: its status and exit code, and per step the attempts, the time and the
     step's own result (its stdout, parsed when it is JSON, as the jobs' summaries are)."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     for step in wf.steps:
         if step.name not in results:
             steps.append({"name": step.name, "status": "not run"})

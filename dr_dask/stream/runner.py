@@ -114,7 +114,7 @@ class _Executor:
         self.handle = share(model, self.client)
 
     def submit(self, fn, *args):
-        if self.client is None:
+        if self.pool is not None:  # no client: this process's threads
             return self.pool.submit(fn, *args)
         return self.client.submit(fn, *args, pure=False)
 
@@ -312,8 +312,10 @@ class StreamRunner:
                 data, reason = self._validate(ch)
                 if data is not None and skip:
                     data = data[skip:]
-                # an empty chunk is consumed (recorded by the checkpoint), never mapped
-                fut = None if reason or not len(data) else self.exec.map(data)
+                # a valid chunk with rows is mapped; an invalid one goes to quarantine at its
+                # turn, an empty one is consumed (recorded by the checkpoint), never mapped
+                fut = (self.exec.map(data) if data is not None and reason is None and len(data)
+                       else None)
                 in_flight.append(_InFlight(st["n_chunks"] + len(in_flight), ch, offset, skip,
                                            data, reason, fut, st["version"]))
                 offset, skip = ch.offset, 0
@@ -344,6 +346,7 @@ class StreamRunner:
         if ch.error:
             return None, ch.error
         data = ch.data
+        assert data is not None  # a source returns a chunk without data only with its error
         D = self.model.n_features_in_
         if data.ndim != 2:
             return data, f"expected a 2-D chunk (rows, {D}), got shape {data.shape}"
@@ -393,6 +396,7 @@ class StreamRunner:
         if job.reason:
             self._quarantine(job)
             return
+        assert job.data is not None  # a chunk without a reason to quarantine it was read
         if not len(job.data):
             logger.info("chunk %s holds no rows: consumed", job.chunk.name)
             st["source"], st["skip"] = job.chunk.offset, 0

@@ -65,7 +65,7 @@ class StreamStore:
     def __init__(self, path: Any, storage_options: dict | None = None):
         self.location = location(path, storage_options)
         self.path = self.location.url
-        self.group = None
+        self.group: zarr.Group | None = None
         #: The lease every write is fenced by (None: a store read, or written without one).
         self.lease: Lease | None = None
 
@@ -105,14 +105,15 @@ class StreamStore:
         g.attrs["status_codes"] = STATUS
         self.group = g
 
-    def open(self) -> None:
+    def open(self) -> zarr.Group:
         self.group = zarr.open_group(store=self.location.zarr_store(), mode="a",
                                      use_consolidated=False)
+        return self.group
 
     def __getitem__(self, name: str) -> zarr.Array:
-        if self.group is None:
-            self.open()
-        return self.group[name]
+        arr = (self.group if self.group is not None else self.open())[name]
+        assert isinstance(arr, zarr.Array), f"{name} is a group"  # create() made arrays only
+        return arr
 
     # ------------------------------------------------------------------ checkpoint
     def read_checkpoint(self) -> dict:
@@ -198,9 +199,9 @@ class StreamStore:
         """Points (m, D) and output rows (m,) of buffer entries ``ids``."""
         if not ids:
             return np.zeros((0, self["buffer_points"].shape[1])), np.zeros(0, dtype=np.int64)
-        ids = np.asarray(ids)
-        pts = self["buffer_points"].get_orthogonal_selection((ids, slice(None)))
-        rows = self["buffer_rows"].get_orthogonal_selection((ids,))
+        idx = np.asarray(ids, dtype=np.int64)
+        pts = self["buffer_points"].get_orthogonal_selection((idx, slice(None)))
+        rows = self["buffer_rows"].get_orthogonal_selection((idx,))
         return np.asarray(pts), np.asarray(rows)
 
     # ------------------------------------------------------------------ models, quarantine
@@ -210,7 +211,9 @@ class StreamStore:
 
     def load_model(self, version: int) -> tuple[Any, np.ndarray]:
 
-        return load_gp_isomap(self.location.child("models", f"v{version}"))
+        model, batch = load_gp_isomap(self.location.child("models", f"v{version}"))
+        assert batch is not None  # save_model always stores the batch
+        return model, batch
 
     def quarantine(self, seq: int, record: dict, data: np.ndarray | None,
                    first_row: int | None = None) -> None:
@@ -243,7 +246,7 @@ def read_output(path: Any, storage_options: dict | None = None) -> dict:
     store = StreamStore(path, storage_options)
     state = store.read_checkpoint()
     n = state["n_rows"]
-    out = {name: np.asarray(store[name][:n])
+    out: dict[str, Any] = {name: np.asarray(store[name][:n])
            for name in ("embedding", "variance", "first_variance", "manifold", "version",
                         "status")}
     out["checkpoint"] = state
