@@ -352,7 +352,6 @@ class RunGroup:
         return read_array(self.group, name)
 
 
-
 def run_attr(group: zarr.Group, key: str) -> dict[str, Any]:
     """The object a run group records under attribute ``key`` (``input``, ``params``,
     ``summary``, ``stages``...), empty when absent."""
