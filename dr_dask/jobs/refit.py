@@ -31,7 +31,7 @@ from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_
 from dr_dask.report import plain_json
 from dr_dask.resources import PeakRSS, timed
 from dr_dask.runs import open_run, run_embedding, run_name, run_params
-from dr_dask.storage import StorageError, location
+from dr_dask.storage import StorageError, location, read_array
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _vs_previous(out, previous: dict | None, inp, emb: np.ndarray) -> tuple[floa
         return None, "first run: no previous run"
     if previous.get("input") != inp.name:
         return None, f"the previous run embedded another input ({previous.get('input')})"
-    prev = np.asarray(open_run(out, previous["run"])["embedding"][...])  # type: ignore[index]
+    prev = read_array(open_run(out, previous["run"]), "embedding")
     if prev.shape[0] > emb.shape[0]:
         return None, f"the previous run has more rows ({prev.shape[0]}) than the input now"
     return float(procrustes_disparity(prev, emb[: prev.shape[0]])), (
