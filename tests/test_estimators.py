@@ -11,7 +11,7 @@ from sklearn.datasets import make_swiss_roll
 from dr_dask import IKD, LSDR, GPIsomap, Isomap, LandmarkIsomap
 
 ESTIMATORS = {
-    "IKD": lambda **kw: IKD(2, random_state=0, **kw),
+    "IKD": lambda **kw: IKD(n_components=2, random_state=0, **kw),
     "Isomap": lambda **kw: Isomap(n_neighbors=8, **kw),
     "LandmarkIsomap": lambda **kw: LandmarkIsomap(n_neighbors=8, n_landmarks=40, random_state=0,
                                                   **kw),
@@ -41,14 +41,14 @@ def test_live_client_neither_pickled_nor_copied(name, roll, cluster_client):
 
 
 @pytest.mark.parametrize("make, X, message", [
-    (lambda: IKD(5, random_state=0), np.random.default_rng(0).normal(size=(50, 2)),
+    (lambda: IKD(n_components=5, random_state=0), np.random.default_rng(0).normal(size=(50, 2)),
      "n_components=5 is more than the data supports: 2 features give at most 1"),
-    (lambda: IKD(3, random_state=0), np.random.default_rng(0).normal(size=(50, 3)),
+    (lambda: IKD(n_components=3, random_state=0), np.random.default_rng(0).normal(size=(50, 3)),
      "n_components=3 is more than the data supports: 3 features give at most 2"),
     (lambda: Isomap(n_neighbors=1), np.eye(2, 3), "n_components=2 needs at least 3 samples"),
     (lambda: LSDR(n_components=3), np.random.default_rng(0).normal(size=(50, 2)),
      "n_components=3 is more than the data supports: 2 features"),
-    (lambda: IKD(2, tile_size=0), np.random.default_rng(0).normal(size=(50, 4)),
+    (lambda: IKD(n_components=2, tile_size=0), np.random.default_rng(0).normal(size=(50, 4)),
      "'tile_size' parameter of IKD must be an int in the range \\[1, inf\\)"),
 ])
 def test_more_components_than_the_data_supports(make, X, message):

@@ -61,7 +61,8 @@ def test_ikd_fits_small_samples_with_default_block():
 
     rng = np.random.default_rng(0)
     for T in range(11, 20):  # the default Lanczos block for 2 components is 10 wide
-        Z = IKD(2, eigen_solver="lanczos", random_state=0).fit_transform(rng.normal(size=(T, 30)))
+        Z = IKD(n_components=2, eigen_solver="lanczos", random_state=0).fit_transform(
+            rng.normal(size=(T, 30)))
         assert Z.shape == (T, 2) and np.isfinite(Z).all()
 
 

@@ -17,7 +17,7 @@ from dr_dask.validation import ParameterError
 
 # Settings that make the checks' tiny data sets (10-40 rows, 1-10 features) valid input.
 CHECKED = [
-    IKD(1, random_state=0),
+    IKD(n_components=1, random_state=0),
     Isomap(n_neighbors=5),
     LandmarkIsomap(n_neighbors=5, n_landmarks=10, random_state=0),
     LSDR(n_components=1),
@@ -74,7 +74,7 @@ def roll(tmp_path_factory):
 
 
 FAST = [
-    IKD(2, random_state=0),
+    IKD(n_components=2, random_state=0),
     Isomap(n_neighbors=8),
     LandmarkIsomap(n_neighbors=8, n_landmarks=30, random_state=0),
     LSDR(n_components=2),

@@ -253,9 +253,9 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
+        *,
         n_neighbors: int = 10,
         n_components: int = 2,
-        *,
         kernel: str = "geodesic_se",
         length_scale: float | None = None,
         noise_variance: float | None = 1e-3,

@@ -210,8 +210,8 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        n_components: int = 2,
         *,
+        n_components: int = 2,
         kernel: str = "se",
         similarity: str = "correlation",
         reference: str | None = None,

@@ -342,7 +342,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         "max_iter": [positive(Integral), None],
     }
 
-    def __init__(self, n_neighbors: int | None = 5, radius: float | None = None,
+    def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
                  max_iter: int | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
@@ -564,7 +564,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         "landmark_method": [Options({"maxmin", "random"})],
     }
 
-    def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
+    def __init__(self, *, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,

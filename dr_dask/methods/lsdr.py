@@ -302,6 +302,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
+        *,
         n_components: int = 2,
         alpha: float = 0.95,
         n_skeleton_neighbors: int = 3,
