@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
@@ -51,6 +52,7 @@ __all__ = [
     "check_array_like",
     "check_input",
     "check_params",
+    "clamp_to_samples",
     "is_stored",
     "non_negative",
     "positive",
@@ -319,6 +321,23 @@ def check_params(estimator: Any, constraints: dict[str, list | str] | None = Non
                   else described[0])
         raise ParameterError(f"The {name!r} parameter of {type(estimator).__name__} must be "
                              f"{listed}. Got {value!r} instead.")
+
+
+def clamp_to_samples(estimator: Any, name: str, n_samples: int, *, stacklevel: int = 3) -> int:
+    """The parameter ``name`` of ``estimator``, or ``n_samples`` with a warning if it is larger.
+
+    For counts of training points to pick (landmarks): a default sized for large data sets then
+    works on small ones, as scikit-learn's ``Nystroem`` clamps its ``n_components``.
+    ``stacklevel`` is the warning's (the default points at the caller's caller: who called
+    ``fit``, when ``fit`` calls this).
+    """
+    value = int(getattr(estimator, name))
+    if value <= n_samples:
+        return value
+    warnings.warn(
+        f"{name}={value} is more than the {n_samples} samples of X: {type(estimator).__name__} "
+        f"uses {name}={n_samples} (every sample)", UserWarning, stacklevel=stacklevel)
+    return int(n_samples)
 
 
 def non_negative(kind: type = Real) -> Interval:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 import dask
 import numpy as np
@@ -15,6 +16,7 @@ import zarr
 from ikd_reference import align_signs, ikd_dense
 
 from dr_dask.methods.ikd import IKD
+from dr_dask.methods.ikd_core import IKDConfig
 
 KERNELS = [
     ("se", {}),
@@ -182,6 +184,23 @@ def test_bad_parameters_are_named(smooth_data):
         IKD(n_components=2, floor=0.0).fit(smooth_data)
     with pytest.raises(ValueError, match="n_components"):
         IKD(n_components=0).fit(smooth_data)
+
+
+def test_the_solvers_configuration_is_the_estimators_parameters():
+    """IKDConfig is derived from IKD's parameters, never copied by hand: each field is the
+    parameter of its name (or a value the estimator resolves from it), so a new option cannot
+    be declared on the estimator and silently miss the solvers."""
+    names = {f.name for f in fields(IKDConfig)}
+    params = set(IKD().get_params())
+    assert names <= params
+    assert params - names == {"alpha", "gamma", "nu"}  # the kernel object's hyper-parameters
+    cfg = IKD(n_components=np.int64(2), solver="geodesic", n_neighbors=7, variance=2,
+              kernel="rq", alpha=3.0, dtype="float32", threshold=0.4,
+              tile_cache="disk")._config(100, 5)
+    assert (cfg.n_components, cfg.n_neighbors, cfg.variance, cfg.threshold) == (2, 7, 2.0, 0.4)
+    assert type(cfg.n_components) is int and type(cfg.variance) is float
+    assert (cfg.tile_cache, cfg.dtype, cfg.reference) == ("disk", np.float32, "center")
+    assert cfg.kernel.name == "rational_quadratic" and cfg.kernel.alpha == 3.0
 
 
 def test_sklearn_estimator_conventions():

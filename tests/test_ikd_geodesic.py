@@ -203,6 +203,17 @@ def test_disconnected_graph_raise_or_bridge():
     assert abs(first[:60].mean() - first[60:].mean()) > 2 * (first[:60].std() + first[60:].std())
 
 
+def test_landmarks_beyond_the_samples_are_clamped_with_a_warning():
+    """n_landmarks above T is landmark IKD on every sample, with a warning (as LandmarkIsomap)."""
+    X, _ = _data("sinusoidal", 50, 20)
+    kw = dict(n_components=2, solver="geodesic", random_state=0)
+    with pytest.warns(UserWarning, match="n_landmarks=51 is more than the 50 samples of X: IKD "
+                      "uses n_landmarks=50"):
+        clamped = IKD(n_landmarks=51, **kw).fit(X)
+    every = IKD(n_landmarks=50, **kw).fit(X)
+    np.testing.assert_allclose(clamped.embedding_, every.embedding_, atol=1e-10)
+
+
 @pytest.mark.parametrize(
     "params, match",
     [
@@ -214,8 +225,7 @@ def test_disconnected_graph_raise_or_bridge():
         (dict(geodesic_rule="bfs"), "'geodesic_rule' parameter of IKD must be a str among"),
         (dict(n_neighbors=50), "n_neighbors must be an integer in \\[1, 49\\]"),
         (dict(on_disconnected="ignore"), "'on_disconnected' parameter of IKD must be a str among"),
-        (dict(n_landmarks=51), "n_landmarks must be an integer in \\[3, 50\\]"),
-        (dict(n_landmarks=2), "n_landmarks must be an integer in \\[3, 50\\]"),
+        (dict(n_landmarks=2), "n_landmarks must be an integer >= 3 \\(more than n_components"),
         (dict(n_landmarks=10, landmark_method="kmeans"),
          "'landmark_method' parameter of IKD must be a str among"),
         (dict(n_landmarks=10, geodesic_rule="threshold", threshold=0.5), "knn' only"),

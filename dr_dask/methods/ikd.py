@@ -58,7 +58,15 @@ from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.methods.isomap import _out_of_sample
 from dr_dask.progress import shown_during
 from dr_dask.storage import Location
-from dr_dask.validation import Interval, Options, check_input, check_params, check_values, positive
+from dr_dask.validation import (
+    Interval,
+    Options,
+    check_input,
+    check_params,
+    check_values,
+    clamp_to_samples,
+    positive,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -307,15 +315,17 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                 and self.min_overlap < M + 1):
             raise ValueError(f"min_overlap must be an integer >= {M + 1} (M + 1 shared points "
                              f"make the rigid alignment unique), got {self.min_overlap!r}")
-        if self.n_landmarks is not None:  # landmark
+        n_landmarks = self.n_landmarks
+        if n_landmarks is not None:  # landmark
             if self.solver == "blockwise":
                 raise ValueError(
                     "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no "
                     "landmark variant (use solver='geodesic' or 'full' with n_landmarks)")
-            if not M + 1 <= self.n_landmarks <= T:
+            n_landmarks = clamp_to_samples(self, "n_landmarks", T, stacklevel=4)
+            if n_landmarks < M + 1:
                 raise ValueError(
-                    f"n_landmarks must be an integer in [{M + 1}, {T}] (more than n_components, "
-                    f"at most the number of samples), got {self.n_landmarks!r}")
+                    f"n_landmarks must be an integer >= {M + 1} (more than n_components), got "
+                    f"{self.n_landmarks!r}")
             if self.solver == "geodesic" and self.geodesic_rule == "threshold":
                 raise ValueError(
                     "landmark IKD supports geodesic_rule='knn' only (the threshold rule needs "
@@ -328,38 +338,12 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         # MDS centring on geodesic covariances recovers the latent far better (docs/decisions.md
         # IKD-REF)
         reference = self.reference or ("center" if self.solver == "geodesic" else "min_max")
-        return IKDConfig(
-            n_components=M,
+        return IKDConfig.from_params(
+            self.get_params(deep=False),
             kernel=get_kernel(self.kernel, alpha=self.alpha, gamma=self.gamma, nu=self.nu),
-            similarity=self.similarity,
             reference="center" if landmark else reference,
-            variance=None if self.variance is None else float(self.variance),
-            length_scale=float(self.length_scale),
-            solver=self.solver,
-            floor=float(self.floor),
-            ceil=float(self.ceil),
             dtype=np.dtype(self.dtype),
-            tile_size=int(self.tile_size),
-            tile_cache=self.tile_cache,
-            scratch=self.scratch,
-            tol=float(self.tol),
-            eigen_solver=self.eigen_solver,
-            n_neighbors=int(self.n_neighbors),
-            threshold=None if self.threshold is None else float(self.threshold),
-            geodesic_rule=self.geodesic_rule,
-            on_disconnected=self.on_disconnected,
-            clique_threshold=(None if self.clique_threshold is None
-                              else float(self.clique_threshold)),
-            max_cliques=int(self.max_cliques),
-            min_overlap=None if self.min_overlap is None else int(self.min_overlap),
-            shared_points=self.shared_points,
-            n_landmarks=None if self.n_landmarks is None else int(self.n_landmarks),
-            landmark_method=self.landmark_method,
-            random_state=self.random_state,
-            client=self.client,
-            progress=bool(self.progress),
-            knn=self.knn,
-            n_probe=None if self.n_probe is None else int(self.n_probe),
+            n_landmarks=n_landmarks,
         )
 
     # -- fitting --------------------------------------------------------------------------

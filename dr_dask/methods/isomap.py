@@ -64,6 +64,7 @@ from dr_dask.validation import (
     check_array_like,
     check_input,
     check_params,
+    clamp_to_samples,
     non_negative,
     positive,
 )
@@ -122,12 +123,6 @@ def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: f
     graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search)
     est.knn_recall_ = search.get("recall")
     return connect_components(graph, X, on_disconnected=est.on_disconnected)
-
-
-def _fix_signs(V: np.ndarray) -> np.ndarray:
-    """Deterministic eigenvector signs: the largest-magnitude entry of each column is positive."""
-    signs = np.sign(V[np.abs(V).argmax(axis=0), np.arange(V.shape[1])])
-    return V * np.where(signs == 0, 1.0, signs)
 
 
 @dataclass
@@ -428,7 +423,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                             random_state=check_random_state(self.random_state))
         del op  # frees the tiles on the workers
         timings["eigen"] = time.perf_counter() - t0
-        lam, V = res.values, _fix_signs(res.vectors)
+        lam, V = res.values, res.vectors  # signs fixed by top_eigh
         if np.any(lam <= 0):
             warnings.warn(f"Isomap: eigenvalues {lam[lam <= 0]} are not positive; the matching "
                           "embedding axes are set to zero", RuntimeWarning, stacklevel=2)
@@ -587,10 +582,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self."""
         X = _training(self, X)
         T = X.shape[0]
-        L = int(self.n_landmarks)
-        if L > T:
-            raise ValueError(f"n_landmarks={self.n_landmarks} must be in [1, {T}] "
-                             f"(the number of samples)")
+        L = clamp_to_samples(self, "n_landmarks", T)
         d = _n_components(self.n_components, L, "landmarks")
         return run_stage("landmark_isomap", lambda: self._fit(X, L, d))
 
