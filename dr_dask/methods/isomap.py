@@ -271,30 +271,34 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    n_neighbors : int or None
-        k of the k-nearest-neighbour graph (None when ``radius`` is used).
-    radius : float, optional
-        Epsilon rule instead of the k rule.
-    n_components : int
-        Embedding dimension d.
-    eigen_solver : {"auto", "dense", "lanczos"}
-        ``auto``: dense LAPACK for T <= 1500, block Lanczos on the centred operator above.
-        ``dense`` needs T <= 10,000 (it forms B).
-    tol : float
+    n_neighbors : int or None, default=5
+        k of the k-nearest-neighbour graph (``None`` when ``radius`` is used).
+    radius : float or None, default=None
+        Epsilon rule instead of the k rule (give exactly one of the two).
+    n_components : int, default=2
+        Embedding dimension d (less than the number of samples).
+    eigen_solver : {"auto", "dense", "lanczos"}, default="auto"
+        ``"auto"``: dense LAPACK for T <= 1500, block Lanczos on the centred operator above.
+        ``"dense"`` needs T <= 10,000 (it forms B).
+    tol : float, default=1e-10
         Relative eigen-residual tolerance of the Lanczos solver.
-    max_iter : int, optional
-        Cap on operator products (passes over D2); default 100.
-    on_disconnected : {"bridge", "raise", "ignore"}
-        See :func:`dr_dask.graph.connect_components`.
-    random_state : int, RandomState or None
+    max_iter : int or None, default=None
+        Cap on operator products (passes over D2); ``None`` is 100.
+    on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
+        A disconnected graph's components are joined by their shortest edges (with a
+        warning), refused, or left as they are; see :func:`dr_dask.graph.connect_components`.
+    random_state : int, RandomState instance or None, default=None
         Seeds the Lanczos start block.
-    client : distributed.Client, optional
-    geodesic_store : str, Location or zarr.Array, optional
+    client : distributed.Client or None, default=None
+        Cluster for the graph, the shortest paths and the products; ``None`` takes the active
+        client, else dask's threads.
+    geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
-        options) for the squared geodesics, for T too large for worker memory.
-    block_size : int
+        options) for the squared geodesics, for T too large for worker memory. ``None``: in
+        this process up to T = 10,000, else float32 tiles in worker memory.
+    block_size : int, default=256
         Dijkstra sources per task.
-    progress : bool
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn : {"auto", "exact", "ivf"}
@@ -326,6 +330,23 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Squared geodesics when ``geodesic_store`` was given.
     timings_ : dict
         Wall seconds per stage of ``fit``.
+
+    See Also
+    --------
+    LandmarkIsomap : L x T geodesics instead of T x T, for large T.
+    IKD : inverse kernel decomposition, for data that are a smooth map of their latent.
+    sklearn.manifold.Isomap : the single-process reference this equals.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import Isomap
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> iso = Isomap(n_neighbors=10, n_components=2).fit(X)
+    >>> iso.embedding_.shape
+    (300, 2)
+    >>> iso.transform(X[:5]).shape
+    (5, 2)
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -508,26 +529,29 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
 
     Parameters
     ----------
-    n_neighbors : int
+    n_neighbors : int, default=5
         k of the neighbour graph.
-    n_components : int
-        Embedding dimension d < L.
-    n_landmarks : int
-        L <= T.
-    landmark_method : {"maxmin", "random"}
+    n_components : int, default=2
+        Embedding dimension d (less than the number of landmarks).
+    n_landmarks : int, default=1000
+        L. More than the samples uses every sample, with a warning (as scikit-learn's
+        ``Nystroem`` clamps its ``n_components``).
+    landmark_method : {"maxmin", "random"}, default="maxmin"
         Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data);
         random is a seeded uniform choice.
-    on_disconnected : {"bridge", "raise", "ignore"}
-    random_state : int, RandomState or None
+    on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
+        As :class:`Isomap`'s.
+    random_state : int, RandomState instance or None, default=None
         Seeds the landmark choice.
-    client : distributed.Client, optional
-    geodesic_store : str, Location or zarr.Array, optional
+    client : distributed.Client or None, default=None
+        As :class:`Isomap`'s.
+    geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
-        options) for the L x T geodesics (float32); otherwise they are kept in memory as
+        options) for the L x T geodesics (float32); ``None`` keeps them in memory as
         ``landmark_geodesics_``.
-    block_size : int
+    block_size : int, default=256
         Landmark sources per Dijkstra task.
-    progress : bool
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn, n_probe : as :class:`Isomap`'s.
@@ -550,6 +574,22 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         As :class:`Isomap`'s.
     timings_ : dict
         Wall seconds per stage.
+
+    See Also
+    --------
+    Isomap : every geodesic (T x T), exact classical MDS.
+    IKD : with ``n_landmarks``, landmark IKD on correlation geodesics.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import LandmarkIsomap
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> lm = LandmarkIsomap(n_neighbors=10, n_landmarks=50, random_state=0).fit(X)
+    >>> lm.embedding_.shape, lm.landmarks_.shape
+    ((300, 2), (50,))
+    >>> lm.transform(X[:5]).shape
+    (5, 2)
     """
 
     _parameter_constraints: ClassVar[dict] = {

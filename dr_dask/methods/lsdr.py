@@ -212,40 +212,43 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    n_components : int
-        Output dimension d.
-    alpha : float
-        Level of the per-vertex Beta edge test (thesis: 0.95; 0.9 also endorsed).
-    n_skeleton_neighbors : int
-        k of the skeleton's local-maximum test over graph-nearest neighbours (thesis: 3; 3-5).
-    bandwidth : float, optional
-        Gaussian kernel sigma; default the thesis's data-driven rule (module docstring).
-    removal : {"in_place", "sweep"}
+    n_components : int, default=2
+        Output dimension d (at most the number of features).
+    alpha : float, default=0.95
+        Level in (0, 1) of the per-vertex Beta edge test (Roy 2021: 0.95; 0.9 also endorsed).
+    n_skeleton_neighbors : int, default=3
+        k of the skeleton's local-maximum test over graph-nearest neighbours (Roy 2021: 3;
+        3-5).
+    bandwidth : float or None, default=None
+        Gaussian kernel sigma; ``None`` takes the thesis's data-driven rule (module docstring).
+    removal : {"in_place", "sweep"}, default="in_place"
         Edge removal order, see :func:`prune_edges`.
-    max_passes : int, optional
-        Removal passes; default until nothing changes. ``1`` with ``removal="in_place"`` is the
-        literal Algorithm 1 (docs/decisions.md LSDR-F7: single passes fail on a noisy swiss roll).
-    graph : {"delaunay", "knn"}
-        ``delaunay`` is the thesis; ``knn`` (not in the thesis) replaces it by a kNN graph with
-        bridging edges so that higher p is feasible.
-    n_graph_neighbors : int
+    max_passes : int or None, default=None
+        Removal passes; ``None`` runs until nothing changes. ``1`` with
+        ``removal="in_place"`` is the literal Algorithm 1 (single passes fail on a noisy swiss
+        roll).
+    graph : {"delaunay", "knn"}, default="delaunay"
+        ``"delaunay"`` is the thesis; ``"knn"`` (not in the thesis) replaces it by a kNN graph
+        with bridging edges so that higher p is feasible.
+    n_graph_neighbors : int, default=10
         k of the candidate graph when ``graph="knn"``.
-    max_delaunay_dim : int
+    max_delaunay_dim : int, default=6
         Refuse ``graph="delaunay"`` above this input dimension p (cost grows like n^(p/2)).
-    oos : {"nw", "interp"}
-        Out-of-sample map of ``transform``: ``nw`` is step 6 (the Nadaraya-Watson average of
+    oos : {"nw", "interp"}, default="nw"
+        Out-of-sample map of ``transform``: ``"nw"`` is step 6 (the Nadaraya-Watson average of
         the skeleton coordinates, as in ``fit``: ``transform`` of the training points gives
-        ``embedding_``); ``interp`` the Theorem 2 kernel interpolator on skeleton landmarks
+        ``embedding_``); ``"interp"`` the Theorem 2 kernel interpolator on skeleton landmarks
         (not in Algorithm 1; ``fit_transform`` still returns the step 6 embedding).
-    max_oos_landmarks : int
-        Skeleton points used by ``oos="interp"`` (random subset above this).
-    oos_ridge : float
-        Jitter added to the kernel matrix diagonal in ``oos="interp"``'s solve (numerical only).
-    random_state : int, RandomState or None
+    max_oos_landmarks : int, default=2000
+        Skeleton points used by ``oos="interp"`` (a seeded random subset above this).
+    oos_ridge : float, default=1e-6
+        Jitter added to the kernel matrix diagonal in ``oos="interp"``'s solve (numerical
+        only).
+    random_state : int, RandomState instance or None, default=None
         Seeds the eigensolver's start block and the landmark subset of ``oos="interp"``.
-    client : distributed.Client, optional
-        Cluster for the geodesic passes; default the active client, else local threads.
-    progress : bool
+    client : distributed.Client or None, default=None
+        Cluster for the geodesic passes; ``None`` takes the active client, else local threads.
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn, n_probe : the neighbour search of ``graph="knn"``, as
@@ -279,6 +282,22 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     timings_ : dict
         Wall seconds per stage: ``graph``, ``boundary``, ``shortest_paths`` (the skeleton's
         geodesics), ``mds``, ``smoothing``, ``out_of_sample``.
+
+    See Also
+    --------
+    Isomap : geodesics and classical MDS over every point instead of the skeleton.
+    GPIsomap : streaming Isomap with a Gaussian-process out-of-sample map.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import LSDR
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> lsdr = LSDR(n_components=2, random_state=0).fit(X)
+    >>> lsdr.embedding_.shape
+    (300, 2)
+    >>> lsdr.transform(X[:5]).shape
+    (5, 2)
     """
 
     _parameter_constraints: ClassVar[dict] = {
