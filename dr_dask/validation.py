@@ -46,6 +46,7 @@ FLOAT_DTYPES = (np.float64, np.float32)
 
 __all__ = [
     "FLOAT_DTYPES",
+    "DuplicatePointsWarning",
     "Interval",
     "Options",
     "ParameterError",
@@ -53,9 +54,11 @@ __all__ = [
     "check_input",
     "check_params",
     "clamp_to_samples",
+    "first_equal_rows",
     "is_stored",
     "non_negative",
     "positive",
+    "warn_duplicates",
 ]
 
 
@@ -351,6 +354,60 @@ def positive(kind: type = Real) -> Interval:
         kind, 0, None, closed="neither")
 
 
+# ---------------------------------------------------------------------------------------------
+# duplicate points: one policy for every estimator
+
+
+class DuplicatePointsWarning(UserWarning):
+    """Some points coincide exactly. They are kept (a neighbour graph joins them by zero-length
+    edges) and embedded together; no estimator drops or refuses them."""
+
+
+def warn_duplicates(first: np.ndarray, *, stacklevel: int = 2) -> None:
+    """Warn with :class:`DuplicatePointsWarning` when some rows repeat an earlier one.
+
+    ``first[i]`` is the index of the first row equal to row i (i itself when none is earlier),
+    as :func:`first_equal_rows` returns it. The message counts the points that have a twin
+    and names one pair.
+    """
+    first = np.asarray(first)
+    later = np.flatnonzero(first != np.arange(len(first)))
+    if later.size == 0:
+        return
+    n_points = int(np.isin(first, first[later]).sum())  # every member of a repeated group
+    i, j = int(first[later[0]]), int(later[0])
+    msg = (f"{n_points} points have exact duplicates (e.g. rows {i} and {j}); they are kept, "
+           "joined by zero-length edges where a graph is built, and get identical embeddings")
+    logger.warning(msg)
+    warnings.warn(msg, DuplicatePointsWarning, stacklevel=stacklevel + 1)
+
+
+def first_equal_rows(X: np.ndarray) -> np.ndarray:
+    """For each row of X (or each entry of a 1-D array of row fingerprints), the index of the
+    first row equal to it."""
+    X = np.asarray(X)
+    _, first, inverse = np.unique(X, axis=0, return_index=True, return_inverse=True)
+    return first[inverse.ravel()]
+
+
+_SPLITMIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9),
+             np.uint64(0x94D049BB133111EB))
+
+
+def _row_fingerprints(block: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint of each row's float64 values, so duplicates are found without
+    holding the rows: splitmix64 of each value's bits salted by its column, summed (equal rows
+    give equal sums; the mixing makes unequal rows collide only by chance, ~T^2 / 2^65)."""
+    # + 0.0 turns -0.0 into 0.0: equal values, different bits
+    bits: np.ndarray = (np.asarray(block, dtype=np.float64) + 0.0).view(np.uint64)
+    gold, m1, m2 = _SPLITMIX
+    z: np.ndarray = bits + (np.arange(1, bits.shape[1] + 1, dtype=np.uint64) * gold)
+    z = (z ^ (z >> np.uint64(30))) * m1
+    z = (z ^ (z >> np.uint64(27))) * m2
+    z ^= z >> np.uint64(31)
+    return z.sum(axis=1, dtype=np.uint64)
+
+
 def _row_flags(block: np.ndarray, check_constant: bool) -> np.ndarray:
     bad = ~np.isfinite(block).all(axis=1)
     const = np.zeros(len(block), bool)
@@ -387,6 +444,11 @@ def check_values(
     ------
     InputError
         Naming the offending rows (by sample id when the input has them).
+
+    Warns
+    -----
+    DuplicatePointsWarning
+        When rows repeat (found by row fingerprints, see :func:`warn_duplicates`).
     """
     T, N = inp.data.shape
     if T < min_samples:
@@ -396,12 +458,13 @@ def check_values(
     flags = da.map_blocks(
         _row_flags, inp.data, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
     )
+    prints = da.map_blocks(_row_fingerprints, inp.data, dtype=np.uint64, drop_axis=1)
     # an array already in this process (``values``) is checked here: on a cluster the whole
     # array would travel in the graph to the workers for a check that reads it once
     if inp.values is not None:
-        (flags,) = dask.compute(flags, scheduler="threads")
+        flags, prints = dask.compute(flags, prints, scheduler="threads")
     else:
-        (flags,) = compute(flags, client=client)
+        flags, prints = compute(flags, prints, client=client)
     bad = np.flatnonzero(flags[:, 0])
     if bad.size:
         raise InputError(
@@ -413,3 +476,4 @@ def check_values(
             f"{inp.name} has constant rows (zero variance, undefined correlation) in "
             f"{describe_rows(const, inp.sample_ids)}; use similarity='covariance' or drop them"
         )
+    warn_duplicates(first_equal_rows(prints), stacklevel=3)

@@ -33,9 +33,6 @@ EXPECTED_FAILURES = {
         "check_estimators_dtypes": "IKD refuses constant rows under similarity='correlation'",
     },
     LSDR: {
-        # by design: the Delaunay tessellation of repeated points is degenerate, and the
-        # message says how to drop them (iris, this check's data, repeats rows)
-        "check_positive_only_tag_during_fit": "LSDR refuses duplicate rows (iris has some)",
         # by design: Delaunay costs O(n^ceil(p/2)); this check's data have 10 features, above
         # max_delaunay_dim=6 (at max_delaunay_dim=10 the checks take minutes). The object
         # dtype it tests goes through the same check_input as the other estimators'.

@@ -13,6 +13,7 @@ variants are documented in :mod:`dr_dask.methods._gp`.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -41,13 +42,16 @@ from dr_dask.methods.isomap import Isomap
 from dr_dask.progress import shown_during
 from dr_dask.resources import timed
 from dr_dask.validation import (
+    DuplicatePointsWarning,
     Interval,
     Options,
     check_array_like,
     check_input,
     check_params,
+    first_equal_rows,
     non_negative,
     positive,
+    warn_duplicates,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,7 +62,10 @@ def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarr
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
-    iso.fit(points)
+    with warnings.catch_warnings():
+        # GPIsomap.fit warned once for the batch (in the caller's process, not a worker's)
+        warnings.simplefilter("ignore", DuplicatePointsWarning)
+        iso.fit(points)
     coords = np.asarray(iso.embedding_, dtype=np.float64)
     G = np.asarray(iso.dist_matrix_, dtype=np.float64)
     gp = ManifoldGP.fit(
@@ -79,7 +86,8 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Input (``fit``, ``transform``, ``map_points``): an array-like, a dask, zarr or xarray
     array, or a path / URL accepted by :func:`dr_dask.open_dataset`, of shape (n, D); the
     batch is read whole (the batch phase is in memory, O(n_i^2)); a dask array given to
-    ``transform`` is mapped block by block.
+    ``transform`` is mapped block by block. Duplicate rows are kept and embedded with their
+    twin, with a :class:`~dr_dask.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
@@ -370,6 +378,7 @@ default="geodesic_se"
         """
         check_params(self)
         X = self._points(X, reset=True)
+        warn_duplicates(first_equal_rows(X))  # kept: twins get the same coordinates
         client = active_client(self.client)
         rng = check_random_state(self.random_state)
         timings: dict[str, float] = {}

@@ -83,6 +83,8 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Input of ``fit``: an array-like, a dask, zarr or xarray array, or a path / URL accepted by
     :func:`dr_dask.open_dataset`, of shape (T, N), read chunk by chunk (never modified).
+    Duplicate rows are kept and embedded (nearly exactly) with their twin, with a
+    :class:`~dr_dask.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------

@@ -267,7 +267,9 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Input (``fit`` and ``transform``): an array-like, a dask, zarr or xarray array, or a
     path / URL accepted by :func:`dr_dask.open_dataset`, of shape (T, N); it is read whole
-    (the graph and the geodesics are distributed, the points are not).
+    (the graph and the geodesics are distributed, the points are not). Duplicate rows are kept
+    (zero-length edges) and embedded with their twin, with a
+    :class:`~dr_dask.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
@@ -525,7 +527,7 @@ class _LandmarkProjector:
 class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
-    Input: as :class:`Isomap`.
+    Input, and duplicate rows: as :class:`Isomap`.
 
     Parameters
     ----------

@@ -65,8 +65,10 @@ from dr_dask.validation import (
     check_array_like,
     check_input,
     check_params,
+    first_equal_rows,
     non_negative,
     positive,
+    warn_duplicates,
 )
 
 logger = logging.getLogger(__name__)
@@ -81,13 +83,6 @@ KNN_BOUNDARY_RESULTANT = 0.5
 _ROW_BLOCK = 2048
 #: Cap of the passes over the vertices in removal (the fixed point is normally reached in < 10).
 _MAX_PASSES = 100
-
-
-def _duplicate_rows(X: np.ndarray) -> list[tuple[int, int]]:
-    _, first, inverse = np.unique(X, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
-    dup = np.nonzero(first[inverse] != np.arange(X.shape[0]))[0]
-    return [(int(first[inverse[i]]), int(i)) for i in dup]
 
 
 def _edge_ids(codes_sorted: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
@@ -209,6 +204,8 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /
     URL accepted by :func:`dr_dask.open_dataset`, of shape (n, p); ``fit`` reads it whole.
+    Duplicate rows are kept and embedded with their twin, with a
+    :class:`~dr_dask.validation.DuplicatePointsWarning` (LSDR fits the distinct rows).
 
     Parameters
     ----------
@@ -266,8 +263,9 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     d_boundary_ : ndarray of shape (n,)
         Graph distance of every point to the boundary.
     graph_ : scipy.sparse.csr_matrix of shape (n, n)
-        The pruned graph G_alpha (symmetric, Euclidean edge lengths).
-    mst_edges_ : ndarray of shape (n - 1, 2)
+        The pruned graph G_alpha (symmetric, Euclidean edge lengths); a duplicate row has its
+        twin's edges.
+    mst_edges_ : ndarray of shape (n_distinct - 1, 2)
     removed_edges_ : ndarray of shape (m_removed, 2)
     n_passes_ : int
     sigma_ : float
@@ -299,6 +297,11 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     >>> lsdr.transform(X[:5]).shape
     (5, 2)
     """
+
+    # fitted by _fit (declared so the type checker knows them where fit maps duplicates)
+    embedding_: np.ndarray
+    d_boundary_: np.ndarray
+    graph_: sp.csr_matrix
 
     _parameter_constraints: ClassVar[dict] = {
         "n_components": [positive(Integral)],
@@ -381,13 +384,6 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                                  "data is its own embedding")
             if n < p + 2:
                 raise ValueError(f"Delaunay in {p}-D needs at least {p + 2} points, got {n}")
-        dups = _duplicate_rows(X)
-        if dups:
-            shown = ", ".join(f"{b} duplicates {a}" for a, b in dups[:5])
-            raise ValueError(
-                f"X has {len(dups)} duplicate rows (row {shown}{' ...' if len(dups) > 5 else ''}); "
-                "LSDR needs distinct points: drop them first, e.g. np.unique(X, axis=0)"
-            )
         return X
 
     # ---------------------------------------------------------------------------- graph stage
@@ -486,9 +482,30 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     # --------------------------------------------------------------------------------- fit
     @shown_during
     def fit(self, X: Any, y: Any = None) -> LSDR:
-        """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
+        """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered).
 
+        Duplicate rows are kept, as by every estimator: LSDR is fitted on the distinct rows (a
+        Delaunay tessellation of coincident points is degenerate), and each duplicate gets its
+        twin's embedding, boundary distance and graph edges, with a
+        :class:`~dr_dask.validation.DuplicatePointsWarning`.
+        """
         X = self._training(X)
+        first = first_equal_rows(X)
+        distinct = np.flatnonzero(first == np.arange(len(X)))
+        if distinct.size == len(X):
+            return self._fit(X)
+        warn_duplicates(first)
+        self._fit(X[distinct])
+        twin = np.searchsorted(distinct, first)  # each row's twin among the distinct rows
+        self.embedding_ = self.embedding_[twin]
+        self.d_boundary_ = self.d_boundary_[twin]
+        self.graph_ = self.graph_[twin][:, twin].tocsr()
+        for name in ("skeleton_indices_", "boundary_indices_", "oos_landmarks_", "mst_edges_",
+                     "removed_edges_"):
+            setattr(self, name, distinct[getattr(self, name)])  # rows of X
+        return self
+
+    def _fit(self, X: np.ndarray) -> LSDR:
         n = X.shape[0]
         d, k = int(self.n_components), int(self.n_skeleton_neighbors)
         rng = check_random_state(self.random_state)
