@@ -130,7 +130,8 @@ default="se"
         Rows per tile block.
     tile_cache : {"auto", "memory", "disk"}, default="auto"
         Where D's tiles live between eigensolver passes: worker memory, or a Zarr array
-        (in the run's group, else under ``scratch``). ``"auto"`` picks memory up to 1 GiB.
+        (in the run's group, else under ``scratch``). ``"auto"`` picks memory up to
+        ``dr_dask.tiles.memory-bytes`` of dask's configuration (1 GiB).
         Landmark IKD: where its L x T float32 landmark geodesic rows live, by the same rule.
     scratch : str, path or Location, default=None
         Local path or URL for the temporary Zarr arrays of a fit without a run (disk tiles,

@@ -280,8 +280,9 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     n_components : int, default=2
         Embedding dimension d (less than the number of samples).
     eigen_solver : {"auto", "dense", "lanczos"}, default="auto"
-        ``"auto"``: dense LAPACK for T <= 1500, block Lanczos on the centred operator above.
-        ``"dense"`` needs T <= 10,000 (it forms B).
+        ``"auto"``: dense LAPACK up to ``dr_dask.eigen.dense-max`` rows (1500), block Lanczos
+        on the centred operator above. ``"dense"`` needs T <= ``dr_dask.isomap.dist-matrix-max``
+        (10,000; it forms B).
     tol : float, default=1e-10
         Relative eigen-residual tolerance of the Lanczos solver.
     max_iter : int or None, default=None
@@ -297,7 +298,8 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
         options) for the squared geodesics, for T too large for worker memory. ``None``: in
-        this process up to T = 10,000, else float32 tiles in worker memory.
+        this process up to ``dr_dask.isomap.dist-matrix-max`` rows (10,000), else float32
+        tiles in worker memory.
     block_size : int, default=256
         Dijkstra sources per task.
     progress : bool, default=False
