@@ -26,7 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Any
@@ -55,6 +57,7 @@ __all__ = [
     "check_input",
     "check_params",
     "clamp_to_samples",
+    "duplicates_reported",
     "first_equal_rows",
     "is_stored",
     "non_negative",
@@ -364,6 +367,22 @@ class DuplicatePointsWarning(UserWarning):
     edges) and embedded together; no estimator drops or refuses them."""
 
 
+#: Set by :func:`duplicates_reported`: the points at hand were warned about already.
+_DUPLICATES_REPORTED: ContextVar[bool] = ContextVar("duplicates_reported", default=False)
+
+
+@contextmanager
+def duplicates_reported() -> Iterator[None]:
+    """Inside, :func:`warn_duplicates` is quiet: the caller has warned about these points (an
+    estimator fitting another on part of its data). A context variable, so other threads keep
+    warning (``warnings.catch_warnings`` swaps the process's filters and is not thread-safe)."""
+    token = _DUPLICATES_REPORTED.set(True)
+    try:
+        yield
+    finally:
+        _DUPLICATES_REPORTED.reset(token)
+
+
 def warn_duplicates(first: np.ndarray, *, stacklevel: int = 2) -> None:
     """Warn with :class:`DuplicatePointsWarning` when some rows repeat an earlier one.
 
@@ -373,7 +392,7 @@ def warn_duplicates(first: np.ndarray, *, stacklevel: int = 2) -> None:
     """
     first = np.asarray(first)
     later = np.flatnonzero(first != np.arange(len(first)))
-    if later.size == 0:
+    if later.size == 0 or _DUPLICATES_REPORTED.get():
         return
     n_points = int(np.isin(first, first[later]).sum())  # every member of a repeated group
     i, j = int(first[later[0]]), int(later[0])

@@ -13,7 +13,6 @@ variants are documented in :mod:`dr_dask.methods._gp`.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -42,12 +41,12 @@ from dr_dask.methods.isomap import Isomap
 from dr_dask.progress import shown_during
 from dr_dask.resources import timed
 from dr_dask.validation import (
-    DuplicatePointsWarning,
     Interval,
     Options,
     check_array_like,
     check_input,
     check_params,
+    duplicates_reported,
     first_equal_rows,
     non_negative,
     positive,
@@ -62,9 +61,7 @@ def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarr
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
-    with warnings.catch_warnings():
-        # GPIsomap.fit warned once for the batch (in the caller's process, not a worker's)
-        warnings.simplefilter("ignore", DuplicatePointsWarning)
+    with duplicates_reported():  # GPIsomap.fit warned for the batch, in the caller's process
         iso.fit(points)
     coords = np.asarray(iso.embedding_, dtype=np.float64)
     G = np.asarray(iso.dist_matrix_, dtype=np.float64)
