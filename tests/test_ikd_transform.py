@@ -86,7 +86,8 @@ def test_ikd_inside_a_pipeline_before_another_step(gp):
     """IKD then a linear decoder of the true latent, fitted on the training rows: it
     predicts the latent of unseen rows as well as that of the rows it was fitted on."""
     X, Z, train, test = gp
-    pipe = make_pipeline(IKD(n_components=3, random_state=0), LinearRegression()).fit(X[train], Z[train])
+    pipe = make_pipeline(IKD(n_components=3, random_state=0), LinearRegression())
+    pipe.fit(X[train], Z[train])
     seen, unseen = pipe.score(X[train], Z[train]), pipe.score(X[test], Z[test])
     assert seen > 0.6 and unseen > seen - 0.05, (seen, unseen)
 

@@ -107,8 +107,8 @@ def test_bad_knn_parameters_are_refused_naming_them(tmp_path):
 def _landmark_ikd(**kw):
     from dr_dask.methods.ikd import IKD
 
-    return IKD(n_components=1, solver="geodesic", n_neighbors=8, n_landmarks=60, knn="ivf", n_probe=4,
-               random_state=0, **kw)
+    return IKD(n_components=1, solver="geodesic", n_neighbors=8, n_landmarks=60, knn="ivf",
+               n_probe=4, random_state=0, **kw)
 
 
 @pytest.mark.cluster
