@@ -246,11 +246,13 @@ default="se"
     >>> rng = np.random.default_rng(0)
     >>> z = rng.uniform(-1, 1, size=(200, 1))                # the latent
     >>> X = np.sin(z * rng.normal(size=(1, 40)) * 3 + rng.uniform(0, 6, size=(1, 40)))
-    >>> ikd = IKD(n_components=1, random_state=0).fit(X)
+    >>> ikd = IKD(n_components=1, random_state=0).fit(X[:150])
     >>> ikd.embedding_.shape
-    (200, 1)
-    >>> bool(abs(np.corrcoef(ikd.embedding_[:, 0], z[:, 0])[0, 1]) > 0.9)
+    (150, 1)
+    >>> bool(abs(np.corrcoef(ikd.embedding_[:, 0], z[:150, 0])[0, 1]) > 0.9)
     True
+    >>> ikd.transform(X[150:]).shape  # new rows
+    (50, 1)
     """
 
     _parameter_constraints: ClassVar[dict] = {
