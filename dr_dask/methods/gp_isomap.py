@@ -152,8 +152,11 @@ default="geodesic_se"
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn, n_probe : the batch's neighbour search (``clusterer="tangent"``), as
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        The batch's neighbour search (``clusterer="tangent"``), as
         :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.
+    n_probe : int or None, default=None
+        Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------

@@ -305,12 +305,13 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn : {"auto", "exact", "ivf"}
-        Neighbour search of the k rule: exact, the partitioned approximate IVF search
-        (:func:`dr_dask.graph.knn.search_neighbours`), or IVF from 100,000 rows ("auto").
-        Its lists go to a local temporary directory.
-    n_probe : int, optional
-        Lists each row searches with IVF (of about sqrt(T); default 12).
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        Neighbour search of the k rule: exact, or the partitioned approximate IVF search
+        (:func:`dr_dask.graph.knn.search_neighbours`; its lists go to a local temporary
+        directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows and keeps its
+        graph only when the estimated recall reaches 0.9, else searches exactly.
+    n_probe : int or None, default=None
+        Lists (of about sqrt(T)) each row searches with IVF; ``None`` is 12.
 
     Attributes
     ----------
@@ -558,7 +559,10 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn, n_probe : as :class:`Isomap`'s.
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        Neighbour search of the graph, as :class:`Isomap`'s.
+    n_probe : int or None, default=None
+        Lists each row searches with IVF, as :class:`Isomap`'s.
 
     Attributes
     ----------

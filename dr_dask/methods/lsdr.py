@@ -248,8 +248,10 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn, n_probe : the neighbour search of ``graph="knn"``, as
-        :class:`~dr_dask.methods.isomap.Isomap`'s.
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        The neighbour search of ``graph="knn"``, as :class:`~dr_dask.methods.isomap.Isomap`'s.
+    n_probe : int or None, default=None
+        Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------
