@@ -72,7 +72,7 @@ def quickstart_run(out: Any, T: int, N: int, seed: int, client: Any,
     inp = open_dataset(data, "X")
     with timed() as took:
         run = run_embedding(
-            IKD(LATENT_DIM, similarity="correlation", random_state=seed, client=client,
+            IKD(n_components=LATENT_DIM, similarity="correlation", random_state=seed, client=client,
                 progress=True),
             inp, out.child("runs.zarr"), method="ikd",
         )

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Any
 
 import dask
 import dask.array as da
+import numba
 import numpy as np
 
 from dr_dask.cluster import compute
@@ -45,15 +49,20 @@ FLOAT_DTYPES = (np.float64, np.float32)
 
 __all__ = [
     "FLOAT_DTYPES",
+    "DuplicatePointsWarning",
     "Interval",
     "Options",
     "ParameterError",
     "check_array_like",
     "check_input",
     "check_params",
+    "clamp_to_samples",
+    "duplicates_reported",
+    "first_equal_rows",
     "is_stored",
     "non_negative",
     "positive",
+    "warn_duplicates",
 ]
 
 
@@ -321,6 +330,23 @@ def check_params(estimator: Any, constraints: dict[str, list | str] | None = Non
                              f"{listed}. Got {value!r} instead.")
 
 
+def clamp_to_samples(estimator: Any, name: str, n_samples: int, *, stacklevel: int = 3) -> int:
+    """The parameter ``name`` of ``estimator``, or ``n_samples`` with a warning if it is larger.
+
+    For counts of training points to pick (landmarks): a default sized for large data sets then
+    works on small ones, as scikit-learn's ``Nystroem`` clamps its ``n_components``.
+    ``stacklevel`` is the warning's (the default points at the caller's caller: who called
+    ``fit``, when ``fit`` calls this).
+    """
+    value = int(getattr(estimator, name))
+    if value <= n_samples:
+        return value
+    warnings.warn(
+        f"{name}={value} is more than the {n_samples} samples of X: {type(estimator).__name__} "
+        f"uses {name}={n_samples} (every sample)", UserWarning, stacklevel=stacklevel)
+    return int(n_samples)
+
+
 def non_negative(kind: type = Real) -> Interval:
     """Numbers >= 0 (shorthand for the most common constraint, with :func:`positive`)."""
     return Interval(kind, 0, None, closed="left")
@@ -330,6 +356,82 @@ def positive(kind: type = Real) -> Interval:
     """Numbers > 0 (``Integral``: >= 1)."""
     return Interval(kind, 1, None, closed="left") if kind is Integral else Interval(
         kind, 0, None, closed="neither")
+
+
+# ---------------------------------------------------------------------------------------------
+# duplicate points: one policy for every estimator
+
+
+class DuplicatePointsWarning(UserWarning):
+    """Some points coincide exactly. They are kept (a neighbour graph joins them by zero-length
+    edges) and embedded together; no estimator drops or refuses them."""
+
+
+#: Set by :func:`duplicates_reported`: the points at hand were warned about already.
+_DUPLICATES_REPORTED: ContextVar[bool] = ContextVar("duplicates_reported", default=False)
+
+
+@contextmanager
+def duplicates_reported() -> Iterator[None]:
+    """Inside, :func:`warn_duplicates` is quiet: the caller has warned about these points (an
+    estimator fitting another on part of its data). A context variable, so other threads keep
+    warning (``warnings.catch_warnings`` swaps the process's filters and is not thread-safe)."""
+    token = _DUPLICATES_REPORTED.set(True)
+    try:
+        yield
+    finally:
+        _DUPLICATES_REPORTED.reset(token)
+
+
+def warn_duplicates(first: np.ndarray, *, stacklevel: int = 2) -> None:
+    """Warn with :class:`DuplicatePointsWarning` when some rows repeat an earlier one.
+
+    ``first[i]`` is the index of the first row equal to row i (i itself when none is earlier),
+    as :func:`first_equal_rows` returns it. The message counts the points that have a twin
+    and names one pair.
+    """
+    first = np.asarray(first)
+    later = np.flatnonzero(first != np.arange(len(first)))
+    if later.size == 0 or _DUPLICATES_REPORTED.get():
+        return
+    n_points = int(np.isin(first, first[later]).sum())  # every member of a repeated group
+    i, j = int(first[later[0]]), int(later[0])
+    msg = (f"{n_points} points have exact duplicates (e.g. rows {i} and {j}); they are kept, "
+           "joined by zero-length edges where a graph is built, and get identical embeddings")
+    logger.warning(msg)
+    warnings.warn(msg, DuplicatePointsWarning, stacklevel=stacklevel + 1)
+
+
+def first_equal_rows(X: np.ndarray) -> np.ndarray:
+    """For each row of X (or each entry of a 1-D array of row fingerprints), the index of the
+    first row equal to it."""
+    X = np.asarray(X)
+    _, first, inverse = np.unique(X, axis=0, return_index=True, return_inverse=True)
+    return first[inverse.ravel()]
+
+
+def _row_fingerprints(block: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint of each row's float64 values, so duplicates are found without
+    holding the rows: splitmix64 of each value's bits salted by its column, summed (equal rows
+    give equal sums; the mixing makes unequal rows collide only by chance, ~T^2 / 2^65)."""
+    # + 0.0 turns -0.0 into 0.0: equal values, different bits
+    return _fingerprints((np.asarray(block, dtype=np.float64) + 0.0).view(np.uint64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _fingerprints(bits: np.ndarray) -> np.ndarray:
+    # compiled: one pass without temporaries, 6x NumPy's chain of whole-array operations
+    n, m = bits.shape
+    out = np.zeros(n, np.uint64)
+    for i in range(n):
+        h = np.uint64(0)
+        for j in range(m):
+            z = bits[i, j] + np.uint64(j + 1) * np.uint64(0x9E3779B97F4A7C15)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            h += z ^ (z >> np.uint64(31))
+        out[i] = h
+    return out
 
 
 def _row_flags(block: np.ndarray, check_constant: bool) -> np.ndarray:
@@ -368,6 +470,11 @@ def check_values(
     ------
     InputError
         Naming the offending rows (by sample id when the input has them).
+
+    Warns
+    -----
+    DuplicatePointsWarning
+        When rows repeat (found by row fingerprints, see :func:`warn_duplicates`).
     """
     T, N = inp.data.shape
     if T < min_samples:
@@ -377,12 +484,13 @@ def check_values(
     flags = da.map_blocks(
         _row_flags, inp.data, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
     )
+    prints = da.map_blocks(_row_fingerprints, inp.data, dtype=np.uint64, drop_axis=1)
     # an array already in this process (``values``) is checked here: on a cluster the whole
     # array would travel in the graph to the workers for a check that reads it once
     if inp.values is not None:
-        (flags,) = dask.compute(flags, scheduler="threads")
+        flags, prints = dask.compute(flags, prints, scheduler="threads")
     else:
-        (flags,) = compute(flags, client=client)
+        flags, prints = compute(flags, prints, client=client)
     bad = np.flatnonzero(flags[:, 0])
     if bad.size:
         raise InputError(
@@ -394,3 +502,4 @@ def check_values(
             f"{inp.name} has constant rows (zero variance, undefined correlation) in "
             f"{describe_rows(const, inp.sample_ids)}; use similarity='covariance' or drop them"
         )
+    warn_duplicates(first_equal_rows(prints), stacklevel=3)

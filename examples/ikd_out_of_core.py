@@ -25,8 +25,8 @@ if __name__ == "__main__":
         make_dataset("gp", data, n_samples=20_000, n_features=500, n_components=3,
                      dtype="float32", random_state=0)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
-        ikd = dr_dask.IKD(3, dtype="float32", tile_cache="disk", random_state=0, client=client,
-                          progress=True)
+        ikd = dr_dask.IKD(n_components=3, dtype="float32", tile_cache="disk", random_state=0,
+                          client=client, progress=True)
         # the run group keeps tiles and stage marks: rerun this script after Ctrl-C and it resumes
         run = run_embedding(ikd, data + ":X", os.path.join(workdir, "runs.zarr"), method="ikd",
                             name="example")

@@ -32,7 +32,7 @@ def _sizes(url: str) -> dict:
 
 
 def _embed(src: str, out: str):
-    return run_embedding(IKD(2, random_state=0), src + ":X", out, method="ikd")
+    return run_embedding(IKD(n_components=2, random_state=0), src + ":X", out, method="ikd")
 
 
 @pytest.mark.parametrize("where", ["memory", "local-mtime-kept"])

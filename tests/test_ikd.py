@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 import dask
 import numpy as np
@@ -15,6 +16,7 @@ import zarr
 from ikd_reference import align_signs, ikd_dense
 
 from dr_dask.methods.ikd import IKD
+from dr_dask.methods.ikd_core import IKDConfig
 
 KERNELS = [
     ("se", {}),
@@ -43,7 +45,7 @@ def test_tiled_path_equals_dense_algorithm1(smooth_data, kernel, params, referen
         smooth_data, 3, kernel=kernel, similarity="covariance", reference=reference, **params
     )
     est = IKD(
-        3, kernel=kernel, similarity="covariance", reference=reference, tile_size=96,
+        n_components=3, kernel=kernel, similarity="covariance", reference=reference, tile_size=96,
         eigen_solver="lanczos", tol=1e-12, random_state=0, **params,
     ).fit(smooth_data)
     Z = align_signs(est.embedding_, Z_ref)
@@ -118,9 +120,9 @@ def test_stored_tiles_by_bands_equal_tiles_in_memory(tmp_path, dr_config):
 
 def test_correlation_and_float32_disk_tiles_match(smooth_data):
     Z_ref, *_ = ikd_dense(smooth_data, 2, similarity="correlation")
-    est = IKD(2, tile_size=64, tile_cache="disk", random_state=0).fit(smooth_data)
+    est = IKD(n_components=2, tile_size=64, tile_cache="disk", random_state=0).fit(smooth_data)
     np.testing.assert_allclose(align_signs(est.embedding_, Z_ref), Z_ref, atol=1e-7)
-    est32 = IKD(2, tile_size=64, dtype="float32", random_state=0).fit(smooth_data)
+    est32 = IKD(n_components=2, tile_size=64, dtype="float32", random_state=0).fit(smooth_data)
     Z32 = align_signs(est32.embedding_, Z_ref)
     assert np.max(np.abs(Z32 - Z_ref)) <= 1e-3 * np.max(np.abs(Z_ref))
 
@@ -135,7 +137,7 @@ def test_recovers_gp_latent_better_than_pca():
     ds = make_dataset("gp", n_samples=1000, n_features=500, n_components=3, length_scale=3.0,
                       random_state=0)
     X, Z = ds["X"].values, ds["latent"].values
-    r2_ikd = r2_affine(Z, IKD(3, random_state=0).fit_transform(X))
+    r2_ikd = r2_affine(Z, IKD(n_components=3, random_state=0).fit_transform(X))
     r2_pca = r2_affine(Z, PCA(3).fit_transform(X))
     assert r2_ikd > r2_pca
     assert r2_ikd > 0.75
@@ -143,9 +145,9 @@ def test_recovers_gp_latent_better_than_pca():
 
 @pytest.mark.cluster
 def test_multiprocess_cluster_equals_threaded(smooth_data, cluster_client):
-    threaded = IKD(3, tile_size=64, random_state=0).fit(smooth_data)
+    threaded = IKD(n_components=3, tile_size=64, random_state=0).fit(smooth_data)
     for cache in ("memory", "disk"):
-        distributed = IKD(3, tile_size=64, random_state=0, tile_cache=cache,
+        distributed = IKD(n_components=3, tile_size=64, random_state=0, tile_cache=cache,
                           client=cluster_client).fit(smooth_data)
         np.testing.assert_allclose(
             align_signs(distributed.embedding_, threaded.embedding_), threaded.embedding_,
@@ -157,7 +159,7 @@ def test_fit_accepts_dask_zarr_xarray(smooth_data, tmp_path):
     import dask.array as da
     import xarray as xr
 
-    ref = IKD(2, random_state=0).fit_transform(smooth_data)
+    ref = IKD(n_components=2, random_state=0).fit_transform(smooth_data)
     z = zarr.create_array(tmp_path / "x.zarr", shape=smooth_data.shape, chunks=(50, 120),
                           dtype="f8")
     z[...] = smooth_data
@@ -169,25 +171,42 @@ def test_fit_accepts_dask_zarr_xarray(smooth_data, tmp_path):
     ]
     for X in inputs:
         np.testing.assert_allclose(
-            align_signs(IKD(2, random_state=0).fit_transform(X), ref), ref, atol=1e-8
+            align_signs(IKD(n_components=2, random_state=0).fit_transform(X), ref), ref, atol=1e-8
         )
 
 
 def test_bad_parameters_are_named(smooth_data):
     with pytest.raises(ValueError, match="kernel"):
-        IKD(2, kernel="cosine").fit(smooth_data)
+        IKD(n_components=2, kernel="cosine").fit(smooth_data)
     with pytest.raises(ValueError, match="reference"):
-        IKD(2, reference="median").fit(smooth_data)
+        IKD(n_components=2, reference="median").fit(smooth_data)
     with pytest.raises(ValueError, match="floor"):
-        IKD(2, floor=0.0).fit(smooth_data)
+        IKD(n_components=2, floor=0.0).fit(smooth_data)
     with pytest.raises(ValueError, match="n_components"):
-        IKD(0).fit(smooth_data)
+        IKD(n_components=0).fit(smooth_data)
+
+
+def test_the_solvers_configuration_is_the_estimators_parameters():
+    """IKDConfig is derived from IKD's parameters, never copied by hand: each field is the
+    parameter of its name (or a value the estimator resolves from it), so a new option cannot
+    be declared on the estimator and silently miss the solvers."""
+    names = {f.name for f in fields(IKDConfig)}
+    params = set(IKD().get_params())
+    assert names <= params
+    assert params - names == {"alpha", "gamma", "nu"}  # the kernel object's hyper-parameters
+    cfg = IKD(n_components=np.int64(2), solver="geodesic", n_neighbors=7, variance=2,
+              kernel="rq", alpha=3.0, dtype="float32", threshold=0.4,
+              tile_cache="disk")._config(100, 5)
+    assert (cfg.n_components, cfg.n_neighbors, cfg.variance, cfg.threshold) == (2, 7, 2.0, 0.4)
+    assert type(cfg.n_components) is int and type(cfg.variance) is float
+    assert (cfg.tile_cache, cfg.dtype, cfg.reference) == ("disk", np.float32, "center")
+    assert cfg.kernel.name == "rational_quadratic" and cfg.kernel.alpha == 3.0
 
 
 def test_sklearn_estimator_conventions():
     from sklearn.base import clone
 
-    est = IKD(3, kernel="matern", nu=2.5, random_state=4)
+    est = IKD(n_components=3, kernel="matern", nu=2.5, random_state=4)
     assert clone(est).get_params() == est.get_params()
     assert not [k for k in vars(est) if k.endswith("_")]
 

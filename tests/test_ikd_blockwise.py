@@ -114,7 +114,8 @@ def gp_data():
 @pytest.mark.parametrize("shared_points", ["keep_larger", "average", "weighted"])
 def test_blockwise_recovers_gp_latents(gp_data, shared_points):
     X, Z = gp_data
-    est = IKD(3, solver="blockwise", shared_points=shared_points, random_state=0).fit(X)
+    est = IKD(n_components=3, solver="blockwise", shared_points=shared_points,
+              random_state=0).fit(X)
     assert r2_affine(Z, est.embedding_) >= 0.95
     covered = np.unique(np.concatenate(est.cliques_))
     assert covered.size == 300
@@ -126,8 +127,8 @@ def test_blockwise_recovers_gp_latents(gp_data, shared_points):
 @pytest.mark.cluster
 def test_blockwise_cluster_run_equals_threaded_run(gp_data, cluster_client):
     X, _ = gp_data
-    threaded = IKD(3, solver="blockwise", clique_threshold=0.3, random_state=0).fit(X)
-    on_cluster = IKD(3, solver="blockwise", clique_threshold=0.3, random_state=0,
+    threaded = IKD(n_components=3, solver="blockwise", clique_threshold=0.3, random_state=0).fit(X)
+    on_cluster = IKD(n_components=3, solver="blockwise", clique_threshold=0.3, random_state=0,
                      client=cluster_client).fit(X)
     assert len(on_cluster.cliques_) == len(threaded.cliques_)
     np.testing.assert_allclose(on_cluster.embedding_, threaded.embedding_, atol=1e-8)
@@ -152,4 +153,4 @@ def test_blockwise_cluster_run_equals_threaded_run(gp_data, cluster_client):
 def test_bad_blockwise_parameters(params, match):
     X = make_dataset("sinusoidal", n_samples=40, n_features=20, random_state=0)["X"].values
     with pytest.raises(ValueError, match=match):
-        IKD(2, solver="blockwise", **params).fit(X)
+        IKD(n_components=2, solver="blockwise", **params).fit(X)

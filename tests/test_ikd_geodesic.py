@@ -73,7 +73,7 @@ def test_geodesic_matches_dense_numpy(rule, similarity, reference, T, N, cache):
     # (T, N) chosen so that the graphs are connected: the dense reference has no bridging
     X, _ = _data("sinusoidal", T, N)
     s0 = 0.5 if rule == "threshold" else None
-    est = IKD(2, solver="geodesic", geodesic_rule=rule, threshold=s0, n_neighbors=6,
+    est = IKD(n_components=2, solver="geodesic", geodesic_rule=rule, threshold=s0, n_neighbors=6,
               similarity=similarity, reference=reference, tile_size=256, tile_cache=cache,
               random_state=0, tol=1e-10).fit(X)
     ref = geodesic_ikd_dense(X, 2, rule=rule, k=6, s0=s0, similarity=similarity,
@@ -91,8 +91,8 @@ def test_tiles_in_memory_equal_tiles_on_disk(reference):
     X, _ = _data("sinusoidal", 800, 200)
     kw = dict(solver="geodesic", n_neighbors=6, tile_size=256, reference=reference,
               random_state=0, tol=1e-10)
-    memory = IKD(2, tile_cache="memory", **kw).fit(X)
-    disk = IKD(2, tile_cache="disk", **kw).fit(X)
+    memory = IKD(n_components=2, tile_cache="memory", **kw).fit(X)
+    disk = IKD(n_components=2, tile_cache="disk", **kw).fit(X)
     assert memory.reference_index_ == disk.reference_index_
     assert memory.graph_edges_ == disk.graph_edges_
     np.testing.assert_allclose(memory.eigenvalues_, disk.eigenvalues_, rtol=1e-6)
@@ -103,7 +103,7 @@ def test_tiles_in_memory_equal_tiles_on_disk(reference):
 @pytest.mark.parametrize("name, N, M", [("sinusoidal", 400, 1), ("bump", 300, 2)])
 def test_geodesic_recovers_synthetic_latents(name, N, M):
     X, Z = _data(name, 1000, N)
-    est = IKD(M, solver="geodesic", random_state=0).fit(X)
+    est = IKD(n_components=M, solver="geodesic", random_state=0).fit(X)
     assert r2_affine(Z, est.embedding_) >= 0.93
     assert 0 < est.explained_variance_ratio_ <= 1
 
@@ -111,15 +111,15 @@ def test_geodesic_recovers_synthetic_latents(name, N, M):
 def test_geodesic_center_beats_min_max_reference():
     """Why ``center`` is the geodesic default (docs/decisions.md IKD-REF: 0.94 vs 0.79 measured)."""
     X, Z = _data("sinusoidal", 1000, 400)
-    r2 = {ref: r2_affine(Z, IKD(1, solver="geodesic", reference=ref, random_state=0)
+    r2 = {ref: r2_affine(Z, IKD(n_components=1, solver="geodesic", reference=ref, random_state=0)
                          .fit(X).embedding_) for ref in ("center", "min_max")}
     assert r2["center"] > r2["min_max"] + 0.05
 
 
 def test_landmark_ikd_matches_full_geodesic_ikd():
     X, Z = _data("sinusoidal", 3000, 200)
-    full = IKD(1, solver="geodesic", random_state=0).fit(X)
-    lm = IKD(1, solver="geodesic", n_landmarks=300, random_state=0).fit(X)
+    full = IKD(n_components=1, solver="geodesic", random_state=0).fit(X)
+    lm = IKD(n_components=1, solver="geodesic", n_landmarks=300, random_state=0).fit(X)
     assert lm.landmarks_.shape == (300,) and len(set(lm.landmarks_)) == 300
     assert r2_affine(full.embedding_, lm.embedding_) >= 0.99
     assert r2_affine(lm.embedding_, full.embedding_) >= 0.99
@@ -128,8 +128,8 @@ def test_landmark_ikd_matches_full_geodesic_ikd():
 
 def test_landmark_ikd_on_similarities_matches_full_ikd():
     X, _ = _data("gp", 1000, 500)
-    full = IKD(3, reference="center", random_state=0).fit(X)
-    lm = IKD(3, n_landmarks=200, landmark_method="random", random_state=0).fit(X)
+    full = IKD(n_components=3, reference="center", random_state=0).fit(X)
+    lm = IKD(n_components=3, n_landmarks=200, landmark_method="random", random_state=0).fit(X)
     assert r2_affine(full.embedding_, lm.embedding_) >= 0.95
 
 
@@ -140,8 +140,8 @@ def test_tiles_on_disk_on_a_cluster_equal_tiles_in_memory(cluster_client):
     X, _ = _data("sinusoidal", 600, 80)
     for kw in (dict(solver="geodesic", n_neighbors=6), dict(solver="full")):
         kw.update(tile_size=256, random_state=0, tol=1e-10)
-        memory = IKD(2, tile_cache="memory", **kw).fit(X)
-        disk = IKD(2, tile_cache="disk", client=cluster_client, **kw).fit(X)
+        memory = IKD(n_components=2, tile_cache="memory", **kw).fit(X)
+        disk = IKD(n_components=2, tile_cache="disk", client=cluster_client, **kw).fit(X)
         np.testing.assert_allclose(disk.eigenvalues_, memory.eigenvalues_, rtol=1e-6)
         _same_up_to_sign(disk.embedding_, memory.embedding_,
                          atol=1e-6 * np.abs(memory.embedding_).max())
@@ -151,12 +151,12 @@ def test_tiles_on_disk_on_a_cluster_equal_tiles_in_memory(cluster_client):
 def test_cluster_run_equals_threaded_run(cluster_client):
     X, _ = _data("sinusoidal", 500, 60)
     kw = dict(solver="geodesic", n_neighbors=6, tile_size=256, random_state=0, tol=1e-9)
-    threaded = IKD(2, **kw).fit(X)
-    on_cluster = IKD(2, client=cluster_client, **kw).fit(X)
+    threaded = IKD(n_components=2, **kw).fit(X)
+    on_cluster = IKD(n_components=2, client=cluster_client, **kw).fit(X)
     _same_up_to_sign(on_cluster.embedding_, threaded.embedding_, atol=1e-7)
     lm_kw = dict(solver="geodesic", n_neighbors=6, n_landmarks=80, random_state=0)
-    lm_threaded = IKD(2, **lm_kw).fit(X)
-    lm_cluster = IKD(2, client=cluster_client, **lm_kw).fit(X)
+    lm_threaded = IKD(n_components=2, **lm_kw).fit(X)
+    lm_cluster = IKD(n_components=2, client=cluster_client, **lm_kw).fit(X)
     np.testing.assert_array_equal(lm_cluster.landmarks_, lm_threaded.landmarks_)
     _same_up_to_sign(lm_cluster.embedding_, lm_threaded.embedding_, atol=1e-8)
 
@@ -167,13 +167,13 @@ def test_landmark_ikd_rows_on_disk_and_cell_knn(cluster_client, dr_config):
     X, Z = _data("sinusoidal", 800, 60)
     kw = dict(solver="geodesic", n_neighbors=6, n_landmarks=80, random_state=0,
               client=cluster_client)
-    memory = IKD(1, tile_cache="memory", **kw).fit(X)
+    memory = IKD(n_components=1, tile_cache="memory", **kw).fit(X)
     # the workers write the L x T rows to Zarr; the same embedding
-    disk = IKD(1, tile_cache="disk", **kw).fit(X)
+    disk = IKD(n_components=1, tile_cache="disk", **kw).fit(X)
     _same_up_to_sign(disk.embedding_, memory.embedding_, atol=1e-8)
     # the cell kNN search (what "auto" picks at large T): the same graph, the same embedding
     dr_config({"knn.cells-min-rows": 100})
-    cells = IKD(1, tile_cache="memory", **kw).fit(X)
+    cells = IKD(n_components=1, tile_cache="memory", **kw).fit(X)
     assert cells.graph_edges_ == memory.graph_edges_
     _same_up_to_sign(cells.embedding_, memory.embedding_, atol=1e-5)
     assert r2_affine(Z, cells.embedding_) >= 0.9
@@ -193,14 +193,25 @@ def _two_groups(T=120, N=60, seed=0):
 def test_disconnected_graph_raise_or_bridge():
     X = _two_groups()
     with pytest.raises(ValueError, match="disconnected.*2 connected components"):
-        IKD(2, solver="geodesic", n_neighbors=4, on_disconnected="raise").fit(X)
+        IKD(n_components=2, solver="geodesic", n_neighbors=4, on_disconnected="raise").fit(X)
     with pytest.warns(DisconnectedGraphWarning, match="2 connected components"):
-        est = IKD(2, solver="geodesic", n_neighbors=4, random_state=0).fit(X)
+        est = IKD(n_components=2, solver="geodesic", n_neighbors=4, random_state=0).fit(X)
     assert est.graph_components_ == 2
     assert np.isfinite(est.embedding_).all()
     # bridged groups stay apart along the first coordinate
     first = est.embedding_[:, 0]
     assert abs(first[:60].mean() - first[60:].mean()) > 2 * (first[:60].std() + first[60:].std())
+
+
+def test_landmarks_beyond_the_samples_are_clamped_with_a_warning():
+    """n_landmarks above T is landmark IKD on every sample, with a warning (as LandmarkIsomap)."""
+    X, _ = _data("sinusoidal", 50, 20)
+    kw = dict(n_components=2, solver="geodesic", random_state=0)
+    with pytest.warns(UserWarning, match="n_landmarks=51 is more than the 50 samples of X: IKD "
+                      "uses n_landmarks=50"):
+        clamped = IKD(n_landmarks=51, **kw).fit(X)
+    every = IKD(n_landmarks=50, **kw).fit(X)
+    np.testing.assert_allclose(clamped.embedding_, every.embedding_, atol=1e-10)
 
 
 @pytest.mark.parametrize(
@@ -214,8 +225,7 @@ def test_disconnected_graph_raise_or_bridge():
         (dict(geodesic_rule="bfs"), "'geodesic_rule' parameter of IKD must be a str among"),
         (dict(n_neighbors=50), "n_neighbors must be an integer in \\[1, 49\\]"),
         (dict(on_disconnected="ignore"), "'on_disconnected' parameter of IKD must be a str among"),
-        (dict(n_landmarks=51), "n_landmarks must be an integer in \\[3, 50\\]"),
-        (dict(n_landmarks=2), "n_landmarks must be an integer in \\[3, 50\\]"),
+        (dict(n_landmarks=2), "n_landmarks must be an integer >= 3 \\(more than n_components"),
         (dict(n_landmarks=10, landmark_method="kmeans"),
          "'landmark_method' parameter of IKD must be a str among"),
         (dict(n_landmarks=10, geodesic_rule="threshold", threshold=0.5), "knn' only"),
@@ -224,7 +234,7 @@ def test_disconnected_graph_raise_or_bridge():
 def test_bad_geodesic_parameters(params, match):
     X, _ = _data("sinusoidal", 50, 20)
     with pytest.raises(ValueError, match=match):
-        IKD(2, solver="geodesic", **params).fit(X)
+        IKD(n_components=2, solver="geodesic", **params).fit(X)
 
 
 @pytest.mark.cluster
@@ -240,7 +250,7 @@ def test_workers_import_no_sklearn():
           Client(cluster, set_as_default=False) as client):
         for kw in (dict(solver="geodesic", n_neighbors=6), dict(solver="full"),
                    dict(solver="geodesic", n_neighbors=6, n_landmarks=60, random_state=0)):
-            IKD(1, client=client, **kw).fit(X)
+            IKD(n_components=1, client=client, **kw).fit(X)
         loaded = client.run(
             lambda: sorted({m.split(".")[0] for m in __import__("sys").modules}))
     (modules,) = loaded.values()

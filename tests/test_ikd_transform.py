@@ -41,8 +41,8 @@ def gp():
 
 def _fits(gp, **params):
     X, _, train, test = gp
-    whole = IKD(3, random_state=0, **params).fit(X)
-    part = IKD(3, random_state=0, **params).fit(X[train])
+    whole = IKD(n_components=3, random_state=0, **params).fit(X)
+    part = IKD(n_components=3, random_state=0, **params).fit(X[train])
     return whole, part
 
 
@@ -86,7 +86,8 @@ def test_ikd_inside_a_pipeline_before_another_step(gp):
     """IKD then a linear decoder of the true latent, fitted on the training rows: it
     predicts the latent of unseen rows as well as that of the rows it was fitted on."""
     X, Z, train, test = gp
-    pipe = make_pipeline(IKD(3, random_state=0), LinearRegression()).fit(X[train], Z[train])
+    pipe = make_pipeline(IKD(n_components=3, random_state=0), LinearRegression())
+    pipe.fit(X[train], Z[train])
     seen, unseen = pipe.score(X[train], Z[train]), pipe.score(X[test], Z[test])
     assert seen > 0.6 and unseen > seen - 0.05, (seen, unseen)
 
@@ -94,19 +95,19 @@ def test_ikd_inside_a_pipeline_before_another_step(gp):
 def test_dask_rows_in_dask_out_and_training_rows_stay_lazy(gp):
     X, _, train, test = gp
     Xd = da.from_array(X[train], chunks=(200, -1))
-    est = IKD(3, random_state=0, tile_size=256).fit(Xd)
+    est = IKD(n_components=3, random_state=0, tile_size=256).fit(Xd)
     assert isinstance(est.out_of_sample_, NystromMap)
     assert isinstance(est.out_of_sample_.training, da.Array)  # not a copy of the rows
     out = est.transform(da.from_array(X[test], chunks=(50, -1)))
     assert isinstance(out, da.Array) and out.chunks[0] == (50, 50, 50, 50)
-    ref = IKD(3, random_state=0).fit(X[train]).transform(X[test])
+    ref = IKD(n_components=3, random_state=0).fit(X[train]).transform(X[test])
     np.testing.assert_allclose(out.compute(), ref, rtol=1e-6, atol=1e-8)
 
 
 def test_transform_before_fit_and_wrong_features(gp):
     X = gp[0]
     with pytest.raises(NotFittedError):
-        IKD(3).transform(X[:10])
-    est = IKD(3, random_state=0).fit(X[:300])
+        IKD(n_components=3).transform(X[:10])
+    est = IKD(n_components=3, random_state=0).fit(X[:300])
     with pytest.raises(ValueError, match="features"):
         est.transform(X[:10, :50])

@@ -142,6 +142,18 @@ def test_cluster_equals_threaded(cluster_client, roll2000, dr_config):
     np.testing.assert_allclose(lb.embedding_, la.embedding_, atol=1e-6)
 
 
+def test_landmarks_beyond_the_samples_are_clamped_with_a_warning(roll2000):
+    """n_landmarks above T uses every sample (as scikit-learn's Nystroem clamps n_components):
+    the same fit as n_landmarks=T, and a warning that says so."""
+    X = roll2000[0][:120]
+    with pytest.warns(UserWarning, match="n_landmarks=1000 is more than the 120 samples of X: "
+                      "LandmarkIsomap uses n_landmarks=120"):
+        clamped = LandmarkIsomap(random_state=0).fit(X)  # the default, 1000
+    every = LandmarkIsomap(n_landmarks=120, random_state=0).fit(X)
+    np.testing.assert_array_equal(clamped.landmarks_, every.landmarks_)
+    np.testing.assert_allclose(clamped.embedding_, every.embedding_, atol=1e-10)
+
+
 def test_bad_inputs(roll2000):
     X, _ = roll2000
     X = X[:300]
@@ -149,8 +161,6 @@ def test_bad_inputs(roll2000):
         Isomap(n_neighbors=300).fit(X)
     with pytest.raises(ValueError, match="exactly one of n_neighbors"):
         Isomap(n_neighbors=5, radius=1.0).fit(X)
-    with pytest.raises(ValueError, match=r"n_landmarks=301 must be in \[1, 300\]"):
-        LandmarkIsomap(n_landmarks=301).fit(X)
     with pytest.raises(ValueError, match="n_components=5 needs at least 6 landmarks"):
         LandmarkIsomap(n_landmarks=5, n_components=5).fit(X)
     with pytest.raises(ValueError, match="n_components=2 needs at least 3 samples .* got 2"):

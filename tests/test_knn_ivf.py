@@ -92,7 +92,7 @@ def test_bad_knn_parameters_are_refused_naming_them(tmp_path):
     with pytest.raises(ValueError, match="'knn' parameter"):
         Isomap(knn="fast").fit(X)
     with pytest.raises(ValueError, match="'n_probe' parameter"):
-        IKD(1, solver="geodesic", n_probe=0).fit(X)
+        IKD(n_components=1, solver="geodesic", n_probe=0).fit(X)
     np.save(tmp_path / "x.npy", X)
     for cmd in (["ikd", "-n", "1", "--solver", "geodesic"], ["isomap", "-n", "1"]):
         for opt, bad in (("--knn", "fast"), ("--n-probe", "0")):
@@ -107,8 +107,8 @@ def test_bad_knn_parameters_are_refused_naming_them(tmp_path):
 def _landmark_ikd(**kw):
     from dr_dask.methods.ikd import IKD
 
-    return IKD(1, solver="geodesic", n_neighbors=8, n_landmarks=60, knn="ivf", n_probe=4,
-               random_state=0, **kw)
+    return IKD(n_components=1, solver="geodesic", n_neighbors=8, n_landmarks=60, knn="ivf",
+               n_probe=4, random_state=0, **kw)
 
 
 @pytest.mark.cluster

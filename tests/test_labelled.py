@@ -21,7 +21,7 @@ T = 150
 
 def estimators():
     return [
-        IKD(2, random_state=0),
+        IKD(n_components=2, random_state=0),
         Isomap(n_neighbors=8),
         LandmarkIsomap(n_neighbors=8, n_landmarks=30, random_state=0),
         GPIsomap(n_neighbors=8, random_state=0),

@@ -9,7 +9,8 @@ import pytest
 import scipy.linalg
 
 from dr_dask.linalg.align import procrustes_disparity, procrustes_fit
-from dr_dask.linalg.eigen import top_eigh
+from dr_dask.linalg.eigen import fix_signs, top_eigh
+from dr_dask.linalg.mds import classical_mds
 from dr_dask.linalg.tiles import TileGrid, build_tiles
 
 
@@ -31,6 +32,24 @@ def test_lanczos_selects_algebraic_not_magnitude(max_basis):
     np.testing.assert_allclose(np.abs(res.vectors.T @ res.vectors), np.eye(3), atol=1e-10)
     # svd-style magnitude selection would have returned -40, -30, -20
     assert np.all(res.values > 0)
+
+
+def test_one_sign_convention_for_every_eigensolver_path():
+    """Dense LAPACK, Lanczos with any seed and the MDS on top of them return the same vectors,
+    not merely the same up to sign: each column's largest-magnitude entry is positive."""
+    A = _indefinite(T=300)
+    runs = [top_eigh(A, 3, method="dense")] + [
+        top_eigh(A, 3, method="lanczos", tol=1e-12, random_state=seed) for seed in (0, 1, 2)]
+    for res in runs:
+        V = res.vectors
+        assert np.all(V[np.abs(V).argmax(axis=0), range(3)] > 0)
+        np.testing.assert_allclose(V, runs[0].vectors, atol=1e-8)
+    np.testing.assert_array_equal(fix_signs(-runs[0].vectors), runs[0].vectors)
+    X = np.random.default_rng(0).normal(size=(40, 3))
+    D2 = ((X[:, None] - X[None]) ** 2).sum(-1)
+    dense = classical_mds(D2, 2, method="dense")
+    lanczos = classical_mds(D2, 2, method="lanczos", tol=1e-12, random_state=3)
+    np.testing.assert_allclose(lanczos.embedding, dense.embedding, atol=1e-8)
 
 
 def test_lanczos_is_seeded_and_handles_exact_low_rank():
@@ -61,7 +80,8 @@ def test_ikd_fits_small_samples_with_default_block():
 
     rng = np.random.default_rng(0)
     for T in range(11, 20):  # the default Lanczos block for 2 components is 10 wide
-        Z = IKD(2, eigen_solver="lanczos", random_state=0).fit_transform(rng.normal(size=(T, 30)))
+        Z = IKD(n_components=2, eigen_solver="lanczos", random_state=0).fit_transform(
+            rng.normal(size=(T, 30)))
         assert Z.shape == (T, 2) and np.isfinite(Z).all()
 
 

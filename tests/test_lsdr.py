@@ -6,6 +6,7 @@ from scipy.stats import spearmanr
 
 from dr_dask.datasets.toy import noisy_spiral, noisy_swiss_roll
 from dr_dask.methods.lsdr import LSDR, prune_edges
+from dr_dask.validation import DuplicatePointsWarning
 
 
 def best_rho(E, z):
@@ -73,13 +74,26 @@ def test_single_simultaneous_pass_leaves_more_edges():
     assert passes > 1 and fixed.sum() < one.sum()
 
 
+def test_duplicate_rows_are_kept_with_their_twins_embedding():
+    """The duplicate-point policy of every estimator: kept, warned about, embedded with their
+    twin (LSDR fits the distinct rows: a Delaunay tessellation of coincident points is
+    degenerate)."""
+    X, _ = noisy_spiral(200)
+    dup = np.vstack([X, X[[3, 17]]])
+    with pytest.warns(DuplicatePointsWarning, match="4 points have exact duplicates .*rows 3 "
+                      "and 200"):
+        fitted = LSDR(random_state=0).fit(dup)
+    distinct = LSDR(random_state=0).fit(X)
+    np.testing.assert_allclose(fitted.embedding_, distinct.embedding_[np.r_[:200, 3, 17]])
+    np.testing.assert_array_equal(fitted.skeleton_indices_, distinct.skeleton_indices_)
+    assert fitted.graph_.shape == (202, 202)
+    np.testing.assert_allclose(fitted.transform(dup[-2:]), fitted.embedding_[-2:])
+
+
 def test_bad_input_errors():
     X, _ = noisy_spiral(200)
     with pytest.raises(ValueError, match="p=8 exceeds max_delaunay_dim=6.*PCA.*graph='knn'"):
         LSDR().fit(np.random.default_rng(0).normal(size=(100, 8)))
-    dup = np.vstack([X, X[[3, 17]]])
-    with pytest.raises(ValueError, match="2 duplicate rows.*row 200 duplicates 3"):
-        LSDR().fit(dup)
     with pytest.raises(ValueError, match="The 'removal' parameter of LSDR must be a str among"):
         LSDR(removal="later").fit(X)
     with pytest.raises(ValueError, match="X has 3 features, but LSDR is expecting 2 features"):

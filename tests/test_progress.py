@@ -21,7 +21,7 @@ FIT = (
     "print('OUTPUT', progress.output(), flush=True)\n"
     "X = np.random.default_rng(0).normal(size=(400, 12))\n"
     "{setup}"
-    "IKD(2, random_state=0, tile_size=100, progress=True{client}).fit(X)\n"
+    "IKD(n_components=2, random_state=0, tile_size=100, progress=True{client}).fit(X)\n"
     "print('DONE', flush=True)\n"
 )
 

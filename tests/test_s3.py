@@ -482,10 +482,10 @@ def test_landmark_ikd_rows_in_the_run_store_from_s3_equal_local(
     kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "tile_cache": "disk",
           "random_state": 0, "client": cluster_client}
     seen = _spy_rows_out(monkeypatch)
-    local = run_embedding(IKD(2, **kw), local_in + ":X", str(tmp_path / "o.zarr"),
+    local = run_embedding(IKD(n_components=2, **kw), local_in + ":X", str(tmp_path / "o.zarr"),
                           method="ikd", name="r")
     out = f"s3://{s3_bucket}/out.zarr"
-    remote = run_embedding(IKD(2, **kw), s3_in + ":X", out, method="ikd", name="r",
+    remote = run_embedding(IKD(n_components=2, **kw), s3_in + ":X", out, method="ikd", name="r",
                            storage_options=opts)
     assert seen[-1][0] == f"{out}/r/landmark_geodesics" and seen[-1][1]
     assert np.isnan(seen[-1][2])  # a chunk never written reads as NaN: detected
@@ -501,15 +501,15 @@ def test_scratch_location_without_a_run_is_used_and_emptied(s3_bucket, data, mon
     seen = _spy_rows_out(monkeypatch)
     scratch = f"s3://{s3_bucket}/scratch"
     kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "random_state": 0}
-    on_s3 = IKD(2, tile_cache="disk", scratch=scratch, **kw).fit(data)
+    on_s3 = IKD(n_components=2, tile_cache="disk", scratch=scratch, **kw).fit(data)
     assert seen[-1][0].startswith(scratch + "/dr_dask_landmark_geodesics_") and seen[-1][1]
     assert Location(scratch).find() == {}
     # a remote input without run or scratch: next to the input, in the input's bucket
     _write_input(f"s3://{s3_bucket}/in.zarr", data)
-    IKD(2, tile_cache="disk", **kw).fit(open_dataset(f"s3://{s3_bucket}/in.zarr:X"))
+    IKD(n_components=2, tile_cache="disk", **kw).fit(open_dataset(f"s3://{s3_bucket}/in.zarr:X"))
     assert seen[-1][0].startswith(f"s3://{s3_bucket}/dr_dask_landmark_geodesics_")
     assert Location(f"s3://{s3_bucket}").listdir() == ["in.zarr"]
-    in_memory = IKD(2, tile_cache="memory", **kw).fit(data)
+    in_memory = IKD(n_components=2, tile_cache="memory", **kw).fit(data)
     np.testing.assert_allclose(on_s3.embedding_, in_memory.embedding_, rtol=1e-6, atol=1e-8)
 
 

@@ -15,11 +15,12 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from dr_dask import IKD, LSDR, GPIsomap, Isomap, LandmarkIsomap
 from dr_dask.validation import ParameterError
 
-# Settings that make the checks' tiny data sets (10-40 rows, 1-10 features) valid input.
+# Defaults, but where the checks' tiny data sets (10-40 rows, 1-10 features) need otherwise
+# (IKD: one component from 2 features; GP-Isomap: k below its default 10), and seeds.
 CHECKED = [
-    IKD(1, random_state=0),
-    Isomap(n_neighbors=5),
-    LandmarkIsomap(n_neighbors=5, n_landmarks=10, random_state=0),
+    IKD(n_components=1, random_state=0),
+    Isomap(),
+    LandmarkIsomap(random_state=0),  # n_landmarks=1000 is clamped to the sample count
     LSDR(n_components=1),
     GPIsomap(n_neighbors=5, random_state=0),
 ]
@@ -32,9 +33,6 @@ EXPECTED_FAILURES = {
         "check_estimators_dtypes": "IKD refuses constant rows under similarity='correlation'",
     },
     LSDR: {
-        # by design: the Delaunay tessellation of repeated points is degenerate, and the
-        # message says how to drop them (iris, this check's data, repeats rows)
-        "check_positive_only_tag_during_fit": "LSDR refuses duplicate rows (iris has some)",
         # by design: Delaunay costs O(n^ceil(p/2)); this check's data have 10 features, above
         # max_delaunay_dim=6 (at max_delaunay_dim=10 the checks take minutes). The object
         # dtype it tests goes through the same check_input as the other estimators'.
@@ -74,7 +72,7 @@ def roll(tmp_path_factory):
 
 
 FAST = [
-    IKD(2, random_state=0),
+    IKD(n_components=2, random_state=0),
     Isomap(n_neighbors=8),
     LandmarkIsomap(n_neighbors=8, n_landmarks=30, random_state=0),
     LSDR(n_components=2),

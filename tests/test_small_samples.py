@@ -37,7 +37,7 @@ def test_full_ikd_equals_dense_algorithm1_at_every_size(T, eigen_solver, referen
                                              reference=reference)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # non-positive eigenvalues at T=3
-        est = IKD(1, reference=reference, eigen_solver=eigen_solver, tile_size=2,
+        est = IKD(n_components=1, reference=reference, eigen_solver=eigen_solver, tile_size=2,
                   tol=1e-12, random_state=0).fit(X)
     np.testing.assert_allclose(est.eigenvalues_, w_ref, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(align_signs(est.embedding_, Z_ref), Z_ref, atol=1e-6)
@@ -62,7 +62,7 @@ def test_every_ikd_solver_fits_tiny_inputs_with_the_same_attributes(T, variant):
     X = _curve(T)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny graphs get bridged, tiny cliques warn
-        est = IKD(1, random_state=0, **IKD_VARIANTS[variant](T)).fit(X)
+        est = IKD(n_components=1, random_state=0, **IKD_VARIANTS[variant](T)).fit(X)
     _check(est.embedding_, T, 1)
     assert est.eigenvalues_.shape == (1,)
     for name in ("eigen_residuals_", "eigen_passes_", "explained_variance_ratio_",
@@ -71,7 +71,7 @@ def test_every_ikd_solver_fits_tiny_inputs_with_the_same_attributes(T, variant):
         assert hasattr(est, name), name
     assert all(s >= 0 for s in est.timings_.values()) and est.timings_
     if variant == "landmark" and T <= 6:  # every point a landmark: full IKD, MDS-centred
-        ref = IKD(1, reference="center", random_state=0).fit(X).embedding_
+        ref = IKD(n_components=1, reference="center", random_state=0).fit(X).embedding_
         # a landmark's own distance is f^-1(ceil) ~ 2e-5, not 0, when it is triangulated
         np.testing.assert_allclose(align_signs(est.embedding_, ref), ref, atol=1e-5)
     elif variant != "landmark" and T == 40:  # the graph solvers recover the order on the curve

@@ -76,7 +76,7 @@ def test_bad_values_name_the_rows_and_leave_the_input_alone(tmp_path, make, matc
     )
     before = tree_digest(path)
     with pytest.raises(InputError, match=match):
-        IKD(2).fit(path + ":X")
+        IKD(n_components=2).fit(path + ":X")
     assert tree_digest(path) == before
 
 
@@ -92,9 +92,9 @@ def test_structural_errors(group_store, tmp_path):
         open_dataset(str(tmp_path / "nope.zarr"))
     # in-memory input: scikit-learn's checks and wording (dr_dask.validation)
     with pytest.raises(ValueError, match=r"4 sample\(s\) .* minimum of 5 is required by IKD"):
-        IKD(3).fit(np.random.default_rng(0).normal(size=(4, 10)))
+        IKD(n_components=3).fit(np.random.default_rng(0).normal(size=(4, 10)))
     with pytest.raises(ValueError, match="Expected 2D array, got 1D array"):
-        IKD(1).fit(np.arange(10.0))
+        IKD(n_components=1).fit(np.arange(10.0))
 
 
 def test_input_opened_read_only(group_store):

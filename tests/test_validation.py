@@ -11,14 +11,17 @@ import scipy.sparse as sp
 import zarr
 from sklearn.base import BaseEstimator
 
-from dr_dask.inputs import InputError
+from dr_dask.inputs import InputError, open_dataset
 from dr_dask.validation import (
+    DuplicatePointsWarning,
     Interval,
     Options,
     ParameterError,
     check_array_like,
     check_input,
     check_params,
+    check_values,
+    first_equal_rows,
     positive,
 )
 
@@ -170,3 +173,20 @@ def test_stored_input_is_read_and_checked_on_the_estimators_cluster(tmp_path, cl
                     in_memory=True)
     with pytest.raises(ValueError, match="X has 2 features"):
         check_input(est, X[:, :2], reset=False)
+
+
+def test_duplicate_rows_found_in_one_pass_over_stored_data(tmp_path):
+    """check_values names repeated rows of an out-of-core input by their fingerprints: equal
+    values (0.0 and -0.0 too) across chunks warn once, rows that differ in one bit do not."""
+    X = np.random.default_rng(0).normal(size=(300, 7))
+    X[0, 3] = 0.0
+    X[250] = X[0]
+    X[250, 3] = -0.0  # equal value, other bits
+    X[40] = X[41]
+    X[40, 6] = np.nextafter(X[41, 6], 1.0)  # one ulp apart: distinct
+    zarr.create_array(str(tmp_path / "x.zarr"), data=X, chunks=(64, 7))
+    inp = open_dataset(str(tmp_path / "x.zarr"))
+    with pytest.warns(DuplicatePointsWarning, match=r"^2 points have exact duplicates \(e.g. "
+                      r"rows 0 and 250\)"):
+        check_values(inp)
+    np.testing.assert_array_equal(first_equal_rows(X)[[0, 40, 250]], [0, 40, 0])

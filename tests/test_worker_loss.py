@@ -94,7 +94,8 @@ def test_ikd_survives_worker_loss(client, data, solver):
     kw = {"n_landmarks": 40, "solver": "geodesic"} if solver == "landmark" else {"solver": solver}
     if solver == "full":
         kw["tile_size"] = 80  # 6 tiles: a kill lands between and inside tile tasks
-    _survives(client, lambda: IKD(2, random_state=0, client=client, **kw).fit(X).embedding_,
+    _survives(client,
+              lambda: IKD(n_components=2, random_state=0, client=client, **kw).fit(X).embedding_,
               atol=1e-8)
 
 
@@ -164,7 +165,7 @@ def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
         # is the distance tiles
         with pytest.raises(dc.ClusterLost, match="no worker for 3 s. Rerun to resume from "
                            "stage 'distance'"):
-            IKD(2, tile_size=60, client=c).fit(X)
+            IKD(n_components=2, tile_size=60, client=c).fit(X)
         assert time.perf_counter() - t0 < 60
 
 
@@ -199,8 +200,8 @@ def test_cli_survives_worker_loss(tmp_path, data):
     assert proc.returncode == 0, err.decode()[-2000:]
     assert "Restarting worker" in err.decode()  # the kill landed while the cluster was up
     got = np.asarray(zarr.open_group(out, mode="r")["r"]["embedding"][...])
-    np.testing.assert_allclose(got, IKD(2, tile_size=60, random_state=0).fit(X).embedding_,
-                               atol=1e-8)
+    want = IKD(n_components=2, tile_size=60, random_state=0).fit(X).embedding_
+    np.testing.assert_allclose(got, want, atol=1e-8)
 
 
 # ------------------------------------------------------------------- exit codes that mean something

@@ -60,7 +60,8 @@ def _estimator(method: str, n_neighbors: int, client: Any) -> Any:
     if method == "isomap":
         return Isomap(n_neighbors=n_neighbors, n_components=1, random_state=0, client=client)
     solver = "full" if method == "full_ikd" else "geodesic"
-    return IKD(1, solver=solver, n_neighbors=n_neighbors, random_state=0, client=client)
+    return IKD(n_components=1, solver=solver, n_neighbors=n_neighbors, random_state=0,
+               client=client)
 
 
 def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: str,

@@ -76,7 +76,7 @@ def bench_similarity(client: Any, T: int, N: int, dtype: str, repeats: int = 3,
 
     rng = np.random.default_rng(0)
     X = normalise_rows(rng.standard_normal((T, N)), "correlation", dtype)
-    defaults = IKD(1)
+    defaults = IKD(n_components=1)
     inverse = InverseKernel(get_kernel(defaults.kernel), 1.0, defaults.floor, defaults.ceil,
                             defaults.length_scale)
     flops = 2.0 * T * T * N
@@ -125,7 +125,7 @@ def bench_incore(client: Any, T: int, N: int, workdir: str, repeats: int = 3) ->
     X = read_array(zarr.open_group(path, mode="r"), "X")
     Z = read_latent(path)
     dense = measure(lambda: dense_algorithm1(X, 3), repeats)
-    est = IKD(3, similarity="correlation", random_state=0, client=client, tol=1e-8)
+    est = IKD(n_components=3, similarity="correlation", random_state=0, client=client, tol=1e-8)
     ours = measure(lambda: est.fit_transform(X), repeats)
     t_dense, E_dense, t_ikd, E_ikd = dense.seconds, dense.result, ours.seconds, ours.result
     return {
@@ -157,7 +157,7 @@ def bench_outofcore(client: Any, T: int, N: int, workdir: str) -> dict:
         inp = open_dataset(path + ":X")
         run = RunGroup(os.path.join(workdir, "ooc_run.zarr"), "ikd", params={}, identity={},
                        overwrite=True)
-        est = IKD(3, similarity="correlation", dtype="float32", tile_cache="disk",
+        est = IKD(n_components=3, similarity="correlation", dtype="float32", tile_cache="disk",
                   random_state=0, client=client, tol=1e-6)
         with timed(stages, "fit_seconds"):
             est.fit(inp, run=run)

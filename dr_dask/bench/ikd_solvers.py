@@ -48,14 +48,15 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
     src, _ = dataset_store(workdir, "gp", 200, 200, n_components=3)
     warm = open_dataset(src).data.compute()
     for c in (client, None):
-        IKD(3, solver="blockwise", random_state=0, client=c).fit(warm)
+        IKD(n_components=3, solver="blockwise", random_state=0, client=c).fit(warm)
     for name, N, M, options in cases:
         src, Z = dataset_store(workdir, name, T, N, **options)
         X = open_dataset(src).data.compute()  # in memory: time the method, not the reads
         row: dict[str, Any] = {"T": T, "N": N, "M": M}
         for label, c in (("cluster", client), ("one_process", None)):
             secs, peak, est = timed_fits(
-                partial(IKD, M, solver="blockwise", random_state=0, client=c), X, repeats, client)
+                partial(IKD, n_components=M, solver="blockwise", random_state=0, client=c), X,
+                repeats, client)
             row[f"{label}_seconds"] = secs
             row[f"{label}_peak_rss_gb"] = peak
             row[f"{label}_r2"] = r2_affine(Z, est.embedding_)
@@ -80,7 +81,8 @@ def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
     generate = t["seconds"]
     inp = open_dataset(src)
     secs, peak, est = timed_fits(
-        lambda: IKD(1, dtype="float32", random_state=0, client=client, tol=1e-6, **params),
+        lambda: IKD(n_components=1, dtype="float32", random_state=0, client=client, tol=1e-6,
+                    **params),
         inp, 1, client)
     return {
         "T": T, "N": N, **{k: v for k, v in params.items() if k != "solver"},

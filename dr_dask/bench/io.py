@@ -53,7 +53,7 @@ def _fit(loc: Location, n_components: int, client) -> np.ndarray:
     from dr_dask.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
 
-    est = IKD(n_components, dtype="float32", random_state=0, client=client)
+    est = IKD(n_components=n_components, dtype="float32", random_state=0, client=client)
     return est.fit(open_dataset(loc, "X")).embedding_
 
 

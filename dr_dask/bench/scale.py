@@ -50,17 +50,18 @@ def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdi
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
 
     if method == "full_ikd":
-        return IKD(1, solver="full", random_state=0, client=client)
+        return IKD(n_components=1, solver="full", random_state=0, client=client)
     if method == "geodesic_ikd":
-        return IKD(1, solver="geodesic", n_neighbors=N_NEIGHBORS, random_state=0, client=client,
-                   **search)
+        return IKD(n_components=1, solver="geodesic", n_neighbors=N_NEIGHBORS, random_state=0,
+                   client=client, **search)
     if method == "isomap":
         return Isomap(n_neighbors=N_NEIGHBORS, n_components=1, random_state=0, client=client,
                       **search)
     if method == "landmark_ikd":
         # tile_cache="auto" puts the L x T rows in Zarr above the tile budget
-        return IKD(1, solver="geodesic", n_landmarks=n_landmarks, n_neighbors=N_NEIGHBORS,
-                   dtype="float32", random_state=0, client=client, **search)
+        return IKD(n_components=1, solver="geodesic", n_landmarks=n_landmarks,
+                   n_neighbors=N_NEIGHBORS, dtype="float32", random_state=0, client=client,
+                   **search)
     assert n_landmarks is not None  # run_scale gives the landmark methods their L
     # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
     store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")

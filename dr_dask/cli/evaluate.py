@@ -129,17 +129,15 @@ def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
 
 # -------------------------------------------------------------------------------- compare
 def _fit_lsdr(est: Any, X: np.ndarray) -> tuple[np.ndarray, str | None]:
-    """LSDR on X after the reductions it needs: PCA above LSDR_INPUT_DIM, duplicates merged."""
+    """LSDR on X after the reduction it needs: PCA above LSDR_INPUT_DIM (duplicate rows are
+    LSDR's own business: it keeps them, with their twin's embedding)."""
     note = []
     if X.shape[1] > est.max_delaunay_dim:
         from sklearn.decomposition import PCA
 
         X = PCA(LSDR_INPUT_DIM, random_state=est.random_state).fit_transform(X)
         note.append(f"input reduced by PCA to {LSDR_INPUT_DIM} dims first")
-    uniq, inverse = np.unique(X, axis=0, return_inverse=True)
-    if len(uniq) < len(X):
-        note.append(f"{len(X) - len(uniq)} duplicate rows share their twin's embedding")
-    return est.fit_transform(uniq)[inverse.ravel()], "; ".join(note) or None
+    return est.fit_transform(X), "; ".join(note) or None
 
 
 def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:

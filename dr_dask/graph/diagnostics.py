@@ -1,12 +1,16 @@
-"""The warnings a neighbour graph raises about its data (public as ``dr_dask.graph.*``)."""
+"""The warnings a neighbour graph raises about its data (public as ``dr_dask.graph.*``).
+
+:class:`DuplicatePointsWarning` is every estimator's (the duplicate-point policy lives with the
+input checks, :mod:`dr_dask.validation`); a graph raises it too.
+"""
+
+from dr_dask.validation import DuplicatePointsWarning
+
+__all__ = ["DisconnectedGraphWarning", "DuplicatePointsWarning", "LowRecallWarning"]
 
 
 class DisconnectedGraphWarning(UserWarning):
     """A neighbour graph had several connected components and was bridged."""
-
-
-class DuplicatePointsWarning(UserWarning):
-    """Some points coincide exactly; their graph edges have zero length."""
 
 
 class LowRecallWarning(UserWarning):

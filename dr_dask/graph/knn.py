@@ -29,9 +29,9 @@ from dr_dask import config
 from dr_dask.cluster import active_client, compute, share
 from dr_dask.graph._knn_cells import cell_kneighbors
 from dr_dask.graph._knn_ivf import ivf_kneighbors
-from dr_dask.graph.diagnostics import DuplicatePointsWarning, LowRecallWarning
+from dr_dask.graph.diagnostics import LowRecallWarning
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank
-from dr_dask.validation import Options, check_array_like, positive
+from dr_dask.validation import Options, check_array_like, positive, warn_duplicates
 
 logger = logging.getLogger(__name__)
 
@@ -505,17 +505,15 @@ def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d
     return rows, cols, d
 
 
-def _warn_duplicates(rows: np.ndarray, cols: np.ndarray, d: np.ndarray) -> None:
+def _warn_duplicates(rows: np.ndarray, cols: np.ndarray, d: np.ndarray, n: int) -> None:
+    """The duplicate-point warning of the edges found at distance 0 (each point's first twin:
+    the least index it is joined to at distance 0)."""
     dup = (d == 0) & (rows != cols)
     if dup.any():
-        i, j = int(rows[dup][0]), int(cols[dup][0])
-
-        msg = (
-            f"{int(np.unique(rows[dup]).size)} points have exact duplicates (e.g. rows {i} and "
-            f"{j}); they are joined by zero-length edges and get identical embeddings"
-        )
-        logger.warning(msg)
-        warnings.warn(msg, DuplicatePointsWarning, stacklevel=3)
+        first = np.arange(n)
+        np.minimum.at(first, rows[dup], cols[dup])
+        np.minimum.at(first, cols[dup], rows[dup])
+        warn_duplicates(first, stacklevel=3)
 
 
 def kneighbors_graph(
@@ -579,5 +577,5 @@ def kneighbors_graph(
             client=client,
         )
         rows, cols, d = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    _warn_duplicates(rows, cols, d)
+    _warn_duplicates(rows, cols, d, n)
     return _symmetric_graph(rows, cols, d, n)

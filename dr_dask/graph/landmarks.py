@@ -169,7 +169,6 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
             f"only {int((lam > 0).sum())} of the top {n_components} landmark MDS eigenvalues "
             f"are positive ({lam}); use fewer components or more landmarks"
         )
-    V = V * np.where(V[np.abs(V).argmax(axis=0), range(V.shape[1])] < 0, -1.0, 1.0)
     root = np.sqrt(lam)
     return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals)
 

@@ -98,6 +98,18 @@ def materialise(A: Any) -> np.ndarray:
     return np.asarray(M, dtype=np.float64)
 
 
+def fix_signs(V: np.ndarray) -> np.ndarray:
+    """The package's one eigenvector sign convention: each column's largest-magnitude entry is
+    positive (the first such entry on a tie), as scikit-learn's ``svd_flip`` does for singular
+    vectors. An eigenvector's sign is arbitrary and differs between LAPACK and Lanczos, runs
+    and machines; fixed, the same fit gives the same embedding. Returns a new array."""
+    V = np.asarray(V)
+    if V.size == 0:
+        return V.copy()
+    signs = np.sign(V[np.abs(V).argmax(axis=0), np.arange(V.shape[1])])
+    return V * np.where(signs == 0, 1.0, signs)
+
+
 def _orthonormalise(W: np.ndarray, Q: np.ndarray | None) -> np.ndarray:
     """Columns of W made orthonormal and orthogonal to Q (two rounds of Gram-Schmidt)."""
     for _ in range(2):
@@ -150,6 +162,7 @@ def top_eigh(
     Returns
     -------
     EigResult
+        Eigenvectors with :func:`fix_signs`'s sign convention.
     """
     T = A.shape[0]
     k = int(n_components)
@@ -166,7 +179,7 @@ def top_eigh(
         w, v = scipy.linalg.eigh(M, subset_by_index=[T - k, T - 1])
         w, v = w[::-1], v[:, ::-1]
         res = np.linalg.norm(M @ v - v * w, axis=0)
-        return EigResult(w, v, res, n_passes=1, converged=True)
+        return EigResult(w, fix_signs(v), res, n_passes=1, converged=True)
     if method != "lanczos":
         raise ValueError(f"method must be 'auto', 'dense' or 'lanczos', got {method!r}")
     from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
@@ -205,7 +218,7 @@ def _block_lanczos(op, k, block_size, tol, max_passes, max_basis, rng) -> EigRes
                     "block Lanczos stopped after %d passes with relative residual %.2e > tol %.1e",
                     passes, res.max() / scale, tol,
                 )
-            return EigResult(theta[:k], ritz_top, res, passes, converged)
+            return EigResult(theta[:k], fix_signs(ritz_top), res, passes, converged)
         if Q.shape[1] + b > max_basis:
             # thick restart: keep the leading Ritz vectors (by algebraic value) and their products
             keep = min(max_basis - b, Q.shape[1])

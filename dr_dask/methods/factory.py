@@ -22,8 +22,8 @@ def make_method(name: str, n_components: int, *, n_neighbors: int, seed: int,
     try:
         if name in ("ikd", "ikd-geodesic"):
             solver = "geodesic" if name == "ikd-geodesic" else "full"
-            return IKD(n_components, solver=solver, n_neighbors=n_neighbors, random_state=seed,
-                       client=client)
+            return IKD(n_components=n_components, solver=solver, n_neighbors=n_neighbors,
+                       random_state=seed, client=client)
         if name == "isomap":
             return Isomap(n_neighbors=n_neighbors, n_components=n_components, random_state=seed,
                           client=client)
@@ -32,7 +32,7 @@ def make_method(name: str, n_components: int, *, n_neighbors: int, seed: int,
 
             return PCA(n_components, random_state=seed)
         if name == "lsdr":
-            return LSDR(n_components, random_state=seed, client=client)
+            return LSDR(n_components=n_components, random_state=seed, client=client)
         if name == "umap":
             import umap  # lazy: an optional extra
 

@@ -46,8 +46,11 @@ from dr_dask.validation import (
     check_array_like,
     check_input,
     check_params,
+    duplicates_reported,
+    first_equal_rows,
     non_negative,
     positive,
+    warn_duplicates,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,7 +61,8 @@ def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarr
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
-    iso.fit(points)
+    with duplicates_reported():  # GPIsomap.fit warned for the batch, in the caller's process
+        iso.fit(points)
     coords = np.asarray(iso.embedding_, dtype=np.float64)
     G = np.asarray(iso.dist_matrix_, dtype=np.float64)
     gp = ManifoldGP.fit(
@@ -79,7 +83,8 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Input (``fit``, ``transform``, ``map_points``): an array-like, a dask, zarr or xarray
     array, or a path / URL accepted by :func:`dr_dask.open_dataset`, of shape (n, D); the
     batch is read whole (the batch phase is in memory, O(n_i^2)); a dask array given to
-    ``transform`` is mapped block by block.
+    ``transform`` is mapped block by block. Duplicate rows are kept and embedded with their
+    twin, with a :class:`~dr_dask.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
@@ -87,9 +92,12 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         k of the Isomap graphs and of the clusterer's kNN graph.
     n_components : int, default=2
         Intrinsic dimension d_i of every manifold.
-    kernel : {"geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde"}
-        See :mod:`dr_dask.methods._gp`; ``literal_btilde`` warns (ablation only).
+    kernel : {"geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde"}, \
+default="geodesic_se"
+        The GP's kernel on geodesics; see :mod:`dr_dask.methods._gp`. ``"literal_btilde"``
+        warns (ablation only).
     length_scale : float or None, default=None
+        Fixed GP length scale of the mean; ``None`` fits it (see ``noise_variance``).
     noise_variance : float or None, default=1e-3
         Fixed GP hyper-parameters; ``None`` fits them by maximum marginal likelihood, shared
         across output dimensions, per manifold (signal variance fixed to 1, paper §5.1). The
@@ -107,11 +115,13 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     density_persistence : float or None, default=1.2
         The clusterer splits manifolds at density saddles deeper than this (log density);
         ``None``: whole graph components.
-    min_cluster_size : int or None
-        Smaller clusters are merged into their nearest one (default ``max(2k, 10)``).
-    n_support_nearest, n_support_farthest : int, default=16, 1
-        k nearest and l farthest point pairs per pair of manifolds (paper defaults); the
-        ``rigid`` stitch bridges manifolds with the k nearest pairs only.
+    min_cluster_size : int or None, default=None
+        Smaller clusters are merged into their nearest one; ``None`` is ``max(2k, 10)``.
+    n_support_nearest : int, default=16
+        k nearest point pairs per pair of manifolds in the support set (paper default); the
+        ``"rigid"`` stitch bridges manifolds with these pairs only.
+    n_support_farthest : int, default=1
+        l farthest point pairs per pair of manifolds in the support set (paper default).
     ridge_lambda : float, default=0.005
         Ridge of the ``"ridge"`` stitch (paper default).
     stitch : {"rigid", "ridge"}, default="rigid"
@@ -119,28 +129,34 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         1's affine ridge regression onto the MDS of the support points: fitted on ~17 points
         near a pair's closest approach, it shears patches (disparity 0.25 against truth for a
         patch whose own Isomap has 0.001). ``"rigid"`` (default): see Notes, stitching.
-    global_dim : int or None
-        Dimension of the global frame (default ``n_components``; the roll's patches share one
-        2-D frame, so the seed's alternative sum of d_i would only add empty axes).
-    stream_neighbors : int or None
-        k_s: neighbours linking a new point into a manifold's geodesics (default n_neighbors).
-    sigma_t : float or None
+    global_dim : int or None, default=None
+        Dimension of the global frame; ``None`` is ``n_components`` (the roll's patches share
+        one 2-D frame, so the paper's alternative sum of d_i would only add empty axes).
+    stream_neighbors : int or None, default=None
+        k_s: neighbours linking a new point into a manifold's geodesics; ``None`` is
+        ``n_neighbors``.
+    sigma_t : float or None, default=None
         Novelty threshold on the variance. ``None`` calibrates it at fit time from the batch's
         leave-one-out variances at ``threshold_quantile``; :meth:`calibrate_threshold` sets
         it from held-out data (preferable: thresholds do not transfer between data sets).
-    threshold_quantile : float, default=0.99
+    threshold_quantile : float, default=0.995
+        Quantile in (0, 1] of the batch's leave-one-out variances that calibrates ``sigma_t``
+        when it is ``None``.
     hyper_max_points : int, default=800
         Manifolds larger than this are subsampled for the hyper-parameter search only.
-    random_state : int, RandomState or None
+    random_state : int, RandomState instance or None, default=None
         Seeds the hyper-parameter subsamples and the eigensolvers.
-    client : distributed.Client, optional
+    client : distributed.Client or None, default=None
         The clusterer's neighbour search and the per-manifold Isomap + GP fits run on it;
-        default the active client, else in-process.
-    progress : bool
+        ``None`` takes the active client, else in-process.
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn, n_probe : the batch's neighbour search (``clusterer="tangent"``), as
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        The batch's neighbour search (``clusterer="tangent"``), as
         :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.
+    n_probe : int or None, default=None
+        Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------
@@ -167,6 +183,12 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     timings_ : dict
         Wall seconds per stage of ``fit``: ``clustering``, ``manifolds`` (Isomap + GP per
         manifold), ``stitch`` and, when ``sigma_t`` is calibrated, ``threshold``.
+
+    See Also
+    --------
+    Isomap : the batch embedding each manifold gets, with its out-of-sample map.
+    dr_dask.stream : the stream runner that maps, flags and refits with this model.
+    dr_dask.methods.gp_isomap_io.save_gp_isomap : the model file (Zarr, no pickle).
 
     Notes
     -----
@@ -221,6 +243,18 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Also: the variance is eq. 8 with the noise term, one scalar per manifold; the S-Isomap scaling
     is 1/sqrt(lambda) (docs/decisions.md GPI-SQRT, used by :class:`Isomap`); ties in the link
     distance go to the lowest manifold index.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import GPIsomap
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> gp = GPIsomap(n_neighbors=10, clusterer="single", random_state=0).fit(X[:250])
+    >>> gp.embedding_.shape, gp.n_manifolds_
+    ((250, 2), 1)
+    >>> Y, variance = gp.transform(X[250:], return_variance=True)
+    >>> Y.shape, variance.shape
+    ((50, 2), (50,))
     """
 
     # fitted by fit's _stitch (declared so the type checker knows it before fit assigns it)
@@ -253,9 +287,9 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
+        *,
         n_neighbors: int = 10,
         n_components: int = 2,
-        *,
         kernel: str = "geodesic_se",
         length_scale: float | None = None,
         noise_variance: float | None = 1e-3,
@@ -344,6 +378,7 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         """
         check_params(self)
         X = self._points(X, reset=True)
+        warn_duplicates(first_equal_rows(X))  # kept: twins get the same coordinates
         client = active_client(self.client)
         rng = check_random_state(self.random_state)
         timings: dict[str, float] = {}

@@ -58,7 +58,15 @@ from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.methods.isomap import _out_of_sample
 from dr_dask.progress import shown_during
 from dr_dask.storage import Location
-from dr_dask.validation import Interval, Options, check_input, check_params, check_values, positive
+from dr_dask.validation import (
+    Interval,
+    Options,
+    check_input,
+    check_params,
+    check_values,
+    clamp_to_samples,
+    positive,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,66 +76,118 @@ SOLVERS = ("full", "geodesic", "blockwise")
 class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Inverse Kernel Decomposition.
 
+    Fits the latent of data that are a smooth (Gaussian-process-like) map of it, from the
+    similarities between samples (Li & Wu 2024, Algorithm 1). The options of one solver are
+    ignored by the others, as scikit-learn's estimators do (``SVC``'s ``degree`` without
+    ``kernel="poly"``); each says which solver reads it.
+
+    Input of ``fit``: an array-like, a dask, zarr or xarray array, or a path / URL accepted by
+    :func:`dr_dask.open_dataset`, of shape (T, N), read chunk by chunk (never modified).
+    Duplicate rows are kept and embedded (nearly exactly) with their twin, with a
+    :class:`~dr_dask.validation.DuplicatePointsWarning`.
+
     Parameters
     ----------
-    n_components : int
-        Latent dimension M.
-    kernel : {"se", "rational_quadratic", "gamma_exponential", "matern"}
-        Stationary kernel whose inverse is applied to the similarities.
-    similarity : {"correlation", "covariance"}
-        ``covariance`` is Algorithm 1 (per-sample centring over the N features, 1/(N-1), one
-        pooled sigma^2); ``correlation`` is what the authors' code uses (sigma^2 = 1).
-    reference : {"min_max", "min_mean", "center"}, optional
-        The paper's reference point, the min-mean variant, or MDS double centring. Default
-        per solver: ``min_max`` (the paper's) for ``full`` and ``blockwise``, ``center`` for
-        ``geodesic`` (on geodesic covariances MDS centring recovers the latent far better:
-        R^2 0.94 vs 0.79 on the sinusoidal data; docs/decisions.md IKD-REF).
-    variance : float, optional
-        sigma^2; default the mean of diag(S) (1 for the correlation).
-    length_scale : float
+    n_components : int, default=2
+        Latent dimension M (at most N - 1: each sample is centred across its features).
+    kernel : {"se", "rational_quadratic", "gamma_exponential", "matern"} or Kernel, \
+default="se"
+        Stationary kernel whose inverse is applied to the similarities (the aliases
+        ``"squared_exponential"`` and ``"rq"`` are accepted).
+    similarity : {"correlation", "covariance"}, default="correlation"
+        ``"covariance"`` is Algorithm 1 (per-sample centring over the N features, 1/(N-1), one
+        pooled sigma^2); ``"correlation"`` is what the authors' code uses (sigma^2 = 1).
+    reference : {"min_max", "min_mean", "center"} or None, default=None
+        The paper's reference point, the min-mean variant, or MDS double centring. ``None``
+        takes the solver's: ``"min_max"`` (the paper's) for ``"full"`` and ``"blockwise"``,
+        ``"center"`` for ``"geodesic"`` (on geodesic covariances MDS centring recovers the
+        latent far better: R^2 0.94 vs 0.79 on the sinusoidal data; docs/decisions.md
+        IKD-REF). Landmark IKD always centres.
+    variance : float or None, default=None
+        sigma^2; ``None`` takes the mean of diag(S) (1 for the correlation).
+    length_scale : float, default=1.0
         l: only rescales the output.
-    alpha, gamma, nu : float
-        Rational-quadratic alpha, gamma-exponential gamma (the arXiv form, IKD-A5), Matérn nu.
-    solver : {"full", "geodesic", "blockwise"}
-        ``full`` is Algorithm 1; ``geodesic`` and ``blockwise`` are the paper's solutions for
-        weakly correlated data (section 2.4).
-    floor, ceil : float
-        Clip range of S / sigma^2 (the domain of f^-1 is (0, 1]).
-    dtype : {"float64", "float32"}
+    alpha : float, default=1.0
+        Shape of the ``"rational_quadratic"`` kernel (> 0).
+    gamma : float, default=1.0
+        Exponent of the ``"gamma_exponential"`` kernel, in (0, 2] (the arXiv form, IKD-A5).
+    nu : float, default=1.5
+        Smoothness of the ``"matern"`` kernel (> 0).
+    solver : {"full", "geodesic", "blockwise"}, default="full"
+        ``"full"`` is Algorithm 1; ``"geodesic"`` and ``"blockwise"`` are the paper's
+        solutions for weakly correlated data (section 2.4).
+    floor : float, default=1e-3
+        Lower end of the clip range of S / sigma^2, in (0, 1) (the domain of f^-1 is (0, 1];
+        the authors' code's value).
+    ceil : float, default=1 - 1e-5
+        Upper end of the clip range, in (floor, 1].
+    dtype : {"float64", "float32"}, default="float64"
         Precision of the tiles (float32 halves memory and disk and doubles GEMM speed).
         Geodesic IKD's tiles held in memory (kNN rule) are float32 either way, multiplied in
         float64: they come from float64 path lengths, and their rounding is far below what
         the geodesic approximation resolves.
-    tile_size : int
+    tile_size : int, default=4096
         Rows per tile block.
-    tile_cache : {"auto", "memory", "disk"}
+    tile_cache : {"auto", "memory", "disk"}, default="auto"
         Where D's tiles live between eigensolver passes: worker memory, or a Zarr array
-        (in the run's group, else a temporary directory). ``auto`` picks memory up to 1 GiB.
+        (in the run's group, else under ``scratch``). ``"auto"`` picks memory up to
+        ``dr_dask.tiles.memory-bytes`` of dask's configuration (1 GiB).
         Landmark IKD: where its L x T float32 landmark geodesic rows live, by the same rule.
-    scratch : str or Location, optional
+    scratch : str, path or Location, default=None
         Local path or URL for the temporary Zarr arrays of a fit without a run (disk tiles,
-        path lengths, landmark rows), deleted after use; every worker must reach it. Default:
+        path lengths, landmark rows), deleted after use; every worker must reach it. ``None``:
         next to a remote input, else a local temporary directory.
-    tol : float
+    tol : float, default=1e-8
         Relative residual tolerance of the eigensolver.
-    eigen_solver : {"auto", "dense", "lanczos"}
-        ``auto`` is :func:`dr_dask.linalg.eigen.top_eigh`'s rule for an operator known by
+    eigen_solver : {"auto", "dense", "lanczos"}, default="auto"
+        ``"auto"`` is :func:`dr_dask.linalg.eigen.top_eigh`'s rule for an operator known by
         products: g(D) materialised for dense LAPACK up to 6 Lanczos blocks
-        (T <= 6 max(2M, M + 8)), block Lanczos above; ``dense`` materialises it at any T.
-    random_state : int, RandomState or None
-        Seeds the eigensolver (and every randomized step of the other solvers).
-    client : distributed.Client, optional
-        Cluster to run on; default the active client, else dask's threads.
-    progress : bool
+        (T <= 6 max(2M, M + 8)), block Lanczos above; ``"dense"`` materialises it at any T.
+    n_neighbors : int, default=5
+        ``solver="geodesic"`` (and landmark IKD), kNN rule: k of the graph of largest
+        correlations.
+    threshold : float or None, default=None
+        ``solver="geodesic"``, threshold rule: s0 in (0, 1); the graph joins pairs with
+        s / sigma^2 >= s0 and only entries below it are replaced by path similarities.
+    geodesic_rule : {"knn", "threshold"}, default="knn"
+        ``solver="geodesic"``: the authors' code's kNN graph (every entry replaced by its path
+        similarity) or the paper's threshold graph (needs ``threshold``).
+    on_disconnected : {"bridge", "raise"}, default="bridge"
+        ``solver="geodesic"``: join a disconnected graph's components by their shortest edges
+        (with a warning naming them), or refuse it.
+    clique_threshold : float or None, default=None
+        ``solver="blockwise"``: s0 in (0, 1) of the graph whose maximal cliques are solved;
+        ``None`` takes the authors' N-based rule (0.3 up to N = 100, 0.1 from N = 1000).
+    max_cliques : int, default=500
+        ``solver="blockwise"``: the clique search stops after this many cliques of at
+        least M + 2 points (the authors' cap).
+    min_overlap : int or None, default=None
+        ``solver="blockwise"``: shared points needed to align two cliques directly (at least
+        M + 1; ``None`` is M + 1); with fewer, a bridging sub-problem aligns them.
+    shared_points : {"keep_larger", "average", "weighted"}, default="keep_larger"
+        ``solver="blockwise"``: coordinates of points two merged cliques share: the larger
+        clique's (the authors'), the mean, or the mean weighted by how many cliques each side
+        merged.
+    n_landmarks : int or None, default=None
+        Landmark IKD (with ``solver="full"`` or ``"geodesic"``): L landmarks, L x T rows instead
+        of T x T (docs/decisions.md IKD-LANDMARK). More than the samples uses every sample,
+        with a warning. ``None``: no landmarks.
+    landmark_method : {"maxmin", "random"}, default="maxmin"
+        Landmark IKD: max-min (farthest-point order over a seeded subset) or a seeded uniform
+        choice.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the eigensolver and every randomized step of the solvers (landmarks).
+    client : distributed.Client or None, default=None
+        Cluster to run on; ``None`` takes the active client, else dask's threads.
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    n_neighbors, threshold, on_disconnected, geodesic_rule : solver="geodesic" options.
-    knn, n_probe : the kNN rule's neighbour search (``solver="geodesic"``, also landmark):
-        ``knn="exact"`` (the exact search), ``"ivf"`` (the partitioned approximate search,
-        each row probing its ``n_probe`` nearest of about sqrt(T) lists; default 12) or
-        ``"auto"`` (IVF from 100,000 rows; see :func:`dr_dask.graph.knn.search_neighbours`).
-    clique_threshold, max_cliques, min_overlap, shared_points : solver="blockwise" options.
-    n_landmarks, landmark_method : landmark IKD (a geodesic-solver extension for large T).
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        The kNN rule's neighbour search (``solver="geodesic"``, also landmark IKD): the exact
+        search, the partitioned approximate search (each row probing its ``n_probe`` nearest
+        of about sqrt(T) lists), or ``"auto"`` (see :func:`dr_dask.graph.knn.search_neighbours`).
+    n_probe : int or None, default=None
+        Lists each row probes with the IVF search; ``None`` is 12.
 
     Attributes
     ----------
@@ -171,6 +231,28 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     knn_recall_ : float or None
         ``solver="geodesic"`` with the kNN rule: share of the true neighbours the search found
         (1.0 exact; IVF: estimated on 200 seeded rows, warning below 0.9).
+
+    See Also
+    --------
+    Isomap : Isomap on the same graph machinery (Euclidean geodesics, out-of-sample map).
+    LandmarkIsomap : Landmark Isomap, the Euclidean counterpart of landmark IKD.
+    GPIsomap : streaming Isomap with a Gaussian-process map and predictive variance.
+    dr_dask.runs.run_embedding : a fit into a resumable run group on any store.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dr_dask import IKD
+    >>> rng = np.random.default_rng(0)
+    >>> z = rng.uniform(-1, 1, size=(200, 1))                # the latent
+    >>> X = np.sin(z * rng.normal(size=(1, 40)) * 3 + rng.uniform(0, 6, size=(1, 40)))
+    >>> ikd = IKD(n_components=1, random_state=0).fit(X[:150])
+    >>> ikd.embedding_.shape
+    (150, 1)
+    >>> bool(abs(np.corrcoef(ikd.embedding_[:, 0], z[:150, 0])[0, 1]) > 0.9)
+    True
+    >>> ikd.transform(X[150:]).shape  # new rows
+    (50, 1)
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -210,8 +292,8 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        n_components: int = 2,
         *,
+        n_components: int = 2,
         kernel: str = "se",
         similarity: str = "correlation",
         reference: str | None = None,
@@ -307,15 +389,17 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                 and self.min_overlap < M + 1):
             raise ValueError(f"min_overlap must be an integer >= {M + 1} (M + 1 shared points "
                              f"make the rigid alignment unique), got {self.min_overlap!r}")
-        if self.n_landmarks is not None:  # landmark
+        n_landmarks = self.n_landmarks
+        if n_landmarks is not None:  # landmark
             if self.solver == "blockwise":
                 raise ValueError(
                     "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no "
                     "landmark variant (use solver='geodesic' or 'full' with n_landmarks)")
-            if not M + 1 <= self.n_landmarks <= T:
+            n_landmarks = clamp_to_samples(self, "n_landmarks", T, stacklevel=4)
+            if n_landmarks < M + 1:
                 raise ValueError(
-                    f"n_landmarks must be an integer in [{M + 1}, {T}] (more than n_components, "
-                    f"at most the number of samples), got {self.n_landmarks!r}")
+                    f"n_landmarks must be an integer >= {M + 1} (more than n_components), got "
+                    f"{self.n_landmarks!r}")
             if self.solver == "geodesic" and self.geodesic_rule == "threshold":
                 raise ValueError(
                     "landmark IKD supports geodesic_rule='knn' only (the threshold rule needs "
@@ -328,38 +412,12 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         # MDS centring on geodesic covariances recovers the latent far better (docs/decisions.md
         # IKD-REF)
         reference = self.reference or ("center" if self.solver == "geodesic" else "min_max")
-        return IKDConfig(
-            n_components=M,
+        return IKDConfig.from_params(
+            self.get_params(deep=False),
             kernel=get_kernel(self.kernel, alpha=self.alpha, gamma=self.gamma, nu=self.nu),
-            similarity=self.similarity,
             reference="center" if landmark else reference,
-            variance=None if self.variance is None else float(self.variance),
-            length_scale=float(self.length_scale),
-            solver=self.solver,
-            floor=float(self.floor),
-            ceil=float(self.ceil),
             dtype=np.dtype(self.dtype),
-            tile_size=int(self.tile_size),
-            tile_cache=self.tile_cache,
-            scratch=self.scratch,
-            tol=float(self.tol),
-            eigen_solver=self.eigen_solver,
-            n_neighbors=int(self.n_neighbors),
-            threshold=None if self.threshold is None else float(self.threshold),
-            geodesic_rule=self.geodesic_rule,
-            on_disconnected=self.on_disconnected,
-            clique_threshold=(None if self.clique_threshold is None
-                              else float(self.clique_threshold)),
-            max_cliques=int(self.max_cliques),
-            min_overlap=None if self.min_overlap is None else int(self.min_overlap),
-            shared_points=self.shared_points,
-            n_landmarks=None if self.n_landmarks is None else int(self.n_landmarks),
-            landmark_method=self.landmark_method,
-            random_state=self.random_state,
-            client=self.client,
-            progress=bool(self.progress),
-            knn=self.knn,
-            n_probe=None if self.n_probe is None else int(self.n_probe),
+            n_landmarks=n_landmarks,
         )
 
     # -- fitting --------------------------------------------------------------------------

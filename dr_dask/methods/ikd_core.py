@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import NoneType
+from typing import Any, get_args, get_type_hints
 
 import dask.array as da
 import numpy as np
@@ -42,10 +44,12 @@ logger = logging.getLogger(__name__)
 class IKDConfig:
     """IKD's parameters after validation (built once per fit by ``IKD.fit``).
 
-    Same names and meanings as :class:`dr_dask.methods.ikd.IKD`'s parameters, except:
-    ``kernel`` is the :class:`~dr_dask.kernels.Kernel` object (its alpha/gamma/nu applied),
-    ``reference`` is resolved (the per-solver default applied), ``dtype`` is a numpy dtype,
-    ``landmark`` says whether ``n_landmarks`` selects landmark IKD.
+    Each field is the :class:`dr_dask.methods.ikd.IKD` parameter of the same name, copied by
+    :meth:`from_params` (so an option is declared on the estimator and read here, never copied
+    by hand), except the values the estimator resolves: ``kernel`` is the
+    :class:`~dr_dask.kernels.Kernel` object (its alpha/gamma/nu applied), ``reference`` has the
+    per-solver default applied, ``dtype`` is a numpy dtype, ``n_landmarks`` is at most the
+    number of samples. ``landmark`` says whether ``n_landmarks`` selects landmark IKD.
     """
 
     n_components: int
@@ -78,6 +82,21 @@ class IKDConfig:
     progress: bool
     knn: str = "auto"
     n_probe: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], **resolved: Any) -> IKDConfig:
+        """The configuration of an estimator's ``get_params()``: each field takes the parameter
+        of its name, or its value in ``resolved``; int, float and bool fields get Python
+        scalars (a NumPy integer, or an int given for a float, is converted)."""
+        hints = get_type_hints(cls)
+        values = {}
+        for f in fields(cls):
+            value = resolved[f.name] if f.name in resolved else params[f.name]
+            kinds = [k for k in get_args(hints[f.name]) or (hints[f.name],) if k is not NoneType]
+            if value is not None and len(kinds) == 1 and kinds[0] in (int, float, bool):
+                value = kinds[0](value)
+            values[f.name] = value
+        return cls(**values)
 
     @property
     def landmark(self) -> bool:

@@ -64,6 +64,7 @@ from dr_dask.validation import (
     check_array_like,
     check_input,
     check_params,
+    clamp_to_samples,
     non_negative,
     positive,
 )
@@ -124,12 +125,6 @@ def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: f
     graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search)
     est.knn_recall_ = search.get("recall")
     return connect_components(graph, X, on_disconnected=est.on_disconnected)
-
-
-def _fix_signs(V: np.ndarray) -> np.ndarray:
-    """Deterministic eigenvector signs: the largest-magnitude entry of each column is positive."""
-    signs = np.sign(V[np.abs(V).argmax(axis=0), np.arange(V.shape[1])])
-    return V * np.where(signs == 0, 1.0, signs)
 
 
 @dataclass
@@ -275,42 +270,51 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Input (``fit`` and ``transform``): an array-like, a dask, zarr or xarray array, or a
     path / URL accepted by :func:`dr_dask.open_dataset`, of shape (T, N); it is read whole
-    (the graph and the geodesics are distributed, the points are not).
+    (the graph and the geodesics are distributed, the points are not). Duplicate rows are kept
+    (zero-length edges) and embedded with their twin, with a
+    :class:`~dr_dask.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
-    n_neighbors : int or None
-        k of the k-nearest-neighbour graph (None when ``radius`` is used).
-    radius : float, optional
-        Epsilon rule instead of the k rule.
-    n_components : int
-        Embedding dimension d.
-    eigen_solver : {"auto", "dense", "lanczos"}
-        ``auto``: dense LAPACK for T <= 1500, block Lanczos on the centred operator above.
-        ``dense`` needs T <= 10,000 (it forms B).
-    tol : float
+    n_neighbors : int or None, default=5
+        k of the k-nearest-neighbour graph (``None`` when ``radius`` is used).
+    radius : float or None, default=None
+        Epsilon rule instead of the k rule (give exactly one of the two).
+    n_components : int, default=2
+        Embedding dimension d (less than the number of samples).
+    eigen_solver : {"auto", "dense", "lanczos"}, default="auto"
+        ``"auto"``: dense LAPACK up to ``dr_dask.eigen.dense-max`` rows (1500), block Lanczos
+        on the centred operator above. ``"dense"`` needs T <= ``dr_dask.isomap.dist-matrix-max``
+        (10,000; it forms B).
+    tol : float, default=1e-10
         Relative eigen-residual tolerance of the Lanczos solver.
-    max_iter : int, optional
-        Cap on operator products (passes over D2); default 100.
-    on_disconnected : {"bridge", "raise", "ignore"}
-        See :func:`dr_dask.graph.connect_components`.
-    random_state : int, RandomState or None
+    max_iter : int or None, default=None
+        Cap on operator products (passes over D2); ``None`` is 100.
+    on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
+        A disconnected graph's components are joined by their shortest edges (with a
+        warning), refused, or left as they are; see :func:`dr_dask.graph.connect_components`.
+    random_state : int, RandomState instance or None, default=None
         Seeds the Lanczos start block.
-    client : distributed.Client, optional
-    geodesic_store : str, Location or zarr.Array, optional
+    client : distributed.Client or None, default=None
+        Cluster for the graph, the shortest paths and the products; ``None`` takes the active
+        client, else dask's threads.
+    geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
-        options) for the squared geodesics, for T too large for worker memory.
-    block_size : int
+        options) for the squared geodesics, for T too large for worker memory. ``None``: in
+        this process up to ``dr_dask.isomap.dist-matrix-max`` rows (10,000), else float32
+        tiles in worker memory.
+    block_size : int, default=256
         Dijkstra sources per task.
-    progress : bool
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn : {"auto", "exact", "ivf"}
-        Neighbour search of the k rule: exact, the partitioned approximate IVF search
-        (:func:`dr_dask.graph.knn.search_neighbours`), or IVF from 100,000 rows ("auto").
-        Its lists go to a local temporary directory.
-    n_probe : int, optional
-        Lists each row searches with IVF (of about sqrt(T); default 12).
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        Neighbour search of the k rule: exact, or the partitioned approximate IVF search
+        (:func:`dr_dask.graph.knn.search_neighbours`; its lists go to a local temporary
+        directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows and keeps its
+        graph only when the estimated recall reaches 0.9, else searches exactly.
+    n_probe : int or None, default=None
+        Lists (of about sqrt(T)) each row searches with IVF; ``None`` is 12.
 
     Attributes
     ----------
@@ -334,6 +338,23 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Squared geodesics when ``geodesic_store`` was given.
     timings_ : dict
         Wall seconds per stage of ``fit``.
+
+    See Also
+    --------
+    LandmarkIsomap : L x T geodesics instead of T x T, for large T.
+    IKD : inverse kernel decomposition, for data that are a smooth map of their latent.
+    sklearn.manifold.Isomap : the single-process reference this equals.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import Isomap
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> iso = Isomap(n_neighbors=10, n_components=2).fit(X)
+    >>> iso.embedding_.shape
+    (300, 2)
+    >>> iso.transform(X[:5]).shape
+    (5, 2)
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -345,7 +366,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         "max_iter": [positive(Integral), None],
     }
 
-    def __init__(self, n_neighbors: int | None = 5, radius: float | None = None,
+    def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
                  max_iter: int | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
@@ -437,7 +458,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                                 max_passes=self.max_iter or 100,
                                 random_state=check_random_state(self.random_state))
             del op  # frees the tiles on the workers
-        lam, V = res.values, _fix_signs(res.vectors)
+        lam, V = res.values, res.vectors  # signs fixed by top_eigh
         if np.any(lam <= 0):
             warnings.warn(f"Isomap: eigenvalues {lam[lam <= 0]} are not positive; the matching "
                           "embedding axes are set to zero", RuntimeWarning, stacklevel=2)
@@ -518,33 +539,39 @@ class _LandmarkProjector:
 class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
-    Input: as :class:`Isomap`.
+    Input, and duplicate rows: as :class:`Isomap`.
 
     Parameters
     ----------
-    n_neighbors : int
+    n_neighbors : int, default=5
         k of the neighbour graph.
-    n_components : int
-        Embedding dimension d < L.
-    n_landmarks : int
-        L <= T.
-    landmark_method : {"maxmin", "random"}
+    n_components : int, default=2
+        Embedding dimension d (less than the number of landmarks).
+    n_landmarks : int, default=1000
+        L. More than the samples uses every sample, with a warning (as scikit-learn's
+        ``Nystroem`` clamps its ``n_components``).
+    landmark_method : {"maxmin", "random"}, default="maxmin"
         Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data);
         random is a seeded uniform choice.
-    on_disconnected : {"bridge", "raise", "ignore"}
-    random_state : int, RandomState or None
+    on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
+        As :class:`Isomap`'s.
+    random_state : int, RandomState instance or None, default=None
         Seeds the landmark choice.
-    client : distributed.Client, optional
-    geodesic_store : str, Location or zarr.Array, optional
+    client : distributed.Client or None, default=None
+        As :class:`Isomap`'s.
+    geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
-        options) for the L x T geodesics (float32); otherwise they are kept in memory as
+        options) for the L x T geodesics (float32); ``None`` keeps them in memory as
         ``landmark_geodesics_``.
-    block_size : int
+    block_size : int, default=256
         Landmark sources per Dijkstra task.
-    progress : bool
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn, n_probe : as :class:`Isomap`'s.
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        Neighbour search of the graph, as :class:`Isomap`'s.
+    n_probe : int or None, default=None
+        Lists each row searches with IVF, as :class:`Isomap`'s.
 
     Attributes
     ----------
@@ -564,6 +591,22 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         As :class:`Isomap`'s.
     timings_ : dict
         Wall seconds per stage.
+
+    See Also
+    --------
+    Isomap : every geodesic (T x T), exact classical MDS.
+    IKD : with ``n_landmarks``, landmark IKD on correlation geodesics.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import LandmarkIsomap
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> lm = LandmarkIsomap(n_neighbors=10, n_landmarks=50, random_state=0).fit(X)
+    >>> lm.embedding_.shape, lm.landmarks_.shape
+    ((300, 2), (50,))
+    >>> lm.transform(X[:5]).shape
+    (5, 2)
     """
 
     _parameter_constraints: ClassVar[dict] = {
@@ -573,7 +616,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         "landmark_method": [Options({"maxmin", "random"})],
     }
 
-    def __init__(self, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
+    def __init__(self, *, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
@@ -596,10 +639,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self."""
         X = _training(self, X)
         T = X.shape[0]
-        L = int(self.n_landmarks)
-        if L > T:
-            raise ValueError(f"n_landmarks={self.n_landmarks} must be in [1, {T}] "
-                             f"(the number of samples)")
+        L = clamp_to_samples(self, "n_landmarks", T)
         d = _n_components(self.n_components, L, "landmarks")
         return run_stage("landmark_isomap", lambda: self._fit(X, L, d))
 

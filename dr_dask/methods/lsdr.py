@@ -65,8 +65,10 @@ from dr_dask.validation import (
     check_array_like,
     check_input,
     check_params,
+    first_equal_rows,
     non_negative,
     positive,
+    warn_duplicates,
 )
 
 logger = logging.getLogger(__name__)
@@ -81,13 +83,6 @@ KNN_BOUNDARY_RESULTANT = 0.5
 _ROW_BLOCK = 2048
 #: Cap of the passes over the vertices in removal (the fixed point is normally reached in < 10).
 _MAX_PASSES = 100
-
-
-def _duplicate_rows(X: np.ndarray) -> list[tuple[int, int]]:
-    _, first, inverse = np.unique(X, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
-    dup = np.nonzero(first[inverse] != np.arange(X.shape[0]))[0]
-    return [(int(first[inverse[i]]), int(i)) for i in dup]
 
 
 def _edge_ids(codes_sorted: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
@@ -209,47 +204,54 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /
     URL accepted by :func:`dr_dask.open_dataset`, of shape (n, p); ``fit`` reads it whole.
+    Duplicate rows are kept and embedded with their twin, with a
+    :class:`~dr_dask.validation.DuplicatePointsWarning` (LSDR fits the distinct rows).
 
     Parameters
     ----------
-    n_components : int
-        Output dimension d.
-    alpha : float
-        Level of the per-vertex Beta edge test (thesis: 0.95; 0.9 also endorsed).
-    n_skeleton_neighbors : int
-        k of the skeleton's local-maximum test over graph-nearest neighbours (thesis: 3; 3-5).
-    bandwidth : float, optional
-        Gaussian kernel sigma; default the thesis's data-driven rule (module docstring).
-    removal : {"in_place", "sweep"}
+    n_components : int, default=2
+        Output dimension d (at most the number of features).
+    alpha : float, default=0.95
+        Level in (0, 1) of the per-vertex Beta edge test (Roy 2021: 0.95; 0.9 also endorsed).
+    n_skeleton_neighbors : int, default=3
+        k of the skeleton's local-maximum test over graph-nearest neighbours (Roy 2021: 3;
+        3-5).
+    bandwidth : float or None, default=None
+        Gaussian kernel sigma; ``None`` takes the thesis's data-driven rule (module docstring).
+    removal : {"in_place", "sweep"}, default="in_place"
         Edge removal order, see :func:`prune_edges`.
-    max_passes : int, optional
-        Removal passes; default until nothing changes. ``1`` with ``removal="in_place"`` is the
-        literal Algorithm 1 (docs/decisions.md LSDR-F7: single passes fail on a noisy swiss roll).
-    graph : {"delaunay", "knn"}
-        ``delaunay`` is the thesis; ``knn`` (not in the thesis) replaces it by a kNN graph with
-        bridging edges so that higher p is feasible.
-    n_graph_neighbors : int
+    max_passes : int or None, default=None
+        Removal passes; ``None`` runs until nothing changes. ``1`` with
+        ``removal="in_place"`` is the literal Algorithm 1 (single passes fail on a noisy swiss
+        roll).
+    graph : {"delaunay", "knn"}, default="delaunay"
+        ``"delaunay"`` is the thesis; ``"knn"`` (not in the thesis) replaces it by a kNN graph
+        with bridging edges so that higher p is feasible.
+    n_graph_neighbors : int, default=10
         k of the candidate graph when ``graph="knn"``.
-    max_delaunay_dim : int
+    max_delaunay_dim : int, default=6
         Refuse ``graph="delaunay"`` above this input dimension p (cost grows like n^(p/2)).
-    oos : {"nw", "interp"}
-        Out-of-sample map of ``transform``: ``nw`` is step 6 (the Nadaraya-Watson average of
+    oos : {"nw", "interp"}, default="nw"
+        Out-of-sample map of ``transform``: ``"nw"`` is step 6 (the Nadaraya-Watson average of
         the skeleton coordinates, as in ``fit``: ``transform`` of the training points gives
-        ``embedding_``); ``interp`` the Theorem 2 kernel interpolator on skeleton landmarks
+        ``embedding_``); ``"interp"`` the Theorem 2 kernel interpolator on skeleton landmarks
         (not in Algorithm 1; ``fit_transform`` still returns the step 6 embedding).
-    max_oos_landmarks : int
-        Skeleton points used by ``oos="interp"`` (random subset above this).
-    oos_ridge : float
-        Jitter added to the kernel matrix diagonal in ``oos="interp"``'s solve (numerical only).
-    random_state : int, RandomState or None
+    max_oos_landmarks : int, default=2000
+        Skeleton points used by ``oos="interp"`` (a seeded random subset above this).
+    oos_ridge : float, default=1e-6
+        Jitter added to the kernel matrix diagonal in ``oos="interp"``'s solve (numerical
+        only).
+    random_state : int, RandomState instance or None, default=None
         Seeds the eigensolver's start block and the landmark subset of ``oos="interp"``.
-    client : distributed.Client, optional
-        Cluster for the geodesic passes; default the active client, else local threads.
-    progress : bool
+    client : distributed.Client or None, default=None
+        Cluster for the geodesic passes; ``None`` takes the active client, else local threads.
+    progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
-    knn, n_probe : the neighbour search of ``graph="knn"``, as
-        :class:`~dr_dask.methods.isomap.Isomap`'s.
+    knn : {"auto", "exact", "ivf"}, default="auto"
+        The neighbour search of ``graph="knn"``, as :class:`~dr_dask.methods.isomap.Isomap`'s.
+    n_probe : int or None, default=None
+        Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------
@@ -263,8 +265,9 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     d_boundary_ : ndarray of shape (n,)
         Graph distance of every point to the boundary.
     graph_ : scipy.sparse.csr_matrix of shape (n, n)
-        The pruned graph G_alpha (symmetric, Euclidean edge lengths).
-    mst_edges_ : ndarray of shape (n - 1, 2)
+        The pruned graph G_alpha (symmetric, Euclidean edge lengths); a duplicate row has its
+        twin's edges.
+    mst_edges_ : ndarray of shape (n_distinct - 1, 2)
     removed_edges_ : ndarray of shape (m_removed, 2)
     n_passes_ : int
     sigma_ : float
@@ -279,7 +282,28 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     timings_ : dict
         Wall seconds per stage: ``graph``, ``boundary``, ``shortest_paths`` (the skeleton's
         geodesics), ``mds``, ``smoothing``, ``out_of_sample``.
+
+    See Also
+    --------
+    Isomap : geodesics and classical MDS over every point instead of the skeleton.
+    GPIsomap : streaming Isomap with a Gaussian-process out-of-sample map.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_swiss_roll
+    >>> from dr_dask import LSDR
+    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
+    >>> lsdr = LSDR(n_components=2, random_state=0).fit(X)
+    >>> lsdr.embedding_.shape
+    (300, 2)
+    >>> lsdr.transform(X[:5]).shape
+    (5, 2)
     """
+
+    # fitted by _fit (declared so the type checker knows them where fit maps duplicates)
+    embedding_: np.ndarray
+    d_boundary_: np.ndarray
+    graph_: sp.csr_matrix
 
     _parameter_constraints: ClassVar[dict] = {
         "n_components": [positive(Integral)],
@@ -302,6 +326,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
+        *,
         n_components: int = 2,
         alpha: float = 0.95,
         n_skeleton_neighbors: int = 3,
@@ -361,13 +386,6 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                                  "data is its own embedding")
             if n < p + 2:
                 raise ValueError(f"Delaunay in {p}-D needs at least {p + 2} points, got {n}")
-        dups = _duplicate_rows(X)
-        if dups:
-            shown = ", ".join(f"{b} duplicates {a}" for a, b in dups[:5])
-            raise ValueError(
-                f"X has {len(dups)} duplicate rows (row {shown}{' ...' if len(dups) > 5 else ''}); "
-                "LSDR needs distinct points: drop them first, e.g. np.unique(X, axis=0)"
-            )
         return X
 
     # ---------------------------------------------------------------------------- graph stage
@@ -466,9 +484,30 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     # --------------------------------------------------------------------------------- fit
     @shown_during
     def fit(self, X: Any, y: Any = None) -> LSDR:
-        """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered)."""
+        """Fit LSDR on X of shape (n_samples, n_features) (NumPy or dask; gathered).
 
+        Duplicate rows are kept, as by every estimator: LSDR is fitted on the distinct rows (a
+        Delaunay tessellation of coincident points is degenerate), and each duplicate gets its
+        twin's embedding, boundary distance and graph edges, with a
+        :class:`~dr_dask.validation.DuplicatePointsWarning`.
+        """
         X = self._training(X)
+        first = first_equal_rows(X)
+        distinct = np.flatnonzero(first == np.arange(len(X)))
+        if distinct.size == len(X):
+            return self._fit(X)
+        warn_duplicates(first)
+        self._fit(X[distinct])
+        twin = np.searchsorted(distinct, first)  # each row's twin among the distinct rows
+        self.embedding_ = self.embedding_[twin]
+        self.d_boundary_ = self.d_boundary_[twin]
+        self.graph_ = self.graph_[twin][:, twin].tocsr()
+        for name in ("skeleton_indices_", "boundary_indices_", "oos_landmarks_", "mst_edges_",
+                     "removed_edges_"):
+            setattr(self, name, distinct[getattr(self, name)])  # rows of X
+        return self
+
+    def _fit(self, X: np.ndarray) -> LSDR:
         n = X.shape[0]
         d, k = int(self.n_components), int(self.n_skeleton_neighbors)
         rng = check_random_state(self.random_state)
