@@ -27,7 +27,7 @@ Exit codes:
      (the message names the stage a rerun resumes from) or did not answer, or the store
      was unreachable, timed out, throttled or failed (5xx): retry later
   2  user error: bad option, parameter, input or model file, unknown storage option,
-     unwritable output, tls:// without --tls-*, workers out of memory (a message naming
+     unwritable output, tls:// without the --tls options, workers out of memory (a message naming
      the fix, no traceback)"""
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
