@@ -80,13 +80,13 @@ TILE_MARK = r"/done/\d+_\d+\.npz$"
 
 @dataclass(frozen=True)
 class Rows:
-    """A stream or job ``checkpoint.json`` committing at least ``n`` rows."""
+    """A stream or job ``checkpoint.json`` committing at least ``rows`` rows."""
 
-    n: int
+    rows: int
 
     def matches(self, key: str, data: bytes | None) -> bool:
         return key.endswith("checkpoint.json") and data is not None \
-            and json.loads(data).get("n_rows", -1) >= self.n
+            and json.loads(data).get("n_rows", -1) >= self.rows
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class Fault:
 
     def _event(self, key: str, pid: int) -> bool:
         """Count one matching event; True (and ``fired.json`` written) when it is the one."""
-        n = getattr(self.mark, "n", 1)
+        n = getattr(self.mark, "n", 1)  # the n-th match of Written and Task, else the first
         i = 1
         while True:  # claim the next free number: exclusive creation orders events across processes
             try:
