@@ -115,15 +115,19 @@ MARKS = {cls.__name__: cls for cls in (Stage, Written, Rows, RunCreated, Task)}
 
 # ----------------------------------------------------------------------------------- faults
 class Fault:
-    """A kill at ``mark``, shared through the directory ``path`` by every process it arms."""
+    """A kill (or another signal: ``signum``) at ``mark``, shared through the directory
+    ``path`` by every process it arms (``Fault(path)`` reads it back)."""
 
-    def __init__(self, path: str | os.PathLike, mark: Any = None):
+    def __init__(self, path: str | os.PathLike, mark: Any = None,
+                 signum: int = signal.SIGKILL):
         self.path = Path(path)
         if mark is not None:
             self.path.mkdir(parents=True, exist_ok=True)
-            (self.path / "mark.json").write_text(
-                json.dumps({"kind": type(mark).__name__, **asdict(mark)}))
-        self.mark = _read_mark(self.path)
+            (self.path / "mark.json").write_text(json.dumps(
+                {"kind": type(mark).__name__, **asdict(mark), "signum": int(signum)}))
+        spec = json.loads((self.path / "mark.json").read_text())
+        self.signum = spec.pop("signum")
+        self.mark = MARKS[spec.pop("kind")](**spec)
 
     @property
     def fired(self) -> dict | None:
@@ -196,15 +200,16 @@ def cli(*args: str, fault: Fault | None = None, env: dict | None = None,
 # --------------------------------------------------------------------- inside an armed process
 def _kill_self(fault: Fault, key: str) -> None:
     if fault._event(key, os.getpid()):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), fault.signum)
 
 
 def arm() -> None:
     """Hook this process's writes to the fault named by the environment (a child's first call).
 
     Every object a run writes passes through ``Location.write_bytes`` (marks, checkpoints) or a
-    Zarr store's ``set`` (group metadata: stage marks); after one that matches the mark, the
-    writer kills itself."""
+    Zarr store's ``set`` (group metadata: stage marks); after one whose path matches the mark,
+    the writer kills itself. A path is the object's whole path or URL path (a Zarr store's root,
+    then its key)."""
     import zarr.storage
 
     from dr_dask import storage
@@ -229,7 +234,10 @@ def arm() -> None:
         def hook(set_: Any) -> Any:
             async def hooked_set(self: Any, key: str, value: Any, *a: Any, **kw: Any) -> None:
                 await set_(self, key, value, *a, **kw)
-                check(key, value.to_bytes() if key.endswith(".json") else None)
+                # the object's whole path, as Location.url gives it: the store's root and key
+                root = str(getattr(self, "root", None) or getattr(self, "path", ""))
+                check(f"{root.rstrip('/')}/{key}",
+                      value.to_bytes() if key.endswith(".json") else None)
             return hooked_set
         cls.set = hook(cls.set)
 
