@@ -1,9 +1,9 @@
 """Worker loss: a fit survives a SIGKILLed worker with the same result as an undisturbed run.
 
-Each fit runs on its own 3-process LocalCluster, first undisturbed to get the reference result
-and count its tasks, then once for each moment: the worker that starts the fit's task early,
-midway or late (10%, 50%, 90% of the undisturbed run's tasks) SIGKILLs itself before running
-it (``_faults.Task``): the kill lands inside the fit whatever the machine's load.
+Each fit runs on its own 3-process LocalCluster, undisturbed twice (the reference result, then
+a count of its tasks), then once for each moment: the worker that starts the fit's task early,
+midway or late (10%, 50%, 90% of the counted tasks) SIGKILLs itself before running it
+(``_faults.Task``): the kill lands inside the fit whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -57,21 +57,26 @@ def _survives(client, fit, atol: float, tmp_path) -> None:
     below): each moment waits for two, not for the nanny to bring back every killed worker (a
     restart can take many seconds on a loaded machine, and a fit must survive on whatever
     workers remain anyway)."""
-    counter = Fault(tmp_path / "count", Task(0))  # n=0: counts the tasks, kills nothing
-    counter.register(client)
     expected = np.asarray(fit())
+    # the tasks of a fit like the ones below (a first fit may run more: results that later
+    # fits find still held, e.g. shared inputs); n=0 counts them and kills nothing
+    counter = Fault(tmp_path / "count", Task(0))
+    counter.register(client)
+    np.testing.assert_allclose(np.asarray(fit()), expected, atol=atol, rtol=1e-6)
     total = counter.count
-    assert total > 10, f"{total} tasks: too few to kill one early, midway and late"
-    for moment in MOMENTS:
+    assert total >= 1
+    # early, midway, late: the same task when a fit has only a few (LSDR's and GP-Isomap's
+    # fits are one or two tasks on the cluster)
+    for n in sorted({max(1, round(moment * total)) for moment in MOMENTS}):
         client.wait_for_workers(2, timeout=300)
-        fault = Fault(tmp_path / f"kill-{moment}", Task(max(1, round(moment * total))))
+        fault = Fault(tmp_path / f"kill-{n}", Task(n))
         fault.register(client)
         got = np.asarray(fit())
         fired = fault.fired
         assert fired is not None, f"no worker started task {fault.mark.n} of {total}"
         assert not _alive(fired["pid"]), "the worker that started the task still runs"
         np.testing.assert_allclose(got, expected, atol=atol, rtol=1e-6,
-                                   err_msg=f"worker killed at {fired['key']} ({moment:.0%})")
+                                   err_msg=f"worker killed at {fired['key']} ({n}/{total})")
 
 
 def _alive(pid: int) -> bool:
