@@ -447,7 +447,7 @@ def test_loaded_model_is_validated_like_a_fitted_one(model, tmp_path, field, edi
     with pytest.raises(ModelFormatError, match=field):
         load_gp_isomap(path)
     # the CLI: exit 2 naming the file and the field, no traceback, nothing written
-    proc = _cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
+    proc = cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
                 str(tmp_path / "o"), "--model", path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err.decode()
@@ -488,7 +488,7 @@ def test_resume_with_a_tampered_stored_model_exits_2(model, scenario, tmp_path):
     StreamRunner(out, str(src), model, n_s=1000).run()
     zarr.open_group(os.path.join(out, "models", "v0"), mode="a")["manifold_0"]["beta"][0, 0] = \
         np.inf
-    proc = _cli("--scheduler", "threads", "stream", "run", str(src), "--out", out)
+    proc = cli("--scheduler", "threads", "stream", "run", str(src), "--out", out)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err.decode()
     assert b"v0" in err and b"manifold_0/beta" in err and b"Traceback" not in err
