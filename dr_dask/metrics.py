@@ -77,7 +77,9 @@ def r2_affine(latent: Any, embedding: Any) -> float:
     Returns
     -------
     float
-        Mean R^2 over the M latent dimensions (1 is perfect; can be negative).
+        Mean R^2 over the M latent dimensions, in [0, 1]: 1 is perfect, 0 an embedding
+        that explains none of the latent (an in-sample least-squares fit with an intercept
+        is never worse than the latent's mean, so R^2 is never negative).
     """
     from sklearn.metrics import r2_score  # lazy: not on workers (__init__)
     Z = _numpy(latent, "latent")

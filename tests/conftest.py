@@ -10,10 +10,14 @@ cluster in this process (a ``LocalCluster``, e.g. through a CLI command without
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import dask
 import numpy as np
+import psutil
 import pytest
+
+from dr_dask.resources import tree_rss
 
 #: Fixtures that start a cluster.
 CLUSTER_FIXTURES = {"cluster_client"}
@@ -183,3 +187,18 @@ def tls_files(directory) -> dict[str, str]:
                                                serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))
     return {k: str(v) for k, v in paths.items()}
+
+
+# ------------------------------------------------------------------------- peak memory
+def idle_rss_gb() -> float:
+    """This process tree's resident memory now (GB), after a collection: the floor of a peak
+    that a run in this process (and its cluster's workers) measures next."""
+    gc.collect()
+    return tree_rss() / 1e9
+
+
+def plausible_peak(peak_gb: float, idle_gb: float) -> bool:
+    """Whether ``peak_gb`` can be the peak RSS of this process tree during a run that started
+    at ``idle_gb``: at least that (less a fifth, for memory handed back since), at most the
+    machine's memory. A peak of another process, in bytes, or never sampled fails."""
+    return 0.8 * idle_gb <= peak_gb <= psutil.virtual_memory().total / 1e9

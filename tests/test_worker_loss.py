@@ -1,22 +1,23 @@
 """Worker loss: a fit survives a SIGKILLed worker with the same result as an undisturbed run.
 
-Each fit runs on its own 3-process LocalCluster, first
-undisturbed to get the reference result and duration, then once for each moment: a worker
-process is SIGKILLed early, midway and late (10%, 50%, 90% of the undisturbed duration).
+Each fit runs on its own 3-process LocalCluster, undisturbed twice (the reference result, then
+a count of its tasks), then once for each moment: the worker that starts the fit's task early,
+midway or late (10%, 50%, 90% of the counted tasks) SIGKILLs itself before running it
+(``_faults.Task``): the kill lands inside the fit whatever the machine's load.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import psutil
 import pytest
+import zarr
+from _faults import Fault, Task
 from conftest import free_port, wait_port
 
 pytestmark = pytest.mark.cluster
@@ -27,7 +28,7 @@ MOMENTS = (0.1, 0.5, 0.9)
 @pytest.fixture
 def client():
     """A fresh 3-process cluster per test: the kills of one test never leave the next one
-    short of workers (a nanny can take minutes to restart a SIGKILLed worker)."""
+    short of workers (a nanny can take many seconds to restart a SIGKILLed worker)."""
     from distributed import Client, LocalCluster
 
     cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
@@ -49,45 +50,43 @@ def data():
     return roll, lift
 
 
-def _kill_one_worker_after(client, delay: float, kills: list) -> threading.Timer:
-    """SIGKILL one live worker process (not its nanny) after ``delay`` seconds, if another
-    worker is alive to carry on: a nanny can take a minute to restart a SIGKILLed worker on a
-    loaded machine, and a cluster left with no worker is the gone-cluster case tested below.
-
-    The worker is chosen when the timer fires, from the nannies' live processes."""
-    def kill() -> None:
-        procs = [n.process for n in list(client.cluster.workers.values())]
-        pids = [p.pid for p in procs if p is not None and p.pid and psutil.pid_exists(p.pid)]
-        if len(pids) >= 2 and len(client.scheduler_info()["workers"]) >= 2:
-            os.kill(min(pids), signal.SIGKILL)
-            kills.append(delay)
-
-    timer = threading.Timer(delay, kill)
-    timer.start()
-    return timer
-
-
-def _survives(client, fit, atol: float) -> None:
+def _survives(client, fit, atol: float, tmp_path) -> None:
     """``fit()`` with a worker killed at each moment returns the undisturbed result.
 
-    No waiting for the nanny to bring a killed worker back between moments: in this
-    distributed a nanny sometimes takes a minute to restart a SIGKILLed worker, and a fit must
-    survive running on whatever workers remain anyway."""
-    t0 = time.perf_counter()
+    Each moment waits for the nanny to bring back the worker the previous one killed: a fit's
+    tasks depend on its workers (the geodesic strips are sized per worker thread), so the
+    counted positions hold only on a cluster of the same size."""
     expected = np.asarray(fit())
-    duration = time.perf_counter() - t0
-    kills: list = []
-    for moment in MOMENTS:
-        timer = _kill_one_worker_after(client, moment * duration, kills)
+    # the tasks of a fit like the ones below (a first fit may run more: results that later
+    # fits find still held, e.g. shared inputs); n=0 counts them and kills nothing
+    counter = Fault(tmp_path / "count", Task(0))
+    counter.register(client)
+    np.testing.assert_allclose(np.asarray(fit()), expected, atol=atol, rtol=1e-6)
+    total = counter.count
+    assert total >= 1
+    # early, midway, late: the same task when a fit has only a few (LSDR's and GP-Isomap's
+    # fits are one or two tasks on the cluster)
+    for n in sorted({max(1, round(moment * total)) for moment in MOMENTS}):
+        client.wait_for_workers(3, timeout=300)
+        fault = Fault(tmp_path / f"kill-{n}", Task(n))
+        fault.register(client)
         got = np.asarray(fit())
-        timer.join()
+        fired = fault.fired
+        assert fired is not None, f"no worker started task {fault.mark.n} of {total}"
+        assert not _alive(fired["pid"]), "the worker that started the task still runs"
         np.testing.assert_allclose(got, expected, atol=atol, rtol=1e-6,
-                                   err_msg=f"worker killed at {moment:.0%} of the fit")
-    assert kills, "no worker was killed during a fit"
+                                   err_msg=f"worker killed at {fired['key']} ({n}/{total})")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.parametrize("solver", ["full", "geodesic", "blockwise", "landmark"])
-def test_ikd_survives_worker_loss(client, data, solver):
+def test_ikd_survives_worker_loss(client, data, solver, tmp_path):
     from dr_dask.methods.ikd import IKD
 
     _, X = data
@@ -96,11 +95,11 @@ def test_ikd_survives_worker_loss(client, data, solver):
         kw["tile_size"] = 80  # 6 tiles: a kill lands between and inside tile tasks
     _survives(client,
               lambda: IKD(n_components=2, random_state=0, client=client, **kw).fit(X).embedding_,
-              atol=1e-8)
+              atol=1e-8, tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("landmarks", [False, True])
-def test_isomap_survives_worker_loss(client, data, landmarks):
+def test_isomap_survives_worker_loss(client, data, landmarks, tmp_path):
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
 
     roll, _ = data
@@ -110,18 +109,19 @@ def test_isomap_survives_worker_loss(client, data, landmarks):
     else:
         est = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0, client=client,
                      block_size=30)
-    _survives(client, lambda: est.fit(roll).embedding_, atol=1e-8)
+    _survives(client, lambda: est.fit(roll).embedding_, atol=1e-8, tmp_path=tmp_path)
 
 
-def test_lsdr_survives_worker_loss(client, data):
+def test_lsdr_survives_worker_loss(client, data, tmp_path):
     from dr_dask.methods.lsdr import LSDR
 
     roll, _ = data
     _survives(client, lambda: LSDR(n_components=2, random_state=0,
-                                   client=client).fit(roll).embedding_, atol=1e-8)
+                                   client=client).fit(roll).embedding_,
+              atol=1e-8, tmp_path=tmp_path)
 
 
-def test_metrics_survive_worker_loss(client, data):
+def test_metrics_survive_worker_loss(client, data, tmp_path):
     from dr_dask.metrics import neighbourhood_scores
 
     roll, X = data
@@ -130,10 +130,10 @@ def test_metrics_survive_worker_loss(client, data):
         out = neighbourhood_scores(X, roll[:, :2], 7, block_rows=30, client=client)
         return [out[k] for k in sorted(out)]
 
-    _survives(client, scores, atol=1e-12)
+    _survives(client, scores, atol=1e-12, tmp_path=tmp_path)
 
 
-def test_gp_isomap_survives_worker_loss(client, data):
+def test_gp_isomap_survives_worker_loss(client, data, tmp_path):
     from dr_dask.methods.gp_isomap import GPIsomap
 
     roll, _ = data
@@ -143,7 +143,7 @@ def test_gp_isomap_survives_worker_loss(client, data):
         mean, variance, _ = gp.map_points(roll[::4])
         return np.concatenate([gp.embedding_.ravel(), mean.ravel(), variance])
 
-    _survives(client, fit, atol=1e-8)
+    _survives(client, fit, atol=1e-8, tmp_path=tmp_path)
 
 
 def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
@@ -171,34 +171,19 @@ def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
 
 def test_cli_survives_worker_loss(tmp_path, data):
     """A worker killed during ``dr-dask embed ikd`` neither hangs the command nor changes the
-    embedding."""
-    import zarr
-
+    embedding. It is killed as it starts a product with the distance tiles (the eigen stage):
+    the tiles it held are lost with it and recomputed."""
     from dr_dask.methods.ikd import IKD
 
     _, X = data
     np.save(tmp_path / "x.npy", X)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-
     out = str(tmp_path / "runs.zarr")
-    cmd = [sys.executable, "-m", "dr_dask.cli", "--workers", "2", "embed", "ikd", "--input",
-           str(tmp_path / "x.npy"), "--out", out, "-n", "2", "--tile-size", "60", "--name", "r"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # the LocalCluster's workers are spawned children of the CLI process; the run group
-    # appears in OUT when the fit starts
-    deadline = time.monotonic() + 120
-    workers: list = []
-    while not (workers and os.path.exists(out)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        workers = [ch for ch in psutil.Process(proc.pid).children()
-                   if "spawn_main" in " ".join(ch.cmdline())]
-    assert workers and os.path.exists(out), "the fit did not start"
-    time.sleep(0.5)
-    assert proc.poll() is None, "the command finished before the kill"
-    workers[0].send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=180)
+    fault = Fault(tmp_path / "fault", Task(2, prefix="tile_matmat"))
+    proc = fault.cli("--workers", "2", "embed", "ikd", "--input", str(tmp_path / "x.npy"),
+                     "--out", out, "-n", "2", "--tile-size", "60", "--name", "r")
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-2000:]
-    assert "Restarting worker" in err.decode()  # the kill landed while the cluster was up
+    assert fault.fired is not None, "no worker started a second tile product"
     got = np.asarray(zarr.open_group(out, mode="r")["r"]["embedding"][...])
     want = IKD(n_components=2, tile_size=60, random_state=0).fit(X).embedding_
     np.testing.assert_allclose(got, want, atol=1e-8)
