@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -68,10 +67,12 @@ from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
 from dr_dask.methods._ikd_transform import pick_landmarks, triangulation_map
 from dr_dask.methods.ikd_core import (
+    GeodesicKernel,
     GramOperator,
     IKDConfig,
     IKDResult,
     InverseKernel,
+    edge_weight,
     eigen_result,
     eigen_stage,
     prepared_rows,
@@ -96,11 +97,6 @@ def _unit_rows(block: np.ndarray) -> np.ndarray:
 
 def _row_norms(block: np.ndarray) -> np.ndarray:
     return np.linalg.norm(np.asarray(block, dtype=np.float64), axis=1)
-
-
-def edge_weight(k: np.ndarray, floor: float, ceil: float) -> np.ndarray:
-    """``-log`` of the normalised similarity, clipped like the inverse kernel's input."""
-    return -np.log(np.clip(k, floor, ceil))
 
 
 def _bridge_weight(lengths: np.ndarray, floor: float, ceil: float) -> np.ndarray:
@@ -186,26 +182,6 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
 
 # --------------------------------------------------------------------------------------------
 # path lengths -> D
-
-
-@dataclass(frozen=True)
-class GeodesicKernel:
-    """Path lengths (and, for the threshold rule, similarities) to inverse-kernel distances."""
-
-    inverse: InverseKernel
-    threshold: float | None  # None: the kNN rule, every entry replaced
-
-    def __call__(self, P: np.ndarray, S: np.ndarray | None = None, diagonal: bool = False,
-                 *, overwrite: bool = False) -> np.ndarray:
-        """D of the path lengths ``P``: a new float64 array, or ``P`` itself (a float64 ``P``
-        with ``overwrite``). Computed in place, without a temporary of P's size."""
-        k = np.asarray(P, dtype=np.float64)
-        k = np.negative(k, out=k if overwrite or k is not P else None)
-        np.exp(k, out=k)
-        if self.threshold is not None:
-            s = np.asarray(S, dtype=np.float64) / self.inverse.sigma2
-            k = np.where(s >= self.threshold, s, np.maximum(s, k))
-        return self.inverse.tile(k, diagonal, scaled=True)[0]  # k is already s / sigma^2
 
 
 def geodesic_tile(bi: tuple, bj: tuple, diagonal: bool, paths: zarr.Array,

@@ -62,7 +62,13 @@ from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.landmarks import select_landmarks, triangulate
 from dr_dask.graph.paths import geodesics_via_neighbors
 from dr_dask.inputs import InputData
-from dr_dask.methods.ikd_core import IKDConfig, InverseKernel, normalise_rows
+from dr_dask.methods.ikd_core import (
+    GeodesicKernel,
+    IKDConfig,
+    InverseKernel,
+    edge_weight,
+    normalise_rows,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +153,6 @@ class TriangulationMap:
 
     def distances(self, Xq: np.ndarray, client: Any = None, local: bool = True) -> np.ndarray:
         """IKD distances (Q, L) of new rows to the landmarks."""
-        from dr_dask.methods._ikd_geodesic import GeodesicKernel, edge_weight
 
         Q = normalise_rows(Xq, self.similarity, np.float64)
         S = Q @ self.landmark_rows.T
@@ -277,7 +282,6 @@ def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: 
         logger.warning("IKD.transform unavailable: the %d x %d landmark path lengths (%.1f GB) "
                        "exceed the in-memory budget", *paths.shape, paths.nbytes / 1e9)
         return None
-    from dr_dask.methods._ikd_geodesic import GeodesicKernel
 
     order = np.argsort(landmarks)
     (XL,) = compute(inp.data[landmarks[order]], client=cfg.client)

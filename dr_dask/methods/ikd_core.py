@@ -243,6 +243,35 @@ class InverseKernel:
 
 
 # --------------------------------------------------------------------------------------------
+# geodesic similarities (Li & Wu 2024, §2.4, second bullet)
+
+
+def edge_weight(k: np.ndarray, floor: float, ceil: float) -> np.ndarray:
+    """``-log`` of the normalised similarity, clipped like the inverse kernel's input."""
+    return -np.log(np.clip(k, floor, ceil))
+
+
+@dataclass(frozen=True)
+class GeodesicKernel:
+    """Path lengths (and, for the threshold rule, similarities) to inverse-kernel distances."""
+
+    inverse: InverseKernel
+    threshold: float | None  # None: the kNN rule, every entry replaced
+
+    def __call__(self, P: np.ndarray, S: np.ndarray | None = None, diagonal: bool = False,
+                 *, overwrite: bool = False) -> np.ndarray:
+        """D of the path lengths ``P``: a new float64 array, or ``P`` itself (a float64 ``P``
+        with ``overwrite``). Computed in place, without a temporary of P's size."""
+        k = np.asarray(P, dtype=np.float64)
+        k = np.negative(k, out=k if overwrite or k is not P else None)
+        np.exp(k, out=k)
+        if self.threshold is not None:
+            s = np.asarray(S, dtype=np.float64) / self.inverse.sigma2
+            k = np.where(s >= self.threshold, s, np.maximum(s, k))
+        return self.inverse.tile(k, diagonal, scaled=True)[0]  # k is already s / sigma^2
+
+
+# --------------------------------------------------------------------------------------------
 # the reference transform g(D)
 
 
