@@ -34,6 +34,7 @@ import logging
 import math
 import tempfile
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -132,25 +133,32 @@ def _gather_group(staging: tuple, lists: tuple, block_starts: np.ndarray,
     return n
 
 
-def _search_group(lists: tuple, list_start: np.ndarray, list_size: np.ndarray,
-                  cent32: np.ndarray, first: int, last: int, k: int, n_probe: int,
-                  exclude_self: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Row indices (m,), distances and neighbour indices (m, k) of the rows of lists
-    ``[first, last)``, each searched in its ``n_probe`` nearest lists."""
-    rows_arr, ids_arr = lists
+def _search_group(lists: InvertedLists, g: int, k: int,
+                  exclude_self: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The k nearest neighbours of the rows of group ``g``, each searched in its ``n_probe``
+    nearest lists.
+
+    Returns the group's row indices (m,), and per row the distances, the neighbours' labels
+    (their positions in list order, :attr:`InvertedLists.label0`) and their row indices, each
+    of shape (m, k) (padding: inf, -1, -1).
+    """
+    first, last = lists.groups[g]
+    list_start, list_size = lists.list_start, lists.sizes
     s, e = int(list_start[first]), int(list_start[last - 1] + list_size[last - 1])
-    q = np.asarray(rows_arr[s:e])
-    own = np.asarray(ids_arr[s:e])
+    q = np.asarray(lists.rows[s:e])
+    own = np.asarray(lists.ids[s:e])
     m = len(q)
-    probes = _nearest_lists(q, cent32, n_probe)
-    # the rows of every probed list, read once: candidate c is cand[c], row ids[c]
+    probes = _nearest_lists(q, lists.cent32, lists.n_probe)
+    # the rows of every probed list, read once: candidate c is cand[c], label labels[c]
     probed = np.unique(probes)
     spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in probed]
-    cand = _read_runs(rows_arr, spans)
-    cand_ids = _read_runs(ids_arr, spans)
+    cand = _read_runs(lists.rows, spans)
+    cand_ids = _read_runs(lists.ids, spans)
+    labels = np.concatenate([np.arange(a, b) for a, b in spans]) + np.repeat(
+        lists.label_shift[probed], list_size[probed])  # ascending: lists are in label order
     col0 = np.concatenate([[0], np.cumsum(list_size[probed])])
     sq = np.einsum("ij,ij->i", cand, cand, dtype=np.float64)
-    kk = min(k + exclude_self + EXTRA, int(list_size.sum()))
+    kk = min(k + exclude_self + EXTRA, lists.n_rows)
     best = np.full((m, kk), np.inf)
     idx = np.full((m, kk), -1, dtype=np.int64)
     # (list, query) pairs grouped by list: each probed list meets the queries that probe it
@@ -166,9 +174,11 @@ def _search_group(lists: tuple, list_start: np.ndarray, list_size: np.ndarray,
         part_best, part_idx = best[rows], idx[rows]
         select_k(q[rows] @ cand[c:f].T, sq[c:f], c, part_best, part_idx)
         best[rows], idx[rows] = part_best, part_idx
-    d, i = rerank_labelled(q.astype(np.float64), cand, idx, k, cand_ids,
-                            own if exclude_self else own[:0])
-    return own, d, i
+    own_labels = np.arange(lists.label0[g], lists.label0[g + 1])
+    d, lab = rerank_labelled(q.astype(np.float64), cand, idx, k, labels,
+                             own_labels if exclude_self else own_labels[:0])
+    ids = np.where(lab >= 0, cand_ids[np.searchsorted(labels, lab)], -1)
+    return own, d, lab, ids
 
 
 def _zarr_pair(loc: Location, name: str, T: int, N: int,
@@ -194,6 +204,106 @@ def _groups(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
     if first < len(sizes):
         out.append((first, len(sizes)))
     return out
+
+
+@dataclass(frozen=True)
+class InvertedLists:
+    """Rows in inverted lists at a scratch location: what a search task needs to open them.
+
+    ``rows`` (float32, centred) and ``ids`` (their row indices) hold the lists in order, each
+    group of consecutive lists (``groups``: ``(first, last)`` list numbers) from a chunk
+    boundary ``dest[g]``; list ``u`` starts at ``list_start[u]`` with ``sizes[u]`` rows. A
+    row's *label* is its rank in that order, padding left out: group ``g`` holds labels
+    ``label0[g]`` to ``label0[g + 1]``. Neighbours in lists are near in label order (the lists
+    follow a k-d tree of the centroids), which is the order the stored graph keeps.
+    """
+
+    rows: zarr.Array
+    ids: zarr.Array
+    cent32: np.ndarray
+    list_start: np.ndarray
+    sizes: np.ndarray
+    groups: tuple[tuple[int, int], ...]
+    dest: np.ndarray
+    label0: np.ndarray
+    n_probe: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.label0[-1])
+
+    @property
+    def label_shift(self) -> np.ndarray:
+        """Per list: its rows' label minus their position."""
+        group_of = np.repeat(np.arange(len(self.groups)), [b - a for a, b in self.groups])
+        return (self.label0[:-1] - self.dest[:-1])[group_of]
+
+    def group_ids(self, g: int) -> np.ndarray:
+        """The row indices of group ``g``'s rows, in label order."""
+        s = int(self.dest[g])
+        return np.asarray(self.ids[s:s + int(self.label0[g + 1] - self.label0[g])])
+
+
+def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = None,
+                n_probe: int | None = None, random_state: Any = 0) -> InvertedLists:
+    """Train the coarse quantizer and write X's rows into inverted lists at ``where``.
+
+    Parameters as :func:`ivf_kneighbors`; ``where`` receives the lists (and, while they are
+    written, a staging copy of the rows, deleted once the lists are complete).
+    """
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    T, N = X.shape
+    n_lists = min(int(n_lists or default_n_lists(T)), T)
+    n_probe = min(int(n_probe or DEFAULT_N_PROBE), n_lists)
+    rng = check_random_state(random_state)
+    n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
+                  max(n_lists, TRAIN_BYTES // (8 * N)))
+    S = _sample_rows(X, n_train, rng, client)
+    S = S[np.isfinite(S).all(axis=1)]  # a non-finite row is named by the assignment
+    mean = S.mean(axis=0)
+    cent = train_quantizer(S - mean, n_lists, rng)
+    del S
+    # number the lists along a k-d tree of the centroids: a group of consecutive lists is a
+    # compact region, whose rows probe overlapping lists
+    order, _ = _cells(cent, 1)
+    cent32 = np.ascontiguousarray(cent[order], dtype=np.float32)
+
+    chunk = int(config.get("knn.ivf-chunk-rows"))
+    if not isinstance(X, da.Array):
+        X = da.from_array(X, chunks=(int(config.get("knn.ivf-block-rows")), -1))
+    # row blocks on chunk boundaries: each assignment task writes chunks no other one writes
+    block = chunk * max(1, round(max(X.chunks[0]) / chunk))
+    X = X.rechunk((block, -1))
+    starts = np.array([0, *np.cumsum(X.chunks[0])])
+
+    staging = _zarr_pair(where, "staging", T, N, chunk)
+    assign = dask.delayed(_assign_block, pure=True)
+    with single_blas_thread():
+        counts = np.array(compute(*[
+            assign(b, int(s), mean, cent32, *staging)
+            for b, s in zip(X.to_delayed().ravel(), starts[:-1])], client=client))
+    sizes = counts.sum(axis=0)
+    block_offsets = np.concatenate([np.zeros((len(counts), 1), np.int64),
+                                    np.cumsum(counts, axis=1)], axis=1)
+    groups = _groups(sizes, int(config.get("knn.ivf-task-rows")))
+    # each group starts on a chunk boundary of the lists arrays
+    group_rows = [int(sizes[a:b].sum()) for a, b in groups]
+    padded = [chunk * math.ceil(n / chunk) for n in group_rows]
+    dest = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
+    rows, ids = _zarr_pair(where, "lists", int(dest[-1]), N, chunk)
+    gather = dask.delayed(_gather_group, pure=True)
+    compute(*[gather(staging, (rows, ids), starts[:-1], block_offsets, a, b, int(dest[g]))
+              for g, (a, b) in enumerate(groups)], client=client)
+    where.child("staging").delete()
+    list_start = np.empty(n_lists, dtype=np.int64)
+    for g, (a, b) in enumerate(groups):
+        list_start[a:b] = dest[g] + np.concatenate([[0], np.cumsum(sizes[a:b - 1])])
+    logger.info("IVF lists: T=%d in %d lists (%d to %d rows), %d probed, %d groups", T,
+                n_lists, sizes.min(), sizes.max(), n_probe, len(groups))
+    return InvertedLists(rows, ids, cent32, list_start, sizes, tuple(groups), dest,
+                         np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64),
+                         n_probe)
 
 
 def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
@@ -225,67 +335,22 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         As :func:`dr_dask.graph.knn.kneighbors`; distances between the centred rows rounded
         to float32.
     """
-    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
-
-    T, N = X.shape
-    n_lists = min(int(n_lists or default_n_lists(T)), T)
-    n_probe = min(int(n_probe or DEFAULT_N_PROBE), n_lists)
-    rng = check_random_state(random_state)
-    n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
-                  max(n_lists, TRAIN_BYTES // (8 * N)))
-    S = _sample_rows(X, n_train, rng, client)
-    S = S[np.isfinite(S).all(axis=1)]  # a non-finite row is named by the assignment
-    mean = S.mean(axis=0)
-    cent = train_quantizer(S - mean, n_lists, rng)
-    del S
-    # number the lists along a k-d tree of the centroids: a group of consecutive lists is a
-    # compact region, whose rows probe overlapping lists
-    order, _ = _cells(cent, 1)
-    cent32 = np.ascontiguousarray(cent[order], dtype=np.float32)
-
-    chunk = int(config.get("knn.ivf-chunk-rows"))
-    if not isinstance(X, da.Array):
-        X = da.from_array(X, chunks=(int(config.get("knn.ivf-block-rows")), -1))
-    # row blocks on chunk boundaries: each assignment task writes chunks no other one writes
-    block = chunk * max(1, round(max(X.chunks[0]) / chunk))
-    X = X.rechunk((block, -1))
-    starts = np.array([0, *np.cumsum(X.chunks[0])])
-
+    T = X.shape[0]
     own_tmp = scratch is None
     base = location(tempfile.mkdtemp(prefix="dr_dask_ivf_")) if own_tmp else location(scratch)
     loc = base.child(f"ivf_{uuid.uuid4().hex[:12]}")
     try:
-        staging = _zarr_pair(loc, "staging", T, N, chunk)
-        assign = dask.delayed(_assign_block, pure=True)
-        with single_blas_thread():
-            counts = np.array(compute(*[
-                assign(b, int(s), mean, cent32, *staging)
-                for b, s in zip(X.to_delayed().ravel(), starts[:-1])], client=client))
-        sizes = counts.sum(axis=0)
-        block_offsets = np.concatenate([np.zeros((len(counts), 1), np.int64),
-                                        np.cumsum(counts, axis=1)], axis=1)
-        groups = _groups(sizes, int(config.get("knn.ivf-task-rows")))
-        # each group starts on a chunk boundary of the lists arrays
-        group_rows = [int(sizes[a:b].sum()) for a, b in groups]
-        padded = [chunk * math.ceil(n / chunk) for n in group_rows]
-        dest = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
-        lists = _zarr_pair(loc, "lists", int(dest[-1]), N, chunk)
-        gather = dask.delayed(_gather_group, pure=True)
-        compute(*[gather(staging, lists, starts[:-1], block_offsets, a, b, int(dest[g]))
-                  for g, (a, b) in enumerate(groups)], client=client)
-        list_start = np.empty(n_lists, dtype=np.int64)
-        for g, (a, b) in enumerate(groups):
-            list_start[a:b] = dest[g] + np.concatenate([[0], np.cumsum(sizes[a:b - 1])])
-        logger.info("IVF kNN: T=%d in %d lists (%d to %d rows), %d probed, %d tasks", T,
-                    n_lists, sizes.min(), sizes.max(), n_probe, len(groups))
+        lists = build_lists(X, loc, client=client, n_lists=n_lists, n_probe=n_probe,
+                            random_state=random_state)
         search = dask.delayed(_search_group, pure=True)
+        lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
         with single_blas_thread():
-            parts = compute(*[search(lists, list_start, sizes, cent32, a, b, k, n_probe,
-                                     exclude_self) for a, b in groups], client=client)
+            parts = compute(*[search(lists_key, g, k, exclude_self)
+                              for g in range(len(lists.groups))], client=client)
     finally:
         (base if own_tmp else loc).delete()
     dist = np.empty((T, k))
     idx = np.empty((T, k), dtype=np.int64)
-    for own, d, i in parts:
+    for own, d, _, i in parts:
         dist[own], idx[own] = d, i
     return dist, idx

@@ -322,18 +322,27 @@ def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
     """
     from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
+    T = _n_rows(X)
+    rows = np.sort(check_random_state(random_state).choice(T, min(int(n_rows), T),
+                                                           replace=False))
+    return sampled_recall(X, rows, indices[rows], client=client)
+
+
+def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
+                   client: Any = None) -> float:
+    """Share of the true k nearest neighbours of ``rows`` (S,) among ``found`` (S, k), the
+    neighbours a search found for them (without themselves): the rows' neighbours are searched
+    exactly (S x T distances, X read block by block) and compared as sets."""
     X = _check_2d(X, "X")
-    T, k = _n_rows(X), indices.shape[1]
-    n = min(int(n_rows), T)
-    rows = np.sort(check_random_state(random_state).choice(T, n, replace=False))
-    Xq = X[rows]
+    T, k = _n_rows(X), found.shape[1]
+    Xq = X[np.asarray(rows)]
     if isinstance(Xq, da.Array):
         (Xq,) = compute(Xq, client=client)
     _, exact = kneighbors(X, min(k + 1, T), query=np.asarray(Xq), client=client,
                           algorithm="exact")
     hits = [len(set(e[e != r][:k].tolist()) & set(i.tolist()))
-            for r, e, i in zip(rows, exact, indices[rows])]
-    return float(np.sum(hits) / (k * n))
+            for r, e, i in zip(rows, exact, found)]
+    return float(np.sum(hits) / (k * len(rows)))
 
 
 def check_recall(recall: float, what: str) -> None:

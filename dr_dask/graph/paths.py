@@ -101,14 +101,32 @@ class StoredGraph:
 
     @classmethod
     def write(cls, graph: _SearchGraph, where: Any) -> StoredGraph:
+        return cls.write_arrays({name: getattr(graph, name) for name in _GRAPH_ARRAYS}, where)
+
+    @classmethod
+    def write_arrays(cls, arrays: dict[str, np.ndarray], where: Any) -> StoredGraph:
+        """Store the arrays of a search graph (``_GRAPH_ARRAYS``; any index and weight
+        dtypes: the partitioned graph keeps int32 columns and float32 weights)."""
         loc = location(where)
         root = zarr.open_group(loc.zarr_store(), mode="w")
         for name in _GRAPH_ARRAYS:
-            a = np.ascontiguousarray(getattr(graph, name))
+            a = np.ascontiguousarray(arrays[name])
             arr = root.create_array(name, shape=a.shape, dtype=a.dtype,
                                     chunks=(max(1, a.shape[0]),), compressors=None)
             arr[...] = a
-        return cls(loc, graph.n_nodes)
+        return cls(loc, len(arrays["rank"]))
+
+    @property
+    def n_edges(self) -> int:
+        """Undirected edges (each is stored both ways)."""
+        return int(self.open().indptr[-1]) // 2
+
+    def to_csr(self) -> sp.csr_matrix:
+        """The graph in memory, in the original node order (for inspection; large)."""
+        g = self.open()
+        labelled = sp.csr_matrix((np.asarray(g.weights, np.float64), np.asarray(g.indices),
+                                  np.asarray(g.indptr)), shape=(self.n_nodes, self.n_nodes))
+        return labelled[g.rank][:, g.rank].tocsr()  # node i is label rank[i]
 
     def open(self) -> _SearchGraph:
         return _open_stored(self.location)
@@ -346,7 +364,7 @@ class GeodesicRows:
     @classmethod
     def compute(
         cls,
-        graph: sp.spmatrix,
+        graph: sp.spmatrix | StoredGraph,
         sources: np.ndarray | None = None,
         *,
         client: Any = None,
@@ -361,8 +379,10 @@ class GeodesicRows:
 
         Parameters
         ----------
-        graph : sparse matrix of shape (T, T)
-            Non-negative weights; treated as undirected.
+        graph : sparse matrix of shape (T, T), or StoredGraph
+            Non-negative weights; treated as undirected. A stored graph (as
+            :func:`~dr_dask.graph.partitioned.partitioned_graph` writes it) is opened by the
+            tasks where they run.
         sources : ndarray of shape (S,), optional
             Source nodes (default all T).
         client : distributed.Client, optional
@@ -386,8 +406,10 @@ class GeodesicRows:
             process to every worker. It must outlive the rows (a lost block is recomputed
             from it).
         """
-        graph = _as_csr(graph)
-        T = graph.shape[0]
+        stored = graph if isinstance(graph, StoredGraph) else None
+        if stored is None:
+            graph = _as_csr(graph)
+        T = graph.n_nodes if stored is not None else graph.shape[0]
         sources = np.arange(T) if sources is None else np.asarray(sources, dtype=np.int64)
         if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
             raise ValueError(f"sources must be node indices in [0, {T})")
@@ -397,7 +419,8 @@ class GeodesicRows:
             store = _open_out(out, (len(sources), T), bs, dtype)
             c = store.chunks[0]
             bs = c * max(1, bs // c)
-        graph = _SearchGraph.of(graph)  # once here, not in every task
+        # once here, not in every task (a stored graph is opened where the tasks run)
+        search: _SearchGraph | StoredGraph = stored or _SearchGraph.of(graph)
         bounds = [*range(0, len(sources), bs), len(sources)]
         client = active_client(client)
         logger.info("Dijkstra from %d sources over %d nodes in %d blocks", len(sources), T,
@@ -409,7 +432,7 @@ class GeodesicRows:
             # dask's threads (Dijkstra releases the GIL), each block written in place into one
             # array: gather(release=True) hands it over without a second T x S copy
             whole = np.empty((len(sources), T), dtype=dtype)
-            map_local(lambda se: _rows(graph, sources[se[0]:se[1]], square, dtype,
+            map_local(lambda se: _rows(search, sources[se[0]:se[1]], square, dtype,
                                        out=whole[se[0]:se[1]]), list(itertools.pairwise(bounds)))
             rows = cls((len(sources), T), bounds,
                        [whole[s:e] for s, e in itertools.pairwise(bounds)], None, None, dtype)
@@ -417,10 +440,11 @@ class GeodesicRows:
             return rows
         blocks: list[Any]  # row blocks, their futures, or Zarr slice handles
         if client is None:
-            blocks = map_local(lambda t: t[0](graph, *t[1:]), tasks)
+            blocks = map_local(lambda t: t[0](search, *t[1:]), tasks)
         else:
-            g = (StoredGraph.write(graph, graph_store) if graph_store is not None
-                 else share(graph, client))
+            g = (search if isinstance(search, StoredGraph)
+                 else StoredGraph.write(search, graph_store) if graph_store is not None
+                 else share(search, client))
             blocks = [client.submit(fn, g, *args) for fn, *args in tasks]
             if not wait and store is None:
                 return cls((len(sources), T), bounds, blocks, client, store, dtype)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -61,7 +62,8 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import search_neighbours
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
-from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles, read_stored
+from dr_dask.graph.partitioned import stored_neighbour_graph
+from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles, read_stored
 from dr_dask.inputs import InputData
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
@@ -79,6 +81,7 @@ from dr_dask.methods.ikd_core import (
     reference_index,
 )
 from dr_dask.resources import timed
+from dr_dask.storage import Location
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +102,23 @@ def _row_norms(block: np.ndarray) -> np.ndarray:
     return np.linalg.norm(np.asarray(block, dtype=np.float64), axis=1)
 
 
+@dataclass(frozen=True)
+class _CorrelationWeight:
+    """The edge weight ``-log(s / sigma^2)`` of the distance ``d`` between unit rows ``i`` and
+    ``j`` (``s``: their correlation, times their norms when S is not a correlation)."""
+
+    floor: float
+    ceil: float
+    norms: np.ndarray | None
+    sigma2: float
+
+    def __call__(self, d: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        k = 1.0 - 0.5 * np.asarray(d) ** 2  # the correlation of unit rows
+        if self.norms is not None:
+            k = k * self.norms[i] * self.norms[j] / self.sigma2
+        return edge_weight(k, self.floor, self.ceil)
+
+
 def _bridge_weight(lengths: np.ndarray, floor: float, ceil: float) -> np.ndarray:
     # bridges are found on unit rows, where ||a - b||^2 = 2 - 2 corr
     return edge_weight(1.0 - 0.5 * np.asarray(lengths) ** 2, floor, ceil)
@@ -116,7 +136,8 @@ def _threshold_edges(Xi, Xj, i0: int, j0: int, diagonal: bool, sigma2: float, s0
 
 
 def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
-                    inp: InputData | None = None) -> tuple[sp.csr_matrix, dict]:
+                    inp: InputData | None = None,
+                    where: Location | None = None) -> tuple[sp.csr_matrix | StoredGraph, dict]:
     """Symmetric graph with weights ``-log(s / sigma^2)`` per the configured rule, connected.
 
     Parameters
@@ -128,10 +149,14 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
     sigma2 : float
     inp : InputData, optional
         The input, next to which (when remote) the IVF search writes its lists.
+    where : Location, optional
+        A scratch location every worker reaches: a kNN graph whose search resolves to the
+        partitioned one is then built on the workers and stored there
+        (:func:`~dr_dask.graph.partitioned.stored_neighbour_graph`).
 
     Returns
     -------
-    graph : csr_matrix of shape (T, T)
+    graph : csr_matrix of shape (T, T), or StoredGraph
     info : dict
         ``n_components`` of the raw graph, ``n_edges`` and (kNN rule) ``knn_recall``.
     """
@@ -146,14 +171,18 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
                            client=client)
         Xu = Xn.map_blocks(_unit_rows, dtype=np.float64)
     if cfg.geodesic_rule == "knn":
+        weight = _CorrelationWeight(floor, ceil, norms, sigma2)
+        stored = None if where is None else stored_neighbour_graph(
+            Xu, int(cfg.n_neighbors), where, knn=cfg.knn, n_probe=cfg.n_probe, client=client,
+            weight=weight, on_disconnected=cfg.on_disconnected, random_state=cfg.random_state)
+        if stored is not None:
+            return stored.graph, {"knn_recall": stored.recall, "n_edges": stored.n_edges,
+                                  "n_components": stored.n_components}
         with scratch("knn_lists", None, cfg.scratch, inp) as lists:
             dist, idx, info["knn_recall"] = search_neighbours(
                 Xu, int(cfg.n_neighbors), knn=cfg.knn, n_probe=cfg.n_probe, client=client,
                 scratch=lists, random_state=cfg.random_state)
-        k = 1.0 - 0.5 * dist**2  # correlation of the unit rows
-        if norms is not None:
-            k = k * norms[:, None] * norms[idx] / sigma2
-        graph = graph_from_neighbors(idx, edge_weight(k, floor, ceil), T)
+        graph = graph_from_neighbors(idx, weight(dist, np.arange(T)[:, None], idx), T)
     else:
         assert cfg.threshold is not None  # IKD refuses geodesic_rule="threshold" without it
         grid = TileGrid.from_chunks(Xn.chunks[0])
@@ -368,36 +397,38 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
 
     info: dict = {}
     if cfg.solver == "geodesic":
-        with timed(seconds, "graph"):
-            graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
-            del Xn  # the graph is all the rest needs: free the persisted rows on the workers
-        # the L x T float32 rows stay in worker memory up to the tile budget, else in a
-        # temporary Zarr array the workers write (4 GB at T=10^6, L=1000)
-        T = graph.shape[0]
-        on_disk = cfg.on_disk(4 * L * T)
-        # the workers write the rows and read them back: in the run's store (or the scratch
-        # location), dropped when the stage is done
-        # the graph too: the shortest-path tasks open it there (memory-mapped when local), it
-        # does not travel from this process to every worker
-        with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc, \
-                scratch("graph", None, cfg.scratch, inp) as graph_loc:
-            with timed(seconds, "shortest_paths"):
-                rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,
-                                            out=rows_loc if on_disk else None,
-                                            graph_store=graph_loc)
-                del graph  # the store holds it as long as the rows need it
-            kernel = GeodesicKernel(inverse, None)
-            with timed(seconds, "landmark_mds"):
-                D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
-                np.fill_diagonal(D_LL, 0.0)
-                mds = landmark_mds(D_LL, M)
-            with timed(seconds, "triangulate"):
-                embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv, mds.sq_mean)
-                # the out-of-sample map keeps the rows when they fit the in-memory budget
-                paths = rows.gather() if not on_disk else None
-                rows.release()
-                oos = (triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
-                       if paths is not None else None)
+        # the graph is built on the workers into the scratch location when the partitioned
+        # search is taken (else here, and written there once): the shortest-path tasks open it
+        # there (memory-mapped when local); it does not travel from this process to every
+        # worker. The L x T float32 rows stay in worker memory up to the tile budget, else in
+        # a Zarr array the workers write (4 GB at T=10^6, L=1000), in the run's store or at
+        # the scratch location, dropped when the stage is done.
+        with scratch("graph", None, cfg.scratch, inp) as graph_loc:
+            with timed(seconds, "graph"):
+                graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp, graph_loc)
+                del Xn  # the graph is all the rest needs: free the persisted rows
+            T = graph.n_nodes if isinstance(graph, StoredGraph) else graph.shape[0]
+            on_disk = cfg.on_disk(4 * L * T)
+            with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc:
+                with timed(seconds, "shortest_paths"):
+                    rows = GeodesicRows.compute(graph, landmarks, client=client,
+                                                dtype=np.float32,
+                                                out=rows_loc if on_disk else None,
+                                                graph_store=graph_loc.child("prepared"))
+                    del graph  # the store holds it as long as the rows need it
+                kernel = GeodesicKernel(inverse, None)
+                with timed(seconds, "landmark_mds"):
+                    D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
+                    np.fill_diagonal(D_LL, 0.0)
+                    mds = landmark_mds(D_LL, M)
+                with timed(seconds, "triangulate"):
+                    embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv,
+                                             mds.sq_mean)
+                    # the out-of-sample map keeps the rows when they fit the in-memory budget
+                    paths = rows.gather() if not on_disk else None
+                    rows.release()
+                    oos = (triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
+                           if paths is not None else None)
     else:
         with timed(seconds, "landmark_mds"):
             order = np.argsort(landmarks)

@@ -40,6 +40,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask import config
 from dr_dask.blas import single_blas_thread
+from dr_dask.checkpoint import scratch
 from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph import (
     GeodesicRows,
@@ -53,12 +54,14 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
-from dr_dask.graph.paths import dijkstra_rows, geodesic_tiles
+from dr_dask.graph.partitioned import stored_neighbour_graph
+from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
 from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
 from dr_dask.progress import shown_during
 from dr_dask.resources import timed
+from dr_dask.storage import Location
 from dr_dask.validation import (
     Options,
     check_array_like,
@@ -112,8 +115,13 @@ def _n_components(n_components: int, n_points: int, points: str) -> int:
 
 
 def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: float | None,
-                     client: Any) -> sp.csr_matrix:
-    """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule)."""
+                     client: Any, where: Location | None = None) -> sp.csr_matrix | StoredGraph:
+    """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule).
+
+    With ``where`` (a scratch location every worker reaches), a k-rule graph whose search
+    resolves to the partitioned one is built on the workers and stored there
+    (:func:`~dr_dask.graph.partitioned.stored_neighbour_graph`).
+    """
     T = X.shape[0]
     if (n_neighbors is None) == (radius is None):
         raise ValueError("give exactly one of n_neighbors (k rule) and radius (epsilon rule); "
@@ -121,6 +129,14 @@ def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: f
     if n_neighbors is not None and not 1 <= n_neighbors < T:
         raise ValueError(f"n_neighbors={n_neighbors} must be in [1, {T - 1}] for {T} samples "
                          "(a point is not its own neighbour)")
+    if where is not None and n_neighbors is not None:
+        stored = stored_neighbour_graph(X, n_neighbors, where, knn=est.knn,
+                                        n_probe=est.n_probe, client=client,
+                                        on_disconnected=est.on_disconnected,
+                                        random_state=est.random_state)
+        if stored is not None:
+            est.knn_recall_ = stored.recall
+            return stored.graph
     search = {"knn": est.knn, "n_probe": est.n_probe, "random_state": est.random_state}
     graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search)
     est.knn_recall_ = search.get("recall")
@@ -569,9 +585,15 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
         stderr, nothing in a pipe (:mod:`dr_dask.progress`).
     knn : {"auto", "exact", "ivf"}, default="auto"
-        Neighbour search of the graph, as :class:`Isomap`'s.
+        Neighbour search of the graph, as :class:`Isomap`'s. With the partitioned search the
+        graph is built on the workers (:mod:`dr_dask.graph.partitioned`): no process holds all
+        its edges.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`Isomap`'s.
+    scratch : str, Location or None, default=None
+        Where the workers write the IVF lists and the graph during the fit (a local path or
+        URL every worker reaches; a :class:`~dr_dask.storage.Location` carries storage
+        options); None: a local temporary directory. Deleted when the fit ends.
 
     Attributes
     ----------
@@ -586,7 +608,8 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     landmark_geodesics_ : ndarray of shape (L, T) float32, or zarr.Array
     training_data_ : ndarray of shape (T, N)
     n_features_in_ : int
-    graph_ : scipy.sparse.csr_matrix of shape (T, T)
+    graph_ : scipy.sparse.csr_matrix of shape (T, T) or None
+        None when the graph was built on the workers (it lived at ``scratch``).
     knn_recall_ : float
         As :class:`Isomap`'s.
     timings_ : dict
@@ -614,15 +637,17 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         "n_neighbors": [positive(Integral)],
         "n_landmarks": [positive(Integral)],
         "landmark_method": [Options({"maxmin", "random"})],
+        "scratch": "no_validation",  # a path, URL or Location
     }
 
     def __init__(self, *, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
                  landmark_method: str = "maxmin", on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
-                 knn: str = "auto", n_probe: int | None = None):
+                 knn: str = "auto", n_probe: int | None = None, scratch: Any = None):
         self.knn = knn
         self.n_probe = n_probe
+        self.scratch = scratch
         self.n_neighbors = n_neighbors
         self.n_components = n_components
         self.n_landmarks = n_landmarks
@@ -647,28 +672,35 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         T = X.shape[0]
         client = active_client(self.client)
         timings: dict[str, float] = {}
-        with timed(timings, "graph"):
-            self.graph_ = _neighbour_graph(self, X, self.n_neighbors, None, client)
+        # the IVF lists and a graph built on the workers live there until the rows are used
+        # (a row block lost with its worker is recomputed from the graph)
+        with scratch("landmark_isomap_graph", None, self.scratch) as where:
+            with timed(timings, "graph"):
+                graph = _neighbour_graph(self, X, self.n_neighbors, None, client, where)
+            self.graph_ = None if isinstance(graph, StoredGraph) else graph
 
-        with timed(timings, "landmarks"):
-            self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
-                                               random_state=self.random_state, client=client)
+            with timed(timings, "landmarks"):
+                self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
+                                                   random_state=self.random_state,
+                                                   client=client)
 
-        with timed(timings, "shortest_paths"):
-            rows = GeodesicRows.compute(self.graph_, self.landmarks_, client=client,
-                                        block_size=self.block_size, dtype=np.float32,
-                                        out=self.geodesic_store)
+            with timed(timings, "shortest_paths"):
+                rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
+                                            block_size=self.block_size, dtype=np.float32,
+                                            out=self.geodesic_store)
+            del graph
 
-        with timed(timings, "landmark_mds"):
-            D_LL = np.vstack(rows.map(_block_columns, self.landmarks_)).astype(np.float64)
-            mds = landmark_mds(D_LL * D_LL, d)
+            with timed(timings, "landmark_mds"):
+                D_LL = np.vstack(rows.map(_block_columns, self.landmarks_)).astype(np.float64)
+                mds = landmark_mds(D_LL * D_LL, d)
 
-        with timed(timings, "triangulation"):
-            self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
+            with timed(timings, "triangulation"):
+                self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
 
-        with timed(timings, "gather"):
-            self.landmark_geodesics_ = rows.store if rows.store is not None else rows.gather()
-            rows.release()
+            with timed(timings, "gather"):
+                self.landmark_geodesics_ = (rows.store if rows.store is not None
+                                            else rows.gather())
+                rows.release()
         self.landmark_embedding_ = mds.coords
         self.landmark_pinv_ = mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean

@@ -1,0 +1,505 @@
+"""The neighbour graph built where the rows are: no process holds all rows or all edges.
+
+Over the inverted lists of :mod:`dr_dask.graph._knn_ivf` (at the fit's scratch location):
+
+1. **Edges** (one task per group of lists, on the workers): the group's rows find their k
+   neighbours (:func:`~dr_dask.graph._knn_ivf._search_group`); each edge is kept in both
+   directions, weighted, sorted by the *block* of its first end (blocks: consecutive label
+   ranges of about ``dr_dask.graph.block-edges`` edges), and written to the group's own
+   chunks of a staging array. Only the counts per block come back.
+2. **Blocks** (one task per block): a block reads its edges from every group's slice (the
+   shuffle, through the store), merges duplicate edges by their maximum weight (as
+   :func:`~dr_dask.graph.knn.graph_from_neighbors`) into CSR rows, writes them to its own
+   chunks, and returns a spanning forest of its edges (at most one edge per node it touches).
+3. **Connectivity**: this process joins the forests (union-find over at most about T edges,
+   never the E edges). A disconnected graph is bridged as Borůvka's step does
+   (:func:`~dr_dask.graph.components.connect_components`): every component but the largest
+   gets its shortest edge to another component, found by one task per group over that
+   group's rows; repeated until one component remains.
+4. **Assembly** (one task): the blocks' rows and the bridges are written as one
+   :class:`~dr_dask.graph.paths.StoredGraph` (int32 columns, float32 weights: 8 bytes per
+   directed edge), nodes numbered by label, which the shortest-path tasks open where they
+   run (memory-mapped from a local disk).
+
+Every task writes only chunks no other task writes, and rewrites the same ones when it runs
+again after a worker is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import numba
+import numpy as np
+import zarr
+
+from dr_dask import config
+from dr_dask.blas import single_blas_thread
+from dr_dask.cluster import compute
+from dr_dask.graph._knn_ivf import InvertedLists, _read_runs, _search_group, build_lists
+from dr_dask.graph.components import describe_components
+from dr_dask.graph.diagnostics import DisconnectedGraphWarning
+from dr_dask.graph.knn import (
+    RECALL_ROWS,
+    RECALL_WARN,
+    check_recall,
+    knn_algorithm,
+    sampled_recall,
+)
+from dr_dask.graph.paths import StoredGraph
+from dr_dask.storage import Location
+from dr_dask.validation import warn_duplicates
+
+logger = logging.getLogger(__name__)
+
+#: The weight of a zero-length edge in float32 (an explicit zero vanishes in sparse arithmetic).
+ZERO_EDGE32 = np.finfo(np.float32).tiny
+#: Staging entries per chunk (of (first end, second end, weight bits) int32 triples).
+_EDGE_CHUNK = 1 << 15
+#: The modes of ``on_disconnected`` (as :func:`~dr_dask.graph.components.connect_components`).
+_MODES = ("bridge", "raise", "ignore")
+
+
+def _pad(n: int, chunk: int) -> int:
+    return chunk * math.ceil(n / chunk)
+
+
+def _offsets(sizes: Any, chunk: int) -> np.ndarray:
+    """Chunk-aligned start of each region of ``sizes`` entries, and the total (len + 1)."""
+    return np.concatenate([[0], np.cumsum([_pad(int(n), chunk) for n in sizes])]).astype(
+        np.int64)
+
+
+def distance_weight(d: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Isomap's edge weight: the Euclidean length (``i``, ``j``: the ends' row indices)."""
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. edges
+
+
+def _group_edges(lists: InvertedLists, g: int, k: int, weight: Callable,
+                 block0: np.ndarray, edges: zarr.Array, start: int,
+                 sample: np.ndarray) -> tuple:
+    """Group ``g``'s directed edges, both ways, into ``edges[start:]`` sorted by block.
+
+    Returns the counts per block, the neighbours (row indices) of the group's rows among
+    ``sample``, and the pairs of row indices at distance zero (duplicates).
+    """
+    own, d, lab, ids = _search_group(lists, g, k, True)
+    src = np.repeat(np.arange(lists.label0[g], lists.label0[g + 1]), k)
+    keep = lab.ravel() >= 0
+    w = np.asarray(weight(d, own[:, None], ids), dtype=np.float64).ravel()
+    w = np.maximum(w, ZERO_EDGE32).astype(np.float32)[keep]
+    a, b = src[keep], lab.ravel()[keep]
+    first, second = np.concatenate([a, b]), np.concatenate([b, a])
+    block = np.searchsorted(block0, first, side="right") - 1
+    order = np.argsort(block, kind="stable")
+    triples = np.column_stack([first, second, np.tile(w, 2).view(np.int32)])
+    edges[start:start + len(order)] = triples[order].astype(np.int32)
+    hit = np.isin(own, sample)
+    zero = (d == 0) & (lab >= 0)
+    return (np.bincount(block, minlength=len(block0) - 1), (own[hit], ids[hit]),
+            (np.repeat(own, k)[zero.ravel()], ids[zero]))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. blocks
+
+
+@numba.njit(cache=True, nogil=True)
+def _csr_rows(first: np.ndarray, second: np.ndarray, w: np.ndarray, lo: int,
+              m: int) -> tuple:
+    """Rows ``lo`` to ``lo + m`` as CSR (degrees, columns, weights) from directed edges whose
+    first end is in them: each row's columns sorted, duplicates merged by their maximum."""
+    deg = np.zeros(m, dtype=np.int64)
+    for e in range(len(first)):
+        deg[first[e] - lo] += 1
+    start = np.zeros(m + 1, dtype=np.int64)
+    for i in range(m):
+        start[i + 1] = start[i] + deg[i]
+    fill = start[:-1].copy()
+    col = np.empty(len(first), dtype=np.int32)
+    wt = np.empty(len(first), dtype=np.float32)
+    for e in range(len(first)):
+        r = first[e] - lo
+        col[fill[r]], wt[fill[r]] = second[e], w[e]
+        fill[r] += 1
+    out = 0
+    for i in range(m):
+        s, e = start[i], start[i + 1]
+        order = np.argsort(col[s:e])
+        c, v = col[s:e][order], wt[s:e][order]
+        row0 = out
+        for t in range(e - s):
+            if out > row0 and col[out - 1] == c[t]:
+                wt[out - 1] = max(wt[out - 1], v[t])
+            else:
+                col[out], wt[out] = c[t], v[t]
+                out += 1
+        deg[i] = out - row0
+    return deg, col[:out].copy(), wt[:out].copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(parent: np.ndarray, x: int) -> int:
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+@numba.njit(cache=True, nogil=True)
+def _forest(a: np.ndarray, b: np.ndarray, n: int) -> tuple:
+    """The edges of a spanning forest of the edges (a, b) over nodes 0..n-1 (union-find)."""
+    parent = np.arange(n)
+    keep = np.zeros(len(a), dtype=np.bool_)
+    for e in range(len(a)):
+        x, y = _find(parent, a[e]), _find(parent, b[e])
+        if x != y:
+            parent[max(x, y)] = min(x, y)
+            keep[e] = True
+    return a[keep], b[keep]
+
+
+@numba.njit(cache=True, nogil=True)
+def _roots(parent: np.ndarray) -> np.ndarray:
+    out = np.empty(len(parent), dtype=np.int64)
+    for x in range(len(parent)):
+        out[x] = _find(parent, x)
+    return out
+
+
+def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: int,
+                csr: zarr.Array, degrees: zarr.Array, at: int, deg_at: int) -> tuple:
+    """Block ``[lo, hi)``'s CSR rows from its spans of the staging array into its chunks of
+    ``csr`` (columns, weight bits) and ``degrees``; its entries and a spanning forest."""
+    e = _read_runs(edges, spans)
+    deg, col, wt = _csr_rows(e[:, 0], e[:, 1], e[:, 2].view(np.float32), lo, hi - lo)
+    csr[at:at + len(col)] = np.column_stack([col, wt.view(np.int32)])
+    degrees[deg_at:deg_at + len(deg)] = deg
+    # the forest over the nodes the block touches, numbered locally
+    nodes, local = np.unique(np.concatenate([np.arange(lo, hi), col]), return_inverse=True)
+    fa, fb = _forest(np.repeat(local[:hi - lo], deg), local[hi - lo:], len(nodes))
+    return len(col), nodes[fa], nodes[fb]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. connectivity
+
+
+def _components(forests: list[tuple[np.ndarray, np.ndarray]], T: int) -> np.ndarray:
+    """Component of every label: the least label joined to it."""
+    a = np.concatenate([f[0] for f in forests]).astype(np.int64)
+    b = np.concatenate([f[1] for f in forests]).astype(np.int64)
+    parent = np.arange(T)
+    for x, y in zip(*_forest(a, b, T)):
+        parent[max(_find(parent, x), _find(parent, y))] = min(_find(parent, x),
+                                                              _find(parent, y))
+    return _roots(parent)
+
+
+def _nearest_outside(lists: InvertedLists, g: int, queries: np.ndarray, q_comp: np.ndarray,
+                     comp: np.ndarray) -> tuple:
+    """For each query row, its nearest row of group ``g`` in another component: distances,
+    labels and row indices (inf, -1, -1 when the group has none)."""
+    s, n = int(lists.dest[g]), int(lists.label0[g + 1] - lists.label0[g])
+    rows = np.asarray(lists.rows[s:s + n]).astype(np.float64)
+    labels = np.arange(lists.label0[g], lists.label0[g + 1])
+    d2 = (np.einsum("ij,ij->i", queries, queries)[:, None] - 2 * queries @ rows.T
+          + np.einsum("ij,ij->i", rows, rows)[None, :])
+    d2[q_comp[:, None] == comp[labels][None, :]] = np.inf
+    j = np.argmin(d2, axis=1)
+    best = d2[np.arange(len(queries)), j]
+    found = np.isfinite(best)
+    ids = np.asarray(lists.ids[s:s + n])
+    return (np.where(found, np.sqrt(np.maximum(best, 0)), np.inf),
+            np.where(found, labels[j], -1), np.where(found, ids[j], -1))
+
+
+def _bridges(lists: InvertedLists, comp: np.ndarray, weight: Callable, client: Any,
+             on_disconnected: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Borůvka's bridging edges (labels a, b and weights) that connect every component."""
+    a_all: list[np.ndarray] = []
+    b_all: list[np.ndarray] = []
+    w_all: list[np.ndarray] = []
+    while True:
+        roots, sizes = np.unique(comp, return_counts=True)
+        if len(roots) == 1:
+            break
+        outside = np.flatnonzero(comp != roots[np.argmax(sizes)])
+        summary = _summary(lists, comp, roots, sizes)
+        if on_disconnected == "raise":
+            raise ValueError(f"the neighbour graph is disconnected: {summary}. Increase "
+                             "n_neighbors or n_probe, or use on_disconnected='bridge'")
+        if not a_all:
+            msg = (f"neighbour graph is disconnected ({summary}); adding shortest bridging "
+                   "edges")
+            logger.warning(msg)
+            warnings.warn(msg, DisconnectedGraphWarning, stacklevel=4)
+        limit = int(config.get("graph.bridge-max-rows"))
+        if len(outside) > limit:
+            raise ValueError(
+                f"the neighbour graph is disconnected ({summary}) and its components other "
+                f"than the largest hold {len(outside)} rows, more than "
+                f"dr_dask.graph.bridge-max-rows={limit} to bridge: increase n_neighbors or "
+                "n_probe")
+        queries, q_ids = _rows_of(lists, outside)
+        q_comp = comp[outside]
+        task = dask.delayed(_nearest_outside, pure=True)
+        comp_key = dask.delayed(comp, traverse=False)
+        parts = compute(*[task(lists, g, queries, q_comp, comp_key)
+                          for g in range(len(lists.groups))], client=client)
+        dist = np.stack([p[0] for p in parts])
+        best = np.argmin(dist, axis=0)
+        pick = np.arange(len(outside))
+        d, lab, ids = (np.stack([p[n] for p in parts])[best, pick] for n in range(3))
+        # each component's shortest edge to another one
+        order = np.lexsort((d, q_comp))
+        first = order[np.r_[True, q_comp[order][1:] != q_comp[order][:-1]]]
+        a, b = outside[first], lab[first]
+        w = np.asarray(weight(d[first], q_ids[first], ids[first]), dtype=np.float64)
+        a_all.append(a)
+        b_all.append(b)
+        w_all.append(np.maximum(w, ZERO_EDGE32).astype(np.float32))
+        parent = comp.copy()
+        for x, y in zip(a, b):
+            rx, ry = _find(parent, int(x)), _find(parent, int(y))
+            parent[max(rx, ry)] = min(rx, ry)
+        comp = _roots(parent)
+    if not a_all:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
+    a, b, w = np.concatenate(a_all), np.concatenate(b_all), np.concatenate(w_all)
+    logger.info("added %d bridging edges (longest weight %.4g)", len(a), w.max())
+    return a, b, w
+
+
+def _rows_of(lists: InvertedLists, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (centred float32, as float64) rows and row indices of sorted labels."""
+    g = np.searchsorted(lists.label0, labels, side="right") - 1
+    pos = labels - lists.label0[g] + lists.dest[g]
+    spans = [(int(p), int(p) + 1) for p in pos]
+    return (_read_runs(lists.rows, spans).astype(np.float64), _read_runs(lists.ids, spans))
+
+
+def _summary(lists: InvertedLists, comp: np.ndarray, roots: np.ndarray,
+             sizes: np.ndarray) -> str:
+    """:func:`describe_components` naming row indices, not labels."""
+    labels = np.searchsorted(roots, comp)
+    smallest = np.flatnonzero(labels == np.argmin(sizes))[:6]
+    text = describe_components(labels, len(roots))
+    shown = _rows_of(lists, smallest)[1]
+    head = text.split("the smallest contains rows")[0]
+    return f"{head}the smallest contains rows {sorted(shown.tolist())[:5]}" + (
+        " ..." if len(smallest) > 5 else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. assembly
+
+
+def _assemble(csr: zarr.Array, degrees: zarr.Array, regions: list[tuple[int, int, int, int]],
+              lists: InvertedLists, bridges: tuple, where: Location) -> StoredGraph:
+    """Write the blocks' rows, and the bridges both ways, as one :class:`StoredGraph`."""
+    deg = np.concatenate([np.asarray(degrees[d0:d0 + m]) for _, _, d0, m in regions])
+    parts = [np.asarray(csr[at:at + n]) for at, n, _, _ in regions]
+    cols = np.concatenate([p[:, 0] for p in parts])
+    wts = np.concatenate([p[:, 1] for p in parts]).view(np.float32)
+    del parts
+    a, b, w = bridges
+    if len(a):  # a bridge joins two components: it never repeats an edge
+        first = np.concatenate([a, b])
+        extra = np.bincount(first, minlength=len(deg))
+        order = np.argsort(first, kind="stable")
+        new_deg = deg + extra
+        indptr = np.concatenate([[0], np.cumsum(new_deg)])
+        old = np.concatenate([[0], np.cumsum(deg)])
+        pos = np.repeat(indptr[:-1] - old[:-1], deg) + np.arange(len(cols))
+        c2 = np.empty(int(indptr[-1]), np.int32)
+        w2 = np.empty(int(indptr[-1]), np.float32)
+        c2[pos], w2[pos] = cols, wts
+        slot = indptr[first[order]] + deg[first[order]] + _rank_within(first[order])
+        c2[slot] = np.concatenate([b, a])[order]
+        w2[slot] = np.concatenate([w, w])[order]
+        cols, wts, deg = c2, w2, new_deg
+    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    order = np.concatenate([lists.group_ids(g) for g in range(len(lists.groups))])
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return StoredGraph.write_arrays(
+        {"indptr": indptr, "indices": cols, "weights": wts, "rank": rank}, where)
+
+
+def _rank_within(sorted_keys: np.ndarray) -> np.ndarray:
+    """0, 1, 2... within each run of equal keys."""
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_keys)) + 1]
+    return np.arange(len(sorted_keys)) - np.repeat(starts, np.diff(np.r_[starts,
+                                                                         len(sorted_keys)]))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PartitionedGraph:
+    """:func:`partitioned_graph`'s result: the stored graph and what the fit reports."""
+
+    graph: StoredGraph
+    n_edges: int
+    n_components: int
+    sample: np.ndarray
+    sample_neighbours: np.ndarray
+    recall: float = 1.0
+
+
+def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
+                      weight: Callable = distance_weight, n_lists: int | None = None,
+                      n_probe: int | None = None, on_disconnected: str = "bridge",
+                      sample_rows: int = 0, random_state: Any = 0) -> PartitionedGraph:
+    """The symmetric kNN graph of X's rows, built on the workers and stored at ``where``.
+
+    Parameters
+    ----------
+    X : ndarray or dask array of shape (T, N)
+    k : int
+        Neighbours per row (edges: each row to its k nearest, symmetrised by the maximum
+        weight, as :func:`~dr_dask.graph.knn.graph_from_neighbors`).
+    where : Location
+        Reachable by every worker; receives the inverted lists, the staging arrays (deleted
+        when done) and the graph (``where/graph``), which must outlive its readers.
+    client : distributed.Client or None
+    weight : callable
+        ``weight(distances, i, j)``: edge weights of the distances between rows ``i`` and
+        ``j`` (row indices; broadcast shapes). Picklable; default the distance.
+    n_lists, n_probe : int, optional
+        The search's lists and probes (:func:`~dr_dask.graph._knn_ivf.ivf_kneighbors`).
+    on_disconnected : {"bridge", "raise", "ignore"}
+        As :func:`~dr_dask.graph.components.connect_components`.
+    sample_rows : int
+        Rows (seeded) whose neighbours are returned, to estimate the recall.
+    random_state : int, RandomState or None
+        Seeds the quantizer and the sample.
+
+    Returns
+    -------
+    PartitionedGraph
+        The graph (nodes in original row order through its ``rank``), its undirected edge
+        count, the raw graph's component count, and the sample rows (S,) with their
+        neighbours (S, k).
+    """
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    if on_disconnected not in _MODES:
+        raise ValueError(f"on_disconnected must be one of {_MODES}, got {on_disconnected!r}")
+    rng = check_random_state(random_state)
+    T = int(X.shape[0])
+    lists = build_lists(X, where.child("lists"), client=client, n_lists=n_lists,
+                        n_probe=n_probe, random_state=rng)
+    sample = np.sort(rng.choice(T, min(int(sample_rows), T), replace=False))
+    # blocks: consecutive groups of about block-edges directed edges (both ways: 2k per row)
+    rows_per_block = max(1, int(config.get("graph.block-edges")) // (2 * k))
+    cuts = [0]
+    for g in range(1, len(lists.groups)):
+        if lists.label0[g] - lists.label0[cuts[-1]] >= rows_per_block:
+            cuts.append(g)
+    block0 = np.append(lists.label0[cuts], T)
+    B = len(block0) - 1
+
+    staging = where.child("edges").zarr_store()
+    group_rows = np.diff(lists.label0)
+    at = _offsets(2 * k * group_rows, _EDGE_CHUNK)
+    edges = zarr.create_array(staging, shape=(max(int(at[-1]), 1), 3), dtype=np.int32,
+                              chunks=(_EDGE_CHUNK, 3), compressors=None)
+    lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
+    weight_key = dask.delayed(weight, traverse=False)
+    task = dask.delayed(_group_edges, pure=True)
+    with single_blas_thread():
+        found = compute(*[task(lists_key, g, k, weight_key, block0, edges, int(at[g]), sample)
+                          for g in range(len(lists.groups))], client=client)
+    counts = np.array([f[0] for f in found])  # (groups, blocks)
+    within = np.concatenate([np.zeros((len(found), 1), np.int64), np.cumsum(counts, 1)], 1)
+    hits = sorted((int(i), n) for f in found for i, n in zip(*f[1]))
+    zero = [f[2] for f in found if len(f[2][0])]
+    logger.info("partitioned graph: %d directed edges found in %d groups, %d blocks",
+                counts.sum(), len(found), B)
+
+    # 2. blocks: each reads its spans of every group's slice
+    span = [[(int(at[g] + within[g, b]), int(at[g] + within[g, b + 1]))
+             for g in range(len(found))] for b in range(B)]
+    out_at = _offsets(counts.sum(axis=0), _EDGE_CHUNK)
+    deg_at = _offsets(np.diff(block0), _EDGE_CHUNK)
+    csr = zarr.create_array(where.child("rows").zarr_store(), shape=(max(int(out_at[-1]), 1), 2),
+                            dtype=np.int32, chunks=(_EDGE_CHUNK, 2), compressors=None)
+    degrees = zarr.create_array(where.child("degrees").zarr_store(), dtype=np.int64,
+                                shape=(max(int(deg_at[-1]), 1),), chunks=(_EDGE_CHUNK,),
+                                compressors=None)
+    task = dask.delayed(_block_rows, pure=True)
+    blocks = compute(*[task(edges, span[b], int(block0[b]), int(block0[b + 1]), csr, degrees,
+                            int(out_at[b]), int(deg_at[b])) for b in range(B)], client=client)
+    where.child("edges").delete()
+    n_directed = sum(int(n) for n, _, _ in blocks)
+
+    # 3. connectivity, from the forests
+    comp = _components([(fa, fb) for _, fa, fb in blocks], T)
+    n_components = len(np.unique(comp))
+    bridges: tuple = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.float32),)
+    if n_components > 1 and on_disconnected != "ignore":
+        bridges = _bridges(lists, comp, weight, client, on_disconnected)
+    del comp
+
+    # 4. one graph
+    regions = [(int(out_at[b]), int(blocks[b][0]), int(deg_at[b]), int(block0[b + 1] - block0[b]))
+               for b in range(B)]
+    (graph,) = compute(dask.delayed(_assemble, pure=True)(
+        csr, degrees, regions, lists, bridges, where.child("graph")), client=client)
+    for name in ("rows", "degrees", "lists"):
+        where.child(name).delete()
+    if zero:
+        first = np.arange(T)
+        for i, j in zero:
+            np.minimum.at(first, np.maximum(i, j), np.minimum(i, j))
+        warn_duplicates(first, stacklevel=3)
+    neighbours = np.array([n for _, n in hits]).reshape(len(hits), k)
+    return PartitionedGraph(graph, (n_directed + 2 * len(bridges[0])) // 2, n_components,
+                            np.array([i for i, _ in hits], dtype=np.int64), neighbours)
+
+
+
+def stored_neighbour_graph(X: Any, k: int, where: Location, *, knn: str,
+                           n_probe: int | None, client: Any, weight: Callable = distance_weight,
+                           on_disconnected: str = "bridge",
+                           random_state: Any = None) -> PartitionedGraph | None:
+    """An estimator's graph built on the workers, when its ``knn`` mode takes the partitioned
+    search (:func:`~dr_dask.graph.knn.knn_algorithm`); else None (the caller builds it in
+    memory).
+
+    The recall is estimated on ``RECALL_ROWS`` seeded rows and warned below ``RECALL_WARN``;
+    ``knn="auto"`` returns None below it (the caller searches exactly), as
+    :func:`~dr_dask.graph.knn.search_neighbours` does.
+    """
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    if knn_algorithm(knn, int(X.shape[0]), int(X.shape[1])) != "ivf":
+        return None
+    seed = int(check_random_state(random_state).randint(2**31 - 1))
+    pg = partitioned_graph(X, k, where, client=client, weight=weight, n_probe=n_probe,
+                           on_disconnected=on_disconnected, sample_rows=RECALL_ROWS,
+                           random_state=seed)
+    pg.recall = sampled_recall(X, pg.sample, pg.sample_neighbours, client=client)
+    logger.info("partitioned graph: estimated recall %.3f on %d rows", pg.recall,
+                len(pg.sample))
+    if knn == "auto" and pg.recall < RECALL_WARN:
+        logger.warning("knn='auto': the IVF search's estimated recall %.3f is below %s; "
+                       "searching exactly instead (knn='ivf' keeps the approximate graph)",
+                       pg.recall, RECALL_WARN)
+        pg.graph.location.delete()
+        return None
+    check_recall(pg.recall, "kNN")
+    return pg

@@ -1,0 +1,123 @@
+"""The neighbour graph built on the workers: equal to the in-memory graph when every list is
+probed, bridged as the in-memory repair bridges, stored compactly, the same on a cluster, from
+S3, and after a worker is killed in any of its stages."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from _faults import Fault, Task
+from conftest import noisy_curve
+from scipy.sparse.csgraph import dijkstra
+
+from dr_dask.graph import DisconnectedGraphWarning, graph_from_neighbors, kneighbors
+from dr_dask.graph.components import connect_components
+from dr_dask.graph.partitioned import partitioned_graph
+from dr_dask.graph.paths import GeodesicRows
+from dr_dask.storage import location
+
+
+@pytest.fixture
+def small_blocks(dr_config):
+    # many groups, blocks and chunks at small T: the shuffle crosses every boundary
+    dr_config({"knn.ivf-task-rows": 300, "knn.ivf-chunk-rows": 64, "knn.ivf-block-rows": 512,
+               "graph.block-edges": 5000})
+
+
+def _build(X, k, tmp_path, **kw):
+    return partitioned_graph(X, k, location(str(tmp_path / "g")), client=kw.pop("client", None),
+                             **kw)
+
+
+def test_every_list_probed_gives_the_exact_graph(small_blocks, tmp_path):
+    X = noisy_curve(2500, 30)
+    d, i = kneighbors(X, 7, algorithm="exact")
+    expected = graph_from_neighbors(i, d, len(X))
+    pg = _build(X, 7, tmp_path, n_lists=25, n_probe=25, sample_rows=40)
+    got = pg.graph.to_csr()
+    assert (got != 0).sum() == expected.nnz and pg.n_edges == expected.nnz // 2
+    np.testing.assert_allclose(got.toarray(), expected.toarray(), rtol=1e-6)
+    assert pg.n_components == 1
+    # stored compactly: int32 columns, float32 weights (8 bytes per directed edge)
+    g = pg.graph.open()
+    assert g.indices.dtype == np.int32 and g.weights.dtype == np.float32
+    # the sampled rows' neighbours are the exact ones, for the recall estimate
+    np.testing.assert_array_equal(np.sort(pg.sample_neighbours, 1), np.sort(i[pg.sample], 1))
+    # shortest paths over the stored graph equal scipy's over the in-memory one
+    sources = np.array([0, 17, 2499])
+    rows = GeodesicRows.compute(pg.graph, sources).gather()
+    np.testing.assert_allclose(rows, dijkstra(expected, directed=False, indices=sources),
+                               rtol=1e-6)
+    # the staging arrays are gone: the lists, edges and blocks; the graph stays
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["graph"]
+
+
+def _clusters(seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.vstack([rng.normal(size=(800, 20)), rng.normal(size=(300, 20)) + 30,
+                   rng.normal(size=(100, 20)) - 40])
+    return X[rng.permutation(len(X))]
+
+
+def test_disconnected_graph_bridged_as_in_memory(small_blocks, tmp_path):
+    X = _clusters()
+    d, i = kneighbors(X, 5, algorithm="exact")
+    with pytest.warns(DisconnectedGraphWarning, match="3 connected components"):
+        expected = connect_components(graph_from_neighbors(i, d, len(X)), X)
+    with pytest.warns(DisconnectedGraphWarning, match=r"3 connected components of sizes "
+                      r"\[800, 300, 100\]"):
+        pg = _build(X, 5, tmp_path, n_lists=20, n_probe=20)
+    assert pg.n_components == 3 and pg.n_edges == expected.nnz // 2
+    np.testing.assert_allclose(pg.graph.to_csr().toarray(), expected.toarray(), rtol=1e-5)
+
+
+def test_disconnected_graph_refused_naming_rows(small_blocks, tmp_path):
+    X = _clusters()
+    smallest = set(np.flatnonzero(X[:, 0] < -20).tolist())  # the 100 rows around -40
+    with pytest.raises(ValueError, match=r"sizes \[800, 300, 100\]; the smallest contains "
+                       r"rows \[(\d+, ){4}\d+\]") as err:
+        _build(X, 5, tmp_path, n_lists=20, n_probe=20, on_disconnected="raise")
+    named = {int(r) for r in str(err.value).split("rows [")[1].split("]")[0].split(", ")}
+    assert named <= smallest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DisconnectedGraphWarning)
+        pg = _build(X, 5, tmp_path / "ignored", n_lists=20, n_probe=20, on_disconnected="ignore")
+    assert pg.n_components == 3
+
+
+def _landmark_isomap(**kw):
+    from dr_dask.methods.isomap import LandmarkIsomap
+
+    return LandmarkIsomap(n_neighbors=8, n_components=1, n_landmarks=60, knn="ivf", n_probe=4,
+                          random_state=0, **kw)
+
+
+@pytest.mark.cluster
+def test_landmark_isomap_on_cluster_equals_threaded(small_blocks, cluster_client, tmp_path):
+    X = noisy_curve(2000, 30, seed=2)
+    threads = _landmark_isomap().fit(X)
+    on_cluster = _landmark_isomap(client=cluster_client, scratch=str(tmp_path)).fit(X)
+    assert threads.graph_ is None and threads.knn_recall_ == on_cluster.knn_recall_ < 1
+    np.testing.assert_allclose(on_cluster.embedding_, threads.embedding_, rtol=1e-6,
+                               atol=1e-9)
+    assert list(tmp_path.iterdir()) == []  # the lists and the graph are deleted
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("stage", ["group_edges", "block_rows", "assemble"])
+def test_worker_killed_in_the_graph_build_leaves_the_result_unchanged(small_blocks, tmp_path,
+                                                                      stage):
+    from distributed import Client, LocalCluster
+
+    X = noisy_curve(2000, 20, seed=3)
+    expected = _landmark_isomap().fit(X).embedding_
+    fault = Fault(tmp_path / "fault", Task(2 if stage != "assemble" else 1, prefix=stage))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        fault.register(client)
+        got = _landmark_isomap(client=client, scratch=str(tmp_path / "scratch")).fit(X)
+    assert fault.fired is not None and stage in fault.fired["key"]
+    np.testing.assert_allclose(got.embedding_, expected, rtol=1e-6, atol=1e-9)
