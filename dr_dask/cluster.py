@@ -401,15 +401,25 @@ def compute(*collections: Any, client: Client | None = None,
     :func:`dr_dask.progress.output` says).
 
     One call computes everything given, so shared inputs are read once (dask-ml's rule).
+    When a task fails, the call returns (raises) only once the tasks already running have
+    ended: a caller that then deletes what they write (a scratch array) is not raced.
     """
     client = active_client(client)
     if client is None:
         # one BLAS thread per task, as on a LocalCluster's workers: the scheduler's threads
         # already fill the cores (two BLAS threads per task made geodesic IKD's tile products
         # 12-15x slower on a loaded 2-core machine)
-        with single_blas_thread(), local_bar(progress):
-            return dask.compute(*collections, scheduler="threads")
-    return tuple(gather(client.compute(list(collections)), client, progress=progress))
+        with single_blas_thread(), local_bar(progress), \
+                ThreadPoolExecutor(local_threads()) as pool:  # its exit waits for running tasks
+            return dask.compute(*collections, scheduler="threads", pool=pool)
+    futures = client.compute(list(collections))
+    try:
+        return tuple(gather(futures, client, progress=progress))
+    except Exception:
+        with contextlib.suppress(Exception):
+            client.cancel(futures)  # those not started; running ones end on their own
+            wait(futures, timeout=config.get_seconds("cluster.settle-timeout"))
+        raise
 
 
 class CredentialsPlugin(WorkerPlugin):

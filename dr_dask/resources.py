@@ -43,16 +43,23 @@ class PeakRSS:
 
     interval: float = 0.05
     peak: int = 0
+    #: This process alone (the client of a cluster whose workers are its children).
+    own_peak: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _sample(self) -> None:
+        self.peak = max(self.peak, tree_rss())
+        self.own_peak = max(self.own_peak, psutil.Process().memory_info().rss)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss())
+            self._sample()
             self._stop.wait(self.interval)
 
     def __enter__(self) -> Self:
         self._stop.clear()
-        self.peak = tree_rss()
+        self.peak = self.own_peak = 0
+        self._sample()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -60,7 +67,7 @@ class PeakRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss())
+        self._sample()
 
     @property
     def peak_gb(self) -> float:
@@ -91,6 +98,8 @@ class Measurement:
     times: list[float]
     peak_rss_gb: float
     result: Any
+    #: Of this process alone (the client, when the workers are its children).
+    client_peak_gb: float = 0.0
 
 
 def measure(fn: Callable[[], Any], repeats: int = 1, rss: bool = True) -> Measurement:
@@ -103,7 +112,7 @@ def measure(fn: Callable[[], Any], repeats: int = 1, rss: bool = True) -> Measur
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     times: list[float] = []
-    peak, result = 0.0, None
+    peak, own, result = 0.0, 0.0, None
     for _ in range(repeats):
         result = None  # the previous result must not count in this repeat's memory
         gc.collect()
@@ -111,5 +120,5 @@ def measure(fn: Callable[[], Any], repeats: int = 1, rss: bool = True) -> Measur
             result = fn()
         times.append(t["seconds"])
         if mem is not None:
-            peak = max(peak, mem.peak_gb)
-    return Measurement(statistics.median(times), times, peak, result)
+            peak, own = max(peak, mem.peak_gb), max(own, mem.own_peak / 1e9)
+    return Measurement(statistics.median(times), times, peak, result, own)

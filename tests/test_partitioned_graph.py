@@ -90,8 +90,8 @@ def test_disconnected_graph_refused_naming_rows(small_blocks, tmp_path):
 def _landmark_isomap(**kw):
     from dr_dask.methods.isomap import LandmarkIsomap
 
-    return LandmarkIsomap(n_neighbors=8, n_components=1, n_landmarks=60, knn="ivf", n_probe=4,
-                          random_state=0, **kw)
+    return LandmarkIsomap(**{"n_neighbors": 8, "n_components": 1, "n_landmarks": 60,
+                             "knn": "ivf", "n_probe": 4, "random_state": 0, **kw})
 
 
 @pytest.mark.cluster
@@ -121,3 +121,25 @@ def test_worker_killed_in_the_graph_build_leaves_the_result_unchanged(small_bloc
         got = _landmark_isomap(client=client, scratch=str(tmp_path / "scratch")).fit(X)
     assert fault.fired is not None and stage in fault.fired["key"]
     np.testing.assert_allclose(got.embedding_, expected, rtol=1e-6, atol=1e-9)
+
+
+def test_landmark_isomap_reads_a_stored_input_where_it_is(small_blocks, tmp_path):
+    """From a Zarr store the rows stay there (the fit keeps a lazy view, the workers read
+    blocks): the same embedding and transform as from the array, and a bad row is named."""
+    import dask.array as da
+    import zarr
+
+    X = noisy_curve(2000, 30, seed=5)
+    zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("X", data=X,
+                                                                        chunks=(600, 30))
+    from_array = _landmark_isomap(n_probe=1000).fit(X)
+    stored = _landmark_isomap(n_probe=1000).fit(f"{tmp_path}/in.zarr:X")
+    assert isinstance(stored.training_data_, da.Array)
+    np.testing.assert_allclose(stored.embedding_, from_array.embedding_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(stored.transform(X[:9]), from_array.transform(X[:9]),
+                               rtol=1e-9, atol=1e-12)
+    X[1234, 3] = np.nan
+    zarr.open_group(str(tmp_path / "bad.zarr"), mode="w").create_array("X", data=X,
+                                                                         chunks=(600, 30))
+    with pytest.raises(ValueError, match=r"X has NaN or infinite values in rows \[1234\]"):
+        _landmark_isomap().fit(f"{tmp_path}/bad.zarr:X")

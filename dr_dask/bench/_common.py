@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dr_dask.report import plain_json
-from dr_dask.resources import measure
+from dr_dask.resources import Measurement, measure
 from dr_dask.storage import read_array
 
 logger = logging.getLogger(__name__)
@@ -86,9 +86,9 @@ def release_memory(client: Any = None) -> None:
 
 
 def timed_fits(make: Callable[[], Any], data: Any, repeats: int,
-               client: Any = None) -> tuple[float, float, Any]:
-    """Median wall time, peak process-tree RSS (GB) of ``make().fit(data)`` and the last
-    fitted estimator (a fresh estimator per repeat), after :func:`release_memory`."""
+               client: Any = None) -> Measurement:
+    """Median wall time, peak RSS (GB) of the process tree and of this process, of
+    ``make().fit(data)``, and the last fitted estimator (a fresh estimator per repeat), after
+    :func:`release_memory`."""
     release_memory(client)
-    m = measure(lambda: make().fit(data), repeats)
-    return m.seconds, m.peak_rss_gb, m.result
+    return measure(lambda: make().fit(data), repeats)

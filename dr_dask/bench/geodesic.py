@@ -89,8 +89,8 @@ def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: 
         _estimator(method, n_neighbors, client).fit(X[:600].copy())
         release_memory(client)
         idle_gb = tree_rss() / 1e9
-        seconds, peak_gb, est = timed_fits(lambda: _estimator(method, n_neighbors, client), X,
-                                           repeats, client)
+        m = timed_fits(lambda: _estimator(method, n_neighbors, client), X, repeats, client)
+        seconds, peak_gb, est = m.seconds, m.peak_rss_gb, m.result
     return {"seconds_median": seconds, "peak_rss_gb_process_tree": peak_gb,
             "idle_process_tree_rss_gb": idle_gb, "r2_vs_latent": r2_affine(latent, est.embedding_),
             "stage_seconds": est.timings_, "embedding": est.embedding_}

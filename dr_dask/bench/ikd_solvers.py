@@ -54,9 +54,10 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
         X = open_dataset(src).data.compute()  # in memory: time the method, not the reads
         row: dict[str, Any] = {"T": T, "N": N, "M": M}
         for label, c in (("cluster", client), ("one_process", None)):
-            secs, peak, est = timed_fits(
+            m = timed_fits(
                 partial(IKD, n_components=M, solver="blockwise", random_state=0, client=c), X,
                 repeats, client)
+            secs, peak, est = m.seconds, m.peak_rss_gb, m.result
             row[f"{label}_seconds"] = secs
             row[f"{label}_peak_rss_gb"] = peak
             row[f"{label}_r2"] = r2_affine(Z, est.embedding_)
@@ -80,10 +81,11 @@ def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
         src, Z = dataset_store(workdir, "sinusoidal", T, N)
     generate = t["seconds"]
     inp = open_dataset(src)
-    secs, peak, est = timed_fits(
+    m = timed_fits(
         lambda: IKD(n_components=1, dtype="float32", random_state=0, client=client, tol=1e-6,
                     **params),
         inp, 1, client)
+    secs, peak, est = m.seconds, m.peak_rss_gb, m.result
     return {
         "T": T, "N": N, **{k: v for k, v in params.items() if k != "solver"},
         "generate_seconds": generate,

@@ -5,10 +5,11 @@ it by each method, one fit per size: the landmark variants (landmark IKD, geodes
 Isomap) at T = 10k, 30k, 100k, 300k, 1M, and the exact methods (full IKD, geodesic IKD,
 Isomap: O(T^2) work, tiles or rows on disk past the memory budget) at T = 10k, 20k, 30k
 (``--quick``: 2k, 5k, 10k for every method; ``min_T``/``max_T`` bound them). Per fit: wall
-time, peak RSS of the whole process tree (driver + workers), R^2 of the 1-D embedding on the
-latent after affine alignment, and the stage seconds; per method the fitted slope of log time
-(and log memory) against log T. Per T also the kNN alone (the search the methods run on the
-raw rows: time, and recall on 1,000 sampled rows against their brute-force neighbours).
+time, peak RSS of the whole process tree (driver + workers) and of the driver alone, R^2 of
+the 1-D embedding on the latent after affine alignment, and the stage seconds; per method the
+fitted slope of log time (and log memory) against log T. Per T also the kNN alone (the search
+the methods run on the raw rows: time, and recall on 1,000 sampled rows against their
+brute-force neighbours).
 The slopes are the point of the table: 1 is linear scaling, 2 is the quadratic cost of the
 exact methods.
 """
@@ -156,14 +157,15 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                 logger.info("scale: %s at T=%d, L=%s", method, T, L)
                 # the IKD solvers read the store themselves (its chunks, its identity)
                 data = inp if method.endswith("_ikd") else inp.data
-                seconds, peak, est = timed_fits(
+                m = timed_fits(
                     partial(_estimator, method, T, L, client, workdir,
                             {} if method == "full_ikd" else search),
                     data, 1, client)
-                stages = est.timings_
+                est, stages = m.result, m.result.timings_
                 rows.append({
-                    "method": method, "T": T, "n_landmarks": L, "seconds": seconds,
-                    "peak_rss_gb": peak, "r2": r2_affine(Z, est.embedding_),
+                    "method": method, "T": T, "n_landmarks": L, "seconds": m.seconds,
+                    "peak_rss_gb": m.peak_rss_gb, "client_peak_gb": m.client_peak_gb,
+                    "r2": r2_affine(Z, est.embedding_),
                     "knn_recall": getattr(est, "knn_recall_", None),
                     "stage_seconds": stages,
                 })

@@ -19,7 +19,8 @@ search", §III-A; faiss's ``IndexIVFFlat``) over rows that never meet in one pro
    ``n_probe`` nearest lists, whose rows the task reads; float32 GEMM tiles are folded into
    running top ``k + EXTRA`` lists by the brute-force kernel and re-ranked by float64
    distances, as the exact searches do. A worker holds its group's rows and the lists they
-   probe, never all rows.
+   probe, never all rows. :func:`ivf_kneighbors` gathers the neighbour lists;
+   :mod:`dr_dask.graph.partitioned` turns them into graph edges where they are found.
 
 With ``n_probe >= n_lists`` every list is probed and the result is the exact kNN of the centred
 float32 rows (as the cell search's). Below, it is approximate: a neighbour is missed when it
@@ -133,6 +134,44 @@ def _gather_group(staging: tuple, lists: tuple, block_starts: np.ndarray,
     return n
 
 
+@dataclass(frozen=True)
+class InvertedLists:
+    """Rows in inverted lists at a scratch location: what a search task needs to open them.
+
+    ``rows`` (float32, centred) and ``ids`` (their row indices) hold the lists in order, each
+    group of consecutive lists (``groups``: ``(first, last)`` list numbers) from a chunk
+    boundary ``dest[g]``; list ``u`` starts at ``list_start[u]`` with ``sizes[u]`` rows. A
+    row's *label* is its rank in that order, padding left out: group ``g`` holds labels
+    ``label0[g]`` to ``label0[g + 1]``. Neighbours in lists are near in label order (the lists
+    follow a k-d tree of the centroids), which is the order the stored graph keeps.
+    """
+
+    rows: zarr.Array
+    ids: zarr.Array
+    cent32: np.ndarray
+    list_start: np.ndarray
+    sizes: np.ndarray
+    groups: tuple[tuple[int, int], ...]
+    dest: np.ndarray
+    label0: np.ndarray
+    n_probe: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.label0[-1])
+
+    @property
+    def label_shift(self) -> np.ndarray:
+        """Per list: its rows' label minus their position."""
+        group_of = np.repeat(np.arange(len(self.groups)), [b - a for a, b in self.groups])
+        return (self.label0[:-1] - self.dest[:-1])[group_of]
+
+    def group_ids(self, g: int) -> np.ndarray:
+        """The row indices of group ``g``'s rows, in label order."""
+        s = int(self.dest[g])
+        return np.asarray(self.ids[s:s + int(self.label0[g + 1] - self.label0[g])])
+
+
 def _search_group(lists: InvertedLists, g: int, k: int,
                   exclude_self: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The k nearest neighbours of the rows of group ``g``, each searched in its ``n_probe``
@@ -204,44 +243,6 @@ def _groups(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
     if first < len(sizes):
         out.append((first, len(sizes)))
     return out
-
-
-@dataclass(frozen=True)
-class InvertedLists:
-    """Rows in inverted lists at a scratch location: what a search task needs to open them.
-
-    ``rows`` (float32, centred) and ``ids`` (their row indices) hold the lists in order, each
-    group of consecutive lists (``groups``: ``(first, last)`` list numbers) from a chunk
-    boundary ``dest[g]``; list ``u`` starts at ``list_start[u]`` with ``sizes[u]`` rows. A
-    row's *label* is its rank in that order, padding left out: group ``g`` holds labels
-    ``label0[g]`` to ``label0[g + 1]``. Neighbours in lists are near in label order (the lists
-    follow a k-d tree of the centroids), which is the order the stored graph keeps.
-    """
-
-    rows: zarr.Array
-    ids: zarr.Array
-    cent32: np.ndarray
-    list_start: np.ndarray
-    sizes: np.ndarray
-    groups: tuple[tuple[int, int], ...]
-    dest: np.ndarray
-    label0: np.ndarray
-    n_probe: int
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.label0[-1])
-
-    @property
-    def label_shift(self) -> np.ndarray:
-        """Per list: its rows' label minus their position."""
-        group_of = np.repeat(np.arange(len(self.groups)), [b - a for a, b in self.groups])
-        return (self.label0[:-1] - self.dest[:-1])[group_of]
-
-    def group_ids(self, g: int) -> np.ndarray:
-        """The row indices of group ``g``'s rows, in label order."""
-        s = int(self.dest[g])
-        return np.asarray(self.ids[s:s + int(self.label0[g + 1] - self.label0[g])])
 
 
 def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = None,

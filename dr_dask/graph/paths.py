@@ -406,10 +406,11 @@ class GeodesicRows:
             process to every worker. It must outlive the rows (a lost block is recomputed
             from it).
         """
-        stored = graph if isinstance(graph, StoredGraph) else None
-        if stored is None:
-            graph = _as_csr(graph)
-        T = graph.n_nodes if stored is not None else graph.shape[0]
+        if isinstance(graph, StoredGraph):
+            stored, T = graph, graph.n_nodes
+        else:
+            stored, csr = None, _as_csr(graph)
+            T = csr.shape[0]
         sources = np.arange(T) if sources is None else np.asarray(sources, dtype=np.int64)
         if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
             raise ValueError(f"sources must be node indices in [0, {T})")
@@ -420,7 +421,7 @@ class GeodesicRows:
             c = store.chunks[0]
             bs = c * max(1, bs // c)
         # once here, not in every task (a stored graph is opened where the tasks run)
-        search: _SearchGraph | StoredGraph = stored or _SearchGraph.of(graph)
+        search = stored if stored is not None else _SearchGraph.of(csr)
         bounds = [*range(0, len(sources), bs), len(sources)]
         client = active_client(client)
         logger.info("Dijkstra from %d sources over %d nodes in %d blocks", len(sources), T,

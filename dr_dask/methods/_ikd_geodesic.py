@@ -177,7 +177,9 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
             weight=weight, on_disconnected=cfg.on_disconnected, random_state=cfg.random_state)
         if stored is not None:
             return stored.graph, {"knn_recall": stored.recall, "n_edges": stored.n_edges,
-                                  "n_components": stored.n_components}
+                                  "n_components": stored.n_components,
+                                  "seconds": {f"graph.{k}": v for k, v in
+                                              stored.seconds.items()}}
         with scratch("knn_lists", None, cfg.scratch, inp) as lists:
             dist, idx, info["knn_recall"] = search_neighbours(
                 Xu, int(cfg.n_neighbors), knn=cfg.knn, n_probe=cfg.n_probe, client=client,
@@ -406,6 +408,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         with scratch("graph", None, cfg.scratch, inp) as graph_loc:
             with timed(seconds, "graph"):
                 graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp, graph_loc)
+                seconds.update(info.get("seconds", {}))
                 del Xn  # the graph is all the rest needs: free the persisted rows
             T = graph.n_nodes if isinstance(graph, StoredGraph) else graph.shape[0]
             on_disk = cfg.on_disk(4 * L * T)

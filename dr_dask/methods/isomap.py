@@ -56,6 +56,7 @@ from dr_dask.graph import (
 from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
 from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
+from dr_dask.inputs import InputData
 from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
@@ -68,6 +69,7 @@ from dr_dask.validation import (
     check_input,
     check_params,
     clamp_to_samples,
+    is_stored,
     non_negative,
     positive,
 )
@@ -115,12 +117,14 @@ def _n_components(n_components: int, n_points: int, points: str) -> int:
 
 
 def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: float | None,
-                     client: Any, where: Location | None = None) -> sp.csr_matrix | StoredGraph:
+                     client: Any, where: Location | None = None,
+                     timings: dict | None = None) -> sp.csr_matrix | StoredGraph:
     """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule).
 
     With ``where`` (a scratch location every worker reaches), a k-rule graph whose search
     resolves to the partitioned one is built on the workers and stored there
-    (:func:`~dr_dask.graph.partitioned.stored_neighbour_graph`).
+    (:func:`~dr_dask.graph.partitioned.stored_neighbour_graph`); its stages' seconds go to
+    ``timings`` as ``graph.<stage>``.
     """
     T = X.shape[0]
     if (n_neighbors is None) == (radius is None):
@@ -136,6 +140,8 @@ def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: f
                                         random_state=est.random_state)
         if stored is not None:
             est.knn_recall_ = stored.recall
+            if timings is not None:
+                timings.update({f"graph.{k}": v for k, v in stored.seconds.items()})
             return stored.graph
     search = {"knn": est.knn, "n_probe": est.n_probe, "random_state": est.random_state}
     graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search)
@@ -206,6 +212,12 @@ def _out_of_sample(estimator: Any, X: Any) -> np.ndarray | da.Array:
     """``transform`` of both estimators: a dask array maps lazily, block by block; any other
     input (array-like, path, zarr, xarray) is checked and mapped in memory."""
     proj = estimator._projector()
+    if isinstance(getattr(estimator, "training_data_", None), da.Array):
+        # a training set in a store: the neighbours are searched blockwise where its rows are
+        inp = check_input(estimator, X, reset=False, in_memory=not is_stored(X),
+                          dtype=np.float64)
+        query = inp.values if inp.values is not None else inp.data
+        return proj(query, client=active_client(estimator.client), local=False)
     if isinstance(X, da.Array):
         check_input(estimator, X, reset=False)  # the caller's row chunks are kept
         return _transform_dask(X, proj, estimator.embedding_.shape[1])
@@ -593,7 +605,8 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     scratch : str, Location or None, default=None
         Where the workers write the IVF lists and the graph during the fit (a local path or
         URL every worker reaches; a :class:`~dr_dask.storage.Location` carries storage
-        options); None: a local temporary directory. Deleted when the fit ends.
+        options); None: next to a remote input (its bucket), else a local temporary
+        directory. Deleted when the fit ends.
 
     Attributes
     ----------
@@ -606,7 +619,9 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     landmark_pinv_ : ndarray of shape (d, L)
     landmark_sq_mean_ : ndarray of shape (L,)
     landmark_geodesics_ : ndarray of shape (L, T) float32, or zarr.Array
-    training_data_ : ndarray of shape (T, N)
+    training_data_ : ndarray or dask array of shape (T, N)
+        The input; a dask array over the store for a stored or dask input (then ``transform``
+        finds the new points' neighbours blockwise on the workers and returns a NumPy array).
     n_features_in_ : int
     graph_ : scipy.sparse.csr_matrix of shape (T, T) or None
         None when the graph was built on the workers (it lived at ``scratch``).
@@ -661,22 +676,31 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
 
     @shown_during
     def fit(self, X: Any, y: Any = None) -> LandmarkIsomap:
-        """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self."""
-        X = _training(self, X)
+        """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self.
+
+        A stored or dask input stays where it is: the workers read its rows (its values are
+        checked block by block as they are read), and this process never holds them.
+        """
+        check_params(self)
+        inp = check_input(self, X, reset=True, in_memory=not is_stored(X), dtype=np.float64,
+                          min_samples=2)
+        X = inp.values if inp.values is not None else inp.data
         T = X.shape[0]
         L = clamp_to_samples(self, "n_landmarks", T)
         d = _n_components(self.n_components, L, "landmarks")
-        return run_stage("landmark_isomap", lambda: self._fit(X, L, d))
+        return run_stage("landmark_isomap", lambda: self._fit(X, L, d, inp))
 
-    def _fit(self, X: np.ndarray, L: int, d: int) -> LandmarkIsomap:
+    def _fit(self, X: Any, L: int, d: int, inp: InputData) -> LandmarkIsomap:
         T = X.shape[0]
         client = active_client(self.client)
         timings: dict[str, float] = {}
-        # the IVF lists and a graph built on the workers live there until the rows are used
-        # (a row block lost with its worker is recomputed from the graph)
-        with scratch("landmark_isomap_graph", None, self.scratch) as where:
+        # the IVF lists and a graph built on the workers live there (by default next to a
+        # remote input, else in a local temporary directory) until the rows are used (a row
+        # block lost with its worker is recomputed from the graph)
+        with scratch("landmark_isomap_graph", None, self.scratch, inp) as where:
             with timed(timings, "graph"):
-                graph = _neighbour_graph(self, X, self.n_neighbors, None, client, where)
+                graph = _neighbour_graph(self, X, self.n_neighbors, None, client, where,
+                                         timings)
             self.graph_ = None if isinstance(graph, StoredGraph) else graph
 
             with timed(timings, "landmarks"):
