@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -40,6 +41,9 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
         # in part on these weakly correlated data (README: what to expect from it; 0.47-0.49
         # here), far above a chance embedding's ~0 (in-sample R^2 lies in [0, 1])
         assert (0.3 if r["method"] == "full_ikd" else 0.9) < r["r2"] <= 1
+        # on 5,000 sampled rows (all of them here): the geodesic embeddings keep the rows'
+        # neighbourhoods (0.99), full IKD's partial one less so (0.86)
+        assert (0.8 if r["method"] == "full_ikd" else 0.95) < r["trustworthiness"] <= 1
     for method in scale.METHODS:
         assert np.isfinite(report["slopes"][method]["time"])
     assert [r["T"] for r in report["knn"]] == [800, 1600]
@@ -76,3 +80,31 @@ def test_bench_scale_bad_input(tmp_path):
     assert "Traceback" not in result.output and not out.exists()
     result = CliRunner().invoke(main, ["bench", "scale", "--max-T", "0"])
     assert result.exit_code == 2 and "--max-T" in result.output
+
+
+@pytest.mark.slow  # umap-learn compiles its kernels first (10-15 s); skipped without it
+def test_bench_scale_peer_umap(tmp_path, monkeypatch):
+    pytest.importorskip("umap")
+    monkeypatch.setattr(scale, "QUICK_SIZES", (1000,))
+    report = scale.run_scale(None, quick=True, n_landmarks=50, methods=("landmark_isomap",),
+                             workdir=str(tmp_path), peer="umap")
+    ours, umap = report["rows"]
+    assert (ours["method"], umap["method"]) == ("landmark_isomap", "umap")
+    assert umap["seconds"] > 0 and umap["stage_seconds"]["read"] > 0
+    # umap's 1-D layout is only partly affine in the latent at this size (R^2 0.4-0.8, unseeded),
+    # but it keeps the rows' neighbourhoods as ours does (a random embedding's trust: ~0.5)
+    assert 0 <= umap["r2"] <= 1 and 0.95 < umap["trustworthiness"] <= 1
+    assert 0.95 < ours["trustworthiness"] <= 1
+    assert report["peer_ratio"] == {"landmark_isomap": {1000: ours["seconds"] / umap["seconds"]}}
+
+
+def test_bench_scale_peer_missing(tmp_path, monkeypatch):
+    # None in sys.modules is how Python marks a module as not importable
+    monkeypatch.setitem(sys.modules, "umap", None)
+    out = tmp_path / "scale.json"
+    result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--quick",
+                                       "--peer", "umap", "--json", str(out)])
+    assert result.exit_code == 2
+    assert "--peer umap needs umap-learn" in result.output and "pip install" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
