@@ -45,14 +45,18 @@ class PeakRSS:
     peak: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
+    def sample(self) -> None:
+        """One sample (a subclass may sample other processes)."""
+        self.peak = max(self.peak, tree_rss())
+
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss())
-            self._stop.wait(self.interval)
+        while not self._stop.wait(self.interval):
+            self.sample()
 
     def __enter__(self) -> Self:
         self._stop.clear()
-        self.peak = tree_rss()
+        self.peak = 0
+        self.sample()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -60,7 +64,7 @@ class PeakRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss())
+        self.sample()
 
     @property
     def peak_gb(self) -> float:

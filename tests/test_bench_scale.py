@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -10,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import idle_rss_gb, plausible_peak
 
-from dr_dask.bench import scale
+from dr_dask.bench import scale, search_memory
+from dr_dask.bench._common import PeakRSSEach
 from dr_dask.cli import main
 
 
@@ -108,3 +111,42 @@ def test_bench_scale_peer_missing(tmp_path, monkeypatch):
     assert "--peer umap needs umap-learn" in result.output and "pip install" in result.output
     assert "Traceback" not in result.output and not out.exists()
 
+
+def test_peak_rss_each_tells_processes_apart():
+    # a child that allocates (and writes) 300 MB while measured, then waits: its own peak
+    # grows by that much, this process's does not
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdin.readline(); "
+         "b = b'x' * (300 << 20); print('held', flush=True); time.sleep(5)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with PeakRSSEach({"child": child.pid, "me": os.getpid()}, interval=0.01) as mem:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "held"
+        assert mem.peaks["child"] - mem.start["child"] > 0.28e9
+        assert mem.peaks["me"] - mem.start["me"] < 0.1e9
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.cluster
+def test_bench_search_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(search_memory, "WORKERS", (1, 2))
+    out = tmp_path / "search.json"
+    result = CliRunner().invoke(main, ["bench", "search-memory", "--T", "20000",
+                                       "--workdir", str(tmp_path), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    one, two = report["rows"]
+    assert (one["workers"], two["workers"]) == (1, 2) and len(two["worker_peaks_gb"]) == 2
+    # one worker holds its imports, and the whole search's data on top of them
+    assert one["largest_worker_peak_gb"] > one["largest_worker_idle_gb"]
+    for r in (one, two):
+        assert 0.05 < r["largest_worker_idle_gb"] <= r["largest_worker_peak_gb"] < 4
+        assert r["largest_worker_peak_gb"] == max(r["worker_peaks_gb"])
+        assert 0.05 < r["client_idle_gb"] <= r["client_peak_gb"] < 4 and r["seconds"] > 0
+    assert one["peak_ratio"] == 1 and two["target_ratio"] == 0.5
+    assert two["peak_ratio"] == pytest.approx(
+        two["largest_worker_peak_gb"] / one["largest_worker_peak_gb"])

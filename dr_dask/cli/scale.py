@@ -79,3 +79,19 @@ def bench_dijkstra(max_T, workdir, json_path):
     sizes = tuple(T for T in SIZES if max_T is None or T <= max_T) or (max_T,)
     click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))
 
+
+@bench.command("search-memory")
+@click.option("--T", "T", type=click.IntRange(min=10_000), default=2_000_000, show_default=True,
+              help="Rows of the sinusoid (N=100).")
+@click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
+@json_option
+def bench_search_memory(T, workdir, json_path):
+    """The partitioned (IVF) neighbour search's memory per worker: k=10 on the sinusoid
+    (N=100, from Zarr) on LocalClusters of 1, 2 and 4 worker processes of one thread, which
+    this command starts itself (--scheduler and --workers do not apply): the largest worker's
+    peak RSS and its ratio to the peak on one worker (target: about 1/W), the client's peak
+    and the time."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.search_memory import run_search_memory
+
+    click.echo(write_report(run_search_memory(T, workdir=workdir), json_path))
