@@ -47,19 +47,19 @@ class PeakRSS:
     own_peak: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        """One sample (a subclass may sample other processes)."""
         self.peak = max(self.peak, tree_rss())
         self.own_peak = max(self.own_peak, psutil.Process().memory_info().rss)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self.interval)
+        while not self._stop.wait(self.interval):
+            self.sample()
 
     def __enter__(self) -> Self:
         self._stop.clear()
         self.peak = self.own_peak = 0
-        self._sample()
+        self.sample()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -67,7 +67,7 @@ class PeakRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample()
+        self.sample()
 
     @property
     def peak_gb(self) -> float:

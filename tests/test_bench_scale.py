@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import idle_rss_gb, plausible_peak
 
-from dr_dask.bench import scale
+from dr_dask.bench import scale, search_memory
+from dr_dask.bench._common import PeakRSSEach
 from dr_dask.cli import main
 
 
@@ -40,6 +44,9 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
         # in part on these weakly correlated data (README: what to expect from it; 0.47-0.49
         # here), far above a chance embedding's ~0 (in-sample R^2 lies in [0, 1])
         assert (0.3 if r["method"] == "full_ikd" else 0.9) < r["r2"] <= 1
+        # on 5,000 sampled rows (all of them here): the geodesic embeddings keep the rows'
+        # neighbourhoods (0.99), full IKD's partial one less so (0.86)
+        assert (0.8 if r["method"] == "full_ikd" else 0.95) < r["trustworthiness"] <= 1
     for method in scale.METHODS:
         assert np.isfinite(report["slopes"][method]["time"])
     assert [r["T"] for r in report["knn"]] == [800, 1600]
@@ -76,3 +83,70 @@ def test_bench_scale_bad_input(tmp_path):
     assert "Traceback" not in result.output and not out.exists()
     result = CliRunner().invoke(main, ["bench", "scale", "--max-T", "0"])
     assert result.exit_code == 2 and "--max-T" in result.output
+
+
+@pytest.mark.slow  # umap-learn compiles its kernels first (10-15 s); skipped without it
+def test_bench_scale_peer_umap(tmp_path, monkeypatch):
+    pytest.importorskip("umap")
+    monkeypatch.setattr(scale, "QUICK_SIZES", (1000,))
+    report = scale.run_scale(None, quick=True, n_landmarks=50, methods=("landmark_isomap",),
+                             workdir=str(tmp_path), peer="umap")
+    ours, umap = report["rows"]
+    assert (ours["method"], umap["method"]) == ("landmark_isomap", "umap")
+    assert umap["seconds"] > 0 and umap["stage_seconds"]["read"] > 0
+    # umap's 1-D layout is only partly affine in the latent at this size (R^2 0.4-0.8, unseeded),
+    # but it keeps the rows' neighbourhoods as ours does (a random embedding's trust: ~0.5)
+    assert 0 <= umap["r2"] <= 1 and 0.95 < umap["trustworthiness"] <= 1
+    assert 0.95 < ours["trustworthiness"] <= 1
+    assert report["peer_ratio"] == {"landmark_isomap": {1000: ours["seconds"] / umap["seconds"]}}
+
+
+def test_bench_scale_peer_missing(tmp_path, monkeypatch):
+    # None in sys.modules is how Python marks a module as not importable
+    monkeypatch.setitem(sys.modules, "umap", None)
+    out = tmp_path / "scale.json"
+    result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--quick",
+                                       "--peer", "umap", "--json", str(out)])
+    assert result.exit_code == 2
+    assert "--peer umap needs umap-learn" in result.output and "pip install" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_peak_rss_each_tells_processes_apart():
+    # a child that allocates (and writes) 300 MB while measured, then waits: its own peak
+    # grows by that much, this process's does not
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdin.readline(); "
+         "b = b'x' * (300 << 20); print('held', flush=True); time.sleep(5)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with PeakRSSEach({"child": child.pid, "me": os.getpid()}, interval=0.01) as mem:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "held"
+        assert mem.peaks["child"] - mem.start["child"] > 0.28e9
+        assert mem.peaks["me"] - mem.start["me"] < 0.1e9
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.cluster
+def test_bench_search_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(search_memory, "WORKERS", (1, 2))
+    out = tmp_path / "search.json"
+    result = CliRunner().invoke(main, ["bench", "search-memory", "--T", "20000",
+                                       "--workdir", str(tmp_path), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    one, two = report["rows"]
+    assert (one["workers"], two["workers"]) == (1, 2) and len(two["worker_peaks_gb"]) == 2
+    # one worker holds its imports, and the whole search's data on top of them
+    assert one["largest_worker_peak_gb"] > one["largest_worker_idle_gb"]
+    for r in (one, two):
+        assert 0.05 < r["largest_worker_idle_gb"] <= r["largest_worker_peak_gb"] < 4
+        assert r["largest_worker_peak_gb"] == max(r["worker_peaks_gb"])
+        assert 0.05 < r["client_idle_gb"] <= r["client_peak_gb"] < 4 and r["seconds"] > 0
+    assert one["peak_ratio"] == 1 and two["target_ratio"] == 0.5
+    assert two["peak_ratio"] == pytest.approx(
+        two["largest_worker_peak_gb"] / one["largest_worker_peak_gb"])

@@ -7,16 +7,18 @@ measured in the same run (a ratio), never an absolute figure alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Self
 
 import numpy as np
+import psutil
 
 from dr_dask.report import plain_json
-from dr_dask.resources import Measurement, measure
+from dr_dask.resources import Measurement, PeakRSS, measure
 from dr_dask.storage import read_array
 
 logger = logging.getLogger(__name__)
@@ -92,3 +94,33 @@ def timed_fits(make: Callable[[], Any], data: Any, repeats: int,
     :func:`release_memory`."""
     release_memory(client)
     return measure(lambda: make().fit(data), repeats)
+
+
+class PeakRSSEach(PeakRSS):
+    """``with PeakRSSEach({"client": pid, ...}) as mem: ...`` then ``mem.start[name]`` and
+    ``mem.peaks[name]`` (bytes): each named process's own resident set (not its children's)
+    when the block began and its peak during it; ``mem.peak``: the peak of their sum.
+
+    Where :class:`PeakRSS` measures a whole process tree, this tells the processes apart (the
+    largest worker's peak, the client's), sampled as often.
+    """
+
+    def __init__(self, pids: Mapping[str, int], interval: float = 0.05):
+        super().__init__(interval)
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.start: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}
+
+    def sample(self) -> None:
+        now = {}
+        for name, proc in self._procs.items():
+            with contextlib.suppress(psutil.Error):  # a worker may exit while we look
+                now[name] = proc.memory_info().rss
+                self.peaks[name] = max(self.peaks.get(name, 0), now[name])
+        self.peak = max(self.peak, sum(now.values()))
+
+    def __enter__(self) -> Self:
+        self.peaks = {}
+        self.sample()
+        self.start = dict(self.peaks)  # before the sampling thread starts
+        return super().__enter__()

@@ -12,6 +12,11 @@ the methods run on the raw rows: time, and recall on 1,000 sampled rows against 
 brute-force neighbours).
 The slopes are the point of the table: 1 is linear scaling, 2 is the quadratic cost of the
 exact methods.
+
+Every fit also reports its trustworthiness (Venna & Kaski 2001, as scikit-learn computes it,
+k=10) on a seeded sample of 5,000 rows. ``peer="umap"`` fits umap-learn (McInnes et al. 2018)
+on the same rows at every size, timed the same way (its read of the store included), and
+reports each method's time as a ratio to umap's at the same T.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -42,6 +48,10 @@ EXACT_METHODS = ("full_ikd", "geodesic_ikd", "isomap")
 METHODS = LANDMARK_METHODS + EXACT_METHODS
 #: Rows whose neighbours are checked against brute force for the recall.
 KNN_QUERIES = 1000
+#: Rows of the seeded sample the trustworthiness is computed on (scikit-learn's is T^2).
+TRUST_ROWS = 5000
+#: Embeddings fitted beside ours for comparison (``peer=``; each an optional extra).
+PEERS = ("umap",)
 
 
 def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdir: str,
@@ -69,6 +79,42 @@ def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdi
              if 4 * n_landmarks * T > config.get_bytes("tiles.memory-bytes") else None)
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
                           random_state=0, client=client, geodesic_store=store, **search)
+
+
+def _umap() -> Any:
+    """umap-learn as its documentation recommends for speed: no seed, so that its layout
+    optimisation runs on every core (a ``random_state`` forces one thread); its defaults
+    otherwise (spectral initialisation, min_dist=0.1, its approximate neighbour search)."""
+    import umap  # lazy: an optional extra
+
+    return umap.UMAP(n_components=1, n_neighbors=N_NEIGHBORS, n_jobs=-1)
+
+
+class _FromStore:
+    """A peer estimator fitted on the rows of a :func:`dataset_store` source, read inside
+    ``fit`` as our estimators read the store inside theirs (the read is in the fit's time)."""
+
+    def __init__(self, estimator: Any):
+        self.estimator = estimator
+
+    def fit(self, source: str) -> _FromStore:
+        import zarr
+
+        from dr_dask.storage import read_array
+
+        self.timings_: dict = {}
+        with timed(self.timings_, "read"):
+            X = read_array(zarr.open_group(source.rsplit(":", 1)[0], mode="r"), "X")
+        with timed(self.timings_, "fit"):
+            self.embedding_ = self.estimator.fit_transform(X)
+        return self
+
+
+def trust_sample(X: Any, T: int, n_rows: int = TRUST_ROWS, seed: int = 0) -> tuple[np.ndarray,
+                                                                                   np.ndarray]:
+    """A seeded sample of at most ``n_rows`` rows of X: their sorted indices and the rows."""
+    idx = np.sort(np.random.default_rng(seed).choice(T, min(T, n_rows), replace=False))
+    return idx, np.asarray(X[idx])
 
 
 def size_ladder(method: str, quick: bool, min_T: int | None, max_T: int | None) -> list[int]:
@@ -102,7 +148,7 @@ def knn_recall(X: Any, k: int, n_queries: int, client: Any, knn: str = "exact",
 def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
               max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None, knn: str = "exact",
-              n_probe: int | None = None) -> dict:
+              n_probe: int | None = None, peer: str | None = None) -> dict:
     """Fit each method at each size; return the table rows and the fitted slopes.
 
     Parameters
@@ -121,21 +167,29 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         Where the datasets go (reused across runs); default a temporary directory.
     knn, n_probe : the estimators' neighbour search (every method but full IKD, which
         builds no graph) and the timed kNN's.
+    peer : {"umap"}, optional
+        Also fit this method (one of ``PEERS``; its package must be installed) at every size
+        any of ``methods`` runs at.
 
     Returns
     -------
     dict
-        ``rows`` (one per method and T: seconds, peak RSS, R^2, the estimated kNN recall,
-        stage seconds), ``slopes``
-        (per method, of time and of peak RSS), ``knn`` (per T: seconds, recall) and the
-        settings.
+        ``rows`` (one per method and T, the peer's included: seconds, peak RSS, R^2,
+        trustworthiness on ``TRUST_ROWS`` sampled rows, the estimated kNN recall, stage
+        seconds), ``slopes`` (per method, of time and of peak RSS), ``knn`` (per T: seconds,
+        recall), with a peer ``peer_ratio`` (per method and T: its seconds over the peer's) and
+        the settings.
     """
+    from sklearn.manifold import trustworthiness
+
     from dr_dask.inputs import open_dataset
     from dr_dask.metrics import r2_affine
 
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
+    if peer is not None and peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}; choose from {list(PEERS)}")
     ladders = {m: size_ladder(m, quick, min_T, max_T) for m in methods}
     sizes = sorted(set().union(*ladders.values()))
     if not sizes:
@@ -146,46 +200,76 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     os.makedirs(workdir, exist_ok=True)
     rows, knn_rows = [], []
     search = {"knn": knn, "n_probe": n_probe}
+    load_before = os.getloadavg()
+    if peer is not None:
+        # its first fit in a process compiles its kernels for float32 rows (10-15 s; 30-45 s
+        # for its approximate neighbour search, which it uses from 4,096 rows): not part of
+        # any size's figures
+        for n in sorted({1000 if T < 4096 else 5000 for T in sizes}):
+            _umap().fit(np.random.default_rng(0).normal(size=(n, N_FEATURES)).astype(np.float32))
     try:
         for T in sizes:
             src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
             inp = open_dataset(src)
             knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
                                                   client, knn, n_probe)})
-            for method in (m for m in methods if T in ladders[m]):
-                L = min(n_landmarks, T // 10) if method in LANDMARK_METHODS else None
+            idx, X_sample = trust_sample(inp.data, T)
+            # (method, L, a fresh estimator, what it fits)
+            fits: list[tuple[str, int | None, Callable[[], Any], Any]] = []
+            for name in (m for m in methods if T in ladders[m]):
+                L = min(n_landmarks, T // 10) if name in LANDMARK_METHODS else None
+                fits.append((name, L, partial(_estimator, name, T, L, client, workdir,
+                                              {} if name == "full_ikd" else search),
+                             # the IKD solvers read the store themselves (chunks, identity)
+                             inp if name.endswith("_ikd") else inp.data))
+            if peer is not None:
+                fits.append((peer, None, lambda: _FromStore(_umap()), src))
+            for method, L, make, data in fits:
                 logger.info("scale: %s at T=%d, L=%s", method, T, L)
-                # the IKD solvers read the store themselves (its chunks, its identity)
-                data = inp if method.endswith("_ikd") else inp.data
-                m = timed_fits(
-                    partial(_estimator, method, T, L, client, workdir,
-                            {} if method == "full_ikd" else search),
-                    data, 1, client)
-                est, stages = m.result, m.result.timings_
+                m = timed_fits(make, data, 1, client)
+                est, emb = m.result, np.asarray(m.result.embedding_)
                 rows.append({
                     "method": method, "T": T, "n_landmarks": L, "seconds": m.seconds,
                     "peak_rss_gb": m.peak_rss_gb, "client_peak_gb": m.client_peak_gb,
-                    "r2": r2_affine(Z, est.embedding_),
+                    "r2": r2_affine(Z, emb),
+                    "trustworthiness": float(trustworthiness(X_sample, emb[idx],
+                                                             n_neighbors=N_NEIGHBORS)),
                     "knn_recall": getattr(est, "knn_recall_", None),
-                    "stage_seconds": stages,
+                    "stage_seconds": est.timings_,
                 })
     finally:
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)
     slopes = {}
-    for method in methods:
+    for method in (*methods, *([peer] if peer else [])):
         mine = [r for r in rows if r["method"] == method]
         Ts = [r["T"] for r in mine]
         slopes[method] = {
             "time": fitted_slope(Ts, [r["seconds"] for r in mine]),
             "peak_rss": fitted_slope(Ts, [r["peak_rss_gb"] for r in mine]),
         }
-    return {
+    results = {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
-        "workers": n_workers(client),
+        "workers": n_workers(client), "trust_rows": TRUST_ROWS,
         "knn_mode": knn, "n_probe": n_probe,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "rows": rows, "slopes": slopes, "knn": knn_rows,
     }
+    if peer is not None:
+        results["peer"] = peer
+        results["peer_ratio"] = peer_ratios(rows, peer)
+    return results
+
+
+def peer_ratios(rows: list[dict], peer: str) -> dict:
+    """Each method's time over the peer's at the same T: ``{method: {T: ratio}}`` (below 1:
+    faster than the peer)."""
+    theirs = {r["T"]: r["seconds"] for r in rows if r["method"] == peer}
+    out: dict = {}
+    for r in rows:
+        if r["method"] != peer:
+            out.setdefault(r["method"], {})[r["T"]] = r["seconds"] / theirs[r["T"]]
+    return out
 
 
 def plot_scale(results: dict, path: str) -> str:
@@ -202,7 +286,9 @@ def plot_scale(results: dict, path: str) -> str:
             series[method] = ([r["T"] for r in mine], [r[key] for r in mine])
         panels.append(plot.loglog(series, xlabel="T (points)", ylabel=label,
                                     title=f"{label.split(',')[0]} against T"))
-    table = {m: {"time slope": s["time"], "peak RSS slope": s["peak_rss"]}
+    table = {m: {"time slope": s["time"], "peak RSS slope": s["peak_rss"],
+                 **{f"time / {results.get('peer')} at T={T}": ratio
+                    for T, ratio in results.get("peer_ratio", {}).get(m, {}).items()}}
              for m, s in results["slopes"].items()}
     return plot.report_page(path, panels, table, title=(
         f"{results['dataset']} N={results['N']}, k={results['n_neighbors']}, "

@@ -31,16 +31,25 @@ logger = logging.getLogger(__name__)
               help="The table as JSON.")
 @click.option("--png", "png_path", default="scale.png", show_default=True,
               help="The log-log plot of time and peak RSS against T.")
+@click.option("--peer", type=click.Choice(["umap"]), default=None,
+              help="Also fit umap-learn (the [umap] extra) at every size, timed the same way, "
+                   "and report each method's time as a ratio to it.")
 @knn_options
 @click.pass_context
 def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_path, png_path,
-                knn, n_probe):
+                peer, knn, n_probe):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
     at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
-    R^2 and the fitted slopes."""
+    R^2, trustworthiness on 5,000 sampled rows and the fitted slopes."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.scale import METHODS, plot_scale, run_scale, size_ladder
 
+    if peer == "umap":
+        try:
+            import umap  # noqa: F401  (an optional extra: checked before any fit)
+        except ImportError as exc:
+            fail(f"--peer umap needs umap-learn, which is not installed ({exc}): "
+                 "pip install 'dr-dask[umap]'")
     methods = tuple(methods) or METHODS
     if not any(size_ladder(m, quick, min_T, max_T) for m in methods):
         ladder = sorted(set().union(*(size_ladder(m, quick, None, None) for m in methods)))
@@ -50,7 +59,8 @@ def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_pa
     with cluster(ctx) as client:
         results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
                             n_landmarks=n_landmarks,
-                            methods=methods, workdir=workdir, knn=knn, n_probe=n_probe)
+                            methods=methods, workdir=workdir, knn=knn, n_probe=n_probe,
+                            peer=peer)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
 
@@ -68,3 +78,20 @@ def bench_dijkstra(max_T, workdir, json_path):
 
     sizes = tuple(T for T in SIZES if max_T is None or T <= max_T) or (max_T,)
     click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))
+
+
+@bench.command("search-memory")
+@click.option("--T", "T", type=click.IntRange(min=10_000), default=2_000_000, show_default=True,
+              help="Rows of the sinusoid (N=100).")
+@click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
+@json_option
+def bench_search_memory(T, workdir, json_path):
+    """The partitioned (IVF) neighbour search's memory per worker: k=10 on the sinusoid
+    (N=100, from Zarr) on LocalClusters of 1, 2 and 4 worker processes of one thread, which
+    this command starts itself (--scheduler and --workers do not apply): the largest worker's
+    peak RSS and its ratio to the peak on one worker (target: about 1/W), the client's peak
+    and the time."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.search_memory import run_search_memory
+
+    click.echo(write_report(run_search_memory(T, workdir=workdir), json_path))
