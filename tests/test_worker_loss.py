@@ -264,8 +264,10 @@ def test_cli_worker_killed_for_memory_exits_2(tmp_path):
     rng = np.random.default_rng(0)
     np.save(tmp_path / "x.npy", rng.normal(size=(4000, 30)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    # one 4000 x 4000 float64 tile (128 MB) and its temporaries outgrow a 230 MB worker
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+    # one 4000 x 4000 float64 tile (128 MB) and its temporaries outgrow a 230 MB worker; a
+    # worker that paused near the limit (80%) instead would wait forever with its task done
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                          "distributed.worker.memory.pause": False}), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                          dashboard_address=None, memory_limit="230MB") as lc:
         res = subprocess.run(

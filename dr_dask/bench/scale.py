@@ -117,9 +117,12 @@ def trust_sample(X: Any, T: int, n_rows: int = TRUST_ROWS, seed: int = 0) -> tup
     return idx, np.asarray(X[idx])
 
 
-def size_ladder(method: str, quick: bool, min_T: int | None, max_T: int | None) -> list[int]:
-    """The sizes ``method`` runs at: its ladder within ``[min_T, max_T]``."""
-    ladder = QUICK_SIZES if quick else (SIZES if method in LANDMARK_METHODS else EXACT_SIZES)
+def size_ladder(method: str, quick: bool, min_T: int | None, max_T: int | None,
+                sizes: tuple[int, ...] = ()) -> list[int]:
+    """The sizes ``method`` runs at: ``sizes`` if given, else its ladder, within
+    ``[min_T, max_T]``."""
+    ladder = sizes or (QUICK_SIZES if quick else
+                       (SIZES if method in LANDMARK_METHODS else EXACT_SIZES))
     return [T for T in ladder if (min_T is None or T >= min_T) and (max_T is None or T <= max_T)]
 
 
@@ -148,7 +151,8 @@ def knn_recall(X: Any, k: int, n_queries: int, client: Any, knn: str = "exact",
 def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
               max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None, knn: str = "exact",
-              n_probe: int | None = None, peer: str | None = None) -> dict:
+              n_probe: int | None = None, peer: str | None = None,
+              sizes: tuple[int, ...] = ()) -> dict:
     """Fit each method at each size; return the table rows and the fitted slopes.
 
     Parameters
@@ -190,7 +194,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
     if peer is not None and peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose from {list(PEERS)}")
-    ladders = {m: size_ladder(m, quick, min_T, max_T) for m in methods}
+    ladders = {m: size_ladder(m, quick, min_T, max_T, sizes) for m in methods}
     sizes = sorted(set().union(*ladders.values()))
     if not sizes:
         raise ValueError(f"no size of {sorted(set(SIZES) | set(EXACT_SIZES))} is in "

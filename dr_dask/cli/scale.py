@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
               help="Skip the sizes below this T.")
 @click.option("--max-T", "max_T", type=click.IntRange(min=1), default=None,
               help="Skip the sizes above this T.")
+@click.option("--T", "sizes", type=click.IntRange(min=100), multiple=True,
+              help="Exactly these sizes for every method (repeatable), instead of the ladders "
+                   "(e.g. --T 2000000 for the client's peak at T = 2 x 10^6).")
 @click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=1000,
               show_default=True, help="L (capped at T/10).")
 @click.option("--method", "methods",
@@ -36,8 +39,8 @@ logger = logging.getLogger(__name__)
                    "and report each method's time as a ratio to it.")
 @knn_options
 @click.pass_context
-def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_path, png_path,
-                peer, knn, n_probe):
+def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, json_path,
+                png_path, peer, knn, n_probe):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
     at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
     R^2, trustworthiness on 5,000 sampled rows and the fitted slopes."""
@@ -51,7 +54,7 @@ def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_pa
             fail(f"--peer umap needs umap-learn, which is not installed ({exc}): "
                  "pip install 'dr-dask[umap]'")
     methods = tuple(methods) or METHODS
-    if not any(size_ladder(m, quick, min_T, max_T) for m in methods):
+    if not any(size_ladder(m, quick, min_T, max_T, sizes) for m in methods):
         ladder = sorted(set().union(*(size_ladder(m, quick, None, None) for m in methods)))
         bounds = " and ".join(f"{flag} {v}" for flag, v in (("--min-T", min_T), ("--max-T", max_T))
                               if v is not None)
@@ -60,7 +63,7 @@ def bench_scale(ctx, quick, min_T, max_T, n_landmarks, methods, workdir, json_pa
         results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
                             n_landmarks=n_landmarks,
                             methods=methods, workdir=workdir, knn=knn, n_probe=n_probe,
-                            peer=peer)
+                            peer=peer, sizes=sizes)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
 
