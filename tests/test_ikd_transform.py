@@ -7,18 +7,22 @@ disparity, so the arbitrary rotation of each fit does not count).
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components, dijkstra
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
 
 from dr_dask import IKD
 from dr_dask.datasets import make_dataset
+from dr_dask.graph import select_landmarks
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.methods._ikd_transform import NystromMap
 
@@ -80,6 +84,104 @@ def test_triangulated_solvers_map_held_out_rows(gp, params):
         again = part.transform(X[train])
         rel = np.linalg.norm(again - part.embedding_) / np.linalg.norm(part.embedding_)
         assert rel < 1e-4
+
+
+def _dense_geodesic_triangulation(est: IKD, Xt: np.ndarray, Xq: np.ndarray) -> np.ndarray:
+    """de Silva-Tenenbaum triangulation of the new rows ``Xq`` against a geodesic IKD fit on
+    ``Xt`` (correlation, sigma^2 = 1, the SE kernel), from scratch: the kNN graph of largest
+    correlations with weights -log s, scipy's Dijkstra from the seeded max-min landmarks, each
+    new row joined to its k most correlated training rows by edges no path can pass through."""
+    def unit(A):
+        A = A - A.mean(axis=1, keepdims=True)
+        return A / np.linalg.norm(A, axis=1, keepdims=True)
+
+    def weight(s):
+        return -np.log(np.clip(s, est.floor, est.ceil))
+
+    U, Q = unit(Xt), unit(Xq)
+    T, n, k = len(U), len(Q), est.n_neighbors
+    S = U @ U.T
+    np.fill_diagonal(S, -np.inf)
+    nn = np.argsort(-S, axis=1)[:, :k]
+    r = np.repeat(np.arange(T), k)
+    W = sp.csr_matrix((weight(S[r, nn.ravel()]), (r, nn.ravel())), shape=(T, T))
+    W = W.maximum(W.T)
+    assert connected_components(W)[0] == 1
+    SQ = Q @ U.T
+    nq = np.argsort(-SQ, axis=1)[:, :k]
+    q = np.repeat(np.arange(n), k)
+    # training -> new row only: directed, so no geodesic between training rows uses a new row
+    E = sp.csr_matrix((weight(SQ[q, nq.ravel()]), (nq.ravel(), q)), shape=(T, n))
+    G = sp.bmat([[W, E], [None, sp.csr_matrix((n, n))]], format="csr")
+    L = min(T, 256)
+    landmarks = select_landmarks(U, L, method="maxmin", random_state=est.random_state)
+    P = dijkstra(G, directed=True, indices=landmarks)
+    D = 2.0 * np.clip(P, -np.log(est.ceil), -np.log(est.floor))  # SE: f^-1(s) = -2 ln s
+    D_LL = D[:, landmarks]
+    D_LL = (D_LL + D_LL.T) / 2
+    np.fill_diagonal(D_LL, 0.0)
+    Y = est.embedding_[landmarks]
+    c = Y.mean(axis=0)
+    return c - 0.5 * (np.linalg.pinv(Y - c) @ (D[:, T:] - D_LL.mean(axis=1)[:, None])).T
+
+
+def test_geodesic_map_is_built_at_the_first_transform_as_the_dense_triangulation(gp):
+    """Geodesic IKD's fit keeps what its map needs and builds it when first asked for (fit
+    and fit_transform do not pay for it): the map, from the fit or from a pickle of the fit
+    taken before any transform, is the triangulation through exact geodesics, and mapping
+    leaves the estimator's state as it was (scikit-learn's rule for transform)."""
+    X, _, train, test = gp
+    Xt, Xq = X[train[:400]], X[test[:40]]
+    est = IKD(solver="geodesic", n_components=3, random_state=0).fit(Xt)
+    unbuilt = pickle.dumps(est)
+    state = dict(est.__dict__)
+    mapped = est.transform(Xq)
+    assert est.__dict__ == state
+    ref = _dense_geodesic_triangulation(est, Xt, Xq)
+    assert np.linalg.norm(mapped - ref) < 1e-6 * np.linalg.norm(ref)
+    np.testing.assert_allclose(pickle.loads(unbuilt).transform(Xq), mapped, rtol=1e-12,
+                               atol=1e-12)
+    assert est.out_of_sample_ is est.out_of_sample_  # built once
+    # and the built map pickles too
+    np.testing.assert_allclose(pickle.loads(pickle.dumps(est)).transform(Xq), mapped,
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_geodesic_map_landmarks_follow_the_fit_random_state_not_later_draws(gp):
+    """A RandomState seed draws the map's landmarks as they stand at the end of the fit:
+    what the caller draws from it between fit and transform changes nothing."""
+    X, _, train, test = gp
+    Xt, Xq = X[train[:300]], X[test[:20]]
+    maps = []
+    for draws in (0, 1000):
+        rs = np.random.RandomState(0)
+        est = IKD(solver="geodesic", n_components=3, random_state=rs).fit(Xt)
+        rs.random_sample(draws)
+        maps.append(est.transform(Xq))
+    np.testing.assert_array_equal(maps[0], maps[1])
+
+
+def test_geodesic_map_over_the_budget_says_so_and_builds_under_a_larger_one(gp):
+    """Path lengths over the in-memory budget: transform refuses, naming the budget, before
+    any work; raised, the same fit maps."""
+    X, _, train, test = gp
+    est = IKD(solver="geodesic", n_components=3, random_state=0).fit(X[train[:300]])
+    with dask.config.set({"dr_dask.tiles.memory-bytes": 1000}):
+        assert est.out_of_sample_ is None
+        with pytest.raises(ValueError, match="dr_dask.tiles.memory-bytes"):
+            est.transform(X[test[:5]])
+    assert est.transform(X[test[:5]]).shape == (5, 3)
+
+
+@pytest.mark.cluster
+def test_geodesic_map_built_on_the_cluster_equals_one_built_after_a_pickle(gp, cluster_client):
+    """Fitted on a LocalCluster, the map is built there at the first transform; a pickle of
+    the fit taken before (no client) builds the same map with dask's threads."""
+    X, _, train, test = gp
+    Xt, Xq = X[train[:400]], X[test[:40]]
+    est = IKD(solver="geodesic", n_components=3, random_state=0, client=cluster_client).fit(Xt)
+    back = pickle.loads(pickle.dumps(est))
+    np.testing.assert_allclose(back.transform(Xq), est.transform(Xq), rtol=1e-12, atol=1e-12)
 
 
 def test_ikd_inside_a_pipeline_before_another_step(gp):

@@ -67,7 +67,7 @@ from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles, read
 from dr_dask.inputs import InputData
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
-from dr_dask.methods._ikd_transform import pick_landmarks, triangulation_map
+from dr_dask.methods._ikd_transform import DeferredTriangulation, triangulation_map
 from dr_dask.methods.ikd_core import (
     GeodesicKernel,
     GramOperator,
@@ -348,11 +348,9 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
     result = eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
                           graph_edges=info["n_edges"],
                           knn_recall=info.get("knn_recall"))
-    with timed(seconds, "out_of_sample"):
-        landmarks = pick_landmarks(cfg, inp)  # the out-of-sample map's triangulation
-        paths = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32).gather()
-        result.out_of_sample = triangulation_map(cfg, inp, sigma2, result.embedding, landmarks,
-                                                 paths)
+    # the out-of-sample map (256 landmarks' Dijkstra rows) is built by the first transform:
+    # most fits are fit_transform calls that never map a new row
+    result.out_of_sample = DeferredTriangulation(cfg, inp, sigma2, result.embedding, graph)
     return result
 
 

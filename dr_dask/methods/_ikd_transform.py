@@ -1,5 +1,6 @@
 """IKD's out-of-sample maps: what ``IKD.transform`` needs, built by each solver at the end of
-its fit, and the mapping of new rows.
+its fit (geodesic IKD's at the first ``transform``, see :class:`DeferredTriangulation`), and the
+mapping of new rows.
 
 The papers give no out-of-sample mapping (Li & Wu 2024 embed a fixed set of T rows). The
 maps below extend the fitted embedding by the same construction the fit used, so that a
@@ -34,7 +35,9 @@ training rows n (edge weights ``w = -log(s / sigma^2)`` as in the fit, Li & Wu 2
 with the L x T landmark path lengths kept from the fit. Landmark IKD with ``solver="full"``
 uses the direct similarities to its landmarks. For landmark IKD this is exactly the fit's own
 triangulation (``pinv(Y_L)`` is its landmark MDS pseudo-inverse); geodesic IKD keeps a max-min
-choice of ``min(T, TRANSFORM_LANDMARKS)`` landmarks. Cost per new row: a kNN query over the
+choice of ``min(T, TRANSFORM_LANDMARKS)`` landmarks, and builds its map only when it is first
+needed (the landmarks' Dijkstra rows are a fifth of a fit at T=10,000 that most callers of
+``fit_transform`` never use). Cost per new row: a kNN query over the
 training rows (O(T N) exact), O(k L) for the geodesics, O(L M) for the product; memory: the
 L x T float32 path lengths (kept only within the in-memory tile budget,
 ``dr_dask.tiles.memory-bytes``).
@@ -47,17 +50,19 @@ for the similarities plus O(K^2 N) per row.
 
 from __future__ import annotations
 
+import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 from dr_dask import config
 from dr_dask.cluster import active_client, compute
-from dr_dask.graph import kneighbors
+from dr_dask.graph import GeodesicRows, kneighbors
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.landmarks import select_landmarks, triangulate
 from dr_dask.graph.paths import geodesics_via_neighbors
@@ -72,7 +77,7 @@ from dr_dask.methods.ikd_core import (
 
 logger = logging.getLogger(__name__)
 
-#: Landmarks of the triangulation of geodesic and blockwise IKD (landmark IKD uses its own).
+#: Landmarks of geodesic IKD's triangulation (landmark IKD uses its own).
 TRANSFORM_LANDMARKS = 256
 #: Rows per unit of M + 1 of blockwise IKD's local triangulation.
 LOCAL_ROWS = 4
@@ -262,25 +267,37 @@ def local_map(cfg: IKDConfig, inp: InputData, sigma2: float,
                                  min(len(embedding), LOCAL_ROWS * (cfg.n_components + 1)))
 
 
+def n_transform_landmarks(cfg: IKDConfig, T: int) -> int:
+    """L of geodesic IKD's triangulation: ``min(T, 256)`` (at least M + 1)."""
+    return min(T, max(TRANSFORM_LANDMARKS, cfg.n_components + 1))
+
+
 def pick_landmarks(cfg: IKDConfig, inp: InputData) -> np.ndarray:
-    """The triangulation's landmarks for geodesic and blockwise IKD: max-min over the unit
-    rows (correlation distance), as landmark IKD picks its own, ``min(T, 256)`` of them."""
-    T = int(inp.data.shape[0])
-    L = min(T, max(TRANSFORM_LANDMARKS, cfg.n_components + 1))
+    """The triangulation's landmarks for geodesic IKD: max-min over the unit rows
+    (correlation distance), as landmark IKD picks its own, ``min(T, 256)`` of them."""
+    L = n_transform_landmarks(cfg, int(inp.data.shape[0]))
     unit = da.map_blocks(_unit_normalised, inp.data, cfg.similarity, dtype=np.float64)
     return select_landmarks(unit, L, method="maxmin", random_state=cfg.random_state,
                             client=active_client(cfg.client))
+
+
+def _paths_over_budget(L: int, T: int) -> bool:
+    """Whether (L, T) float32 landmark path lengths exceed the in-memory tile budget (then
+    the fit has no map and ``transform`` says why)."""
+    nbytes = 4 * L * T
+    if nbytes <= config.get_bytes("tiles.memory-bytes"):
+        return False
+    logger.warning("IKD.transform unavailable: the %d x %d landmark path lengths (%.1f GB) "
+                   "exceed the in-memory budget (dr_dask.tiles.memory-bytes)", L, T, nbytes / 1e9)
+    return True
 
 
 def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: np.ndarray,
                       landmarks: np.ndarray,
                       paths: np.ndarray | None) -> TriangulationMap | None:
     """The triangulation map from the fit's landmarks and, for a graph map, their (L, T)
-    path lengths (None when they exceed the tile budget: then
-    the fit has no map and ``transform`` says why)."""
-    if paths is not None and paths.nbytes > config.get_bytes("tiles.memory-bytes"):
-        logger.warning("IKD.transform unavailable: the %d x %d landmark path lengths (%.1f GB) "
-                       "exceed the in-memory budget", *paths.shape, paths.nbytes / 1e9)
+    path lengths (None when they exceed the tile budget)."""
+    if paths is not None and _paths_over_budget(*paths.shape):
         return None
 
     order = np.argsort(landmarks)
@@ -300,3 +317,58 @@ def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: 
     return TriangulationMap(
         training_rows(inp), cfg.similarity, inverse, cfg.variance, cfg.n_neighbors, threshold,
         XL, paths, np.linalg.pinv(Y - centre), D_LL.mean(axis=1), centre)
+
+
+class DeferredTriangulation:
+    """Geodesic IKD's triangulation map, built when first asked for: the fit keeps what the
+    build needs, so that the map's max-min landmarks and their Dijkstra rows over the graph
+    (1.6-2 s of a 7-12 s fit at T=10,000) are paid by the first ``transform``, not by every
+    ``fit_transform``.
+
+    :meth:`get` makes exactly the map an eager build at the end of the fit would (the same
+    landmarks from the same random state, the same path lengths), keeps it and drops the
+    graph. The estimator holds this object itself, so a ``transform`` leaves the estimator's
+    ``__dict__`` as it was (scikit-learn's check). Picklable: it holds no client (the build
+    runs on the caller's), and the graph (O(k T)) is smaller than the (L, T) path lengths
+    the map keeps.
+
+    Parameters
+    ----------
+    cfg : IKDConfig
+        The fit's configuration.
+    inp : InputData
+        The training rows.
+    sigma2 : float
+    embedding : ndarray of shape (T, M)
+    graph : csr_matrix of shape (T, T)
+        The fit's connected neighbour graph.
+    """
+
+    def __init__(self, cfg: IKDConfig, inp: InputData, sigma2: float, embedding: np.ndarray,
+                 graph: sp.csr_matrix):
+        # a RandomState is copied as the fit leaves it: the landmarks are those an eager build
+        # would draw, whatever the caller does with that RandomState before transforming
+        rs = cfg.random_state
+        rs = copy.deepcopy(rs) if isinstance(rs, np.random.RandomState) else rs
+        self.cfg = replace(cfg, client=None, random_state=rs)
+        self.inp, self.sigma2, self.embedding = inp, sigma2, embedding
+        self.graph: sp.csr_matrix | None = graph
+        self.built: TriangulationMap | None = None
+
+    def get(self, client: Any = None) -> TriangulationMap | None:
+        """The map, built on ``client`` (else dask's threads) the first time; None while its
+        path lengths exceed the in-memory budget (checked before any work, at the budget in
+        force now: a larger one builds it)."""
+        if self.built is not None or self.graph is None:
+            return self.built
+        T = self.graph.shape[0]
+        if _paths_over_budget(n_transform_landmarks(self.cfg, T), T):
+            return None
+        cfg = replace(self.cfg, client=client)
+        landmarks = pick_landmarks(cfg, self.inp)
+        paths = GeodesicRows.compute(self.graph, landmarks, client=client,
+                                     dtype=np.float32).gather()
+        self.built = triangulation_map(cfg, self.inp, self.sigma2, self.embedding, landmarks,
+                                       paths)
+        self.graph = None  # the map has what it needed
+        return self.built

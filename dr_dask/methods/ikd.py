@@ -47,13 +47,14 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.checkpoint import Checkpoint
-from dr_dask.cluster import ClientParam, run_stage
+from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
 from dr_dask.labelled import LabelledOutput
 from dr_dask.methods._ikd_blockwise import fit_blockwise
 from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
+from dr_dask.methods._ikd_transform import DeferredTriangulation
 from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.methods.isomap import _out_of_sample
 from dr_dask.progress import shown_during
@@ -227,7 +228,10 @@ default="se"
         (weights, reference row, landmark rows, pseudo-inverse; for geodesic maps the L x T
         float32 landmark path lengths) and the training rows (the NumPy input, or the input's
         dask array, read block by block). None when the path lengths exceed the in-memory
-        budget (landmark IKD with its rows on disk).
+        budget (landmark IKD with its rows on disk). ``solver="geodesic"`` builds its map when
+        this attribute is first read (by :meth:`transform`, or by the caller), on the
+        estimator's client, so that ``fit`` does not pay for the landmarks' Dijkstra rows
+        (1.6-2 s at T=10,000); until then the fit keeps its neighbour graph.
     knn_recall_ : float or None
         ``solver="geodesic"`` with the kNN rule: share of the true neighbours the search found
         (1.0 exact; IVF: estimated on 200 seeded rows, warning below 0.9).
@@ -469,14 +473,35 @@ default="se"
         """Fit and return ``embedding_`` of shape (T, M)."""
         return self.fit(X, y, **fit_params).embedding_
 
+    @property
+    def out_of_sample_(self) -> Any:
+        """The out-of-sample map (see the class's attributes), built on first read for
+        ``solver="geodesic"``."""
+        try:
+            oos = self.__dict__["_out_of_sample"]
+        except KeyError:  # not fitted: no such attribute, as for every fitted attribute
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute 'out_of_sample_'") from None
+        if isinstance(oos, DeferredTriangulation):
+            return oos.get(active_client(self.client))
+        return oos
+
+    @out_of_sample_.setter
+    def out_of_sample_(self, value: Any) -> None:
+        self._out_of_sample = value
+
     def _projector(self) -> Any:
         check_is_fitted(self, "embedding_")
-        if self.out_of_sample_ is None:
+        oos = self.out_of_sample_
+        if oos is None:
+            # landmark IKD dropped its rows in the fit; geodesic IKD builds its map on demand
+            remedy = ("refit with fewer n_landmarks or a larger budget"
+                      if self.n_landmarks is not None else "raise the budget and call again")
             raise ValueError(
-                "this IKD fit kept no out-of-sample map: its landmark path lengths "
-                f"({len(self.landmarks_)} x {len(self.embedding_)} float32) exceed the "
-                "in-memory budget; refit with fewer landmarks to use transform")
-        return self.out_of_sample_
+                f"this IKD fit has no out-of-sample map: the float32 path lengths from its "
+                f"landmarks to its {len(self.embedding_)} rows exceed the in-memory budget "
+                f"(dask config 'dr_dask.tiles.memory-bytes'); {remedy} to use transform")
+        return oos
 
     def transform(self, X: Any) -> np.ndarray | da.Array:
         """Map new rows of shape (n, N) into the fitted embedding; a dask array in gives a
