@@ -195,8 +195,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     if peer is not None and peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose from {list(PEERS)}")
     ladders = {m: size_ladder(m, quick, min_T, max_T, sizes) for m in methods}
-    sizes = sorted(set().union(*ladders.values()))
-    if not sizes:
+    all_sizes = sorted(set().union(*ladders.values()))
+    if not all_sizes:
         raise ValueError(f"no size of {sorted(set(SIZES) | set(EXACT_SIZES))} is in "
                          f"[min_T={min_T}, max_T={max_T}]")
     own_tmp = workdir is None
@@ -212,7 +212,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         for n in sorted({1000 if T < 4096 else 5000 for T in sizes}):
             _umap().fit(np.random.default_rng(0).normal(size=(n, N_FEATURES)).astype(np.float32))
     try:
-        for T in sizes:
+        for T in all_sizes:
             src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
             inp = open_dataset(src)
             knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
