@@ -209,7 +209,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         # its first fit in a process compiles its kernels for float32 rows (10-15 s; 30-45 s
         # for its approximate neighbour search, which it uses from 4,096 rows): not part of
         # any size's figures
-        for n in sorted({1000 if T < 4096 else 5000 for T in sizes}):
+        for n in sorted({1000 if T < 4096 else 5000 for T in all_sizes}):
             _umap().fit(np.random.default_rng(0).normal(size=(n, N_FEATURES)).astype(np.float32))
     try:
         for T in all_sizes:
