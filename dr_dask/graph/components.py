@@ -25,17 +25,20 @@ logger = logging.getLogger(__name__)
 _MODES = ("bridge", "raise", "ignore")
 
 
-def describe_components(labels: np.ndarray, n_components: int) -> str:
-    """Human-readable summary: number, sizes, and some rows of the smallest components."""
+def describe_components(labels: np.ndarray, n_components: int,
+                        rows: Callable[[np.ndarray], np.ndarray] | None = None) -> str:
+    """Human-readable summary: number, sizes, and some rows of the smallest components
+    (``rows`` maps node numbers to the row indices to name, when they differ)."""
     sizes = np.bincount(labels, minlength=n_components)
     order = np.argsort(sizes)[::-1]
     shown = ", ".join(str(int(s)) for s in sizes[order[:10]])
     more = ", ..." if n_components > 10 else ""
     smallest = order[-1]
-    rows = np.flatnonzero(labels == smallest)[:5].tolist()
+    nodes = np.flatnonzero(labels == smallest)[:5]
+    named = (rows(nodes) if rows is not None else nodes).tolist()
     return (
         f"{n_components} connected components of sizes [{shown}{more}]; "
-        f"the smallest contains rows {rows}{' ...' if sizes[smallest] > 5 else ''}"
+        f"the smallest contains rows {named}{' ...' if sizes[smallest] > 5 else ''}"
     )
 
 

@@ -160,16 +160,22 @@ def _find(parent: np.ndarray, x: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _forest(a: np.ndarray, b: np.ndarray, n: int) -> tuple:
-    """The edges of a spanning forest of the edges (a, b) over nodes 0..n-1 (union-find)."""
-    parent = np.arange(n)
-    keep = np.zeros(len(a), dtype=np.bool_)
+def _union(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Join the edges (a, b) into the union-find forest ``parent`` (the least node of a set is
+    its root); which edges joined two sets."""
+    joined = np.zeros(len(a), dtype=np.bool_)
     for e in range(len(a)):
         x, y = _find(parent, a[e]), _find(parent, b[e])
         if x != y:
             parent[max(x, y)] = min(x, y)
-            keep[e] = True
-    return a[keep], b[keep]
+            joined[e] = True
+    return joined
+
+
+def _forest(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The edges of a spanning forest of the edges (a, b) over nodes 0..n-1."""
+    joined = _union(np.arange(n), a, b)
+    return a[joined], b[joined]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -200,12 +206,9 @@ def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: in
 
 def _components(forests: list[tuple[np.ndarray, np.ndarray]], T: int) -> np.ndarray:
     """Component of every label: the least label joined to it."""
-    a = np.concatenate([f[0] for f in forests]).astype(np.int64)
-    b = np.concatenate([f[1] for f in forests]).astype(np.int64)
     parent = np.arange(T)
-    for x, y in zip(*_forest(a, b, T)):
-        parent[max(_find(parent, x), _find(parent, y))] = min(_find(parent, x),
-                                                              _find(parent, y))
+    _union(parent, np.concatenate([f[0] for f in forests]).astype(np.int64),
+           np.concatenate([f[1] for f in forests]).astype(np.int64))
     return _roots(parent)
 
 
@@ -238,7 +241,7 @@ def _bridges(lists: InvertedLists, comp: np.ndarray, weight: Callable, client: A
         if len(roots) == 1:
             break
         outside = np.flatnonzero(comp != roots[np.argmax(sizes)])
-        summary = _summary(lists, comp, roots, sizes)
+        summary = _summary(lists, comp, roots)
         if on_disconnected == "raise":
             raise ValueError(f"the neighbour graph is disconnected: {summary}. Increase "
                              "n_neighbors or n_probe, or use on_disconnected='bridge'")
@@ -273,9 +276,7 @@ def _bridges(lists: InvertedLists, comp: np.ndarray, weight: Callable, client: A
         b_all.append(b)
         w_all.append(np.maximum(w, ZERO_EDGE32).astype(np.float32))
         parent = comp.copy()
-        for x, y in zip(a, b):
-            rx, ry = _find(parent, int(x)), _find(parent, int(y))
-            parent[max(rx, ry)] = min(rx, ry)
+        _union(parent, a.astype(np.int64), b.astype(np.int64))
         comp = _roots(parent)
     if not a_all:
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
@@ -292,16 +293,10 @@ def _rows_of(lists: InvertedLists, labels: np.ndarray) -> tuple[np.ndarray, np.n
     return (_read_runs(lists.rows, spans).astype(np.float64), _read_runs(lists.ids, spans))
 
 
-def _summary(lists: InvertedLists, comp: np.ndarray, roots: np.ndarray,
-             sizes: np.ndarray) -> str:
+def _summary(lists: InvertedLists, comp: np.ndarray, roots: np.ndarray) -> str:
     """:func:`describe_components` naming row indices, not labels."""
-    labels = np.searchsorted(roots, comp)
-    smallest = np.flatnonzero(labels == np.argmin(sizes))[:6]
-    text = describe_components(labels, len(roots))
-    shown = _rows_of(lists, smallest)[1]
-    head = text.split("the smallest contains rows")[0]
-    return f"{head}the smallest contains rows {sorted(shown.tolist())[:5]}" + (
-        " ..." if len(smallest) > 5 else "")
+    return describe_components(np.searchsorted(roots, comp), len(roots),
+                               rows=lambda labels: np.sort(_rows_of(lists, labels)[1]))
 
 
 # ---------------------------------------------------------------------------------------------
