@@ -461,6 +461,9 @@ def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
         with timed() as took:
             if "run" in inspect.signature(estimator.fit).parameters:
                 emb = estimator.fit(inp, run=run).embedding_
+            elif "scratch" in estimator.get_params():
+                # the input itself, not its rows: the workers' scratch goes next to it
+                emb = estimator.fit_transform(inp)
             else:  # any scikit-learn transformer (PCA, ...): its fit_transform is the embedding
                 emb = estimator.fit_transform(inp.data)
     except ValueError:  # rejected input or parameters: leave no run group behind

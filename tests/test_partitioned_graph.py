@@ -143,3 +143,36 @@ def test_landmark_isomap_reads_a_stored_input_where_it_is(small_blocks, tmp_path
                                                                          chunks=(600, 30))
     with pytest.raises(ValueError, match=r"X has NaN or infinite values in rows \[1234\]"):
         _landmark_isomap().fit(f"{tmp_path}/bad.zarr:X")
+
+
+def test_landmark_isomap_cli_from_s3_equals_local(small_blocks, s3_bucket, tmp_path,
+                                                  monkeypatch):
+    """`dr-dask embed isomap --landmarks --knn ivf` from s3:// (moto) to s3://: the workers'
+    lists and graph go next to the input in its bucket (no local temporary directory can be
+    made) and are deleted; the embedding equals the local run's."""
+    import tempfile
+
+    import zarr
+    from click.testing import CliRunner
+
+    from dr_dask.cli import main
+    from dr_dask.runs import open_run
+    from dr_dask.storage import Location
+
+    X = noisy_curve(900, 12, seed=6)
+    for url in (str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"):
+        zarr.open_group(Location(url).zarr_store(), mode="w").create_array(
+            "X", data=X, chunks=(300, 12), dimension_names=("sample", "feature"))
+    args = ["--scheduler", "threads", "embed", "isomap", "-n", "1", "--n-neighbors", "8",
+            "--landmarks", "40", "--knn", "ivf", "--n-probe", "3", "--name", "r"]
+    runs = {}
+    for where, out in ((str(tmp_path), str(tmp_path / "out.zarr")),
+                       (f"s3://{s3_bucket}", f"s3://{s3_bucket}/out.zarr")):
+        if where.startswith("s3://"):
+            monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+        res = CliRunner().invoke(main, [*args, "--input", f"{where}/in.zarr:X", "--out", out])
+        assert res.exit_code == 0, res.output
+        runs[where] = np.asarray(open_run(out, "r")["embedding"][...])
+    local, remote = runs.values()
+    np.testing.assert_allclose(remote, local, rtol=1e-6, atol=1e-9)
+    assert sorted(Location(f"s3://{s3_bucket}").listdir()) == ["in.zarr", "out.zarr"]
