@@ -1,7 +1,8 @@
 """Shortest paths over blocks of sources on the workers, and out-of-sample geodesics.
 
-The graph (T*k edges, small) is sent to every worker once, as a task result dask can
-recompute; each task runs :func:`dijkstra_rows` (compiled Dijkstra, a 4-ary heap over the
+The graph (T*k edges) reaches every worker once: from a store (:class:`StoredGraph`, as the
+partitioned graph of :mod:`dr_dask.graph.partitioned` is written, memory-mapped when local) or
+as a task result dask can recompute; each task runs :func:`dijkstra_rows` (compiled Dijkstra, a 4-ary heap over the
 CSR arrays, equal to ``scipy.sparse.csgraph.dijkstra``) for a block of sources. The resulting
 row blocks stay where they were computed (:class:`GeodesicRows`): on the workers as futures, in this
 process, or in a Zarr array written by the workers. Callers then run reductions and products
@@ -115,11 +116,6 @@ class StoredGraph:
                                     chunks=(max(1, a.shape[0]),), compressors=None)
             arr[...] = a
         return cls(loc, len(arrays["rank"]))
-
-    @property
-    def n_edges(self) -> int:
-        """Undirected edges (each is stored both ways)."""
-        return int(self.open().indptr[-1]) // 2
 
     def to_csr(self) -> sp.csr_matrix:
         """The graph in memory, in the original node order (for inspection; large)."""
