@@ -371,25 +371,39 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
         feature, not the manifold, decides who is a neighbour, a partitioned search cannot find
         them cheaply, and the default must not lose quality silently).
     """
-    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
-
     algorithm = knn_algorithm(knn, _n_rows(X), int(X.shape[1]))
-    # one seed for the quantizer and the recall sample, drawn from the estimator's random_state
-    seed = int(check_random_state(random_state).randint(2**31 - 1))
+    seed = search_seed(random_state)
     dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
                            n_probe=n_probe, scratch=scratch, random_state=seed)
     if algorithm != "ivf":
         return dist, idx, 1.0
     recall = estimate_recall(X, idx, random_state=seed, client=client)
-    logger.info("IVF kNN: estimated recall %.3f on %d rows", recall, RECALL_ROWS)
+    if not keeps_approximate(knn, recall):
+        dist, idx = kneighbors(X, n_neighbors, client=client, algorithm="auto")
+        return dist, idx, 1.0
+    return dist, idx, recall
+
+
+def search_seed(random_state: Any) -> int:
+    """One seed for an approximate search's quantizer and its recall sample, drawn from the
+    estimator's ``random_state``."""
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    return int(check_random_state(random_state).randint(2**31 - 1))
+
+
+def keeps_approximate(knn: str, recall: float) -> bool:
+    """Whether a search in the mode ``knn`` keeps an approximate result of this estimated
+    recall: ``"auto"`` does not below ``RECALL_WARN`` (the caller searches exactly); ``"ivf"``
+    does, with :func:`check_recall`'s warning."""
+    logger.info("IVF kNN: estimated recall %.3f", recall)
     if knn == "auto" and recall < RECALL_WARN:
         logger.warning("knn='auto': the IVF search's estimated recall %.3f is below %s; "
                        "searching exactly instead (knn='ivf' keeps the approximate graph)",
                        recall, RECALL_WARN)
-        dist, idx = kneighbors(X, n_neighbors, client=client, algorithm="auto")
-        return dist, idx, 1.0
+        return False
     check_recall(recall, "kNN")
-    return dist, idx, recall
+    return True
 
 
 def estimator_neighbours(X: Any, n_neighbors: int, search: dict | None, *, client: Any = None,

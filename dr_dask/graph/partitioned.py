@@ -49,10 +49,10 @@ from dr_dask.graph.components import describe_components
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
 from dr_dask.graph.knn import (
     RECALL_ROWS,
-    RECALL_WARN,
-    check_recall,
+    keeps_approximate,
     knn_algorithm,
     sampled_recall,
+    search_seed,
 )
 from dr_dask.graph.paths import StoredGraph
 from dr_dask.resources import timed
@@ -260,8 +260,9 @@ def _bridges(lists: InvertedLists, comp: np.ndarray, weight: Callable, client: A
         queries, q_ids = _rows_of(lists, outside)
         q_comp = comp[outside]
         task = dask.delayed(_nearest_outside, pure=True)
-        comp_key = dask.delayed(comp, traverse=False)
-        parts = compute(*[task(lists, g, queries, q_comp, comp_key)
+        # sent once per worker, not per task
+        shared = [dask.delayed(a, traverse=False) for a in (lists, queries, q_comp, comp)]
+        parts = compute(*[task(shared[0], g, *shared[1:])
                           for g in range(len(lists.groups))], client=client)
         dist = np.stack([p[0] for p in parts])
         best = np.argmin(dist, axis=0)
@@ -503,22 +504,13 @@ def stored_neighbour_graph(X: Any, k: int, where: Location, *, knn: str,
     ``knn="auto"`` returns None below it (the caller searches exactly), as
     :func:`~dr_dask.graph.knn.search_neighbours` does.
     """
-    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
-
     if knn_algorithm(knn, int(X.shape[0]), int(X.shape[1])) != "ivf":
         return None
-    seed = int(check_random_state(random_state).randint(2**31 - 1))
     pg = partitioned_graph(X, k, where, client=client, weight=weight, n_probe=n_probe,
                            on_disconnected=on_disconnected, sample_rows=RECALL_ROWS,
-                           random_state=seed)
+                           random_state=search_seed(random_state))
     pg.recall = sampled_recall(X, pg.sample, pg.sample_neighbours, client=client)
-    logger.info("partitioned graph: estimated recall %.3f on %d rows", pg.recall,
-                len(pg.sample))
-    if knn == "auto" and pg.recall < RECALL_WARN:
-        logger.warning("knn='auto': the IVF search's estimated recall %.3f is below %s; "
-                       "searching exactly instead (knn='ivf' keeps the approximate graph)",
-                       pg.recall, RECALL_WARN)
+    if not keeps_approximate(knn, pg.recall):
         pg.graph.location.delete()
         return None
-    check_recall(pg.recall, "kNN")
     return pg
