@@ -173,9 +173,10 @@ def test_bench_dijkstra(tmp_path):
     r = bench("dijkstra", "--max-T", "2000", "--workdir", str(tmp_path))
     (row,) = r["rows"]
     assert row["T"] == 2000 and row["edges"] >= 2000 * 10  # k=10, symmetrised
-    assert finite_positive(row["ms_per_source"], row["ns_per_T_log_T"],
+    assert finite_positive(row["ms_per_source"], row["heap_ms_per_source"],
+                           row["ratio_to_heap"], row["ns_per_T_log_T"],
                            row["bytes_touched_per_source_mb"])
-    assert row["ratio_to_smallest_T"] == 1.0
+    assert row["ratio_to_smallest_T"] == 1.0 and isinstance(row["sweeps_kept"], bool)
 
 
 @pytest.mark.parametrize("args, message", [
