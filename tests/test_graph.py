@@ -264,7 +264,7 @@ def test_dijkstra_rows_equals_scipy_on_random_graphs(seed):
                                   (ref[src] ** 2).astype(np.float32))
 
 
-def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch):
+def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     """Sources past the first run as Bellman-Ford sweeps, 64 at a time: bit for bit the
     heap's distances, in float64 and in float32 (a stored graph's float32 weights with float32
     rows). Sweeps that outrun their budget hand this graph to the heap for good, the result
@@ -273,18 +273,24 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch):
 
     G = kneighbors_graph(roll, 8)
     ref = dijkstra(G, directed=False)
-    src = np.arange(0, 1500, 15)  # 100: one heap search, then sweeps of 64 and 35 lanes
+    src = np.arange(0, 1500, 15)  # 100: one heap search, then sweeps of 49 and 50 lanes
     search = paths._SearchGraph.of(paths._as_csr(G))
     monkeypatch.setattr(paths, "SWEEP_BUDGET", np.inf)  # the sweeps run whatever they cost
     np.testing.assert_array_equal(paths._rows(search, src, False, np.float64), ref[src])
     g32 = paths._SearchGraph(search.indptr, search.indices, search.weights.astype(np.float32),
                              search.rank)
-    heap32 = np.empty((len(src), len(roll)), np.float32)
-    assert paths._heap_rows(g32.indptr, g32.indices, g32.weights, g32.rank, src, heap32, False,
-                            np.empty(len(roll), np.float32)) == (-1, 0)
+    lanes = np.empty((len(roll), len(src)), np.float32)
+    assert paths._heap_lanes(g32.indptr, g32.indices, g32.weights, g32.rank[src],
+                             lanes) == (-1, 0)
+    heap32 = lanes[g32.rank].T
     np.testing.assert_array_equal(paths._rows(g32, src, False, np.float32), heap32)
     np.testing.assert_allclose(heap32, ref[src], rtol=1e-5)  # summed in float32
     assert not search.hint and not g32.hint
+    # into a store, a column chunk at a time from the lanes: tasks of 40, chunks of 40 x 128
+    store = zarr.create_array(store=str(tmp_path / "rows.zarr"), shape=(len(src), len(roll)),
+                              chunks=(40, 128), dtype=np.float32, fill_value=np.nan)
+    GeodesicRows.compute(G, src, block_size=40, dtype=np.float32, out=store)
+    np.testing.assert_allclose(store[...], ref[src], rtol=1e-6)
     monkeypatch.setattr(paths, "SWEEP_BUDGET", 0.0)  # the first pair of passes is over budget
     np.testing.assert_array_equal(paths._rows(search, src, True, np.float64), ref[src] ** 2)
     assert search.hint == {"heap": True}

@@ -19,7 +19,7 @@ import math
 import operator
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -45,7 +45,7 @@ _TASK_BYTES = 1 << 29
 
 @dataclass(frozen=True)
 class _SearchGraph:
-    """An undirected graph prepared for :func:`_fill_rows`: CSR arrays whose out-edges are
+    """An undirected graph prepared for :func:`_lane_batches`: CSR arrays whose out-edges are
     all its edges, nodes relabelled in reverse Cuthill-McKee order (neighbours get nearby
     labels, so a search touches nearby memory: 1.5-2x faster on kNN graphs), and ``rank``
     (``rank[node]`` is its label)."""
@@ -202,12 +202,10 @@ def _search(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, source
 
 
 @numba.njit(cache=True, nogil=True)
-def _heap_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
-               rank: np.ndarray, sources: np.ndarray, out: np.ndarray, square: bool,
-               dist: np.ndarray) -> tuple:
-    """Dijkstra from each source over a CSR graph's out-edges into ``out[r]``, nodes relabelled
-    by ``rank`` (``sources`` and ``out``'s columns are in the original labels), summing in
-    ``dist``'s dtype.
+def _heap_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
+                labels: np.ndarray, lanes: np.ndarray) -> tuple:
+    """Dijkstra from each source (by its label) into its column of ``lanes`` (T, S), nodes in
+    label order, summed in ``lanes``' dtype.
 
     A 4-ary heap (half the depth of a binary one, and its children share a cache line: 1.4x
     faster than binary here) with lazy deletion (a node is pushed again when its distance
@@ -217,24 +215,22 @@ def _heap_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
     at T=10^6, k=10), where a search of the sinusoid's kNN graph at T=10^5 (1.7 million
     edges) never held more than 7,000.
     Returns ``(-1, 0)``, or ``(r, n)`` for the first source ``r`` that cannot reach ``n``
-    nodes (then ``out`` is incomplete).
+    nodes (then ``lanes`` is incomplete).
     """
     T = len(indptr) - 1
-    keys = np.empty(T + 1, dist.dtype)
+    dist = np.empty(T, lanes.dtype)
+    keys = np.empty(T + 1, lanes.dtype)
     nodes = np.empty(T + 1, dtype=np.int64)
-    for r in range(len(sources)):
+    for r in range(len(labels)):
         while True:
-            reached = _search(indptr, indices, weights, rank[sources[r]], dist, keys, nodes)
+            reached = _search(indptr, indices, weights, labels[r], dist, keys, nodes)
             if reached >= 0:
                 break
-            keys = np.empty(2 * len(keys), dist.dtype)
+            keys = np.empty(2 * len(keys), lanes.dtype)
             nodes = np.empty(2 * len(nodes), dtype=np.int64)
         if reached < T:
             return r, T - reached
-        row = out[r]
-        for i in range(T):
-            d = np.float64(dist[rank[i]])
-            row[i] = d * d if square else d
+        lanes[:, r] = dist
     return -1, 0
 
 
@@ -275,11 +271,12 @@ def _sweep(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: n
 
 
 @numba.njit(cache=True, nogil=True)
-def _lanes_to_rows(dist: np.ndarray, rank: np.ndarray, out: np.ndarray, square: bool) -> None:
+def _lanes_to_rows(lanes: np.ndarray, rank: np.ndarray, out: np.ndarray, square: bool) -> None:
+    """``out[r, i]`` = lane r of node ``rank[i]`` (squared in float64 if ``square``)."""
     for i in range(len(rank)):  # each node's lanes read at once: one random read per node
-        lanes = dist[rank[i]]
-        for r in range(len(lanes)):
-            d = np.float64(lanes[r])
+        row = lanes[rank[i]]
+        for r in range(len(row)):
+            d = np.float64(row[r])
             out[r, i] = d * d if square else d
 
 
@@ -293,71 +290,83 @@ MIN_LANES = 16
 SWEEP_BUDGET = 0.75
 
 
-def _sweep_rows(graph: _SearchGraph, sources: np.ndarray, out: np.ndarray, square: bool,
-                dtype: Any, deadline: float) -> bool:
+def _sweep_lanes(graph: _SearchGraph, labels: np.ndarray, lanes: np.ndarray, first: int,
+                 deadline: float) -> bool:
     """Shortest paths from every source at once by Gauss-Seidel Bellman-Ford sweeps
     (Bertsekas 1998, "Network Optimization", Section 2.3): forward and backward passes over the
     nodes in their reverse Cuthill-McKee order until a pair of passes changes nothing. Exact,
-    and bit for bit Dijkstra's distances (both give the least rounded path sum). Returns
-    False, with ``out`` incomplete, when past ``deadline`` (``time.perf_counter``)."""
-    T, K = graph.n_nodes, len(sources)
-    dist = np.full((T, K), np.inf, dtype=dtype)
-    labels = graph.rank[sources]
-    dist[labels, np.arange(K)] = 0.0
+    and bit for bit Dijkstra's distances (both give the least rounded path sum). Lanes before
+    ``first`` hold final distances already. Returns False, with ``lanes`` incomplete, when
+    past ``deadline`` (``time.perf_counter``)."""
+    T = graph.n_nodes
+    lanes[:, first:] = np.inf
+    lanes[labels[first:], np.arange(first, len(labels))] = 0.0
     stamp = np.zeros(T, dtype=np.int64)  # when a node's distances last fell
     seen = np.zeros(T, dtype=np.int64)  # when a node was last recomputed
-    stamp[labels] = now = 1
+    stamp[labels[first:]] = now = 1
     while True:
-        forward, now = _sweep(graph.indptr, graph.indices, graph.weights, dist, stamp, seen,
+        forward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
                               now, False)
-        backward, now = _sweep(graph.indptr, graph.indices, graph.weights, dist, stamp, seen,
+        backward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
                                now, True)
         if not forward + backward:
-            break
+            return True
         if time.perf_counter() > deadline:
             return False
-    _lanes_to_rows(dist, graph.rank, out, square)
-    return True
 
 
-def _fill_rows(graph: _SearchGraph, sources: np.ndarray, out: np.ndarray, square: bool) -> None:
-    """Shortest-path rows from ``sources`` into ``out``, summed in float32 when the weights
-    and ``out`` are both float32 (a stored graph's landmark rows), else in float64.
-
-    The first source runs Dijkstra's heap search, which also proves the graph connected and
-    times a search; the rest run in batches of up to ``LANES`` by :func:`_sweep_rows`, which
-    on kNN graphs whose node order follows the manifold converge in a few pairs of passes
-    (5 on the sinusoid at T=10^6: 4.4x faster than the heap per source, 2.6x on 10-d Gaussian
-    data), but on others may need dozens (a swiss roll at T=10^5: 42, 2x slower), so they
-    give up at ``SWEEP_BUDGET`` of the heap's time and the heap takes over.
-    """
-    dtype = np.result_type(graph.weights.dtype, out.dtype)
-    dist = np.empty(graph.n_nodes, dtype=dtype)
-    started = time.perf_counter()
-    bad, missing = _heap_rows(graph.indptr, graph.indices, graph.weights, graph.rank,
-                              sources[:1], out[:1], square, dist)
+def _heap(graph: _SearchGraph, sources: np.ndarray, labels: np.ndarray,
+          lanes: np.ndarray) -> None:
+    bad, missing = _heap_lanes(graph.indptr, graph.indices, graph.weights, labels, lanes)
     if bad >= 0:
         raise ValueError(
-            f"the graph is disconnected: source node {int(sources[0])} cannot reach "
+            f"the graph is disconnected: source node {int(sources[bad])} cannot reach "
             f"{missing} of {graph.n_nodes} nodes. Repair it first "
             "(dr_dask.graph.connect_components) or increase n_neighbors"
         )
-    per_source = time.perf_counter() - started
-    done, left = 1, len(sources) - 1
-    batches = max(1, math.ceil(left / LANES))
-    lanes = math.ceil(left / batches)  # batches of equal width: a narrow one pays more
-    while left >= MIN_LANES and not graph.hint.get("heap"):
-        n = min(lanes, left)
-        deadline = time.perf_counter() + SWEEP_BUDGET * per_source * n
-        if not _sweep_rows(graph, sources[done:done + n], out[done:done + n], square, dtype,
-                           deadline):
-            graph.hint["heap"] = True
-            logger.info("shortest paths: the sweeps lost to the heap on this graph")
-            break
-        done, left = done + n, left - n
-    if done < len(sources):
-        _heap_rows(graph.indptr, graph.indices, graph.weights, graph.rank, sources[done:],
-                   out[done:], square, dist)
+
+
+def _lane_batches(graph: _SearchGraph, sources: np.ndarray,
+                  dtype: Any) -> Iterator[tuple[int, np.ndarray]]:
+    """Shortest paths from ``sources``, in batches of up to ``LANES`` of equal width: yields
+    ``(offset, lanes)``, the distances from ``sources[offset:offset + n]`` as ``lanes`` (T, n),
+    nodes in label order.
+
+    The first source runs Dijkstra's heap search, which also proves the graph connected and
+    times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
+    follows the manifold converge in a few pairs of passes (5 on the sinusoid at T=10^6: 3-4x
+    faster than the heap per source, 2.6x on 10-d Gaussian data), but on others may need dozens
+    (a swiss roll at T=10^5: 42, 2x slower), so they give up at ``SWEEP_BUDGET`` of the heap's
+    time and the heap takes over.
+    """
+    n = len(sources)
+    width = math.ceil(n / math.ceil(n / LANES))  # a narrow batch pays the passes for less
+    labels = graph.rank[sources]
+    per_source = 0.0
+    for a in range(0, n, width):
+        lanes = np.empty((graph.n_nodes, min(width, n - a)), dtype=dtype)
+        batch = labels[a:a + lanes.shape[1]]
+        done = 0
+        if a == 0:
+            started = time.perf_counter()
+            _heap(graph, sources[:1], batch[:1], lanes[:, :1])
+            per_source, done = time.perf_counter() - started, 1
+        if len(batch) - done >= MIN_LANES and not graph.hint.get("heap"):
+            deadline = time.perf_counter() + SWEEP_BUDGET * per_source * (len(batch) - done)
+            if _sweep_lanes(graph, batch, lanes, done, deadline):
+                done = len(batch)
+            else:
+                graph.hint["heap"] = True
+                logger.info("shortest paths: the sweeps lost to the heap on this graph")
+        if done < len(batch):
+            _heap(graph, sources[a + done:a + len(batch)], batch[done:], lanes[:, done:])
+        yield a, lanes
+
+
+def _precision(graph: _SearchGraph, dtype: Any) -> np.dtype:
+    """Sums in float32 when the weights and the rows are both float32 (a stored graph's
+    landmark rows), else in float64."""
+    return np.result_type(graph.weights.dtype, dtype)
 
 
 def dijkstra_rows(graph: sp.spmatrix, sources: np.ndarray, *, square: bool = False,
@@ -403,8 +412,9 @@ def _rows(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, 
     graph = _opened(graph)
     if out is None:
         out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
-    if len(sources):
-        _fill_rows(graph, np.asarray(sources, dtype=np.int64), out, square)
+    sources = np.asarray(sources, dtype=np.int64)
+    for a, lanes in _lane_batches(graph, sources, _precision(graph, out.dtype)):
+        _lanes_to_rows(lanes, graph.rank, out[a:a + lanes.shape[1]], square)
     return out
 
 
@@ -420,7 +430,18 @@ def _as_csr(graph: sp.spmatrix) -> sp.csr_matrix:
 
 def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
                    store: zarr.Array, start: int) -> tuple:
-    store[start : start + len(sources)] = _rows(graph, sources, square, dtype)
+    """The rows from ``sources`` written to ``store[start:]`` a column chunk at a time, straight
+    from the lanes: the task holds its lanes and one chunk, never a second copy of its rows."""
+    graph = _opened(graph)
+    batches = list(_lane_batches(graph, np.asarray(sources, dtype=np.int64),
+                                 _precision(graph, dtype)))
+    step = store.chunks[1]
+    for c in range(0, graph.n_nodes, step):
+        rank = graph.rank[c:c + step]
+        chunk = np.empty((len(sources), len(rank)), dtype=store.dtype)
+        for a, lanes in batches:
+            _lanes_to_rows(lanes, rank, chunk[a:a + lanes.shape[1]], square)
+        store[start:start + len(sources), c:c + len(rank)] = chunk
     return ("zarr", store, start, start + len(sources))
 
 
