@@ -406,7 +406,9 @@ def test_select_landmarks(roll):
         select_landmarks(roll, 1501)
 
 
-def test_landmark_mds_and_triangulation_recover_euclidean_points():
+def test_landmark_mds_and_triangulation_recover_euclidean_points(monkeypatch):
+    from dr_dask.graph import landmarks
+
     rng = np.random.RandomState(0)
     P = rng.normal(size=(200, 3))
     L = P[:20]
@@ -421,6 +423,12 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points():
     parts = triangulate(pinv[:, :7], D2_LX[:7], sq_mean[:7]) + triangulate(
         pinv[:, 7:], D2_LX[7:], sq_mean[7:])
     np.testing.assert_allclose(parts, X, atol=1e-10)
+    # and points a slice at a time (64 here) equal the whole
+    monkeypatch.setattr(landmarks, "TRIANGULATE_COLUMNS", 64)
+    D_LX = np.sqrt(D2_LX)
+    np.testing.assert_array_equal(
+        landmarks.triangulate_block(pinv, D_LX, sq_mean, lambda D: D.astype(np.float64) ** 2),
+        triangulate(pinv, D_LX ** 2, sq_mean))
     with pytest.raises(ValueError, match="n_components=20 must be in"):
         landmark_mds(D2, 20)
 

@@ -12,6 +12,7 @@ serves Landmark Isomap (squared geodesics) and landmark IKD (squared kernel-indu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import dask.array as da
@@ -195,3 +196,35 @@ def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.
                          f"D2_mean {D2_mean.shape}")
     # pinv @ 1 = 0 in exact arithmetic; subtracting the mean keeps it exact in floating point
     return (-0.5 * (pinv @ (D2_LX.astype(np.float64, copy=False) - D2_mean[:, None]))).T
+
+
+#: Columns per slice when a block of landmark rows is triangulated, which bounds its float64
+#: temporaries (two of rows x 65,536 x 8 bytes: 67 MB for 64 rows) whatever T.
+TRIANGULATE_COLUMNS = 1 << 16
+
+
+def triangulate_block(pinv: np.ndarray, rows: np.ndarray, D2_mean: np.ndarray,
+                      squared: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """:func:`triangulate` from a block of landmark rows, ``TRIANGULATE_COLUMNS`` points at a
+    time.
+
+    Parameters
+    ----------
+    pinv : ndarray of shape (d, L_b)
+        The block's columns of ``L#``.
+    rows : ndarray of shape (L_b, n)
+        The block's landmark rows (path lengths, or whatever ``squared`` takes).
+    D2_mean : ndarray of shape (L_b,)
+    squared : callable
+        Squared distances, as float64, of a slice of ``rows`` of shape (L_b, m).
+
+    Returns
+    -------
+    ndarray of shape (n, d)
+        The block's share of the embedding (triangulation is linear in the landmark rows).
+    """
+    out = np.empty((rows.shape[1], pinv.shape[0]))
+    for c in range(0, rows.shape[1], TRIANGULATE_COLUMNS):
+        part = slice(c, c + TRIANGULATE_COLUMNS)
+        out[part] = triangulate(pinv, squared(rows[:, part]), D2_mean)
+    return out

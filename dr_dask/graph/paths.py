@@ -2,9 +2,9 @@
 
 The graph (T*k edges) reaches every worker once: from a store (:class:`StoredGraph`, as the
 partitioned graph of :mod:`dr_dask.graph.partitioned` is written, memory-mapped when local) or
-as a task result dask can recompute; each task runs :func:`dijkstra_rows` (compiled
-Dijkstra, a 4-ary heap over the CSR arrays, equal to ``scipy.sparse.csgraph.dijkstra``) for a
-block of sources. The resulting
+as a task result dask can recompute; each task runs :func:`dijkstra_rows` (a compiled
+Dijkstra for its first source, then Bellman-Ford sweeps carrying up to 64 sources at once;
+equal to ``scipy.sparse.csgraph.dijkstra``) for a block of sources. The resulting
 row blocks stay where they were computed (:class:`GeodesicRows`): on the workers as futures, in this
 process, or in a Zarr array written by the workers. Callers then run reductions and products
 over the blocks (:meth:`GeodesicRows.map`) without ever gathering a T x T matrix.
@@ -375,8 +375,9 @@ def dijkstra_rows(graph: sp.spmatrix, sources: np.ndarray, *, square: bool = Fal
 
     The single-process kernel under :class:`GeodesicRows`: equal to
     ``scipy.sparse.csgraph.dijkstra(graph, directed=False, indices=sources)`` (every stored
-    entry is an edge, explicit zeros too), faster (a 4-ary heap, not a Fibonacci heap, over
-    nodes relabelled for locality).
+    entry is an edge, explicit zeros too), faster (a 4-ary heap, not a Fibonacci heap, and
+    sweeps over many sources at once, :func:`_lane_batches`, over nodes relabelled for
+    locality).
 
     Parameters
     ----------

@@ -61,7 +61,12 @@ from dr_dask.graph import (
     graph_from_neighbors,
 )
 from dr_dask.graph.knn import search_neighbours
-from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
+from dr_dask.graph.landmarks import (
+    landmark_mds,
+    select_landmarks,
+    triangulate,
+    triangulate_block,
+)
 from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles, read_stored
 from dr_dask.inputs import InputData
@@ -367,7 +372,7 @@ def _landmark_triangulate(block: np.ndarray, start: int, kernel: GeodesicKernel,
                           pinv: np.ndarray, sq_mean: np.ndarray) -> np.ndarray:
     # triangulation is linear in the landmark rows: each block of landmarks adds its share
     stop = start + block.shape[0]
-    return triangulate(pinv[:, start:stop], kernel(block), sq_mean[start:stop])
+    return triangulate_block(pinv[:, start:stop], block, sq_mean[start:stop], kernel)
 
 
 def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseKernel,

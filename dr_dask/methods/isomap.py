@@ -54,6 +54,7 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
+from dr_dask.graph.landmarks import triangulate_block
 from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
 from dr_dask.inputs import InputData
@@ -532,13 +533,16 @@ def _block_columns(block: np.ndarray, start: int, cols: np.ndarray) -> np.ndarra
     return block[:, cols]
 
 
+def _squared(paths: np.ndarray) -> np.ndarray:
+    D2 = paths.astype(np.float64)
+    return np.multiply(D2, D2, out=D2)
+
+
 def _block_triangulate(block: np.ndarray, start: int, pinv: np.ndarray,
                        sq_mean: np.ndarray) -> np.ndarray:
     # triangulation is linear in the landmark rows: each block adds its share
     s, e = start, start + block.shape[0]
-    D2 = block.astype(np.float64)
-    np.multiply(D2, D2, out=D2)
-    return triangulate(pinv[:, s:e], D2, sq_mean[s:e])
+    return triangulate_block(pinv[:, s:e], block, sq_mean[s:e], _squared)
 
 
 @dataclass
