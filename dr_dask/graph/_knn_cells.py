@@ -32,7 +32,7 @@ import numpy as np
 from dr_dask import config
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute, share
-from dr_dask.graph.topk import EXTRA, check_finite, rerank_labelled, select_k
+from dr_dask.graph.topk import EXTRA, check_finite, fold_knn, rerank_labelled
 from dr_dask.linalg.eigen import top_eigh
 
 logger = logging.getLogger(__name__)
@@ -159,10 +159,10 @@ def _cell_task(Xs: np.ndarray, sq: np.ndarray, Ps: np.ndarray, lo: np.ndarray, h
             rows = np.flatnonzero(_box_gap2(pq, pq, lo[b], hi[b]) <= kth2)
             c, f = bounds[b], bounds[b + 1]
             if len(rows) == e - s:
-                select_k(q @ Xs[c:f].T, sq[c:f], c, best, idx)
+                fold_knn(q, Xs[c:f], sq[c:f], c, best, idx)
             elif len(rows):
                 part_best, part_idx = best[rows], idx[rows]
-                select_k(q[rows] @ Xs[c:f].T, sq[c:f], c, part_best, part_idx)
+                fold_knn(q[rows], Xs[c:f], sq[c:f], c, part_best, part_idx)
                 best[rows], idx[rows] = part_best, part_idx
         own = order[s:e] if exclude_self else order[:0]
         d, i = rerank_labelled(q.astype(np.float64), Xs, idx, k, order, own)

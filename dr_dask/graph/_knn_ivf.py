@@ -47,7 +47,7 @@ from dr_dask import config
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import compute
 from dr_dask.graph._knn_cells import _cells, _centred
-from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank_labelled, select_k
+from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, fold_knn, rerank_labelled
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def _search_group(lists: InvertedLists, g: int, k: int,
         if not len(rows) or f == c:
             continue
         part_best, part_idx = best[rows], idx[rows]
-        select_k(q[rows] @ cand[c:f].T, sq[c:f], c, part_best, part_idx)
+        fold_knn(q[rows], cand[c:f], sq[c:f], c, part_best, part_idx)
         best[rows], idx[rows] = part_best, part_idx
     own_labels = np.arange(lists.label0[g], lists.label0[g + 1])
     d, lab = rerank_labelled(q.astype(np.float64), cand, idx, k, labels,
