@@ -36,6 +36,25 @@ def test_all_lists_probed_equals_exact(small_lists, tmp_path):
     np.testing.assert_allclose(d, d0, rtol=1e-4)
 
 
+def test_each_list_holds_the_rows_nearest_its_centroid(small_lists, tmp_path):
+    """A probe reads a list's rows by its span: every row there is nearest that list's centroid
+    (rows arrive from many assignment blocks), and every row is in exactly one list."""
+    from dr_dask.graph._knn_ivf import build_lists
+    from dr_dask.storage import location
+
+    X = noisy_curve(3000, 20, seed=2)
+    lists = build_lists(X, location(str(tmp_path)), client=None, n_lists=30, n_probe=3)
+    assert len(lists.groups) > 1 and lists.n_rows == len(X)
+    rows, ids = np.asarray(lists.rows), np.asarray(lists.ids)
+    seen = []
+    for u, (s, n) in enumerate(zip(lists.list_start, lists.sizes)):
+        x = rows[s:s + n].astype(np.float64)
+        d2 = ((x[:, None, :] - lists.cent32[None, :, :].astype(np.float64)) ** 2).sum(-1)
+        assert np.all(d2[:, u] <= d2.min(axis=1) * (1 + 1e-5) + 1e-9), f"list {u}"
+        seen.append(ids[s:s + n])
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(len(X)))
+
+
 def test_few_probes_are_approximate_and_warned(small_lists):
     from dr_dask.methods.isomap import LandmarkIsomap
 
