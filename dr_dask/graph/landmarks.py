@@ -203,7 +203,7 @@ def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.
 TRIANGULATE_COLUMNS = 1 << 16
 
 
-def triangulate_block(pinv: np.ndarray, rows: np.ndarray, D2_mean: np.ndarray,
+def triangulate_block(pinv: np.ndarray, rows: Any, D2_mean: np.ndarray,
                       squared: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """:func:`triangulate` from a block of landmark rows, ``TRIANGULATE_COLUMNS`` points at a
     time.
@@ -213,7 +213,8 @@ def triangulate_block(pinv: np.ndarray, rows: np.ndarray, D2_mean: np.ndarray,
     pinv : ndarray of shape (d, L_b)
         The block's columns of ``L#``.
     rows : ndarray of shape (L_b, n)
-        The block's landmark rows (path lengths, or whatever ``squared`` takes).
+        The block's landmark rows (path lengths, or whatever ``squared`` takes), or any
+        object with that ``shape`` whose ``rows[:, columns]`` reads them (a stored block).
     D2_mean : ndarray of shape (L_b,)
     squared : callable
         Squared distances, as float64, of a slice of ``rows`` of shape (L_b, m).

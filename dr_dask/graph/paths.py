@@ -461,15 +461,35 @@ def read_stored(arr: zarr.Array, selection: Any) -> np.ndarray:
     return values
 
 
-def _materialise(block: Any) -> np.ndarray:
+@dataclass(frozen=True)
+class _StoredBlock:
+    """Rows ``[start, stop)`` of a stored array, read a column slice at a time
+    (``block[:, columns]``): a reduction over the block never holds all of it."""
+
+    store: zarr.Array
+    start: int
+    stop: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.stop - self.start, int(self.store.shape[1])
+
+    def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
+        rows, columns = key
+        if rows != slice(None):
+            raise IndexError("a stored block is read a column slice at a time")
+        return read_stored(self.store, (slice(self.start, self.stop), columns))
+
+
+def _materialise(block: Any, by_columns: bool = False) -> Any:
     if isinstance(block, tuple) and block and block[0] == "zarr":
         _, store, s, e = block
-        return read_stored(store, slice(s, e))
+        return _StoredBlock(store, s, e) if by_columns else read_stored(store, slice(s, e))
     return block
 
 
-def _apply(block: Any, func: Callable, start: int, args: tuple) -> Any:
-    return func(_materialise(block), start, *args)
+def _apply(block: Any, func: Callable, start: int, args: tuple, by_columns: bool = False) -> Any:
+    return func(_materialise(block, by_columns), start, *args)
 
 
 def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int, dtype: Any) -> zarr.Array:
@@ -599,18 +619,18 @@ class GeodesicRows:
                 blocks = gather(blocks, client)  # Zarr slice handles, read by the workers
         return cls((len(sources), T), bounds, blocks, client, store, dtype)
 
-    def _submit(self, func: Callable, args: tuple) -> list:
+    def _submit(self, func: Callable, args: tuple, by_columns: bool = False) -> list:
         """Futures (or, without a client, values) of ``func(block, start, *args)`` per block."""
         spans = self.bounds[:-1]
         if self.client is None:
             # dask's threads, one BLAS thread each (see dr_dask.blas): products over row blocks
             # in memory are bound by memory traffic, which BLAS's own threads do not add to
             with single_blas_thread():
-                return map_local(lambda bs: _apply(bs[0], func, bs[1], args),
+                return map_local(lambda bs: _apply(bs[0], func, bs[1], args, by_columns),
                                  list(zip(self.blocks, spans)))
         shared = tuple(share(a, self.client) if isinstance(a, np.ndarray) and a.nbytes > 1 << 20
                        else a for a in args)
-        return [self.client.submit(_apply, b, func, s, shared, pure=False)
+        return [self.client.submit(_apply, b, func, s, shared, by_columns, pure=False)
                 for b, s in zip(self.blocks, spans)]
 
     def map(self, func: Callable, *args: Any) -> list:
@@ -625,8 +645,12 @@ class GeodesicRows:
     def map_sum(self, func: Callable, *args: Any) -> Any:
         """``sum(func(block, start, *args) for each row block)``, summed pairwise on the
         workers: this process receives one term, not one per block (at T=10^6 the landmark
-        triangulation's terms are 8 MB per output dimension each, for 63 blocks)."""
-        parts = self._submit(func, args)
+        triangulation's terms are 8 MB per output dimension each, for 63 blocks).
+
+        ``func`` takes a block in Zarr as a :class:`_StoredBlock` (its ``shape``, and
+        ``block[:, columns]`` reads), so that it can read a column slice at a time.
+        """
+        parts = self._submit(func, args, by_columns=True)
         if self.client is None:
             return sum(parts[1:], parts[0])
         while len(parts) > 1:

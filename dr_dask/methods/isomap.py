@@ -343,7 +343,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows and keeps its
         graph only when the estimated recall reaches 0.9, else searches exactly.
     n_probe : int or None, default=None
-        Lists (of about sqrt(T)) each row searches with IVF; ``None`` is 12.
+        Lists (of about sqrt(T)) each row searches with IVF; ``None`` is 6.
 
     Attributes
     ----------
