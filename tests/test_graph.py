@@ -294,6 +294,7 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     monkeypatch.setattr(paths, "SWEEP_BUDGET", 0.0)  # the first pair of passes is over budget
     np.testing.assert_array_equal(paths._rows(search, src, True, np.float64), ref[src] ** 2)
     assert search.hint == {"heap": True}
+    assert dijkstra_rows(G, np.array([], dtype=int)).shape == (0, len(roll))
 
 
 def test_dijkstra_rows_on_a_complete_graph():

@@ -340,6 +340,8 @@ def _lane_batches(graph: _SearchGraph, sources: np.ndarray,
     time and the heap takes over.
     """
     n = len(sources)
+    if not n:
+        return
     width = math.ceil(n / math.ceil(n / LANES))  # a narrow batch pays the passes for less
     labels = graph.rank[sources]
     per_source = 0.0
