@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import math
 import operator
 import os
 import time
@@ -33,7 +32,7 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 from dr_dask import config
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import active_client, gather, map_local, share, wait_for
-from dr_dask.linalg.tiles import strip_tiles
+from dr_dask.linalg.tiles import even_width, strip_tiles
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
@@ -342,7 +341,7 @@ def _lane_batches(graph: _SearchGraph, sources: np.ndarray,
     n = len(sources)
     if not n:
         return
-    width = math.ceil(n / math.ceil(n / LANES))  # a narrow batch pays the passes for less
+    width = even_width(n, LANES)  # a narrow batch pays the passes for less
     labels = graph.rank[sources]
     per_source = 0.0
     for a in range(0, n, width):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from dr_dask.linalg.tiles import even_width
+
 #: Float32 candidates kept beyond k for the float64 re-rank (float32 misorders near-ties);
 #: shared by the brute-force and the cell search.
 EXTRA = 4
@@ -121,8 +123,7 @@ def fold_knn(query: np.ndarray, data: np.ndarray, sq: np.ndarray, col0: int, bes
     m, n = query.shape[0], data.shape[0]
     if not m or not n:
         return
-    rows = -(-m // -(-m // tile[0]))  # even tiles: a thin last one runs the GEMM slowly
-    cols = -(-n // -(-n // tile[1]))
+    rows, cols = even_width(m, tile[0]), even_width(n, tile[1])  # a thin tile: a slow GEMM
     buf = np.empty(rows * cols, dtype=np.result_type(query.dtype, data.dtype))
     for s in range(0, m, rows):
         e = min(s + rows, m)

@@ -28,6 +28,12 @@ from dr_dask.storage import Location, location
 logger = logging.getLogger(__name__)
 
 
+def even_width(n: int, most: int) -> int:
+    """The width of the fewest equal pieces of at most ``most`` that cover ``n`` items (a thin
+    last piece would run at the cost of a full one)."""
+    return -(-n // -(-n // most)) if n else 0
+
+
 @dataclass(frozen=True)
 class TileGrid:
     """Row-block boundaries shared by both axes of a symmetric matrix."""
