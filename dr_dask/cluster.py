@@ -275,6 +275,17 @@ def local_threads() -> int:
     return max(1, int(dask.config.get("num_workers", None) or CPU_COUNT))
 
 
+def thread_memory(client: Client | None = None) -> int:
+    """Bytes of memory one task may count on: the smallest worker's memory limit over its
+    threads with a client (the container's memory over its cores for a worker without a limit),
+    else this process's container memory over :func:`local_threads`."""
+    if client is None:
+        return int(MEMORY_LIMIT // local_threads())
+    workers = client.scheduler_info()["workers"].values()
+    return int(min(((w.get("memory_limit") or MEMORY_LIMIT) // max(1, w["nthreads"])
+                    for w in workers), default=MEMORY_LIMIT // CPU_COUNT))
+
+
 def map_local(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
     """``[fn(x) for x in items]`` on :func:`local_threads` threads, in order: the no-client
     counterpart of one task per item, for kernels that release the GIL (compiled ``nogil``

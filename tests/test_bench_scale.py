@@ -63,6 +63,14 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     report = json.loads(out.read_text())
     assert [r["T"] for r in report["rows"]] == [800]
     assert 0 < report["rows"][0]["knn_recall"] < 1 and report["knn"][0]["algorithm"] == "ivf"
+    # --no-search-alone (the largest sizes): no separate kNN run, the fit's recall still there
+    result = CliRunner().invoke(main, [
+        "--scheduler", "threads", "bench", "scale", "--T", "800", "--method", "landmark_isomap",
+        "--landmarks", "40", "--workdir", str(tmp_path / "data"), "--json", str(out),
+        "--png", str(png), "--knn", "ivf", "--n-probe", "2", "--no-search-alone"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["knn"] == [] and 0 < report["rows"][0]["knn_recall"] < 1
 
 
 def test_size_ladders():

@@ -28,6 +28,7 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
+from dr_dask.cluster import thread_memory
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
 from dr_dask.storage import location
@@ -435,7 +436,9 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points(monkeypatch):
 
 
 @pytest.mark.cluster
-def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path):
+def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path, monkeypatch):
+    from dr_dask.graph import paths
+
     d0, i0 = kneighbors(roll, 6, block_size=500)
     d1, i1 = kneighbors(roll, 6, block_size=500, client=cluster_client)
     np.testing.assert_array_equal(i0, i1)
@@ -453,6 +456,16 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path):
     np.testing.assert_array_equal(rows.gather(), shortest_paths(G, src))
     opened = StoredGraph(location(str(store)), 1500).open()
     assert all(isinstance(getattr(opened, a), np.memmap) for a in ("indices", "weights"))
+    # where the 512 MB task budget holds too few sources for the sweeps (T=10^7: 6), a task
+    # takes as many as a quarter of its worker thread's memory holds, up to a batch of lanes
+    assert thread_memory(cluster_client) == 4 * 10**9
+    per_source = 2 * 8 * 1500
+    monkeypatch.setattr(paths, "_TASK_BYTES", 6 * per_source)
+    rows = GeodesicRows.compute(G, src, client=cluster_client, block_size=200)
+    assert np.diff(rows.bounds)[0] == paths.LANES
+    np.testing.assert_array_equal(rows.gather(), shortest_paths(G, src))
+    assert paths._sources_per_task(1500, np.float64, None) == paths.LANES
+    assert paths._sources_per_task(10**7, np.float32, cluster_client) == 12  # 1 GB of 80 MB
     # the tiles on the workers (views of each strip, recomputable futures) equal the threaded
     grid = strip_grid(1500, cluster_client)
     assert grid.n_blocks == 4  # two equal strips per worker

@@ -75,10 +75,14 @@ def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdi
                    **search)
     assert n_landmarks is not None  # run_scale gives the landmark methods their L
     # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
-    store = (os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
+    store = (_geodesic_store(workdir, T)
              if 4 * n_landmarks * T > config.get_bytes("tiles.memory-bytes") else None)
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
                           random_state=0, client=client, geodesic_store=store, **search)
+
+
+def _geodesic_store(workdir: str, T: int) -> str:
+    return os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
 
 
 def _umap() -> Any:
@@ -152,7 +156,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
               max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None, knn: str = "exact",
               n_probe: int | None = None, peer: str | None = None,
-              sizes: tuple[int, ...] = ()) -> dict:
+              sizes: tuple[int, ...] = (), search_alone: bool = True) -> dict:
     """Fit each method at each size; return the table rows and the fitted slopes.
 
     Parameters
@@ -174,6 +178,10 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     peer : {"umap"}, optional
         Also fit this method (one of ``PEERS``; its package must be installed) at every size
         any of ``methods`` runs at.
+    search_alone : bool
+        Also time the kNN search alone at each size (``knn`` rows). Off for the largest sizes,
+        where it costs as much as a fit's own search and every fit reports its estimated
+        recall anyway.
 
     Returns
     -------
@@ -215,8 +223,9 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         for T in all_sizes:
             src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
             inp = open_dataset(src)
-            knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS, min(T, KNN_QUERIES),
-                                                  client, knn, n_probe)})
+            if search_alone:
+                knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS,
+                                                      min(T, KNN_QUERIES), client, knn, n_probe)})
             idx, X_sample = trust_sample(inp.data, T)
             # (method, L, a fresh estimator, what it fits)
             fits: list[tuple[str, int | None, Callable[[], Any], Any]] = []
@@ -241,6 +250,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                     "knn_recall": getattr(est, "knn_recall_", None),
                     "stage_seconds": est.timings_,
                 })
+                # Landmark Isomap's L x T rows in the workdir (40 GB at T=10^7): not kept
+                shutil.rmtree(_geodesic_store(workdir, T), ignore_errors=True)
     finally:
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -37,10 +37,14 @@ logger = logging.getLogger(__name__)
 @click.option("--peer", type=click.Choice(["umap"]), default=None,
               help="Also fit umap-learn (the [umap] extra) at every size, timed the same way, "
                    "and report each method's time as a ratio to it.")
+@click.option("--search-alone/--no-search-alone", default=True, show_default=True,
+              help="Also time the kNN search alone at each size, with its recall on 1,000 rows "
+                   "(off for the largest sizes: it costs as much as a fit's own search, and "
+                   "every fit reports its estimated recall).")
 @knn_options
 @click.pass_context
 def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, json_path,
-                png_path, peer, knn, n_probe):
+                png_path, peer, search_alone, knn, n_probe):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
     at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
     R^2, trustworthiness on 5,000 sampled rows and the fitted slopes."""
@@ -63,7 +67,7 @@ def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, 
         results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
                             n_landmarks=n_landmarks,
                             methods=methods, workdir=workdir, knn=knn, n_probe=n_probe,
-                            peer=peer, sizes=sizes)
+                            peer=peer, sizes=sizes, search_alone=search_alone)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
 

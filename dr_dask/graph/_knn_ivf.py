@@ -279,10 +279,15 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
     cent32 = np.ascontiguousarray(cent[order], dtype=np.float32)
 
     chunk = int(config.get("knn.ivf-chunk-rows"))
+    block_rows = int(config.get("knn.ivf-block-rows"))
     if not isinstance(X, da.Array):
-        X = da.from_array(X, chunks=(int(config.get("knn.ivf-block-rows")), -1))
-    # row blocks on chunk boundaries: each assignment task writes chunks no other one writes
-    block = chunk * max(1, round(max(X.chunks[0]) / chunk))
+        X = da.from_array(X, chunks=(block_rows, -1))
+    # row blocks on chunk boundaries: each assignment task writes chunks no other one writes.
+    # At least block_rows each: every group task reads one span per block, so blocks as small
+    # as the input's chunks (4,096 rows in IKD's persisted rows) would make the lists stage
+    # read each staging chunk for a handful of rows, T / 4,096 times per group (2,442 reads
+    # of 1,024-row chunks per group at T=10^7)
+    block = chunk * max(1, round(max(*X.chunks[0], block_rows) / chunk))
     X = X.rechunk((block, -1))
     starts = np.array([0, *np.cumsum(X.chunks[0])])
 

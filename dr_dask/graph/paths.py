@@ -31,7 +31,7 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask import config
 from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import active_client, gather, map_local, share, wait_for
+from dr_dask.cluster import active_client, gather, map_local, share, thread_memory, wait_for
 from dr_dask.linalg.tiles import even_width, strip_tiles
 from dr_dask.storage import Location, location
 
@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: Upper bound on one task's rows plus its sweeps' lanes (as wide as the rows), which bounds
 #: worker memory per task: 64 sources a task at T=10^6 in float32, the sweeps' best lane count.
+#: Past that T a task may take up to a quarter of its worker thread's memory to keep a batch of
+#: lanes (``_sources_per_task``).
 _TASK_BYTES = 1 << 29
 
 
@@ -493,6 +495,18 @@ def _apply(block: Any, func: Callable, start: int, args: tuple, by_columns: bool
     return func(_materialise(block, by_columns), start, *args)
 
 
+def _sources_per_task(T: int, dtype: Any, client: Any) -> int:
+    """Sources per task such that its rows and lanes (both ``dtype`` wide, at most) fit
+    ``_TASK_BYTES``; where that is under ``LANES``, as many as a quarter of a worker thread's
+    memory holds, up to ``LANES``: below ``MIN_LANES`` sources a task runs the heap alone, 3-4x
+    slower (T=10^7 in float32: 30 sources a task on 2 workers of 9.6 GB, not 6)."""
+    per_source = 2 * np.dtype(dtype).itemsize * T
+    n = _TASK_BYTES // per_source
+    if n < LANES:
+        n = max(n, min(LANES, thread_memory(client) // (4 * per_source)))
+    return int(n)
+
+
 def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int, dtype: Any) -> zarr.Array:
     if isinstance(out, zarr.Array):
         if tuple(out.shape) != shape:
@@ -549,7 +563,9 @@ class GeodesicRows:
         client : distributed.Client, optional
         block_size : int
             Sources per task (capped so that one task's rows and its sweeps' lanes stay near
-            512 MB; aligned to ``out``'s row chunks so that no two tasks write the same chunk).
+            512 MB, or a quarter of a worker thread's memory where 512 MB hold too few sources
+            for the sweeps; aligned to ``out``'s row chunks so that no two tasks write the same
+            chunk).
         dtype : dtype
             Storage type of the rows (float32 halves memory for L x T landmark rows).
         square : bool
@@ -575,7 +591,8 @@ class GeodesicRows:
         sources = np.arange(T) if sources is None else np.asarray(sources, dtype=np.int64)
         if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
             raise ValueError(f"sources must be node indices in [0, {T})")
-        bs = max(1, min(int(block_size), _TASK_BYTES // (2 * np.dtype(dtype).itemsize * T)))
+        client = active_client(client)
+        bs = max(1, min(int(block_size), _sources_per_task(T, dtype, client)))
         store = None
         if out is not None:
             store = _open_out(out, (len(sources), T), bs, dtype)
@@ -584,7 +601,6 @@ class GeodesicRows:
         # once here, not in every task (a stored graph is opened where the tasks run)
         search = stored if stored is not None else _SearchGraph.of(csr)
         bounds = [*range(0, len(sources), bs), len(sources)]
-        client = active_client(client)
         logger.info("Dijkstra from %d sources over %d nodes in %d blocks", len(sources), T,
                     len(bounds) - 1)
         tasks = [(_rows, sources[s:e], square, dtype) if store is None else
