@@ -211,13 +211,14 @@ def test_sklearn_estimator_conventions():
 
 def _run(out) -> tuple[dict, bool, dict]:
     """The run group in ``out``: its stages (name -> info), whether it is complete, and its
-    tile done marks (name -> (inode, mtime): a rewritten mark is a new file)."""
+    tile done marks (name -> (inode, mtime): a rewritten mark is a new file). A thread killed
+    mid-write leaves its store's temporary ``*.partial`` file, which is no mark."""
     root = zarr.open_group(out, mode="r")
     (name,) = list(root.group_keys())
     attrs = root[name].attrs
     done = os.path.join(out, name, "distance", "done")
     marks = {f: (os.stat(os.path.join(done, f)).st_ino, os.stat(os.path.join(done, f)).st_mtime_ns)
-             for f in os.listdir(done)} if os.path.isdir(done) else {}
+             for f in os.listdir(done) if f.endswith(".npz")} if os.path.isdir(done) else {}
     return dict(attrs.get("stages", {})), bool(attrs.get("complete")), marks
 
 
