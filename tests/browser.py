@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -102,11 +105,15 @@ def load(url: str, expression: str = "null", *, settle: float = 3.0,
     exe = find_chromium()
     if exe is None:
         raise RuntimeError("chromium not found")
-    with tempfile.TemporaryDirectory() as profile:
+    # chromium's helper processes may still write to the profile for a moment after the
+    # browser is gone: the whole process group is stopped, and a straggler's file left behind
+    # in the temporary profile does not fail the test
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
         try:
             ws_url, deadline = None, time.monotonic() + 60
             while ws_url is None and time.monotonic() < deadline:
@@ -119,9 +126,11 @@ def load(url: str, expression: str = "null", *, settle: float = 3.0,
                 raise RuntimeError("chromium did not start its DevTools endpoint")
             return asyncio.run(_session(ws_url, url, expression, settle, size))
         finally:
-            proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

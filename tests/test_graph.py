@@ -12,6 +12,7 @@ from conftest import noisy_curve
 from scipy.sparse.csgraph import dijkstra, shortest_path
 from sklearn.datasets import make_swiss_roll
 
+from dr_dask.cluster import thread_memory
 from dr_dask.graph import (
     DisconnectedGraphWarning,
     DuplicatePointsWarning,
@@ -28,7 +29,6 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
-from dr_dask.cluster import thread_memory
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
 from dr_dask.storage import location
