@@ -39,8 +39,7 @@ logger = logging.getLogger(__name__)
 
 #: Upper bound on one task's rows plus its sweeps' lanes (as wide as the rows), which bounds
 #: worker memory per task: 64 sources a task at T=10^6 in float32, the sweeps' best lane count.
-#: Past that T a task may take up to a quarter of its worker thread's memory to keep a batch of
-#: lanes (``_sources_per_task``).
+#: Past that T, see ``_sources_per_task``.
 _TASK_BYTES = 1 << 29
 
 
@@ -499,7 +498,7 @@ def _sources_per_task(T: int, dtype: Any, client: Any) -> int:
     """Sources per task such that its rows and lanes (both ``dtype`` wide, at most) fit
     ``_TASK_BYTES``; where that is under ``LANES``, as many as a quarter of a worker thread's
     memory holds, up to ``LANES``: below ``MIN_LANES`` sources a task runs the heap alone, 3-4x
-    slower (T=10^7 in float32: 30 sources a task on 2 workers of 9.6 GB, not 6)."""
+    slower (T=10^7 in float32: 31 sources a task on 2 workers of 10.1 GB, not 6)."""
     per_source = 2 * np.dtype(dtype).itemsize * T
     n = _TASK_BYTES // per_source
     if n < LANES:
