@@ -1,5 +1,6 @@
-"""Every ``dr-dask bench`` command runs on dask's threads (``--scheduler threads``), honours
-``--workers`` and reports its figures, at tiny sizes (the ``--quick`` sizes shrunk further)."""
+"""Every ``dr-dask bench`` command runs on dask's threads (``--scheduler threads``; ``bench
+geodesic``, which measures process trees, on LocalClusters), honours ``--workers`` and reports
+its figures, at tiny sizes (the ``--quick`` sizes shrunk further)."""
 
 from __future__ import annotations
 
@@ -112,35 +113,27 @@ def test_bench_io(s3_bucket):
     assert plausible_peak(r["s3_peak_rss_gb"], idle)
 
 
-def test_bench_geodesic(tmp_path):
-    r = bench("geodesic", "--T", "600", "--repeats", "1", "--full-T", "600",
-              "--workdir", str(tmp_path))
-    assert r["workers"] == 1 and r["T"] == 600
-    for name in ("isomap", "geodesic_ikd"):
-        row = r[name]
-        assert finite_positive(row["seconds_median"], row["peak_rss_gb_process_tree"],
-                               row["ratio_to_sklearn"])
-        assert set(row["stage_seconds"]) >= {"graph", "shortest_paths", "eigen"}
-    # our Isomap is scikit-learn's on the same graph: equal embeddings up to a rigid map
-    assert r["isomap"]["disparity_vs_sklearn"] < 1e-8
-    assert r["geodesic_ikd"]["r2_vs_latent"] > 0.8
-    assert finite_positive(r["full_ikd_T600"]["seconds_median"])
-
-
 @pytest.mark.cluster
-def test_bench_geodesic_fresh_process_trees(tmp_path):
+def test_bench_geodesic(tmp_path):
     """On LocalClusters (one per method, each in its own process), each method's peak is its
     own tree's: at least that tree idle (interpreter, imports, one worker), and no method's
-    figure includes another's."""
-    from dr_dask.bench.geodesic import run_geodesic
-
-    r = run_geodesic(1, T=600, repeats=1, full_sizes=(600,), skip_sklearn=True,
-                     workdir=str(tmp_path))
-    assert r["scheduler"] == "LocalCluster" and r["workers"] == 1
+    figure includes another's; scikit-learn's time in the same run gives the ratios."""
+    with single_blas_thread():
+        res = CliRunner().invoke(main, ["--workers", "1", "bench", "geodesic", "--T", "600",
+                                        "--repeats", "1", "--full-T", "600", "--workdir",
+                                        str(tmp_path)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    r = json.loads(res.stdout)
+    assert r["scheduler"] == "LocalCluster" and r["workers"] == 1 and r["T"] == 600
     for name in ("isomap", "geodesic_ikd", "full_ikd_T600"):
         row = r[name]
         assert 0.1 < row["idle_process_tree_rss_gb"] <= row["peak_rss_gb_process_tree"] < 4
         assert finite_positive(row["seconds_median"])
+    for name in ("isomap", "geodesic_ikd"):
+        assert finite_positive(r[name]["ratio_to_sklearn"])
+        assert set(r[name]["stage_seconds"]) >= {"graph", "shortest_paths", "eigen"}
+    # our Isomap is scikit-learn's on the same graph: equal embeddings up to a rigid map
+    assert r["isomap"]["disparity_vs_sklearn"] < 1e-8
     assert r["geodesic_ikd"]["r2_vs_latent"] > 0.8
 
 

@@ -91,7 +91,7 @@ def _landmark_isomap(**kw):
     from dr_dask.methods.isomap import LandmarkIsomap
 
     return LandmarkIsomap(**{"n_neighbors": 8, "n_components": 1, "n_landmarks": 60,
-                             "knn": "ivf", "n_probe": 4, "random_state": 0, **kw})
+                             "knn": "ivf", "n_probe": 2, "random_state": 0, **kw})
 
 
 @pytest.mark.cluster

@@ -285,9 +285,11 @@ def _lanes_to_rows(lanes: np.ndarray, rank: np.ndarray, out: np.ndarray, square:
 #: 16 they beat the heap on the sinusoid by 1.7x, at 8 they lose).
 LANES = 64
 MIN_LANES = 16
-#: The sweeps are abandoned for the heap once they have cost this fraction of the heap searches
-#: they replace (then, for the rest of that graph's searches in this process).
-SWEEP_BUDGET = 0.75
+#: The sweeps are abandoned for the heap once they have cost as much as the heap searches they
+#: replace (then, for the rest of that graph's searches in this process). Not less: at T=10^7
+#: they take 0.6-0.8 of the heap's time, converging in 8 pairs of passes whose last four change
+#: almost nothing, and a budget of 0.75 stopped them a pass before the end.
+SWEEP_BUDGET = 1.0
 
 
 def _sweep_lanes(graph: _SearchGraph, labels: np.ndarray, lanes: np.ndarray, first: int,
@@ -432,20 +434,26 @@ def _as_csr(graph: sp.spmatrix) -> sp.csr_matrix:
 
 
 def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
-                   store: zarr.Array, start: int) -> tuple:
+                   store: zarr.Array, start: int, columns: np.ndarray | None) -> tuple:
     """The rows from ``sources`` written to ``store[start:]`` a column chunk at a time, straight
-    from the lanes: the task holds its lanes and one chunk, never a second copy of its rows."""
+    from the lanes: the task holds its lanes and one chunk, never a second copy of its rows.
+    Returns the block's handle and its ``columns`` (None without), as stored."""
     graph = _opened(graph)
     batches = list(_lane_batches(graph, np.asarray(sources, dtype=np.int64),
                                  _precision(graph, dtype)))
+
+    def columns_of(nodes: np.ndarray) -> np.ndarray:
+        chunk = np.empty((len(sources), len(nodes)), dtype=store.dtype)
+        for a, lanes in batches:
+            _lanes_to_rows(lanes, graph.rank[nodes], chunk[a:a + lanes.shape[1]], square)
+        return chunk
+
     step = store.chunks[1]
     for c in range(0, graph.n_nodes, step):
-        rank = graph.rank[c:c + step]
-        chunk = np.empty((len(sources), len(rank)), dtype=store.dtype)
-        for a, lanes in batches:
-            _lanes_to_rows(lanes, rank, chunk[a:a + lanes.shape[1]], square)
-        store[start:start + len(sources), c:c + len(rank)] = chunk
-    return ("zarr", store, start, start + len(sources))
+        store[start:start + len(sources), c:c + step] = columns_of(
+            np.arange(c, min(c + step, graph.n_nodes)))
+    return (("zarr", store, start, start + len(sources)),
+            None if columns is None else columns_of(columns))
 
 
 def read_stored(arr: zarr.Array, selection: Any) -> np.ndarray:
@@ -488,6 +496,10 @@ def _materialise(block: Any, by_columns: bool = False) -> Any:
         _, store, s, e = block
         return _StoredBlock(store, s, e) if by_columns else read_stored(store, slice(s, e))
     return block
+
+
+def _columns(block: np.ndarray, start: int, columns: np.ndarray) -> np.ndarray:
+    return block[:, columns]
 
 
 def _apply(block: Any, func: Callable, start: int, args: tuple, by_columns: bool = False) -> Any:
@@ -534,6 +546,7 @@ class GeodesicRows:
         self.client = client
         self.store = store
         self._whole: np.ndarray | None = None  # the blocks' one array, when they are its views
+        self._kept: tuple[np.ndarray, np.ndarray] | None = None  # columns, and their values
 
     @classmethod
     def compute(
@@ -548,6 +561,7 @@ class GeodesicRows:
         out: Any = None,
         wait: bool = True,
         graph_store: Any = None,
+        columns: np.ndarray | None = None,
     ) -> GeodesicRows:
         """Run Dijkstra from every source, blockwise, on the cluster.
 
@@ -581,6 +595,10 @@ class GeodesicRows:
             for the tasks to open, memory-mapped when local, instead of being sent from this
             process to every worker. It must outlive the rows (a lost block is recomputed
             from it).
+        columns : ndarray of shape (C,), optional
+            Columns (nodes) that :meth:`columns` returns: taken by the tasks as they write
+            ``out`` (the landmark columns: else read back from every stored chunk, the whole
+            L x T array, 40 GB at T=10^7).
         """
         if isinstance(graph, StoredGraph):
             stored, T = graph, graph.n_nodes
@@ -602,8 +620,9 @@ class GeodesicRows:
         bounds = [*range(0, len(sources), bs), len(sources)]
         logger.info("Dijkstra from %d sources over %d nodes in %d blocks", len(sources), T,
                     len(bounds) - 1)
+        kept = None if store is None or columns is None else np.asarray(columns, np.int64)
         tasks = [(_rows, sources[s:e], square, dtype) if store is None else
-                 (_rows_to_store, sources[s:e], square, dtype, store, s)
+                 (_rows_to_store, sources[s:e], square, dtype, store, s, kept)
                  for s, e in itertools.pairwise(bounds)]
         if client is None and store is None:
             # dask's threads (Dijkstra releases the GIL), each block written in place into one
@@ -615,9 +634,8 @@ class GeodesicRows:
                        [whole[s:e] for s, e in itertools.pairwise(bounds)], None, None, dtype)
             rows._whole = whole
             return rows
-        blocks: list[Any]  # row blocks, their futures, or Zarr slice handles
-        if client is None:
-            blocks = map_local(lambda t: t[0](search, *t[1:]), tasks)
+        if client is None:  # the rows to the store, on dask's threads
+            results = map_local(lambda t: t[0](search, *t[1:]), tasks)
         else:
             g = (search if isinstance(search, StoredGraph)
                  else StoredGraph.write(search, graph_store) if graph_store is not None
@@ -631,9 +649,22 @@ class GeodesicRows:
             for f in blocks:
                 if f.status == "error":
                     f.result()
-            if store is not None:
-                blocks = gather(blocks, client)  # Zarr slice handles, read by the workers
-        return cls((len(sources), T), bounds, blocks, client, store, dtype)
+            if store is None:
+                return cls((len(sources), T), bounds, blocks, client, store, dtype)
+            results = gather(blocks, client)
+        # Zarr slice handles, read where the blocks are used, and the columns kept
+        rows = cls((len(sources), T), bounds, [h for h, _ in results], client, store, dtype)
+        if kept is not None:
+            rows._kept = kept, np.vstack([c for _, c in results])
+        return rows
+
+    def columns(self, columns: np.ndarray) -> np.ndarray:
+        """The rows' ``columns``, of shape (S, C): as the tasks kept them (:meth:`compute`'s
+        ``columns``), else read from the blocks where they are."""
+        columns = np.asarray(columns, np.int64)
+        if self._kept is not None and np.array_equal(self._kept[0], columns):
+            return self._kept[1]
+        return np.vstack(self.map(_columns, columns))
 
     def _submit(self, func: Callable, args: tuple, by_columns: bool = False) -> list:
         """Futures (or, without a client, values) of ``func(block, start, *args)`` per block."""

@@ -82,6 +82,7 @@ from dr_dask.methods.ikd_core import (
     edge_weight,
     eigen_result,
     eigen_stage,
+    lazy_rows,
     prepared_rows,
     reference_index,
 )
@@ -149,8 +150,8 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
     ----------
     cfg : IKDConfig
     Xn : dask array of shape (T, N)
-        Rows with ``S = Xn Xn^T`` (:func:`~dr_dask.methods.ikd_core.prepared_rows`), persisted
-        when on a cluster.
+        Rows with ``S = Xn Xn^T``: persisted (:func:`~dr_dask.methods.ikd_core.prepared_rows`)
+        or computed where used (:func:`~dr_dask.methods.ikd_core.lazy_rows`).
     sigma2 : float
     inp : InputData, optional
         The input, next to which (when remote) the IVF search writes its lists.
@@ -363,11 +364,6 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
 # landmark IKD
 
 
-def _landmark_columns(block: np.ndarray, start: int, landmarks: np.ndarray,
-                      kernel: GeodesicKernel) -> np.ndarray:
-    return kernel(block[:, landmarks])
-
-
 def _landmark_triangulate(block: np.ndarray, start: int, kernel: GeodesicKernel,
                           pinv: np.ndarray, sq_mean: np.ndarray) -> np.ndarray:
     # triangulation is linear in the landmark rows: each block of landmarks adds its share
@@ -408,6 +404,10 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         # worker. The L x T float32 rows stay in worker memory up to the tile budget, else in
         # a Zarr array the workers write (4 GB at T=10^6, L=1000), in the run's store or at
         # the scratch location, dropped when the stage is done.
+        if inp.values is None:
+            # a stored input is read again by the graph's few passes rather than held on the
+            # workers through the search and the graph's assembly (4 GB at T=10^7)
+            Xn = lazy_rows(cfg, inp)
         with scratch("graph", None, cfg.scratch, inp) as graph_loc:
             with timed(seconds, "graph"):
                 graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp, graph_loc)
@@ -420,11 +420,12 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
                     rows = GeodesicRows.compute(graph, landmarks, client=client,
                                                 dtype=np.float32,
                                                 out=rows_loc if on_disk else None,
-                                                graph_store=graph_loc.child("prepared"))
+                                                graph_store=graph_loc.child("prepared"),
+                                                columns=landmarks)
                     del graph  # the store holds it as long as the rows need it
                 kernel = GeodesicKernel(inverse, None)
                 with timed(seconds, "landmark_mds"):
-                    D_LL = np.vstack(rows.map(_landmark_columns, landmarks, kernel))
+                    D_LL = kernel(rows.columns(landmarks))
                     np.fill_diagonal(D_LL, 0.0)
                     mds = landmark_mds(D_LL, M)
                 with timed(seconds, "triangulate"):

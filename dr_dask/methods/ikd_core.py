@@ -155,6 +155,12 @@ def normalise_rows(block: np.ndarray, similarity: str, dtype: Any) -> np.ndarray
     return Xc.astype(dtype, copy=False)
 
 
+def lazy_rows(cfg: IKDConfig, inp: InputData) -> da.Array:
+    """Row-normalised data Xn (S = Xn Xn^T), computed from the input wherever it is used."""
+    X = inp.data.rechunk({0: cfg.tile_size, 1: -1})
+    return X.map_blocks(normalise_rows, cfg.similarity, cfg.dtype, dtype=cfg.dtype)
+
+
 def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
     """Row-normalised data Xn (S = Xn Xn^T) and sigma^2 for the configuration.
 
@@ -162,8 +168,7 @@ def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
     array is part of the graph) then travels to the workers once, not once for sigma^2 and
     again for the solver.
     """
-    X = inp.data.rechunk({0: cfg.tile_size, 1: -1})
-    Xn = X.map_blocks(normalise_rows, cfg.similarity, cfg.dtype, dtype=cfg.dtype)
+    Xn = lazy_rows(cfg, inp)
     client = active_client(cfg.client)
     if client is not None:
         Xn = client.persist(Xn)

@@ -529,10 +529,6 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
 # Landmark Isomap
 
 
-def _block_columns(block: np.ndarray, start: int, cols: np.ndarray) -> np.ndarray:
-    return block[:, cols]
-
-
 def _squared(paths: np.ndarray) -> np.ndarray:
     D2 = paths.astype(np.float64)
     return np.multiply(D2, D2, out=D2)
@@ -715,11 +711,12 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
             with timed(timings, "shortest_paths"):
                 rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
                                             block_size=self.block_size, dtype=np.float32,
-                                            out=self.geodesic_store)
+                                            out=self.geodesic_store,
+                                            columns=self.landmarks_)
             del graph
 
             with timed(timings, "landmark_mds"):
-                D_LL = np.vstack(rows.map(_block_columns, self.landmarks_)).astype(np.float64)
+                D_LL = rows.columns(self.landmarks_).astype(np.float64)
                 mds = landmark_mds(D_LL * D_LL, d)
 
             with timed(timings, "triangulation"):
