@@ -152,6 +152,13 @@ def test_shortest_paths_matches_scipy(roll, tmp_path):
     assert isinstance(out, zarr.Array) and out.shape == (4, 1500)
     np.testing.assert_allclose(zarr.open_array(str(tmp_path / "g.zarr"))[:], ref[src],
                                rtol=1e-6)
+    # the columns the tasks keep as they write the rows are the stored ones, as read back
+    cols = np.array([3, 1400, 17, 999])
+    rows = GeodesicRows.compute(G, src, block_size=2, out=str(tmp_path / "k.zarr"),
+                                dtype=np.float32, columns=cols)
+    assert rows._kept is not None
+    np.testing.assert_array_equal(rows.columns(cols), rows.gather()[:, cols])
+    np.testing.assert_array_equal(rows.columns(cols[:2]), rows.gather()[:, cols[:2]])
 
 
 def _half_exp(P: np.ndarray, scale: float) -> np.ndarray:
@@ -275,6 +282,11 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     G = kneighbors_graph(roll, 8)
     ref = dijkstra(G, directed=False)
     src = np.arange(0, 1500, 15)  # 100: one heap search, then sweeps of 49 and 50 lanes
+    # padded to whole cache lines (float64: 56 lanes, float32: 64), each node's from a line's
+    # start; the padding lanes repeat a source and are never reported
+    for dtype, width in ((np.float64, 56), (np.float32, 64)):
+        lanes = paths._lanes(len(roll), 50, dtype, whole_lines=True)
+        assert lanes.shape == (len(roll), width) and lanes.ctypes.data % 64 == 0
     search = paths._SearchGraph.of(paths._as_csr(G))
     monkeypatch.setattr(paths, "SWEEP_BUDGET", np.inf)  # the sweeps run whatever they cost
     np.testing.assert_array_equal(paths._rows(search, src, False, np.float64), ref[src])
@@ -456,6 +468,11 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path, monkey
     np.testing.assert_array_equal(rows.gather(), shortest_paths(G, src))
     opened = StoredGraph(location(str(store)), 1500).open()
     assert all(isinstance(getattr(opened, a), np.memmap) for a in ("indices", "weights"))
+    # rows written to a store by the workers, with the columns their tasks keep
+    kept = GeodesicRows.compute(G, src, client=cluster_client, block_size=50, dtype=np.float32,
+                                out=str(tmp_path / "rows"), columns=src[::3])
+    np.testing.assert_array_equal(kept.columns(src[::3]),
+                                  shortest_paths(G, src)[:, src[::3]].astype(np.float32))
     # where the 512 MB task budget holds too few sources for the sweeps (T=10^7: 6), a task
     # takes as many as a quarter of its worker thread's memory holds, up to a batch of lanes
     assert thread_memory(cluster_client) == 4 * 10**9
@@ -464,8 +481,11 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path, monkey
     rows = GeodesicRows.compute(G, src, client=cluster_client, block_size=200)
     assert np.diff(rows.bounds)[0] == paths.LANES
     np.testing.assert_array_equal(rows.gather(), shortest_paths(G, src))
-    assert paths._sources_per_task(1500, np.float64, None) == paths.LANES
-    assert paths._sources_per_task(10**7, np.float32, cluster_client) == 12  # 1 GB of 80 MB
+    assert paths._sources_per_task(1500, 16, None, one_batch=False) == paths.LANES
+    # T=10^7, float32 rows in memory and float32 lanes: 1 GB of 80 MB a source; rows written
+    # to a store are not held: 40 MB a source
+    assert paths._sources_per_task(10**7, 8, cluster_client, one_batch=False) == 12
+    assert paths._sources_per_task(10**7, 4, cluster_client, one_batch=True) == 25
     # the tiles on the workers (views of each strip, recomputable futures) equal the threaded
     grid = strip_grid(1500, cluster_client)
     assert grid.n_blocks == 4  # two equal strips per worker

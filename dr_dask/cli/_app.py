@@ -110,7 +110,7 @@ knn_options = options(
                  help="Neighbour search: exact, ivf (partitioned, approximate; its estimated "
                  "recall is in the summary), or auto (ivf from 100,000 rows)."),
     click.option("--n-probe", type=POSITIVE, default=None,
-                 help="Lists each row searches with --knn ivf (of about sqrt(T); default 12; "
+                 help="Lists each row searches with --knn ivf (of about sqrt(T); default 6; "
                  "at least the number of lists: exact)."),
 )
 

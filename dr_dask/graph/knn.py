@@ -338,8 +338,10 @@ def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
     Xq = X[np.asarray(rows)]
     if isinstance(Xq, da.Array):
         (Xq,) = compute(Xq, client=client)
+    # in blocks of ivf-block-rows rows, not a quarter of X each: at T=10^7 two of those (2 GB
+    # in float64, and the search's copies) on the workers at once were a fit's peak
     _, exact = kneighbors(X, min(k + 1, T), query=np.asarray(Xq), client=client,
-                          algorithm="exact")
+                          algorithm="exact", block_size=int(config.get("knn.ivf-block-rows")))
     hits = [len(set(e[e != r][:k].tolist()) & set(i.tolist()))
             for r, e, i in zip(rows, exact, found)]
     return float(np.sum(hits) / (k * len(rows)))

@@ -37,9 +37,9 @@ from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
 
-#: Upper bound on one task's rows plus its sweeps' lanes (as wide as the rows), which bounds
-#: worker memory per task: 64 sources a task at T=10^6 in float32, the sweeps' best lane count.
-#: Past that T, see ``_sources_per_task``.
+#: Upper bound on one task's rows plus its sweeps' lanes, which bounds worker memory per task:
+#: 64 sources a task at T=10^6 in float32, the sweeps' best lane count. Past that T, see
+#: ``_sources_per_task``.
 _TASK_BYTES = 1 << 29
 
 
@@ -132,6 +132,12 @@ class StoredGraph:
 
     def open(self) -> _SearchGraph:
         return _open_stored(self.location)
+
+    @property
+    def weights_dtype(self) -> np.dtype:
+        """The weights' dtype, from the store's metadata (nothing else is read)."""
+        return zarr.open_array(self.location.child("weights").zarr_store(read_only=True),
+                               mode="r").dtype
 
 
 @functools.lru_cache(maxsize=1)  # one graph per process at a time: every task of a stage
@@ -348,23 +354,42 @@ def _lane_batches(graph: _SearchGraph, sources: np.ndarray,
     labels = graph.rank[sources]
     per_source = 0.0
     for a in range(0, n, width):
-        lanes = np.empty((graph.n_nodes, min(width, n - a)), dtype=dtype)
-        batch = labels[a:a + lanes.shape[1]]
+        batch = labels[a:a + width]
+        m = len(batch)
+        first = int(a == 0)  # the first source runs the heap
+        sweeps = m - first >= MIN_LANES and not graph.hint.get("heap")
+        lanes = _lanes(graph.n_nodes, m, dtype, whole_lines=sweeps)
         done = 0
-        if a == 0:
+        if first:
             started = time.perf_counter()
             _heap(graph, sources[:1], batch[:1], lanes[:, :1])
             per_source, done = time.perf_counter() - started, 1
-        if len(batch) - done >= MIN_LANES and not graph.hint.get("heap"):
-            deadline = time.perf_counter() + SWEEP_BUDGET * per_source * (len(batch) - done)
-            if _sweep_lanes(graph, batch, lanes, done, deadline):
-                done = len(batch)
+        if sweeps:
+            # the padding lanes repeat the last source
+            padded = np.concatenate([batch, np.repeat(batch[-1], lanes.shape[1] - m)])
+            deadline = time.perf_counter() + SWEEP_BUDGET * per_source * (m - done)
+            if _sweep_lanes(graph, padded, lanes, done, deadline):
+                done = m
             else:
                 graph.hint["heap"] = True
                 logger.info("shortest paths: the sweeps lost to the heap on this graph")
-        if done < len(batch):
-            _heap(graph, sources[a + done:a + len(batch)], batch[done:], lanes[:, done:])
-        yield a, lanes
+        if done < m:
+            _heap(graph, sources[a + done:a + m], batch[done:], lanes[:, done:m])
+        yield a, lanes[:, :m]
+
+
+def _lanes(T: int, m: int, dtype: Any, whole_lines: bool) -> np.ndarray:
+    """An uninitialised (T, m) lanes array; with ``whole_lines``, m padded to whole 64-byte
+    cache lines and each node's lanes starting on one. A sweep reads a neighbour's lanes for
+    every edge, from memory once T is large: 31 float32 lanes (124 bytes, from anywhere in a
+    line) span 2.9 lines on average, 32 lanes from a line's start span 2."""
+    if not whole_lines:
+        return np.empty((T, m), dtype=dtype)
+    per_line = 64 // np.dtype(dtype).itemsize
+    width = -(-m // per_line) * per_line
+    buf = np.empty(T * width + per_line, dtype=dtype)
+    skip = (-buf.ctypes.data // buf.itemsize) % per_line  # buffers are itemsize-aligned
+    return buf[skip:skip + T * width].reshape(T, width)
 
 
 def _precision(graph: _SearchGraph, dtype: Any) -> np.dtype:
@@ -506,16 +531,18 @@ def _apply(block: Any, func: Callable, start: int, args: tuple, by_columns: bool
     return func(_materialise(block, by_columns), start, *args)
 
 
-def _sources_per_task(T: int, dtype: Any, client: Any) -> int:
-    """Sources per task such that its rows and lanes (both ``dtype`` wide, at most) fit
-    ``_TASK_BYTES``; where that is under ``LANES``, as many as a quarter of a worker thread's
-    memory holds, up to ``LANES``: below ``MIN_LANES`` sources a task runs the heap alone, 3-4x
-    slower (T=10^7 in float32: 31 sources a task on 2 workers of 10.1 GB, not 6)."""
-    per_source = 2 * np.dtype(dtype).itemsize * T
+def _sources_per_task(T: int, per_node: int, client: Any, one_batch: bool) -> int:
+    """Sources per task such that what a task holds per source (``per_node`` bytes a node: its
+    lanes, and its row unless written to a store) fits ``_TASK_BYTES``; where that is under
+    ``LANES``, as many as a quarter of a worker thread's memory holds, up to ``LANES``: below
+    ``MIN_LANES`` sources a task runs the heap alone, 3-4x slower (T=10^7, float32 lanes, rows
+    to a store: 63 sources a task on 2 workers of 10.1 GB, not 12). A task that writes a store
+    holds all its lanes until it writes them: ``one_batch`` keeps it to one batch."""
+    per_source = per_node * T
     n = _TASK_BYTES // per_source
     if n < LANES:
         n = max(n, min(LANES, thread_memory(client) // (4 * per_source)))
-    return int(n)
+    return int(min(n, LANES) if one_batch else n)
 
 
 def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int, dtype: Any) -> zarr.Array:
@@ -609,7 +636,11 @@ class GeodesicRows:
         if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
             raise ValueError(f"sources must be node indices in [0, {T})")
         client = active_client(client)
-        bs = max(1, min(int(block_size), _sources_per_task(T, dtype, client)))
+        weights = stored.weights_dtype if stored is not None else np.float64
+        per_node = (np.result_type(weights, dtype).itemsize  # the lanes (_precision)
+                    + (np.dtype(dtype).itemsize if out is None else 0))
+        bs = max(1, min(int(block_size), _sources_per_task(T, per_node, client,
+                                                           one_batch=out is not None)))
         store = None
         if out is not None:
             store = _open_out(out, (len(sources), T), bs, dtype)
