@@ -47,15 +47,19 @@ def _two_blobs(n=60, gap=20.0, seed=0):
     return np.vstack([A, B])
 
 
-def test_kneighbors_matches_sklearn(roll):
+def test_kneighbors_matches_sklearn(roll, dr_config):
     ref_d, ref_i = skn.NearestNeighbors(n_neighbors=7).fit(roll).kneighbors()
     d, i = kneighbors(roll, 7, block_size=400)  # 4 blocks: merging across blocks matters
     np.testing.assert_array_equal(i, ref_i)
     np.testing.assert_allclose(d, ref_d, rtol=0, atol=1e-12)
-    # dask input, explicit query
+    # dask input, explicit query; then X in data blocks of at most query-block-rows
     Q = roll[:123] + 0.01
     ref_d, ref_i = skn.NearestNeighbors(n_neighbors=5).fit(roll).kneighbors(Q)
     d, i = kneighbors(da.from_array(roll, chunks=(500, 3)), 5, query=Q)
+    np.testing.assert_array_equal(i, ref_i)
+    np.testing.assert_allclose(d, ref_d, atol=1e-12)
+    dr_config({"knn.query-block-rows": 90})
+    d, i = kneighbors(roll, 5, query=Q)
     np.testing.assert_array_equal(i, ref_i)
     np.testing.assert_allclose(d, ref_d, atol=1e-12)
 

@@ -223,7 +223,8 @@ def kneighbors(
     client : distributed.Client, optional
         Resolved by :func:`dr_dask.cluster.active_client`; None means dask's threads.
     block_size : int, optional
-        Rows per block of the exact search (default ``max(5000, ceil(T / 4))``).
+        Rows per block of the exact search (default ``max(5000, ceil(T / 4))``; with
+        ``query``, X's blocks at most ``dr_dask.knn.query-block-rows``).
     algorithm : {"auto", "exact", "cells", "ivf"}
         ``"exact"``: every query block against every data block (KD-trees up to
         ``dr_dask.knn.kd-tree-max-dim`` features, else brute-force GEMM): T^2 N work above that
@@ -281,11 +282,12 @@ def kneighbors(
                                 and X.shape[1] > config.get("knn.kd-tree-max-dim")):
 
         return cell_kneighbors(X, k, exclude_self, client=client)
-    bs = int(block_size or _default_block(n))
-    d_off, d_blocks = _row_blocks(X, bs, client)
     if exclude_self:
+        d_off, d_blocks = _row_blocks(X, int(block_size or _default_block(n)), client)
         q_off, q_blocks = d_off, d_blocks
     else:
+        d_off, d_blocks = _row_blocks(X, int(block_size or min(
+            _default_block(n), config.get("knn.query-block-rows"))), client)
         q_off, q_blocks = _row_blocks(query, int(block_size or _default_block(_n_rows(query))),
                                       client)
     kk = k + exclude_self
@@ -338,10 +340,8 @@ def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
     Xq = X[np.asarray(rows)]
     if isinstance(Xq, da.Array):
         (Xq,) = compute(Xq, client=client)
-    # in blocks of ivf-block-rows rows, not a quarter of X each: at T=10^7 two of those (2 GB
-    # in float64, and the search's copies) on the workers at once were a fit's peak
     _, exact = kneighbors(X, min(k + 1, T), query=np.asarray(Xq), client=client,
-                          algorithm="exact", block_size=int(config.get("knn.ivf-block-rows")))
+                          algorithm="exact")
     hits = [len(set(e[e != r][:k].tolist()) & set(i.tolist()))
             for r, e, i in zip(rows, exact, found)]
     return float(np.sum(hits) / (k * len(rows)))

@@ -197,7 +197,8 @@ def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: in
     # the forest over the nodes the block touches, numbered locally
     nodes, local = np.unique(np.concatenate([np.arange(lo, hi), col]), return_inverse=True)
     fa, fb = _forest(np.repeat(local[:hi - lo], deg), local[hi - lo:], len(nodes))
-    return len(col), nodes[fa], nodes[fb]
+    # int32, as the graph's columns: the client holds every block's forest (about T edges)
+    return len(col), nodes[fa].astype(np.int32), nodes[fb].astype(np.int32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +208,8 @@ def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: in
 def _components(forests: list[tuple[np.ndarray, np.ndarray]], T: int) -> np.ndarray:
     """Component of every label: the least label joined to it."""
     parent = np.arange(T)
-    _union(parent, np.concatenate([f[0] for f in forests]).astype(np.int64),
-           np.concatenate([f[1] for f in forests]).astype(np.int64))
+    for a, b in forests:  # one forest at a time: no concatenated copy of about T edges
+        _union(parent, a, b)
     return _roots(parent)
 
 

@@ -18,7 +18,7 @@ import logging
 import operator
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -442,9 +442,17 @@ def _rows(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, 
     graph = _opened(graph)
     if out is None:
         out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
-    sources = np.asarray(sources, dtype=np.int64)
-    for a, lanes in _lane_batches(graph, sources, _precision(graph, out.dtype)):
-        _lanes_to_rows(lanes, graph.rank, out[a:a + lanes.shape[1]], square)
+    batches = _lane_batches(graph, np.asarray(sources, dtype=np.int64),
+                            _precision(graph, out.dtype))
+    return _batches_to_rows(batches, graph.rank, out, square)
+
+
+def _batches_to_rows(batches: Iterable[tuple[int, np.ndarray]], rank: np.ndarray,
+                     out: np.ndarray, square: bool) -> np.ndarray:
+    """``out`` (S, len(rank)): the distances of :func:`_lane_batches`' ``batches`` to the nodes
+    of label ``rank``, in that order."""
+    for a, lanes in batches:
+        _lanes_to_rows(lanes, rank, out[a:a + lanes.shape[1]], square)
     return out
 
 
@@ -468,10 +476,8 @@ def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, squar
                                  _precision(graph, dtype)))
 
     def columns_of(nodes: np.ndarray) -> np.ndarray:
-        chunk = np.empty((len(sources), len(nodes)), dtype=store.dtype)
-        for a, lanes in batches:
-            _lanes_to_rows(lanes, graph.rank[nodes], chunk[a:a + lanes.shape[1]], square)
-        return chunk
+        return _batches_to_rows(batches, graph.rank[nodes],
+                                np.empty((len(sources), len(nodes)), dtype=store.dtype), square)
 
     step = store.chunks[1]
     for c in range(0, graph.n_nodes, step):

@@ -82,7 +82,6 @@ from dr_dask.methods.ikd_core import (
     edge_weight,
     eigen_result,
     eigen_stage,
-    lazy_rows,
     prepared_rows,
     reference_index,
 )
@@ -386,7 +385,9 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         logger.info("landmark IKD: the run holds the L x T rows during the fit; it has no "
                     "stage to resume, so an interrupted fit starts again")
     seconds: dict[str, float] = {}
-    Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
+    # a stored input is read again by the few passes over its rows (landmark candidates, the
+    # graph's search and edges) rather than held on the workers throughout (4 GB at T=10^7)
+    Xn, sigma2 = prepared_rows(cfg, inp, persist=cfg.solver != "geodesic" or inp.values is not None)
     inverse = cfg.inverse_kernel(sigma2)
 
     with timed(seconds, "landmarks"):
@@ -404,10 +405,6 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         # worker. The L x T float32 rows stay in worker memory up to the tile budget, else in
         # a Zarr array the workers write (4 GB at T=10^6, L=1000), in the run's store or at
         # the scratch location, dropped when the stage is done.
-        if inp.values is None:
-            # a stored input is read again by the graph's few passes rather than held on the
-            # workers through the search and the graph's assembly (4 GB at T=10^7)
-            Xn = lazy_rows(cfg, inp)
         with scratch("graph", None, cfg.scratch, inp) as graph_loc:
             with timed(seconds, "graph"):
                 graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp, graph_loc)

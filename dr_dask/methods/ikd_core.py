@@ -161,16 +161,16 @@ def lazy_rows(cfg: IKDConfig, inp: InputData) -> da.Array:
     return X.map_blocks(normalise_rows, cfg.similarity, cfg.dtype, dtype=cfg.dtype)
 
 
-def prepared_rows(cfg: IKDConfig, inp: InputData) -> tuple[da.Array, float]:
+def prepared_rows(cfg: IKDConfig, inp: InputData, persist: bool = True) -> tuple[da.Array, float]:
     """Row-normalised data Xn (S = Xn Xn^T) and sigma^2 for the configuration.
 
     On a cluster Xn is persisted before sigma^2 is computed from it: the input (an in-memory
     array is part of the graph) then travels to the workers once, not once for sigma^2 and
-    again for the solver.
+    again for the solver. ``persist=False`` leaves it lazy (:func:`lazy_rows`).
     """
     Xn = lazy_rows(cfg, inp)
     client = active_client(cfg.client)
-    if client is not None:
+    if client is not None and persist:
         Xn = client.persist(Xn)
     if cfg.variance is not None:
         return Xn, float(cfg.variance)
