@@ -145,6 +145,31 @@ def test_landmark_isomap_reads_a_stored_input_where_it_is(small_blocks, tmp_path
         _landmark_isomap().fit(f"{tmp_path}/bad.zarr:X")
 
 
+@pytest.mark.cluster
+def test_landmark_ikd_reads_a_stored_input_again_above_the_budget(small_blocks, dr_config,
+                                                                  cluster_client, tmp_path):
+    """Landmark IKD holds a stored input's rows on the workers while they fit the in-memory
+    budget and reads them from the store again above it: the same embedding either way."""
+    import zarr
+
+    from dr_dask.methods.ikd import IKD
+
+    X = noisy_curve(2000, 30, seed=6)
+    zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("X", data=X,
+                                                                        chunks=(600, 30))
+
+    def fit():
+        return IKD(n_components=1, solver="geodesic", n_landmarks=60, n_neighbors=8,
+                   knn="ivf", n_probe=2, random_state=0, client=cluster_client,
+                   scratch=str(tmp_path / "scratch")).fit(f"{tmp_path}/in.zarr:X")
+
+    held = fit()
+    dr_config({"tiles.memory-bytes": 1000})  # the rows (and the L x T paths) pass it
+    read_again = fit()
+    assert held.knn_recall_ == read_again.knn_recall_ < 1
+    np.testing.assert_allclose(read_again.embedding_, held.embedding_, rtol=1e-6, atol=1e-9)
+
+
 def test_landmark_isomap_cli_from_s3_equals_local(small_blocks, s3_bucket, tmp_path,
                                                   monkeypatch):
     """`dr-dask embed isomap --landmarks --knn ivf` from s3:// (moto) to s3://: the workers'

@@ -385,9 +385,13 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         logger.info("landmark IKD: the run holds the L x T rows during the fit; it has no "
                     "stage to resume, so an interrupted fit starts again")
     seconds: dict[str, float] = {}
-    # a stored input is read again by the few passes over its rows (landmark candidates, the
-    # graph's search and edges) rather than held on the workers throughout (4 GB at T=10^7)
-    Xn, sigma2 = prepared_rows(cfg, inp, persist=cfg.solver != "geodesic" or inp.values is not None)
+    # a stored input whose rows would pass the in-memory budget is read again by the few passes
+    # over them (landmark candidates, the graph's search and edges) rather than held on the
+    # workers throughout (4 GB at T=10^7); below it holding them spares those reads
+    T, N = inp.data.shape
+    held = (cfg.solver != "geodesic" or inp.values is not None
+            or not cfg.on_disk(T * N * np.dtype(cfg.dtype).itemsize))
+    Xn, sigma2 = prepared_rows(cfg, inp, persist=held)
     inverse = cfg.inverse_kernel(sigma2)
 
     with timed(seconds, "landmarks"):
