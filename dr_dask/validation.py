@@ -34,7 +34,6 @@ from numbers import Integral, Real
 from typing import Any
 
 import dask
-import dask.array as da
 import numba
 import numpy as np
 
@@ -392,10 +391,17 @@ def warn_duplicates(first: np.ndarray, *, stacklevel: int = 2) -> None:
     """
     first = np.asarray(first)
     later = np.flatnonzero(first != np.arange(len(first)))
+    _warn_duplicate_rows(later, first[later], stacklevel=stacklevel + 1)
+
+
+def _warn_duplicate_rows(later: np.ndarray, first: np.ndarray, *, stacklevel: int) -> None:
+    """:func:`warn_duplicates` of the rows ``later`` that repeat an earlier row, ``first`` of
+    each the first row equal to it (the other rows need not be listed)."""
     if later.size == 0 or _DUPLICATES_REPORTED.get():
         return
-    n_points = int(np.isin(first, first[later]).sum())  # every member of a repeated group
-    i, j = int(first[later[0]]), int(later[0])
+    n_points = len(later) + len(np.unique(first))  # every member of a repeated group
+    e = int(np.argmin(later))
+    i, j = int(first[e]), int(later[e])
     msg = (f"{n_points} points have exact duplicates (e.g. rows {i} and {j}); they are kept, "
            "joined by zero-length edges where a graph is built, and get identical embeddings")
     logger.warning(msg)
@@ -434,12 +440,40 @@ def _fingerprints(bits: np.ndarray) -> np.ndarray:
     return out
 
 
-def _row_flags(block: np.ndarray, check_constant: bool) -> np.ndarray:
-    bad = ~np.isfinite(block).all(axis=1)
+#: Rows per bucket of the duplicate search: the fingerprints are split into about T / this
+#: many buckets by value, each searched by one task, so that no process holds all T of them
+#: (at T=10^7 they and their sort had taken 0.6 GB in the client).
+DUPLICATE_BUCKET_ROWS = 1 << 22
+
+
+def _scan_block(block: np.ndarray, start: int, check_constant: bool, n_buckets: int) -> tuple:
+    """One block's non-finite and (``check_constant``) constant rows, as row indices, and its
+    rows' fingerprints with their indices split into ``n_buckets`` buckets by value."""
+    block = np.asarray(block)
+    finite = np.isfinite(block)
+    bad = ~finite.all(axis=1)
     const = np.zeros(len(block), bool)
     if check_constant and block.shape[1]:
-        const = np.ptp(np.where(np.isfinite(block), block, 0), axis=1) == 0
-    return np.stack([bad, const], axis=1)
+        const = np.ptp(np.where(finite, block, 0), axis=1) == 0
+    prints = _row_fingerprints(block)
+    bucket = (prints % np.uint64(n_buckets)).astype(np.intp)
+    order = np.argsort(bucket, kind="stable")
+    cuts = np.cumsum(np.bincount(bucket, minlength=n_buckets))[:-1]
+    rows = start + order
+    return ((start + np.flatnonzero(bad), start + np.flatnonzero(const)),
+            list(zip(np.split(prints[order], cuts), np.split(rows, cuts))))
+
+
+def _bucket_duplicates(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of one bucket's fingerprints that repeat an earlier row, and that row."""
+    prints = np.concatenate([p[0] for p in parts])
+    rows = np.concatenate([p[1] for p in parts])
+    order = np.lexsort((rows, prints))  # by fingerprint, then row: a group's first row first
+    prints, rows = prints[order], rows[order]
+    starts = np.r_[True, prints[1:] != prints[:-1]]
+    first = rows[np.flatnonzero(starts)][np.cumsum(starts) - 1]
+    later = ~starts
+    return rows[later], first[later]
 
 
 def describe_rows(rows: np.ndarray, ids: np.ndarray | None, limit: int = 10) -> str:
@@ -481,25 +515,31 @@ def check_values(
         raise InputError(f"{inp.name} has {T} samples; at least {min_samples} are needed")
     if N < 2 and constant_rows:
         raise InputError(f"{inp.name} has {N} feature(s); a correlation needs at least 2")
-    flags = da.map_blocks(
-        _row_flags, inp.data, constant_rows, dtype=bool, chunks=(inp.data.chunks[0], (2,))
-    )
-    prints = da.map_blocks(_row_fingerprints, inp.data, dtype=np.uint64, drop_axis=1)
+    X = inp.data.rechunk({1: -1})
+    starts = np.cumsum((0, *X.chunks[0][:-1]))
+    n_buckets = -(-T // DUPLICATE_BUCKET_ROWS)
+    scan = dask.delayed(_scan_block, pure=True, nout=2)
+    scans = [scan(b, int(a), constant_rows, n_buckets)
+             for b, a in zip(X.to_delayed().ravel(), starts)]
+    duplicates = dask.delayed(_bucket_duplicates, pure=True)
+    graph = ([flagged for flagged, _ in scans],
+             [duplicates(*[buckets[b] for _, buckets in scans]) for b in range(n_buckets)])
     # an array already in this process (``values``) is checked here: on a cluster the whole
     # array would travel in the graph to the workers for a check that reads it once
     if inp.values is not None:
-        flags, prints = dask.compute(flags, prints, scheduler="threads")
+        flagged, pairs = dask.compute(*graph, scheduler="threads")
     else:
-        flags, prints = compute(flags, prints, client=client)
-    bad = np.flatnonzero(flags[:, 0])
+        flagged, pairs = compute(*graph, client=client)
+    bad = np.concatenate([f[0] for f in flagged])
     if bad.size:
         raise InputError(
             f"{inp.name} has NaN or infinite values in {describe_rows(bad, inp.sample_ids)}"
         )
-    const = np.flatnonzero(flags[:, 1])
+    const = np.concatenate([f[1] for f in flagged])
     if const.size:
         raise InputError(
             f"{inp.name} has constant rows (zero variance, undefined correlation) in "
             f"{describe_rows(const, inp.sample_ids)}; use similarity='covariance' or drop them"
         )
-    warn_duplicates(first_equal_rows(prints), stacklevel=3)
+    _warn_duplicate_rows(np.concatenate([p[0] for p in pairs]),
+                         np.concatenate([p[1] for p in pairs]), stacklevel=3)

@@ -11,6 +11,7 @@ import scipy.sparse as sp
 import zarr
 from sklearn.base import BaseEstimator
 
+from dr_dask import validation
 from dr_dask.inputs import InputError, open_dataset
 from dr_dask.validation import (
     DuplicatePointsWarning,
@@ -175,18 +176,26 @@ def test_stored_input_is_read_and_checked_on_the_estimators_cluster(tmp_path, cl
         check_input(est, X[:, :2], reset=False)
 
 
-def test_duplicate_rows_found_in_one_pass_over_stored_data(tmp_path):
+@pytest.mark.cluster
+@pytest.mark.parametrize("bucket_rows", [validation.DUPLICATE_BUCKET_ROWS, 50])
+def test_duplicate_rows_found_in_one_pass_over_stored_data(tmp_path, monkeypatch, bucket_rows,
+                                                           cluster_client):
     """check_values names repeated rows of an out-of-core input by their fingerprints: equal
-    values (0.0 and -0.0 too) across chunks warn once, rows that differ in one bit do not."""
+    values (0.0 and -0.0 too) across chunks warn once, rows that differ in one bit do not;
+    the same when the fingerprints are searched in several buckets (no task holds all)."""
+    monkeypatch.setattr(validation, "DUPLICATE_BUCKET_ROWS", bucket_rows)
     X = np.random.default_rng(0).normal(size=(300, 7))
     X[0, 3] = 0.0
     X[250] = X[0]
     X[250, 3] = -0.0  # equal value, other bits
     X[40] = X[41]
     X[40, 6] = np.nextafter(X[41, 6], 1.0)  # one ulp apart: distinct
+    X[[130, 290]] = X[10]  # three equal rows in three chunks
     zarr.create_array(str(tmp_path / "x.zarr"), data=X, chunks=(64, 7))
     inp = open_dataset(str(tmp_path / "x.zarr"))
-    with pytest.warns(DuplicatePointsWarning, match=r"^2 points have exact duplicates \(e.g. "
-                      r"rows 0 and 250\)"):
+    with pytest.warns(DuplicatePointsWarning, match=r"^5 points have exact duplicates \(e.g. "
+                      r"rows 10 and 130\)"):
         check_values(inp)
-    np.testing.assert_array_equal(first_equal_rows(X)[[0, 40, 250]], [0, 40, 0])
+    with pytest.warns(DuplicatePointsWarning, match=r"^5 points .* rows 10 and 130"):
+        check_values(inp, client=cluster_client)  # the buckets searched on the workers
+    np.testing.assert_array_equal(first_equal_rows(X)[[0, 40, 250, 130, 290]], [0, 40, 0, 10, 10])
