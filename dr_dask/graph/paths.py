@@ -392,10 +392,10 @@ def _lanes(T: int, m: int, dtype: Any, whole_lines: bool) -> np.ndarray:
     return buf[skip:skip + T * width].reshape(T, width)
 
 
-def _precision(graph: _SearchGraph, dtype: Any) -> np.dtype:
-    """Sums in float32 when the weights and the rows are both float32 (a stored graph's
-    landmark rows), else in float64."""
-    return np.result_type(graph.weights.dtype, dtype)
+def _precision(weights: Any, dtype: Any) -> np.dtype:
+    """The lanes' dtype for ``weights`` (the graph's weights dtype) and rows of ``dtype``: sums
+    in float32 when both are float32 (a stored graph's landmark rows), else in float64."""
+    return np.result_type(weights, dtype)
 
 
 def dijkstra_rows(graph: sp.spmatrix, sources: np.ndarray, *, square: bool = False,
@@ -443,7 +443,7 @@ def _rows(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, 
     if out is None:
         out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
     batches = _lane_batches(graph, np.asarray(sources, dtype=np.int64),
-                            _precision(graph, out.dtype))
+                            _precision(graph.weights.dtype, out.dtype))
     return _batches_to_rows(batches, graph.rank, out, square)
 
 
@@ -473,7 +473,7 @@ def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, squar
     Returns the block's handle and its ``columns`` (None without), as stored."""
     graph = _opened(graph)
     batches = list(_lane_batches(graph, np.asarray(sources, dtype=np.int64),
-                                 _precision(graph, dtype)))
+                                 _precision(graph.weights.dtype, dtype)))
 
     def columns_of(nodes: np.ndarray) -> np.ndarray:
         return _batches_to_rows(batches, graph.rank[nodes],
@@ -643,7 +643,7 @@ class GeodesicRows:
             raise ValueError(f"sources must be node indices in [0, {T})")
         client = active_client(client)
         weights = stored.weights_dtype if stored is not None else np.float64
-        per_node = (np.result_type(weights, dtype).itemsize  # the lanes (_precision)
+        per_node = (_precision(weights, dtype).itemsize  # the lanes, and the rows if held
                     + (np.dtype(dtype).itemsize if out is None else 0))
         bs = max(1, min(int(block_size), _sources_per_task(T, per_node, client,
                                                            one_batch=out is not None)))
