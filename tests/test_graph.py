@@ -28,7 +28,9 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
-from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
+from dr_dask.graph.paths import geodesic_tiles
+from dr_dask.graph.sssp import dijkstra_rows
+from dr_dask.graph.stored import StoredGraph
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
 from dr_dask.storage import location
@@ -281,7 +283,7 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     heap's distances, in float64 and in float32 (a stored graph's float32 weights with float32
     rows). Sweeps that outrun their budget hand this graph to the heap for good, the result
     unchanged."""
-    from dr_dask.graph import paths
+    from dr_dask.graph import sssp
 
     G = kneighbors_graph(roll, 8)
     ref = dijkstra(G, directed=False)
@@ -289,18 +291,18 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     # padded to whole cache lines (float64: 56 lanes, float32: 64), each node's from a line's
     # start; the padding lanes repeat a source and are never reported
     for dtype, width in ((np.float64, 56), (np.float32, 64)):
-        lanes = paths._lanes(len(roll), 50, dtype, whole_lines=True)
+        lanes = sssp._lanes(len(roll), 50, dtype, whole_lines=True)
         assert lanes.shape == (len(roll), width) and lanes.ctypes.data % 64 == 0
-    search = paths._SearchGraph.of(paths._as_csr(G))
-    monkeypatch.setattr(paths, "SWEEP_BUDGET", np.inf)  # the sweeps run whatever they cost
-    np.testing.assert_array_equal(paths._rows(search, src, False, np.float64), ref[src])
-    g32 = paths._SearchGraph(search.indptr, search.indices, search.weights.astype(np.float32),
-                             search.rank)
+    search = sssp.SearchGraph.of(sssp.as_csr(G))
+    monkeypatch.setattr(sssp, "SWEEP_BUDGET", np.inf)  # the sweeps run whatever they cost
+    np.testing.assert_array_equal(sssp.search_rows(search, src, False, np.float64), ref[src])
+    g32 = sssp.SearchGraph(search.indptr, search.indices, search.weights.astype(np.float32),
+                           search.rank)
     lanes = np.empty((len(roll), len(src)), np.float32)
-    assert paths._heap_lanes(g32.indptr, g32.indices, g32.weights, g32.rank[src],
+    assert sssp._heap_lanes(g32.indptr, g32.indices, g32.weights, g32.rank[src],
                              lanes) == (-1, 0)
     heap32 = lanes[g32.rank].T
-    np.testing.assert_array_equal(paths._rows(g32, src, False, np.float32), heap32)
+    np.testing.assert_array_equal(sssp.search_rows(g32, src, False, np.float32), heap32)
     np.testing.assert_allclose(heap32, ref[src], rtol=1e-5)  # summed in float32
     assert not search.hint and not g32.hint
     # into a store, a column chunk at a time from the lanes: tasks of 40, chunks of 40 x 128
@@ -308,8 +310,8 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
                               chunks=(40, 128), dtype=np.float32, fill_value=np.nan)
     GeodesicRows.compute(G, src, block_size=40, dtype=np.float32, out=store)
     np.testing.assert_allclose(store[...], ref[src], rtol=1e-6)
-    monkeypatch.setattr(paths, "SWEEP_BUDGET", 0.0)  # the first pair of passes is over budget
-    np.testing.assert_array_equal(paths._rows(search, src, True, np.float64), ref[src] ** 2)
+    monkeypatch.setattr(sssp, "SWEEP_BUDGET", 0.0)  # the first pair of passes is over budget
+    np.testing.assert_array_equal(sssp.search_rows(search, src, True, np.float64), ref[src] ** 2)
     assert search.hint == {"heap": True}
     assert dijkstra_rows(G, np.array([], dtype=int)).shape == (0, len(roll))
 

@@ -3,7 +3,7 @@ methods stop growing as T^2 log T), and the sweeps against the heap.
 
 The graphs are the kNN graphs (k=10) of the first T rows of one sinusoid (N=100), the graphs
 the exact methods search. For each T, the median of three timed runs of the package's
-search (:func:`dr_dask.graph.paths.dijkstra_rows`' kernel, the graph prepared once and one
+search (:func:`dr_dask.graph.sssp.dijkstra_rows`' kernel, the graph prepared once and one
 output buffer, as a strip task runs it: one heap search, then Bellman-Ford sweeps 64 sources
 at a time) from ``n_sources`` spread sources, and of the heap alone from the same sources (the
 baseline of the same run). Reported per T: ms per source for both and their ratio, whether
@@ -51,22 +51,22 @@ def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbo
     """
     import tempfile
 
-    from dr_dask.graph.knn import kneighbors_graph
-    from dr_dask.graph.paths import _heap_lanes, _rows, _SearchGraph
+    from dr_dask.graph.neighbour_graph import kneighbors_graph
+    from dr_dask.graph.sssp import SearchGraph, _heap_lanes, search_rows
 
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_dijkstra_")
     X, _ = dataset_arrays(workdir, "sinusoidal", max(sizes), 100)
     rows: list[dict[str, Any]] = []
     for T in sorted(sizes):
-        graph = _SearchGraph.of(kneighbors_graph(X[:T], n_neighbors))
+        graph = SearchGraph.of(kneighbors_graph(X[:T], n_neighbors))
         sources = np.linspace(0, T - 1, n_sources).astype(np.int64)
         out = np.empty((n_sources, T))
-        _rows(graph, sources[:1], False, np.float64, out=out[:1])  # compiled, pages touched
+        search_rows(graph, sources[:1], False, np.float64, out=out[:1])  # compiled, pages touched
         lanes = np.empty((T, n_sources))  # the heap's output, as the sweeps' (nodes x sources)
         runs, heap_runs = [], []
         for _ in range(3):
             t0 = time.perf_counter()
-            _rows(graph, sources, False, np.float64, out=out)
+            search_rows(graph, sources, False, np.float64, out=out)
             runs.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             _heap_lanes(graph.indptr, graph.indices, graph.weights, graph.rank[sources], lanes)

@@ -16,13 +16,11 @@ from dr_dask.graph.diagnostics import (
     DuplicatePointsWarning,
     LowRecallWarning,
 )
-from dr_dask.graph.knn import graph_from_neighbors, kneighbors, kneighbors_graph
+from dr_dask.graph.knn import kneighbors
 from dr_dask.graph.landmarks import landmark_mds, select_landmarks, triangulate
-from dr_dask.graph.paths import (
-    GeodesicRows,
-    geodesics_via_neighbors,
-    shortest_paths,
-)
+from dr_dask.graph.neighbour_graph import graph_from_neighbors, kneighbors_graph
+from dr_dask.graph.out_of_sample import geodesics_via_neighbors
+from dr_dask.graph.paths import GeodesicRows, shortest_paths
 
 __all__ = [
     "DisconnectedGraphWarning",

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
-from dr_dask.graph.knn import _symmetric_graph
+from dr_dask.graph.neighbour_graph import symmetric_graph
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +132,6 @@ def connect_components(
     w = np.asarray(bridge_weight(lengths) if bridge_weight is not None else lengths,
                    dtype=np.float64)
     logger.info("added %d bridging edges (longest %.4g)", len(lengths), lengths.max())
-    extra = _symmetric_graph(np.asarray(rows), np.asarray(cols), w, graph.shape[0])
+    extra = symmetric_graph(np.asarray(rows), np.asarray(cols), w, graph.shape[0])
     # a bridge never duplicates an existing edge (its ends were in different components)
     return (graph + extra).tocsr()

@@ -21,9 +21,7 @@ from typing import Any
 
 import dask
 import dask.array as da
-import numba
 import numpy as np
-import scipy.sparse as sp
 
 from dr_dask import config
 from dr_dask.cluster import active_client, compute, share
@@ -31,13 +29,10 @@ from dr_dask.graph._knn_cells import cell_kneighbors
 from dr_dask.graph._knn_ivf import ivf_kneighbors
 from dr_dask.graph.diagnostics import LowRecallWarning
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank
-from dr_dask.validation import Options, check_array_like, positive, warn_duplicates
+from dr_dask.validation import Options, check_array_like, positive
 
 logger = logging.getLogger(__name__)
 
-#: Smallest positive float64: the weight given to zero-length edges so that sparse graph
-#: algorithms still see them as edges (an explicit 0 is dropped by sparse arithmetic).
-ZERO_EDGE = np.finfo(np.float64).tiny
 ALGORITHMS = ("auto", "exact", "cells", "ivf")
 #: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
 #: picks), ``"ivf"`` (the partitioned approximate search) or ``"auto"`` (IVF from
@@ -53,11 +48,11 @@ RECALL_ROWS = 200
 RECALL_WARN = 0.9
 
 
-def _n_rows(X: Any) -> int:
+def count_rows(X: Any) -> int:
     return int(X.shape[0])
 
 
-def _check_2d(X: Any, name: str) -> Any:
+def check_2d(X: Any, name: str) -> Any:
     if X is None:
         return None
     if not isinstance(X, da.Array):
@@ -70,12 +65,12 @@ def _check_2d(X: Any, name: str) -> Any:
     return X
 
 
-def _default_block(n: int) -> int:
+def default_block(n: int) -> int:
     # four blocks give both workers work while each KD-tree is still large enough to be efficient
     return max(5000, math.ceil(n / 4))
 
 
-def _row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[Any]]:
+def row_blocks(X: Any, block_size: int, client: Any) -> tuple[list[int], list[Any]]:
     """Row offsets and blocks of X: dask delayed blocks, shared futures or in-memory arrays."""
     if isinstance(X, da.Array):
         X = X.astype(np.float64).rechunk((block_size, -1))
@@ -257,12 +252,12 @@ def kneighbors(
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    X = _check_2d(X, "X")
+    X = check_2d(X, "X")
     exclude_self = query is None
-    query = X if exclude_self else _check_2d(query, "query")
+    query = X if exclude_self else check_2d(query, "query")
     if query.shape[1] != X.shape[1]:
         raise ValueError(f"query has {query.shape[1]} features but X has {X.shape[1]}")
-    n = _n_rows(X)
+    n = count_rows(X)
     k = int(n_neighbors)
     k_max = n - 1 if exclude_self else n
     if not 1 <= k <= k_max:
@@ -283,12 +278,12 @@ def kneighbors(
 
         return cell_kneighbors(X, k, exclude_self, client=client)
     if exclude_self:
-        d_off, d_blocks = _row_blocks(X, int(block_size or _default_block(n)), client)
+        d_off, d_blocks = row_blocks(X, int(block_size or default_block(n)), client)
         q_off, q_blocks = d_off, d_blocks
     else:
-        d_off, d_blocks = _row_blocks(X, int(block_size or min(
-            _default_block(n), config.get("knn.query-block-rows"))), client)
-        q_off, q_blocks = _row_blocks(query, int(block_size or _default_block(_n_rows(query))),
+        d_off, d_blocks = row_blocks(X, int(block_size or min(
+            default_block(n), config.get("knn.query-block-rows"))), client)
+        q_off, q_blocks = row_blocks(query, int(block_size or default_block(count_rows(query))),
                                       client)
     kk = k + exclude_self
     block_knn = dask.delayed(_block_knn, pure=True)
@@ -324,7 +319,7 @@ def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
     """
     from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
-    T = _n_rows(X)
+    T = count_rows(X)
     rows = np.sort(check_random_state(random_state).choice(T, min(int(n_rows), T),
                                                            replace=False))
     return sampled_recall(X, rows, indices[rows], client=client)
@@ -335,8 +330,8 @@ def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
     """Share of the true k nearest neighbours of ``rows`` (S,) among ``found`` (S, k), the
     neighbours a search found for them (without themselves): the rows' neighbours are searched
     exactly (S x T distances, X read block by block) and compared as sets."""
-    X = _check_2d(X, "X")
-    T, k = _n_rows(X), found.shape[1]
+    X = check_2d(X, "X")
+    T, k = count_rows(X), found.shape[1]
     Xq = X[np.asarray(rows)]
     if isinstance(Xq, da.Array):
         (Xq,) = compute(Xq, client=client)
@@ -373,7 +368,7 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
         feature, not the manifold, decides who is a neighbour, a partitioned search cannot find
         them cheaply, and the default must not lose quality silently).
     """
-    algorithm = knn_algorithm(knn, _n_rows(X), int(X.shape[1]))
+    algorithm = knn_algorithm(knn, count_rows(X), int(X.shape[1]))
     seed = search_seed(random_state)
     dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
                            n_probe=n_probe, scratch=scratch, random_state=seed)
@@ -425,182 +420,7 @@ def kneighbors_local(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Single-process :func:`kneighbors` of new points (for use inside worker tasks)."""
     X = np.asarray(X, dtype=np.float64)
-    query = _check_2d(query, "query")
+    query = check_2d(query, "query")
     if query.shape[1] != X.shape[1]:
         raise ValueError(f"query has {query.shape[1]} features but the data have {X.shape[1]}")
     return _block_knn(query, X, n_neighbors, 0, 0)
-
-
-@numba.njit(cache=True, nogil=True)
-def _symmetric_csr(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int,
-                   indptr: np.ndarray) -> tuple:
-    """CSR arrays of the edges (i, j) and (j, i), sorted, duplicates merged by their maximum.
-
-    A counting sort by row, then each row's columns sorted and merged in place: two arrays of
-    2 M entries (M edges). Sorting (row, col) keys instead took 2.5x the memory and 5x the
-    time (1.97 against 0.80 GB and 7.0 against 1.3 s at T=10^6, k=10). ``indptr`` (n + 1
-    zeros, of the index dtype) is filled and returned.
-    """
-    for e in range(len(rows)):
-        indptr[rows[e] + 1] += 1
-        indptr[cols[e] + 1] += 1
-    for i in range(n):
-        indptr[i + 1] += indptr[i]
-    fill = indptr[:-1].copy()
-    idx = np.empty(indptr[n], dtype=indptr.dtype)
-    dat = np.empty(indptr[n])
-    for e in range(len(rows)):
-        i, j = rows[e], cols[e]
-        idx[fill[i]], dat[fill[i]] = j, w[e]
-        fill[i] += 1
-        idx[fill[j]], dat[fill[j]] = i, w[e]
-        fill[j] += 1
-    out = 0  # entries kept so far: never past the current row's start
-    for i in range(n):
-        s, e = indptr[i], indptr[i + 1]
-        order = np.argsort(idx[s:e])
-        seg_idx, seg_dat = idx[s:e][order], dat[s:e][order]
-        indptr[i] = out
-        for t in range(e - s):
-            if out > indptr[i] and idx[out - 1] == seg_idx[t]:
-                dat[out - 1] = max(dat[out - 1], seg_dat[t])
-            else:
-                idx[out], dat[out] = seg_idx[t], seg_dat[t]
-                out += 1
-    indptr[n] = out
-    return indptr, idx[:out].copy(), dat[:out].copy()
-
-
-def _symmetric_graph(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, n: int) -> sp.csr_matrix:
-    """CSR graph with edges (i, j) and (j, i), duplicate edges merged by their maximum weight."""
-    keep = (cols >= 0) & (cols < n) & np.isfinite(w) & (rows != cols)
-    rows, cols, w = rows[keep], cols[keep], w[keep]
-    if np.any(w < 0):
-        raise ValueError("edge weights must be non-negative (Dijkstra needs them)")
-    # explicit zeros would vanish in sparse arithmetic and cut the graph: keep them as tiny edges
-    w = np.maximum(w.astype(np.float64), ZERO_EDGE)
-    itype = np.int32 if max(n, 2 * len(w)) < 2**31 else np.int64  # scipy's index choice
-    indptr, idx, dat = _symmetric_csr(rows.astype(itype), cols.astype(itype), w, n,
-                                      np.zeros(n + 1, dtype=itype))
-    return sp.csr_matrix((dat, idx, indptr), shape=(n, n))
-
-
-def graph_from_neighbors(indices: np.ndarray, weights: np.ndarray, n: int) -> sp.csr_matrix:
-    """Symmetric sparse graph from neighbour lists with arbitrary non-negative edge weights.
-
-    Parameters
-    ----------
-    indices : ndarray of shape (m, k)
-        ``indices[i, j]`` is the j-th neighbour of node i (m <= n). Negative entries are padding.
-    weights : ndarray of shape (m, k)
-        Edge weights (e.g. Euclidean distances, or ``-log s`` for correlations); non-finite
-        entries are padding. Zero weights are kept as edges of weight ``ZERO_EDGE`` (~2e-308),
-        which leaves every path length unchanged in float64.
-    n : int
-        Number of nodes.
-
-    Returns
-    -------
-    scipy.sparse.csr_matrix of shape (n, n)
-        Symmetric: an edge listed in either direction is present in both, with the larger of the
-        listed weights. Self-loops are dropped.
-    """
-    indices = np.asarray(indices)
-    weights = np.asarray(weights, dtype=np.float64)
-    if indices.shape != weights.shape or indices.ndim != 2:
-        raise ValueError(
-            f"indices {indices.shape} and weights {weights.shape} must be equal (m, k)")
-    if indices.shape[0] > n or (indices.size and indices.max() >= n):
-        raise ValueError(f"neighbour lists refer to nodes beyond n={n}")
-    rows = np.repeat(np.arange(indices.shape[0]), indices.shape[1])
-    return _symmetric_graph(rows, indices.ravel().astype(np.int64), weights.ravel(), int(n))
-
-
-def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d0: int):
-    query = np.asarray(query, dtype=np.float64)
-    data = np.asarray(data, dtype=np.float64)
-    check_finite(data, d0, "X")
-    from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
-
-    dist, idx = NearestNeighbors(radius=radius).fit(data).radius_neighbors(query)
-    counts = np.array([len(i) for i in idx])
-    rows = np.repeat(np.arange(query.shape[0]) + q0, counts)
-    cols = np.concatenate(idx).astype(np.int64) + d0 if counts.sum() else np.array([], np.int64)
-    d = np.concatenate(dist) if counts.sum() else np.array([], np.float64)
-    return rows, cols, d
-
-
-def _warn_duplicates(rows: np.ndarray, cols: np.ndarray, d: np.ndarray, n: int) -> None:
-    """The duplicate-point warning of the edges found at distance 0 (each point's first twin:
-    the least index it is joined to at distance 0)."""
-    dup = (d == 0) & (rows != cols)
-    if dup.any():
-        first = np.arange(n)
-        np.minimum.at(first, rows[dup], cols[dup])
-        np.minimum.at(first, cols[dup], rows[dup])
-        warn_duplicates(first, stacklevel=3)
-
-
-def kneighbors_graph(
-    X: Any,
-    n_neighbors: int | None,
-    *,
-    radius: float | None = None,
-    client: Any = None,
-    block_size: int | None = None,
-    algorithm: str = "auto",
-    search: dict | None = None,
-) -> sp.csr_matrix:
-    """Symmetric, Euclidean-distance-weighted neighbour graph (k rule or epsilon rule).
-
-    Parameters
-    ----------
-    X : ndarray or dask array of shape (T, N)
-    n_neighbors : int or None
-        k rule: each point is joined to its k nearest others (T*k directed edges, then
-        symmetrised by the maximum). Ignored when ``radius`` is given.
-    radius : float, optional
-        Epsilon rule: join every pair closer than ``radius``.
-    client : distributed.Client, optional
-    block_size : int, optional
-        Rows per block, see :func:`kneighbors`.
-    algorithm : {"auto", "exact", "cells", "ivf"}
-        Search of the k rule, see :func:`kneighbors`.
-    search : dict, optional
-        An estimator's search instead (the k rule): ``knn``, ``n_probe``, ``scratch`` and
-        ``random_state`` of :func:`search_neighbours`; its estimated recall is stored back
-        under ``"recall"``.
-
-    Returns
-    -------
-    scipy.sparse.csr_matrix of shape (T, T)
-
-    Warns
-    -----
-    DuplicatePointsWarning
-        When some points coincide: they are kept, joined by zero-length edges.
-    """
-    X = _check_2d(X, "X")
-    n = _n_rows(X)
-    if radius is None:
-        if n_neighbors is None:
-            raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
-        dist, idx = estimator_neighbours(X, n_neighbors, search, client=client,
-                                         block_size=block_size, algorithm=algorithm)
-        rows = np.repeat(np.arange(n), idx.shape[1])
-        cols, d = idx.ravel(), dist.ravel()
-    else:
-        if not radius > 0:
-            raise ValueError(f"radius must be positive, got {radius}")
-        client = active_client(client)
-        bs = int(block_size or _default_block(n))
-        off, blocks = _row_blocks(X, bs, client)
-        task = dask.delayed(_block_radius, pure=True)
-        parts = compute(
-            *[task(qb, db, float(radius), off[qi], off[di])
-              for qi, qb in enumerate(blocks) for di, db in enumerate(blocks)],
-            client=client,
-        )
-        rows, cols, d = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    _warn_duplicates(rows, cols, d, n)
-    return _symmetric_graph(rows, cols, d, n)

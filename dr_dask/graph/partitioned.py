@@ -9,15 +9,16 @@ Over the inverted lists of :mod:`dr_dask.graph._knn_ivf` (at the fit's scratch l
    chunks of a staging array. Only the counts per block come back.
 2. **Blocks** (one task per block): a block reads its edges from every group's slice (the
    shuffle, through the store), merges duplicate edges by their maximum weight (as
-   :func:`~dr_dask.graph.knn.graph_from_neighbors`) into CSR rows, writes them to its own
-   chunks, and returns a spanning forest of its edges (at most one edge per node it touches).
+   :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`) into CSR rows, writes them to
+   its own chunks, and returns a spanning forest of its edges (at most one edge per node it
+   touches).
 3. **Connectivity**: this process joins the forests (union-find over at most about T edges,
    never the E edges). A disconnected graph is bridged as Borůvka's step does
    (:func:`~dr_dask.graph.components.connect_components`): every component but the largest
    gets its shortest edge to another component, found by one task per group over that
    group's rows; repeated until one component remains.
 4. **Assembly** (one task): the blocks' rows and the bridges are written as one
-   :class:`~dr_dask.graph.paths.StoredGraph` (int32 columns, float32 weights: 8 bytes per
+   :class:`~dr_dask.graph.stored.StoredGraph` (int32 columns, float32 weights: 8 bytes per
    directed edge), nodes numbered by label, which the shortest-path tasks open where they
    run (memory-mapped from a local disk).
 
@@ -54,7 +55,7 @@ from dr_dask.graph.knn import (
     sampled_recall,
     search_seed,
 )
-from dr_dask.graph.paths import StoredGraph
+from dr_dask.graph.stored import StoredGraph
 from dr_dask.resources import timed
 from dr_dask.storage import Location
 from dr_dask.validation import warn_duplicates
@@ -395,7 +396,7 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
     X : ndarray or dask array of shape (T, N)
     k : int
         Neighbours per row (edges: each row to its k nearest, symmetrised by the maximum
-        weight, as :func:`~dr_dask.graph.knn.graph_from_neighbors`).
+        weight, as :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`).
     where : Location
         Reachable by every worker; receives the inverted lists, the staging arrays (deleted
         when done) and the graph (``where/graph``), which must outlive its readers.

@@ -1,482 +1,70 @@
-"""Shortest paths over blocks of sources on the workers, and out-of-sample geodesics.
+"""Shortest paths over blocks of sources on the workers.
 
 The graph (T*k edges) reaches every worker once: from a store (:class:`StoredGraph`, as the
 partitioned graph of :mod:`dr_dask.graph.partitioned` is written, memory-mapped when local) or
-as a task result dask can recompute; each task runs :func:`dijkstra_rows` (a compiled
-Dijkstra for its first source, then Bellman-Ford sweeps carrying up to 64 sources at once;
-equal to ``scipy.sparse.csgraph.dijkstra``) for a block of sources. The resulting
-row blocks stay where they were computed (:class:`GeodesicRows`): on the workers as futures, in this
-process, or in a Zarr array written by the workers. Callers then run reductions and products
-over the blocks (:meth:`GeodesicRows.map`) without ever gathering a T x T matrix.
+as a task result dask can recompute; each task runs the compiled kernels of
+:mod:`dr_dask.graph.sssp` for a block of sources. The resulting row blocks stay where they were
+computed (:class:`GeodesicRows`): on the workers as futures, in this process, or in a Zarr array
+written by the workers. Callers then run reductions and products over the blocks
+(:meth:`GeodesicRows.map`) without ever gathering a T x T matrix.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import operator
-import os
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, overload
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 import zarr
 from distributed import Future
-from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask import config
 from dr_dask.blas import single_blas_thread
 from dr_dask.cluster import active_client, gather, map_local, share, thread_memory, wait_for
-from dr_dask.linalg.tiles import even_width, strip_tiles
+from dr_dask.graph.sssp import (
+    LANES,
+    SearchGraph,
+    as_csr,
+    batches_to_rows,
+    lane_batches,
+    lanes_dtype,
+    search_rows,
+)
+from dr_dask.graph.stored import StoredGraph, opened
+from dr_dask.linalg.tiles import strip_tiles
 from dr_dask.storage import Location, location
 
 logger = logging.getLogger(__name__)
-
 #: Upper bound on one task's rows plus its sweeps' lanes, which bounds worker memory per task:
 #: 64 sources a task at T=10^6 in float32, the sweeps' best lane count. Past that T, see
 #: ``_sources_per_task``.
 _TASK_BYTES = 1 << 29
 
 
-@dataclass(frozen=True)
-class _SearchGraph:
-    """An undirected graph prepared for :func:`_lane_batches`: CSR arrays whose out-edges are
-    all its edges, nodes relabelled in reverse Cuthill-McKee order (neighbours get nearby
-    labels, so a search touches nearby memory: 1.5-2x faster on kNN graphs), and ``rank``
-    (``rank[node]`` is its label)."""
 
-    indptr: np.ndarray
-    indices: np.ndarray
-    weights: np.ndarray
-    rank: np.ndarray
-    #: What this process learnt of the graph (``"heap"``: the sweeps lost to the heap here)
-    hint: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def n_nodes(self) -> int:
-        return len(self.rank)
-
-    @classmethod
-    def of(cls, graph: sp.csr_matrix) -> _SearchGraph:
-        diff = graph - graph.T  # blind to explicit zeros, whose mirror may be missing
-        if (diff.nnz and np.abs(diff.data).max()) or not graph.data.all():
-            # every edge in both directions; duplicate (i, j) entries are kept, not summed
-            # (built directly: the csr constructor would sum them), and Dijkstra relaxes both,
-            # which is the undirected minimum
-            coo = graph.tocoo()
-            rows = np.concatenate([coo.row, coo.col])
-            order = np.argsort(rows, kind="stable")
-            sym = sp.csr_matrix(graph.shape, dtype=np.float64)
-            sym.indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(
-                graph.indptr) - 1))])
-            sym.indices = np.concatenate([coo.col, coo.row])[order]
-            sym.data = np.concatenate([coo.data, coo.data])[order]
-            graph = sym
-        if graph.nnz < 2**31:  # scipy's reordering takes 32-bit indices only
-            graph.indptr = graph.indptr.astype(np.int32, copy=False)
-            graph.indices = graph.indices.astype(np.int32, copy=False)
-            perm = reverse_cuthill_mckee(graph, symmetric_mode=True)
-        else:
-            perm = np.arange(graph.shape[0])
-        rank = np.empty_like(perm, dtype=np.int64)
-        rank[perm] = np.arange(len(perm))
-        g = graph[perm]  # row slicing keeps duplicate entries and explicit zeros
-        return cls(g.indptr, rank[g.indices].astype(g.indices.dtype), g.data, rank)
-
-
-#: The arrays of a stored search graph (the fields of :class:`_SearchGraph`).
-_GRAPH_ARRAYS = ("indptr", "indices", "weights", "rank")
-
-
-@dataclass(frozen=True)
-class StoredGraph:
-    """A prepared search graph in Zarr, which the shortest-path tasks open where they run.
-
-    Written once by :meth:`write` (one uncompressed chunk per array), so that the graph
-    reaches the workers from the store rather than from the client, and a task rerun after a
-    worker loss reopens it. From a local store the arrays are memory-mapped: the workers of
-    one machine share one copy in the page cache instead of holding one each.
-    """
-
-    location: Location
-    n_nodes: int
-
-    @classmethod
-    def write(cls, graph: _SearchGraph, where: Any) -> StoredGraph:
-        return cls.write_arrays({name: getattr(graph, name) for name in _GRAPH_ARRAYS}, where)
-
-    @classmethod
-    def write_arrays(cls, arrays: dict[str, np.ndarray], where: Any) -> StoredGraph:
-        """Store the arrays of a search graph (``_GRAPH_ARRAYS``; any index and weight
-        dtypes: the partitioned graph keeps int32 columns and float32 weights)."""
-        loc = location(where)
-        root = zarr.open_group(loc.zarr_store(), mode="w")
-        for name in _GRAPH_ARRAYS:
-            a = np.ascontiguousarray(arrays[name])
-            arr = root.create_array(name, shape=a.shape, dtype=a.dtype,
-                                    chunks=(max(1, a.shape[0]),), compressors=None)
-            arr[...] = a
-        return cls(loc, len(arrays["rank"]))
-
-    def to_csr(self) -> sp.csr_matrix:
-        """The graph in memory, in the original node order (for inspection; large)."""
-        g = self.open()
-        labelled = sp.csr_matrix((np.asarray(g.weights, np.float64), np.asarray(g.indices),
-                                  np.asarray(g.indptr)), shape=(self.n_nodes, self.n_nodes))
-        return labelled[g.rank][:, g.rank].tocsr()  # node i is label rank[i]
-
-    def open(self) -> _SearchGraph:
-        return _open_stored(self.location)
-
-    @property
-    def weights_dtype(self) -> np.dtype:
-        """The weights' dtype, from the store's metadata (nothing else is read)."""
-        return zarr.open_array(self.location.child("weights").zarr_store(read_only=True),
-                               mode="r").dtype
-
-
-@functools.lru_cache(maxsize=1)  # one graph per process at a time: every task of a stage
-def _open_stored(loc: Location) -> _SearchGraph:
-    root = zarr.open_group(loc.zarr_store(read_only=True), mode="r")
-    arrays: dict[str, np.ndarray] = {}
-    for name in _GRAPH_ARRAYS:
-        arr = root[name]
-        assert isinstance(arr, zarr.Array)
-        chunk = os.path.join(loc.url, name, "c", "0") if loc.is_local else None
-        if (chunk is not None and os.path.exists(chunk)
-                and os.path.getsize(chunk) == arr.nbytes and arr.dtype.byteorder in "<=|"):
-            # the one chunk of an uncompressed array is its raw little-endian bytes
-            arrays[name] = np.memmap(chunk, dtype=arr.dtype, mode="r", shape=arr.shape)
-        else:
-            arrays[name] = np.asarray(arr[...])
-    return _SearchGraph(arrays["indptr"], arrays["indices"], arrays["weights"], arrays["rank"])
-
-
-def _opened(graph: _SearchGraph | StoredGraph) -> _SearchGraph:
-    return graph.open() if isinstance(graph, StoredGraph) else graph
-
-
-@numba.njit(cache=True, nogil=True)
-def _search(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, source: int,
-            dist: np.ndarray, keys: np.ndarray, nodes: np.ndarray) -> int:
-    """Dijkstra from ``source`` into ``dist`` (relabelled nodes), the heap in ``keys`` and
-    ``nodes``. Returns the number of nodes reached, or -1 when the heap is full (the arrays
-    are never reallocated here: growing them in this loop made it 2x slower)."""
-    dist[:] = np.inf
-    dist[source] = 0.0
-    keys[0], nodes[0], n, reached = 0.0, source, 1, 0
-    while n:
-        d, u = keys[0], nodes[0]
-        n -= 1
-        if n:  # move the last entry to the root and sift it down
-            k, v, i = keys[n], nodes[n], 0
-            while True:
-                c = 4 * i + 1
-                if c >= n:
-                    break
-                m, km = c, keys[c]
-                for j in range(c + 1, min(c + 4, n)):  # the smallest of <= 4 children
-                    if keys[j] < km:
-                        m, km = j, keys[j]
-                if km >= k:
-                    break
-                keys[i], nodes[i], i = km, nodes[m], m
-            keys[i], nodes[i] = k, v
-        if d > dist[u]:
-            continue  # stale: u was reached by a shorter path since this push
-        reached += 1
-        for p in range(indptr[u], indptr[u + 1]):
-            v, nd = indices[p], d + weights[p]
-            if nd < dist[v]:
-                if n == len(keys):
-                    return -1
-                dist[v] = nd
-                i = n  # push, sifting up
-                n += 1
-                while i:
-                    parent = (i - 1) >> 2
-                    if keys[parent] <= nd:
-                        break
-                    keys[i], nodes[i], i = keys[parent], nodes[parent], parent
-                keys[i], nodes[i] = nd, v
-    return reached
-
-
-@numba.njit(cache=True, nogil=True)
-def _heap_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
-                labels: np.ndarray, lanes: np.ndarray) -> tuple:
-    """Dijkstra from each source (by its label) into its column of ``lanes`` (T, S), nodes in
-    label order, summed in ``lanes``' dtype.
-
-    A 4-ary heap (half the depth of a binary one, and its children share a cache line: 1.4x
-    faster than binary here) with lazy deletion (a node is pushed again when its distance
-    drops; stale entries are skipped when popped) in flat arrays shared by all sources. At most
-    one push per edge, but the heap starts at T entries, and a search that fills it runs again
-    with twice as many: sized for every edge it would take 16 bytes per edge (320 MB per task
-    at T=10^6, k=10), where a search of the sinusoid's kNN graph at T=10^5 (1.7 million
-    edges) never held more than 7,000.
-    Returns ``(-1, 0)``, or ``(r, n)`` for the first source ``r`` that cannot reach ``n``
-    nodes (then ``lanes`` is incomplete).
-    """
-    T = len(indptr) - 1
-    dist = np.empty(T, lanes.dtype)
-    keys = np.empty(T + 1, lanes.dtype)
-    nodes = np.empty(T + 1, dtype=np.int64)
-    for r in range(len(labels)):
-        while True:
-            reached = _search(indptr, indices, weights, labels[r], dist, keys, nodes)
-            if reached >= 0:
-                break
-            keys = np.empty(2 * len(keys), lanes.dtype)
-            nodes = np.empty(2 * len(nodes), dtype=np.int64)
-        if reached < T:
-            return r, T - reached
-        lanes[:, r] = dist
-    return -1, 0
-
-
-@numba.njit(cache=True, nogil=True)
-def _sweep(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: np.ndarray,
-           stamp: np.ndarray, seen: np.ndarray, now: int, backward: bool) -> tuple:
-    """One pass over the nodes in label order (or its reverse): each node whose neighbours
-    changed since it was last visited takes, in every lane, the least of its distance and
-    theirs plus the edge. Returns ``(nodes recomputed, clock)``."""
-    T, K = dist.shape
-    best = np.empty(K, dist.dtype)
-    work = 0
-    for step in range(T):
-        u = T - 1 - step if backward else step
-        now += 1
-        first, stop = indptr[u], indptr[u + 1]
-        newest = 0
-        for p in range(first, stop):
-            newest = max(newest, stamp[indices[p]])
-        if newest <= seen[u]:
-            continue  # nothing it depends on moved: its distances still hold
-        seen[u] = now
-        work += 1
-        for c in range(K):
-            best[c] = dist[u, c]
-        for p in range(first, stop):
-            v, w = indices[p], weights[p]
-            for c in range(K):  # contiguous lanes: vectorised
-                best[c] = min(best[c], dist[v, c] + w)
-        changed = False
-        for c in range(K):
-            if best[c] < dist[u, c]:
-                dist[u, c] = best[c]
-                changed = True
-        if changed:
-            stamp[u] = now
-    return work, now
-
-
-@numba.njit(cache=True, nogil=True)
-def _lanes_to_rows(lanes: np.ndarray, rank: np.ndarray, out: np.ndarray, square: bool) -> None:
-    """``out[r, i]`` = lane r of node ``rank[i]`` (squared in float64 if ``square``)."""
-    for i in range(len(rank)):  # each node's lanes read at once: one random read per node
-        row = lanes[rank[i]]
-        for r in range(len(row)):
-            d = np.float64(row[r])
-            out[r, i] = d * d if square else d
-
-
-#: Sources one sweep search carries (at most): each node holds a row of up to LANES distances,
-#: read whole for each of its neighbours (fewer lanes pay the passes' fixed costs for less: at
-#: 16 they beat the heap on the sinusoid by 1.7x, at 8 they lose).
-LANES = 64
-MIN_LANES = 16
-#: The sweeps are abandoned for the heap once they have cost as much as the heap searches they
-#: replace (then, for the rest of that graph's searches in this process). Not less: at T=10^7
-#: they take 0.6-0.8 of the heap's time, converging in 8 pairs of passes whose last four change
-#: almost nothing, and a budget of 0.75 stopped them a pass before the end.
-SWEEP_BUDGET = 1.0
-
-
-def _sweep_lanes(graph: _SearchGraph, labels: np.ndarray, lanes: np.ndarray, first: int,
-                 deadline: float) -> bool:
-    """Shortest paths from every source at once by Gauss-Seidel Bellman-Ford sweeps
-    (Bertsekas 1998, "Network Optimization", Section 2.3): forward and backward passes over the
-    nodes in their reverse Cuthill-McKee order until a pair of passes changes nothing. Exact,
-    and bit for bit Dijkstra's distances (both give the least rounded path sum). Lanes before
-    ``first`` hold final distances already. Returns False, with ``lanes`` incomplete, when
-    past ``deadline`` (``time.perf_counter``)."""
-    T = graph.n_nodes
-    lanes[:, first:] = np.inf
-    lanes[labels[first:], np.arange(first, len(labels))] = 0.0
-    stamp = np.zeros(T, dtype=np.int64)  # when a node's distances last fell
-    seen = np.zeros(T, dtype=np.int64)  # when a node was last recomputed
-    stamp[labels[first:]] = now = 1
-    while True:
-        forward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
-                              now, False)
-        backward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
-                               now, True)
-        if not forward + backward:
-            return True
-        if time.perf_counter() > deadline:
-            return False
-
-
-def _heap(graph: _SearchGraph, sources: np.ndarray, labels: np.ndarray,
-          lanes: np.ndarray) -> None:
-    bad, missing = _heap_lanes(graph.indptr, graph.indices, graph.weights, labels, lanes)
-    if bad >= 0:
-        raise ValueError(
-            f"the graph is disconnected: source node {int(sources[bad])} cannot reach "
-            f"{missing} of {graph.n_nodes} nodes. Repair it first "
-            "(dr_dask.graph.connect_components) or increase n_neighbors"
-        )
-
-
-def _lane_batches(graph: _SearchGraph, sources: np.ndarray,
-                  dtype: Any) -> Iterator[tuple[int, np.ndarray]]:
-    """Shortest paths from ``sources``, in batches of up to ``LANES`` of equal width: yields
-    ``(offset, lanes)``, the distances from ``sources[offset:offset + n]`` as ``lanes`` (T, n),
-    nodes in label order.
-
-    The first source runs Dijkstra's heap search, which also proves the graph connected and
-    times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
-    follows the manifold converge in a few pairs of passes (5 on the sinusoid at T=10^6: 3-4x
-    faster than the heap per source, 2.6x on 10-d Gaussian data), but on others may need dozens
-    (a swiss roll at T=10^5: 42, 2x slower), so they give up at ``SWEEP_BUDGET`` of the heap's
-    time and the heap takes over.
-    """
-    n = len(sources)
-    if not n:
-        return
-    width = even_width(n, LANES)  # a narrow batch pays the passes for less
-    labels = graph.rank[sources]
-    per_source = 0.0
-    for a in range(0, n, width):
-        batch = labels[a:a + width]
-        m = len(batch)
-        first = int(a == 0)  # the first source runs the heap
-        sweeps = m - first >= MIN_LANES and not graph.hint.get("heap")
-        lanes = _lanes(graph.n_nodes, m, dtype, whole_lines=sweeps)
-        done = 0
-        if first:
-            started = time.perf_counter()
-            _heap(graph, sources[:1], batch[:1], lanes[:, :1])
-            per_source, done = time.perf_counter() - started, 1
-        if sweeps:
-            # the padding lanes repeat the last source
-            padded = np.concatenate([batch, np.repeat(batch[-1], lanes.shape[1] - m)])
-            deadline = time.perf_counter() + SWEEP_BUDGET * per_source * (m - done)
-            if _sweep_lanes(graph, padded, lanes, done, deadline):
-                done = m
-            else:
-                graph.hint["heap"] = True
-                logger.info("shortest paths: the sweeps lost to the heap on this graph")
-        if done < m:
-            _heap(graph, sources[a + done:a + m], batch[done:], lanes[:, done:m])
-        yield a, lanes[:, :m]
-
-
-def _lanes(T: int, m: int, dtype: Any, whole_lines: bool) -> np.ndarray:
-    """An uninitialised (T, m) lanes array; with ``whole_lines``, m padded to whole 64-byte
-    cache lines and each node's lanes starting on one. A sweep reads a neighbour's lanes for
-    every edge, from memory once T is large: 31 float32 lanes (124 bytes, from anywhere in a
-    line) span 2.9 lines on average, 32 lanes from a line's start span 2."""
-    if not whole_lines:
-        return np.empty((T, m), dtype=dtype)
-    per_line = 64 // np.dtype(dtype).itemsize
-    width = -(-m // per_line) * per_line
-    buf = np.empty(T * width + per_line, dtype=dtype)
-    skip = (-buf.ctypes.data // buf.itemsize) % per_line  # buffers are itemsize-aligned
-    return buf[skip:skip + T * width].reshape(T, width)
-
-
-def _precision(weights: Any, dtype: Any) -> np.dtype:
-    """The lanes' dtype for ``weights`` (the graph's weights dtype) and rows of ``dtype``: sums
-    in float32 when both are float32 (a stored graph's landmark rows), else in float64."""
-    return np.result_type(weights, dtype)
-
-
-def dijkstra_rows(graph: sp.spmatrix, sources: np.ndarray, *, square: bool = False,
-                  dtype: Any = np.float64) -> np.ndarray:
-    """Shortest-path lengths from ``sources`` to every node of an undirected graph.
-
-    The single-process kernel under :class:`GeodesicRows`: equal to
-    ``scipy.sparse.csgraph.dijkstra(graph, directed=False, indices=sources)`` (every stored
-    entry is an edge, explicit zeros too), faster (a 4-ary heap, not a Fibonacci heap, and
-    sweeps over many sources at once, :func:`_lane_batches`, over nodes relabelled for
-    locality).
-
-    Parameters
-    ----------
-    graph : sparse matrix of shape (T, T)
-        Non-negative edge weights, treated as undirected.
-    sources : ndarray of shape (S,)
-        Source nodes.
-    square : bool
-        Return squared lengths (Isomap's D^2), squared in float64 before the cast.
-    dtype : dtype
-        Output dtype; lengths are accumulated in float64 either way.
-
-    Returns
-    -------
-    ndarray of shape (S, T)
-
-    Raises
-    ------
-    ValueError
-        If a source cannot reach every node (the graph is disconnected).
-    """
-    graph = _as_csr(graph)
-    sources = np.asarray(sources, dtype=np.int64).ravel()
-    if sources.size and (sources.min() < 0 or sources.max() >= graph.shape[0]):
-        raise ValueError(f"sources must be node indices in [0, {graph.shape[0]})")
-    return _rows(_SearchGraph.of(graph), sources, square, dtype)
-
-
-def _rows(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
+def _rows(graph: SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
           out: np.ndarray | None = None) -> np.ndarray:
-    """:func:`dijkstra_rows` over a prepared (or stored) graph, into ``out`` (of shape (S, T))
-    if given."""
-    graph = _opened(graph)
-    if out is None:
-        out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
-    batches = _lane_batches(graph, np.asarray(sources, dtype=np.int64),
-                            _precision(graph.weights.dtype, out.dtype))
-    return _batches_to_rows(batches, graph.rank, out, square)
+    """:func:`~dr_dask.graph.sssp.dijkstra_rows` over a prepared or stored graph (a task's
+    work), into ``out`` (of shape (S, T)) if given."""
+    return search_rows(opened(graph), sources, square, dtype, out)
 
 
-def _batches_to_rows(batches: Iterable[tuple[int, np.ndarray]], rank: np.ndarray,
-                     out: np.ndarray, square: bool) -> np.ndarray:
-    """``out`` (S, len(rank)): the distances of :func:`_lane_batches`' ``batches`` to the nodes
-    of label ``rank``, in that order."""
-    for a, lanes in batches:
-        _lanes_to_rows(lanes, rank, out[a:a + lanes.shape[1]], square)
-    return out
-
-
-def _as_csr(graph: sp.spmatrix) -> sp.csr_matrix:
-    graph = sp.csr_matrix(graph, dtype=np.float64)
-    if graph.shape[0] != graph.shape[1]:
-        raise ValueError(f"graph must be square, got shape {graph.shape}")
-    if graph.nnz and not graph.data.min() >= 0:  # also refuses NaN
-        raise ValueError("graph has negative or NaN edge weights; Dijkstra needs non-negative "
-                         "ones")
-    return graph
-
-
-def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
+def _rows_to_store(graph: SearchGraph | StoredGraph, sources: np.ndarray, square: bool, dtype: Any,
                    store: zarr.Array, start: int, columns: np.ndarray | None) -> tuple:
     """The rows from ``sources`` written to ``store[start:]`` a column chunk at a time, straight
     from the lanes: the task holds its lanes and one chunk, never a second copy of its rows.
     Returns the block's handle and its ``columns`` (None without), as stored."""
-    graph = _opened(graph)
-    batches = list(_lane_batches(graph, np.asarray(sources, dtype=np.int64),
-                                 _precision(graph.weights.dtype, dtype)))
+    graph = opened(graph)
+    batches = list(lane_batches(graph, np.asarray(sources, dtype=np.int64),
+                                 lanes_dtype(graph.weights.dtype, dtype)))
 
     def columns_of(nodes: np.ndarray) -> np.ndarray:
-        return _batches_to_rows(batches, graph.rank[nodes],
+        return batches_to_rows(batches, graph.rank[nodes],
                                 np.empty((len(sources), len(nodes)), dtype=store.dtype), square)
 
     step = store.chunks[1]
@@ -485,6 +73,7 @@ def _rows_to_store(graph: _SearchGraph | StoredGraph, sources: np.ndarray, squar
             np.arange(c, min(c + step, graph.n_nodes)))
     return (("zarr", store, start, start + len(sources)),
             None if columns is None else columns_of(columns))
+
 
 
 def read_stored(arr: zarr.Array, selection: Any) -> np.ndarray:
@@ -636,14 +225,14 @@ class GeodesicRows:
         if isinstance(graph, StoredGraph):
             stored, T = graph, graph.n_nodes
         else:
-            stored, csr = None, _as_csr(graph)
+            stored, csr = None, as_csr(graph)
             T = csr.shape[0]
         sources = np.arange(T) if sources is None else np.asarray(sources, dtype=np.int64)
         if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
             raise ValueError(f"sources must be node indices in [0, {T})")
         client = active_client(client)
         weights = stored.weights_dtype if stored is not None else np.float64
-        per_node = (_precision(weights, dtype).itemsize  # the lanes, and the rows if held
+        per_node = (lanes_dtype(weights, dtype).itemsize  # the lanes, and the rows if held
                     + (np.dtype(dtype).itemsize if out is None else 0))
         bs = max(1, min(int(block_size), _sources_per_task(T, per_node, client,
                                                            one_batch=out is not None)))
@@ -653,7 +242,7 @@ class GeodesicRows:
             c = store.chunks[0]
             bs = c * max(1, bs // c)
         # once here, not in every task (a stored graph is opened where the tasks run)
-        search = stored if stored is not None else _SearchGraph.of(csr)
+        search = stored if stored is not None else SearchGraph.of(csr)
         bounds = [*range(0, len(sources), bs), len(sources)]
         logger.info("Dijkstra from %d sources over %d nodes in %d blocks", len(sources), T,
                     len(bounds) - 1)
@@ -771,7 +360,7 @@ class GeodesicRows:
         self._whole = None
 
 
-def _upper_strip(graph: _SearchGraph, bounds: tuple[int, ...], i: int, square: bool,
+def _upper_strip(graph: SearchGraph, bounds: tuple[int, ...], i: int, square: bool,
                  transform: Callable, args: tuple, stats_fn: Callable, dtype: Any) -> tuple:
     """Row block ``i`` of the transformed path matrix, columns from the block's start on (the
     upper tiles of block row ``i``), and each tile's ``stats_fn``.
@@ -843,11 +432,11 @@ def geodesic_tiles(graph: sp.spmatrix, grid: Any, transform: Callable, *,
     ValueError
         If the graph is disconnected.
     """
-    graph = _as_csr(graph)
+    graph = as_csr(graph)
     if graph.shape[0] != grid.size:
         raise ValueError(f"graph has {graph.shape[0]} nodes but the grid {grid.size}")
     logger.info("Dijkstra into %d upper strips over %d nodes", grid.n_blocks, grid.size)
-    return strip_tiles(_upper_strip, _SearchGraph.of(graph), grid,
+    return strip_tiles(_upper_strip, SearchGraph.of(graph), grid,
                        (square, transform, fn_args, stats_fn, np.dtype(dtype)), dtype=dtype,
                        precision=precision, client=client, store=store)
 
@@ -902,61 +491,3 @@ def shortest_paths(
         return rows.gather(dtype)
     assert rows.store is not None  # compute opened (or created) it from `out`
     return rows.store
-
-
-def geodesics_via_neighbors(
-    dist_to_nbrs: np.ndarray,
-    nbr_idx: np.ndarray,
-    geodesic_rows: np.ndarray,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """Geodesics of new points through their graph neighbours.
-
-    ``g[q, i] = min_j (dist_to_nbrs[q, j] + geodesic_rows[nbr_idx[q, j], i])``.
-
-    Parameters
-    ----------
-    dist_to_nbrs : ndarray of shape (Q, k)
-        Distances (or edge weights) from each new point to its neighbours; ``inf`` marks padding.
-    nbr_idx : ndarray of shape (Q, k)
-        Row indices into ``geodesic_rows`` (a batch of rows, e.g. the unique neighbours).
-    geodesic_rows : ndarray of shape (n_batch, n_cols)
-        Geodesics from those neighbours to the n_cols targets.
-    out : ndarray of shape (Q, n_cols), float64, C-contiguous, optional
-        Where to write the result: hot loops reuse one buffer instead of allocating per call.
-
-    Returns
-    -------
-    ndarray of shape (Q, n_cols), float64
-    """
-    dist_to_nbrs = np.asarray(dist_to_nbrs, dtype=np.float64)
-    nbr_idx = np.asarray(nbr_idx)
-    if dist_to_nbrs.shape != nbr_idx.shape or dist_to_nbrs.ndim != 2:
-        raise ValueError(f"dist_to_nbrs {dist_to_nbrs.shape} and nbr_idx {nbr_idx.shape} must "
-                         "be equal (Q, k)")
-    rows = np.ascontiguousarray(geodesic_rows)
-    shape = (dist_to_nbrs.shape[0], rows.shape[1])
-    if out is None:
-        out = np.empty(shape, dtype=np.float64)
-    elif out.shape != shape or out.dtype != np.float64 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous float64 array of shape {shape}")
-    _min_plus(dist_to_nbrs, nbr_idx.astype(np.int64, copy=False), rows, out)
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _min_plus(dist: np.ndarray, idx: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """The min-plus product of the mapping hot path, fused: no (Q, k, n) temporary, one sweep
-    over each neighbour row. Serial on purpose: dask already runs chunks in parallel, and
-    numba's parallel layer must not be entered from several dask threads at once."""
-    n = rows.shape[1]
-    for q in range(dist.shape[0]):
-        o = out[q]
-        o[:] = np.inf
-        for j in range(dist.shape[1]):
-            d, r = dist[q, j], idx[q, j]
-            if r < 0 or not np.isfinite(d):
-                continue  # padding
-            row = rows[r]
-            for i in range(n):  # branch-free so it vectorises
-                o[i] = min(o[i], d + row[i])

@@ -18,7 +18,8 @@ variance fixed to 1 (paper §5.1):
     the paper; here the new point's inner products come from the Law-Jain formula (eq. 3).
 
 Geodesics from a new point to the manifold's points are computed through its k_s nearest
-manifold points (``dr_dask.graph.paths.geodesics_via_neighbors``), the standard S-Isomap rule.
+manifold points (``dr_dask.graph.out_of_sample.geodesics_via_neighbors``), the standard
+S-Isomap rule.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
-from dr_dask.graph.paths import geodesics_via_neighbors
+from dr_dask.graph.out_of_sample import geodesics_via_neighbors
 from dr_dask.linalg.mds import classical_mds, double_centre
 
 logger = logging.getLogger(__name__)

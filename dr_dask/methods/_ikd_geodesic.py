@@ -68,7 +68,9 @@ from dr_dask.graph.landmarks import (
     triangulate_block,
 )
 from dr_dask.graph.partitioned import stored_neighbour_graph
-from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles, read_stored
+from dr_dask.graph.paths import geodesic_tiles, read_stored
+from dr_dask.graph.sssp import dijkstra_rows
+from dr_dask.graph.stored import StoredGraph
 from dr_dask.inputs import InputData
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats

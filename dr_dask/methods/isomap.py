@@ -56,7 +56,9 @@ from dr_dask.graph import (
 from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
 from dr_dask.graph.landmarks import triangulate_block
 from dr_dask.graph.partitioned import stored_neighbour_graph
-from dr_dask.graph.paths import StoredGraph, dijkstra_rows, geodesic_tiles
+from dr_dask.graph.paths import geodesic_tiles
+from dr_dask.graph.sssp import dijkstra_rows
+from dr_dask.graph.stored import StoredGraph
 from dr_dask.inputs import InputData
 from dr_dask.labelled import LabelledOutput
 from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
