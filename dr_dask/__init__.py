@@ -12,7 +12,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # registers the dr_dask.* defaults with dask's configuration
-from dr_dask import config  # noqa: E402,F401
+from dr_dask.runtime import config  # noqa: E402,F401
 
 # Public names, imported lazily so that `import dr_dask` stays cheap (no sklearn/matplotlib
 # until a method is used) and each submodule is loaded only when asked for.
@@ -29,7 +29,7 @@ _PUBLIC = {
     "LandmarkIsomap": "dr_dask.methods.isomap",
     "GPIsomap": "dr_dask.methods.gp_isomap",
     "LSDR": "dr_dask.methods.lsdr",
-    "open_dataset": "dr_dask.inputs",
+    "open_dataset": "dr_dask.io.inputs",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

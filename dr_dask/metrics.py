@@ -16,14 +16,14 @@ import dask.array as da
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from dr_dask import config
-from dr_dask.cluster import active_client, compute, gather, run_stage, share
 from dr_dask.graph.knn import kneighbors
+from dr_dask.io.validation import check_array_like
 from dr_dask.linalg.align import (
     procrustes_disparity,  # noqa: F401  (the ONE Procrustes, re-exported)
     procrustes_fit,
 )
-from dr_dask.validation import check_array_like
+from dr_dask.runtime import config
+from dr_dask.runtime.cluster import active_client, compute, gather, run_stage, share
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def neighbourhood_scores(
     block_rows : int, optional
         Query rows per task (default: a block x T float64 matrix of about 64 MiB).
     client : distributed.Client, optional
-        Resolved with :func:`dr_dask.cluster.active_client`; None runs on dask's threads.
+        Resolved with :func:`dr_dask.runtime.cluster.active_client`; None runs on dask's threads.
 
     Returns
     -------

@@ -15,7 +15,7 @@ from distributed import Client, LocalCluster
 import dr_dask
 from dr_dask.datasets import make_dataset
 from dr_dask.metrics import r2_affine
-from dr_dask.runs import run_embedding
+from dr_dask.runs.group import run_embedding
 
 if __name__ == "__main__":
     workdir = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="dr_dask_example_")

@@ -212,7 +212,7 @@ def arm() -> None:
     then its key)."""
     import zarr.storage
 
-    from dr_dask import storage
+    from dr_dask.io import storage
 
     fault = Fault(os.environ[ENV])
     if isinstance(fault.mark, Task):

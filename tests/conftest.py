@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from dr_dask.resources import tree_rss
+from dr_dask.runtime.resources import tree_rss
 
 #: Fixtures that start a cluster.
 CLUSTER_FIXTURES = {"cluster_client"}

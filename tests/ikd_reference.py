@@ -2,7 +2,7 @@
 independently of the package so that tests can compare the tiled Dask path against it.
 
 Kernel inverses are written out here in closed form (and Matérn by scipy's scalar root
-finder), not taken from dr_dask.kernels, so that a mistake there cannot hide in both.
+finder), not taken from dr_dask.linalg.kernels, so that a mistake there cannot hide in both.
 """
 
 from __future__ import annotations

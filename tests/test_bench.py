@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import idle_rss_gb, plausible_peak
 
-from dr_dask.blas import single_blas_thread
 from dr_dask.cli import main
+from dr_dask.runtime.blas import single_blas_thread
 
 
 def bench(*args: str) -> dict:

@@ -1,4 +1,4 @@
-"""``dr_dask.blas.single_blas_thread``: one BLAS thread while any caller is inside, restored
+"""``dr_dask.runtime.blas.single_blas_thread``: one BLAS thread while any caller is inside, restored
 after the last, whichever threads enter and leave first."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from dr_dask.blas import blas_threads, single_blas_thread
+from dr_dask.runtime.blas import blas_threads, single_blas_thread
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def test_workers_must_be_positive(tmp_path, npy):
     res = CliRunner().invoke(main, ["--workers", "-1", "embed", "ikd", "-n", "2", "--input", npy,
                                     "--out", str(tmp_path / "o.zarr")])
     assert res.exit_code == 2 and "--workers" in res.output and "x>=1" in res.output
-    from dr_dask.cluster import local_cluster_kwargs
+    from dr_dask.runtime.cluster import local_cluster_kwargs
 
     with pytest.raises(ValueError, match="n_workers must be a positive integer, got -1"):
         local_cluster_kwargs(-1)  # the API refuses it too, instead of a hanging cluster
@@ -91,9 +91,9 @@ def test_user_error_exits_2_without_traceback(tmp_path):
 def test_a_held_lease_exits_1_without_traceback(tmp_path, npy):
     """Another live run holding the run's lease is transient: exit 1, a clear message, no
     traceback, and nothing marked complete."""
-    from dr_dask.lease import Lease
-    from dr_dask.runs import open_run
-    from dr_dask.storage import location
+    from dr_dask.io.storage import location
+    from dr_dask.runs.group import open_run
+    from dr_dask.runs.lease import Lease
 
     out = tmp_path / "o.zarr"
     with Lease(location(str(out)).child("held", "lease.json")):
@@ -130,7 +130,7 @@ def test_internal_error_exits_1(tmp_path, npy, monkeypatch):
 def test_progress_goes_to_stderr_on_a_terminal_only(cluster_client, capsys, monkeypatch):
     import dask.array as da
 
-    from dr_dask.cluster import compute
+    from dr_dask.runtime.cluster import compute
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

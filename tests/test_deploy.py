@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from dr_dask.cli import main
-from dr_dask.workflow import shipped
+from dr_dask.jobs.workflow import shipped
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 K8S = os.path.join(ROOT, "deploy", "kubernetes")

@@ -217,7 +217,7 @@ def test_sbatch_joins_through_the_scheduler_file(job, workflow):
     bash = subprocess.run(["bash", "-n", path], capture_output=True, text=True, check=False)
     assert bash.returncode == 0, bash.stderr
     # the parameters it exports are the workflow's
-    from dr_dask.workflow import load
+    from dr_dask.jobs.workflow import load
 
     params = re.findall(r"^export DR_DASK_PARAM_(\w+)=", text, re.MULTILINE)
     assert params and {p.lower() for p in params} <= set(load(workflow).params)
@@ -264,7 +264,7 @@ def test_the_package_build_ships_the_workflows(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert build.returncode == 0, build.stderr
     found = subprocess.run(
-        [sys.executable, "-c", "from dr_dask.workflow import shipped; print(sorted(shipped()))"],
+        [sys.executable, "-c", "from dr_dask.jobs.workflow import shipped; print(sorted(shipped()))"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True,
         text=True, timeout=300, check=False)
     assert found.returncode == 0, found.stderr

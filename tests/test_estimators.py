@@ -11,7 +11,7 @@ from sklearn.base import clone
 from sklearn.datasets import make_swiss_roll
 
 from dr_dask import IKD, LSDR, GPIsomap, Isomap, LandmarkIsomap
-from dr_dask.validation import DuplicatePointsWarning
+from dr_dask.io.validation import DuplicatePointsWarning
 
 ESTIMATORS = {
     "IKD": lambda **kw: IKD(n_components=2, random_state=0, **kw),

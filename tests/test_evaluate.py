@@ -67,8 +67,8 @@ def test_compare_rejects_labels_of_wrong_length(digits_store, tmp_path, cluster_
 def test_evaluate_stored_run(digits_store, tmp_path, cluster_client):
     from sklearn.decomposition import PCA
 
-    from dr_dask.inputs import open_dataset
-    from dr_dask.runs import RunGroup
+    from dr_dask.io.inputs import open_dataset
+    from dr_dask.runs.group import RunGroup
 
     store = str(tmp_path / "runs.zarr")
     X, y = load_digits(return_X_y=True)

@@ -22,10 +22,10 @@ import pytest
 import zarr
 
 from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
+from dr_dask.io.storage import Location
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.methods.gp_isomap_io import save_gp_isomap
-from dr_dask.runs import open_run
-from dr_dask.storage import Location
+from dr_dask.runs.group import open_run
 from dr_dask.stream import StreamStore, read_output
 
 TTL = 3.0
@@ -50,7 +50,7 @@ from dr_dask.cli import main
 sys.exit(main())
 """
 
-_RUNS = dict(module="dr_dask.runs", cls="RunGroup", method="mark_done", when="True")
+_RUNS = dict(module="dr_dask.runs.group", cls="RunGroup", method="mark_done", when="True")
 _STREAM = dict(module="dr_dask.stream.store", cls="StreamStore", method="write_checkpoint",
                when="args[0]['n_chunks'] >= 1")
 
@@ -187,7 +187,7 @@ def lease_at(request, tmp_path):
 
 
 def test_a_paused_holder_is_fenced_off(lease_at):
-    from dr_dask.lease import Lease, LeaseLost
+    from dr_dask.runs.lease import Lease, LeaseLost
 
     paused = Lease(lease_at, ttl=0.5).acquire()
     paused._stop.set()  # its renewals stop, as in a paused process
@@ -207,7 +207,7 @@ def test_a_paused_holder_is_fenced_off(lease_at):
 def test_one_of_many_simultaneous_takers_wins(lease_at):
     from concurrent.futures import ThreadPoolExecutor
 
-    from dr_dask.lease import Lease, LeaseHeld
+    from dr_dask.runs.lease import Lease, LeaseHeld
 
     expired = Lease(lease_at, ttl=0.3).acquire()
     expired._stop.set()

@@ -28,9 +28,9 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogWorker
 from prefect.testing.utilities import prefect_test_harness
 
-from dr_dask import flows
 from dr_dask.datasets.swiss_roll import shift_scenario
-from dr_dask.storage import Location
+from dr_dask.io.storage import Location
+from dr_dask.jobs import flows
 
 SMALL = {"n_batch": 300, "n_s": 40, "chunk_size": 50}
 

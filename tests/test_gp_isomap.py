@@ -118,7 +118,7 @@ def test_cailliez_constant_makes_distances_euclidean(patch):
 
 def test_mapping_restores_the_callers_blas_threads(patch):
     """Mapping runs BLAS single-threaded, but leaves the user's process as it found it."""
-    from dr_dask.blas import blas_threads
+    from dr_dask.runtime.blas import blas_threads
 
     before = blas_threads()
     if max(before, default=1) < 2:

@@ -12,7 +12,6 @@ from conftest import noisy_curve
 from scipy.sparse.csgraph import dijkstra, shortest_path
 from sklearn.datasets import make_swiss_roll
 
-from dr_dask.cluster import thread_memory
 from dr_dask.graph import (
     DisconnectedGraphWarning,
     DuplicatePointsWarning,
@@ -31,9 +30,10 @@ from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
+from dr_dask.io.storage import location
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
-from dr_dask.storage import location
+from dr_dask.runtime.cluster import thread_memory
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from matplotlib.image import imread
 
 from dr_dask.cli import main
 from dr_dask.datasets.swiss_roll import shift_scenario
-from dr_dask.html_report import html_report
+from dr_dask.io.storage import Location
 from dr_dask.jobs import run_incremental
-from dr_dask.runs import RunGroup
-from dr_dask.storage import Location
+from dr_dask.report.html import html_report
+from dr_dask.runs.group import RunGroup
 
 needs_chromium = pytest.mark.skipif(
     browser.find_chromium() is None,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import zarr
 
-from dr_dask.inputs import open_dataset
+from dr_dask.io.inputs import open_dataset
+from dr_dask.io.storage import Location
 from dr_dask.methods.ikd import IKD
-from dr_dask.runs import run_embedding
-from dr_dask.storage import Location
+from dr_dask.runs.group import run_embedding
 
 
 def _data(seed: int) -> np.ndarray:
@@ -84,7 +84,7 @@ def test_in_memory_arrays_of_one_shape_are_told_apart():
 def test_s3_fingerprint_comes_from_the_etags(s3_bucket, monkeypatch):
     """On S3 the listing's ETags are content tags: no byte is read to fingerprint, and a
     same-size rewrite changes the fingerprint."""
-    import dr_dask.inputs as inputs
+    import dr_dask.io.inputs as inputs
 
     def no_read(*args, **kwargs):
         raise AssertionError("the input was read to fingerprint it")

@@ -61,7 +61,7 @@ def test_tiled_path_equals_dense_algorithm1(smooth_data, kernel, params, referen
 def test_inverse_kernel_tile_equals_whole_tile_ufuncs(kernel, params, dtype, shape, diagonal):
     """The in-place, chunked tile transform against the ufuncs on the whole tile (the old
     path) and np.fill_diagonal: float64 bit for bit, float32 to float32 precision."""
-    from dr_dask.kernels import get_kernel
+    from dr_dask.linalg.kernels import get_kernel
     from dr_dask.linalg.tiles import tile_stats
     from dr_dask.methods.ikd_core import InverseKernel
 
@@ -91,7 +91,7 @@ def test_stored_tiles_by_bands_equal_tiles_in_memory(tmp_path, dr_config):
     the whole tiles in memory, and of the dense D."""
     import dask.array as da
 
-    from dr_dask.kernels import get_kernel
+    from dr_dask.linalg.kernels import get_kernel
     from dr_dask.linalg.tiles import TileGrid, band_stats, build_tiles
     from dr_dask.methods._ikd_full import distance_tile
     from dr_dask.methods.ikd_core import InverseKernel

@@ -8,8 +8,8 @@ from scipy.spatial.distance import cdist
 
 from dr_dask.datasets import make_dataset
 from dr_dask.graph.cliques import maximal_cliques
-from dr_dask.kernels import get_kernel
 from dr_dask.linalg.align import procrustes_fit
+from dr_dask.linalg.kernels import get_kernel
 from dr_dask.methods._ikd_blockwise import merge_cliques, threshold_rule
 from dr_dask.methods.ikd import IKD
 from dr_dask.methods.ikd_core import InverseKernel

@@ -19,8 +19,8 @@ from conftest import idle_rss_gb, plausible_peak
 
 from dr_dask.cli import main
 from dr_dask.datasets.swiss_roll import shift_scenario
+from dr_dask.io.storage import Location
 from dr_dask.jobs import run_incremental, run_refit
-from dr_dask.storage import Location
 from dr_dask.stream import STATUS, StreamStore, read_output
 
 #: Batch 300 rows (patches 1-3), then 300 more of those patches, then 100 of an unseen patch.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from dr_dask.kernels import KERNELS, get_kernel
+from dr_dask.linalg.kernels import KERNELS, get_kernel
 
 # every code path: closed forms, half-integer Newton, general-nu safeguarded Newton
 CASES = [

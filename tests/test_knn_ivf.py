@@ -40,7 +40,7 @@ def test_each_list_holds_the_rows_nearest_its_centroid(small_lists, tmp_path):
     """A probe reads a list's rows by its span: every row there is nearest that list's centroid
     (rows arrive from many assignment blocks), and every row is in exactly one list."""
     from dr_dask.graph._knn_ivf import build_lists
-    from dr_dask.storage import location
+    from dr_dask.io.storage import location
 
     X = noisy_curve(3000, 20, seed=2)
     lists = build_lists(X, location(str(tmp_path)), client=None, n_lists=30, n_probe=3)
@@ -182,8 +182,8 @@ def test_ivf_fit_from_s3_equals_local(s3_bucket, tmp_path):
     import zarr
 
     from dr_dask.cli import main
-    from dr_dask.runs import open_run
-    from dr_dask.storage import Location
+    from dr_dask.io.storage import Location
+    from dr_dask.runs.group import open_run
 
     X = noisy_curve(600, 12, seed=4)
     for url in (str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"):

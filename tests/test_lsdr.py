@@ -5,8 +5,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from dr_dask.datasets.toy import noisy_spiral, noisy_swiss_roll
+from dr_dask.io.validation import DuplicatePointsWarning
 from dr_dask.methods.lsdr import LSDR, prune_edges
-from dr_dask.validation import DuplicatePointsWarning
 
 
 def best_rho(E, z):

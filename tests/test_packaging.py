@@ -17,4 +17,4 @@ def test_wheel_ships_py_typed(tmp_path):
     (wheel,) = tmp_path.glob("dr_dask-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "dr_dask/py.typed" in names
-    assert "dr_dask/plot.py" in names and "dr_dask/html_report.py" in names
+    assert "dr_dask/report/plot.py" in names and "dr_dask/report/html.py" in names

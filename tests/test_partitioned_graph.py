@@ -16,7 +16,7 @@ from dr_dask.graph import DisconnectedGraphWarning, graph_from_neighbors, kneigh
 from dr_dask.graph.components import connect_components
 from dr_dask.graph.partitioned import partitioned_graph
 from dr_dask.graph.paths import GeodesicRows
-from dr_dask.storage import location
+from dr_dask.io.storage import location
 
 
 @pytest.fixture
@@ -181,8 +181,8 @@ def test_landmark_isomap_cli_from_s3_equals_local(small_blocks, s3_bucket, tmp_p
     from click.testing import CliRunner
 
     from dr_dask.cli import main
-    from dr_dask.runs import open_run
-    from dr_dask.storage import Location
+    from dr_dask.io.storage import Location
+    from dr_dask.runs.group import open_run
 
     X = noisy_curve(900, 12, seed=6)
     for url in (str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"):

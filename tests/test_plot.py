@@ -1,4 +1,4 @@
-"""dr_dask.plot: readable panels laid out beside a short table, written to any location;
+"""dr_dask.report.plot: readable panels laid out beside a short table, written to any location;
 the quickstart's report (figures and JSON carry the same numbers)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
 
-from dr_dask import plot
 from dr_dask.cli import main
-from dr_dask.storage import Location
+from dr_dask.io.storage import Location
+from dr_dask.report import plot
 
 PANEL_PX = (int(plot.PANEL[1] * plot.DPI), int(plot.PANEL[0] * plot.DPI))  # (h, w)
 
@@ -137,7 +137,7 @@ def test_drawing_leaves_pyplot_alone():
 def test_quickstart_report_numbers(tmp_path):
     """The quickstart's JSON carries what its picture shows (R², the IKD eigenvalues), the
     picture has its two panels beside the table."""
-    from dr_dask.runs import open_run
+    from dr_dask.runs.group import open_run
 
     out = tmp_path / "qs"
     res = CliRunner().invoke(main, ["--scheduler", "threads", "quickstart", "--out", str(out),

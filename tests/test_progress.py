@@ -17,7 +17,7 @@ from dr_dask import IKD, LSDR, GPIsomap, Isomap, LandmarkIsomap
 #: A fit with bars on, after printing where bars go.
 FIT = (
     "import dask, numpy as np\n"
-    "from dr_dask import IKD, progress\n"
+    "from dr_dask import IKD\nfrom dr_dask.runtime import progress\n"
     "print('OUTPUT', progress.output(), flush=True)\n"
     "X = np.random.default_rng(0).normal(size=(400, 12))\n"
     "{setup}"

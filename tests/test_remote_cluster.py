@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import zarr
 
-from dr_dask.inputs import InputError, open_dataset
-from dr_dask.runs import open_run
+from dr_dask.io.inputs import InputError, open_dataset
+from dr_dask.runs.group import open_run
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_input_the_workers_cannot_read_names_worker_and_path(remote_cluster):
     from distributed import Client
 
     from dr_dask.methods.isomap import Isomap
-    from dr_dask.runs import run_embedding
+    from dr_dask.runs.group import run_embedding
 
     # memory:// lives in one process: the client sees it, the workers do not
     g = zarr.open_group("memory://only-here/data.zarr", mode="w")

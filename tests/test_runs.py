@@ -10,9 +10,9 @@ import zarr
 from click.testing import CliRunner
 
 from dr_dask.cli import main
-from dr_dask.lease import Lease
-from dr_dask.runs import open_run
-from dr_dask.storage import Location
+from dr_dask.io.storage import Location
+from dr_dask.runs.group import open_run
+from dr_dask.runs.lease import Lease
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from conftest import S3_SECRET, free_port, wait_port
 
 from dr_dask.cli import main
-from dr_dask.inputs import InputError, open_dataset
-from dr_dask.runs import open_run
-from dr_dask.storage import Location, StorageError
+from dr_dask.io.inputs import InputError, open_dataset
+from dr_dask.io.storage import Location, StorageError
+from dr_dask.runs.group import open_run
 
 T, N = 240, 12
 
@@ -247,8 +247,8 @@ def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog, dr_confi
     number of attempts, then StorageUnavailable."""
     import s3fs
 
-    from dr_dask import config, storage
-
+    from dr_dask.io import storage
+    from dr_dask.runtime import config
     dr_config({"storage.read-backoff": 0.2})
     for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
@@ -286,7 +286,7 @@ def test_missing_object_and_bad_data_are_bad_input(s3_bucket):
 def test_unreachable_store_while_opening_an_input_is_transient(monkeypatch, dr_config):
     import s3fs
 
-    from dr_dask import storage
+    from dr_dask.io import storage
 
     dr_config({"storage.read-backoff": 0.1})
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
@@ -387,7 +387,7 @@ def test_s3_run_killed_and_rerun_equals_local(s3_bucket, kill_input, moment, tmp
 def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
     """Create-if-absent on local disk (O_EXCL) and on S3: moto honours the conditional PUT
     (If-None-Match: * -> 412), so the S3 case exercises the real precondition."""
-    from dr_dask.lease import Lease, LeaseHeld
+    from dr_dask.runs.lease import Lease, LeaseHeld
 
     loc = (Location(str(tmp_path / "runs.zarr")) if where == "local"
            else Location(f"s3://{s3_bucket}/runs.zarr")).child("r", "lease.json")
@@ -410,7 +410,7 @@ def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
 def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, data):
     path, out = str(tmp_path / "in.zarr"), str(tmp_path / "o.zarr")
     _write_input(path, data)
-    from dr_dask.lease import Lease
+    from dr_dask.runs.lease import Lease
 
     holder = Lease(Location(out).child("r", "lease.json"), ttl=30).acquire()
     try:
@@ -426,7 +426,7 @@ def test_second_run_of_a_job_exits_1_while_the_first_holds_the_lease(tmp_path, d
 def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path):
     import socket
 
-    from dr_dask.lease import Lease
+    from dr_dask.runs.lease import Lease
 
     loc = Location(str(tmp_path / "lease.json"))
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -464,7 +464,7 @@ def test_landmark_ikd_rows_in_the_run_store_from_s3_equal_local(
     """The L x T rows the workers write live in the run's S3 store (every worker reaches it,
     unlike the client's /tmp), are dropped after the stage, and the fit equals the local one."""
     from dr_dask.methods.ikd import IKD
-    from dr_dask.runs import run_embedding
+    from dr_dask.runs.group import run_embedding
 
     opts = _s3_options(moto_endpoint)
     local_in, s3_in = str(tmp_path / "in.zarr"), f"s3://{s3_bucket}/in.zarr"
@@ -707,7 +707,7 @@ def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeyp
 def test_pickled_location_carries_a_reference_not_the_credentials():
     import pickle
 
-    from dr_dask import credentials
+    from dr_dask.runtime import credentials
 
     opts = {"key": "testing-key-id", "secret": S3_SECRET, "endpoint_url": "http://127.0.0.1:9",
             "client_kwargs": {"aws_session_token": S3_SECRET + "-token"}}

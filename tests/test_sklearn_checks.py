@@ -13,7 +13,7 @@ from sklearn.datasets import make_swiss_roll
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from dr_dask import IKD, LSDR, GPIsomap, Isomap, LandmarkIsomap
-from dr_dask.validation import ParameterError
+from dr_dask.io.validation import ParameterError
 
 # Defaults, but where the checks' tiny data sets (10-40 rows, 1-10 features) need otherwise
 # (IKD: one component from 2 features; GP-Isomap: k below its default 10), and seeds.

@@ -13,10 +13,10 @@ import zarr
 from click.testing import CliRunner
 
 from dr_dask.cli import main
-from dr_dask.inputs import InputError, open_dataset, parse_source
+from dr_dask.io.inputs import InputError, open_dataset, parse_source
+from dr_dask.io.validation import check_values
 from dr_dask.methods.ikd import IKD
-from dr_dask.runs import RunGroup
-from dr_dask.validation import check_values
+from dr_dask.runs.group import RunGroup
 
 
 def tree_digest(path) -> str:
@@ -90,7 +90,7 @@ def test_structural_errors(group_store, tmp_path):
         open_dataset(np.array([["a", "b"], ["c", "d"]]))
     with pytest.raises(InputError, match="does not exist"):
         open_dataset(str(tmp_path / "nope.zarr"))
-    # in-memory input: scikit-learn's checks and wording (dr_dask.validation)
+    # in-memory input: scikit-learn's checks and wording (dr_dask.io.validation)
     with pytest.raises(ValueError, match=r"4 sample\(s\) .* minimum of 5 is required by IKD"):
         IKD(n_components=3).fit(np.random.default_rng(0).normal(size=(4, 10)))
     with pytest.raises(ValueError, match="Expected 2D array, got 1D array"):

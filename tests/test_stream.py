@@ -335,7 +335,7 @@ def test_s3_stream_killed_and_resumed_gives_every_row_once(
     s3_bucket, model_path, source_dir, reference, scenario, fraction, tmp_path
 ):
     """Source and output on S3 (moto server): kill -9 early, mid-stream and late, resume."""
-    from dr_dask.storage import Location
+    from dr_dask.io.storage import Location
 
     src = Location(f"s3://{s3_bucket}/stream")
     for name in sorted(os.listdir(source_dir)):

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from conftest import tls_files
 
 from dr_dask.cli import main
-from dr_dask.cluster import tls_security
+from dr_dask.runtime.cluster import tls_security
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import scipy.sparse as sp
 import zarr
 from sklearn.base import BaseEstimator
 
-from dr_dask import validation
-from dr_dask.inputs import InputError, open_dataset
-from dr_dask.validation import (
+from dr_dask.io import validation
+from dr_dask.io.inputs import InputError, open_dataset
+from dr_dask.io.validation import (
     DuplicatePointsWarning,
     Interval,
     Options,

@@ -150,8 +150,8 @@ def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
     """With every worker gone for good, a fit stops within a bounded time naming its stage."""
     from distributed import Client, LocalCluster
 
-    from dr_dask import cluster as dc
     from dr_dask.methods.ikd import IKD
+    from dr_dask.runtime import cluster as dc
 
     dr_config({"cluster.no-worker-timeout": 3.0})
     _, X = data
@@ -244,7 +244,7 @@ def test_worker_killed_for_memory_says_so(tmp_path):
     import dask
     from distributed import Client, LocalCluster
 
-    from dr_dask.cluster import WorkerOutOfMemory, gather, run_stage
+    from dr_dask.runtime.cluster import WorkerOutOfMemory, gather, run_stage
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True,

@@ -17,7 +17,7 @@ import zarr
 from click.testing import CliRunner
 
 from dr_dask.cli import main
-from dr_dask.workflow import Step, WorkflowError, load, run_step
+from dr_dask.jobs.workflow import Step, WorkflowError, load, run_step
 
 WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dr_dask", "workflows",
                                            "*.toml")))
@@ -311,7 +311,7 @@ def test_a_terminated_runner_stops_its_running_step(tmp_path):
                    "time.sleep(300)")
     # the runner as `dr-dask run` sets it up: SIGTERM -> SystemExit(1)
     runner = subprocess.Popen(_python(
-        "import signal,sys; from dr_dask.workflow import Step, run_step; "
+        "import signal,sys; from dr_dask.jobs.workflow import Step, run_step; "
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); "
         f"run_step(Step('hang', ()), {step!r}, print)"))
     for _ in range(300):

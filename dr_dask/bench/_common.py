@@ -1,6 +1,6 @@
 """Shared benchmark plumbing: reports, reusable dataset stores, fits measured.
 
-Timings and memory come from :mod:`dr_dask.resources`. On a shared 2-core machine they are
+Timings and memory come from :mod:`dr_dask.runtime.resources`. On a shared 2-core machine they are
 noisy, so every benchmark reports the median of its repeats and compares against a baseline
 measured in the same run (a ratio), never an absolute figure alone.
 """
@@ -17,9 +17,9 @@ from typing import Any, Self
 import numpy as np
 import psutil
 
-from dr_dask.report import plain_json
-from dr_dask.resources import Measurement, PeakRSS, measure
-from dr_dask.storage import read_array
+from dr_dask.io.jsonio import plain_json
+from dr_dask.io.storage import read_array
+from dr_dask.runtime.resources import Measurement, PeakRSS, measure
 
 logger = logging.getLogger(__name__)
 

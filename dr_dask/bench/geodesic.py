@@ -34,7 +34,7 @@ from typing import Any
 
 from dr_dask.bench._common import dataset_arrays, timed_fits
 from dr_dask.bench.isomap import _sklearn_in_child
-from dr_dask.resources import PeakRSS, timed, tree_rss
+from dr_dask.runtime.resources import PeakRSS, timed, tree_rss
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: 
         else:
             from distributed import Client, LocalCluster
 
-            from dr_dask.cluster import local_cluster_kwargs
+            from dr_dask.runtime.cluster import local_cluster_kwargs
 
             cluster = stack.enter_context(LocalCluster(**local_cluster_kwargs(n_workers)))
             client = stack.enter_context(Client(cluster))
@@ -193,7 +193,7 @@ def _as_user_call(method: str, path: str, T: int, N: int, n_neighbors: int, n_wo
         if path == "local_cluster":
             from distributed import Client, LocalCluster
 
-            from dr_dask.cluster import local_cluster_kwargs
+            from dr_dask.runtime.cluster import local_cluster_kwargs
 
             with timed(row, "cluster_start_seconds"):
                 cluster = stack.enter_context(LocalCluster(**local_cluster_kwargs(n_workers)))

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from dr_dask.bench._common import n_workers
+from dr_dask.io.storage import read_array
+from dr_dask.jobs.quickstart import gp_dataset, read_latent
 from dr_dask.linalg.mds import scaled_vectors
-from dr_dask.quickstart import gp_dataset, read_latent
-from dr_dask.resources import PeakRSS, measure, timed
-from dr_dask.storage import read_array
+from dr_dask.runtime.resources import PeakRSS, measure, timed
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +67,12 @@ def bench_similarity(client: Any, T: int, N: int, dtype: str, repeats: int = 3,
     (scheduling and partitioning cost) and one diagonal-free tile computed both ways in this
     process (the inverse kernel and reductions per tile).
     """
-    from dr_dask.cluster import share
-    from dr_dask.kernels import get_kernel
+    from dr_dask.linalg.kernels import get_kernel
     from dr_dask.linalg.tiles import TileGrid, build_tiles
     from dr_dask.methods._ikd_full import distance_tile
     from dr_dask.methods.ikd import IKD
     from dr_dask.methods.ikd_core import InverseKernel, normalise_rows
+    from dr_dask.runtime.cluster import share
 
     rng = np.random.default_rng(0)
     X = normalise_rows(rng.standard_normal((T, N)), "correlation", dtype)
@@ -144,10 +144,10 @@ def bench_incore(client: Any, T: int, N: int, workdir: str, repeats: int = 3) ->
 
 def bench_outofcore(client: Any, T: int, N: int, workdir: str) -> dict:
     """T x T never in one process: D tiles on disk, peak RSS of the process tree."""
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
-    from dr_dask.runs import RunGroup
+    from dr_dask.runs.group import RunGroup
 
     path = os.path.join(workdir, f"gp_rff_T{T}_N{N}.zarr")
     stages: dict[str, float] = {}

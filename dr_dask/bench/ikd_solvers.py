@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from dr_dask.bench._common import dataset_store, timed_fits
-from dr_dask.resources import timed
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ AUTHORS_SECONDS_RANGE = (15.0, 190.0)
 
 def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
     """Blockwise IKD at T=1000: cluster vs one process, R^2 against the latent."""
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
 
@@ -72,7 +72,7 @@ def bench_blockwise(client: Any, quick: bool, workdir: str) -> dict:
 
 
 def _large(client: Any, workdir: str, T: int, **params: Any) -> dict:
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
     from dr_dask.metrics import r2_affine
 

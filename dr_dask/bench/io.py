@@ -17,8 +17,8 @@ import zarr
 
 from dr_dask.bench._common import n_workers
 from dr_dask.datasets.toy import tanh_lowrank
-from dr_dask.resources import measure
-from dr_dask.storage import Location
+from dr_dask.io.storage import Location
+from dr_dask.runtime.resources import measure
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _write(loc: Location, X: np.ndarray, chunk_rows: int) -> None:
 
 
 def _fit(loc: Location, n_components: int, client) -> np.ndarray:
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
     from dr_dask.methods.ikd import IKD
 
     est = IKD(n_components=n_components, dtype="float32", random_state=0, client=client)

@@ -27,7 +27,7 @@ import numpy as np
 from dr_dask.bench._common import n_workers
 from dr_dask.bench.ikd_solvers import CASES as IKD_SOLVER_CASES
 from dr_dask.datasets.toy import isometric_swiss_roll
-from dr_dask.resources import PeakRSS, measure, timed, tree_rss
+from dr_dask.runtime.resources import PeakRSS, measure, timed, tree_rss
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dr_dask.datasets.toy import noisy_spiral, noisy_swiss_roll
-from dr_dask.resources import measure
+from dr_dask.runtime.resources import measure
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask import config
 from dr_dask.bench._common import dataset_store, n_workers, timed_fits
-from dr_dask.resources import timed
+from dr_dask.runtime import config
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class _FromStore:
     def fit(self, source: str) -> _FromStore:
         import zarr
 
-        from dr_dask.storage import read_array
+        from dr_dask.io.storage import read_array
 
         self.timings_: dict = {}
         with timed(self.timings_, "read"):
@@ -194,7 +194,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     """
     from sklearn.manifold import trustworthiness
 
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
     from dr_dask.metrics import r2_affine
 
     unknown = set(methods) - set(METHODS)
@@ -289,8 +289,8 @@ def peer_ratios(rows: list[dict], peer: str) -> dict:
 
 def plot_scale(results: dict, path: str) -> str:
     """Log-log time and peak RSS against T per method beside a table of the fitted slopes, as
-    PNG (:func:`dr_dask.plot.report_page`)."""
-    from dr_dask import plot
+    PNG (:func:`dr_dask.report.plot.report_page`)."""
+    from dr_dask.report import plot
 
     panels = []
     for key, label in (("seconds", "wall time (s)"),

@@ -19,7 +19,7 @@ import tempfile
 
 from dr_dask.bench._common import PeakRSSEach, dataset_store, release_memory
 from dr_dask.bench.scale import N_FEATURES, N_NEIGHBORS
-from dr_dask.resources import timed
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ def search_at(source: str, n_workers: int) -> dict:
     of one thread: seconds, and each process's idle and peak RSS (GB)."""
     from distributed import Client, LocalCluster
 
-    from dr_dask.cluster import local_cluster_kwargs
     from dr_dask.graph.knn import kneighbors
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
+    from dr_dask.runtime.cluster import local_cluster_kwargs
 
     kwargs = {**local_cluster_kwargs(n_workers), "threads_per_worker": 1}
     with LocalCluster(**kwargs) as cluster, Client(cluster) as client:

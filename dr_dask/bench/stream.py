@@ -3,7 +3,7 @@
 1. Mapping throughput (points/s, variance included) with a 2,000-point batch (the four Euler
    roll patches, 500 each) at D=3 and D=100 (the roll embedded isometrically in R^100):
    in-process, on dask's threads and on the command's cluster (model shared once with
-   :func:`dr_dask.cluster.share`, chunks mapped with ``client.map``); baseline scikit-learn
+   :func:`dr_dask.runtime.cluster.share`, chunks mapped with ``client.map``); baseline scikit-learn
    ``Isomap.transform`` fitted on the same batch and mapping the same points, same run (the
    faster of one call and the same chunks).
 2. Refit latency for batch 2,000 + buffer 1,000 (the runner's refit task) and the peak RSS of
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from dr_dask.bench._common import n_workers, write_report
-from dr_dask.resources import PeakRSS, measure, timed
-from dr_dask.storage import read_array
+from dr_dask.io.storage import read_array
+from dr_dask.runtime.resources import PeakRSS, measure, timed
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def _map_threads(model, S: np.ndarray, chunk: int) -> np.ndarray:
 
 
 def _map_cluster(client, model_handle, S: np.ndarray, chunk: int) -> np.ndarray:
-    from dr_dask.cluster import gather
+    from dr_dask.runtime.cluster import gather
     from dr_dask.stream.runner import map_chunk
 
     futs = client.map(map_chunk, [model_handle] * ((len(S) + chunk - 1) // chunk),
@@ -93,7 +93,7 @@ def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client,
     t_thr = measure(lambda: _map_threads(model, S, chunk), repeats, rss=False).seconds
     res["gp_threads_pts_per_s"] = len(S) / t_thr
     if client is not None:
-        from dr_dask.cluster import share
+        from dr_dask.runtime.cluster import share
 
         handle = share(model, client)  # as the stream runner does: recomputable, once a worker
         _map_cluster(client, handle, S[: 2 * chunk], chunk)

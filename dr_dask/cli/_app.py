@@ -130,11 +130,16 @@ class App(click.Group):
         except Exception as exc:  # noqa: BLE001  (every failure maps to a documented code)
             # imported only now: importing distributed before main() configured logging
             # would let it install its own handlers
-            from dr_dask.cluster import ClusterLost, WorkerOutOfMemory, cluster_gone, where_now
-            from dr_dask.inputs import InputError
-            from dr_dask.lease import LeaseHeld, LeaseLost
+            from dr_dask.io.inputs import InputError
+            from dr_dask.io.storage import StorageError, StorageUnavailable
             from dr_dask.methods.gp_isomap_io import ModelFormatError
-            from dr_dask.storage import StorageError, StorageUnavailable
+            from dr_dask.runs.lease import LeaseHeld, LeaseLost
+            from dr_dask.runtime.cluster import (
+                ClusterLost,
+                WorkerOutOfMemory,
+                cluster_gone,
+                where_now,
+            )
 
             # rejected below a command that did not catch it: bad input, an unusable location,
             # a model file that is not a model, workers too small for the work
@@ -215,7 +220,7 @@ def main(
     memory://, file://. Results and JSON summaries go to stdout; logs, progress bars (on a
     terminal only) and errors go to stderr.
     """
-    from dr_dask.storage import StorageError, parse_storage_options
+    from dr_dask.io.storage import StorageError, parse_storage_options
 
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     # the application, not the library, configures logging
@@ -244,7 +249,7 @@ def security(tls: dict[str, str]):  # -> distributed.Security | None (imported l
     missing = [f"--tls-{k.replace('_', '-')}" for k in ("ca_file", "cert", "key") if k not in tls]
     if missing:
         fail(f"TLS needs --tls-ca-file, --tls-cert and --tls-key; missing {', '.join(missing)}")
-    from dr_dask.cluster import tls_security
+    from dr_dask.runtime.cluster import tls_security
 
     return tls_security(tls["ca_file"], tls["cert"], tls["key"])
 
@@ -263,7 +268,7 @@ def quiet_distributed() -> None:
 def cluster(ctx: click.Context) -> Iterator:
     """The client for a command: the ``--scheduler`` one, a LocalCluster it closes after, or
     ``None`` (dask's threads) for ``--scheduler threads``."""
-    from dr_dask.cluster import session
+    from dr_dask.runtime.cluster import session
 
     obj = ctx.find_root().obj or {}
     if obj.get("scheduler") == "threads":
@@ -285,7 +290,7 @@ def cluster(ctx: click.Context) -> Iterator:
         stack.push(started)
         assert client.scheduler is not None  # a started Client holds its scheduler's rpc
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
-        from dr_dask.cluster import deliver_credentials
+        from dr_dask.runtime.cluster import deliver_credentials
 
         # once per worker, so that task graphs carry only a reference to them
         deliver_credentials(client, obj.get("storage_options"))

@@ -60,7 +60,7 @@ def make(ctx: click.Context, name: str, out: str, n_samples: int, n_features: in
     """Generate dataset NAME (gp, sinusoidal, bump, ...) into the Zarr store OUT."""
     from dr_dask.datasets import make_dataset
     from dr_dask.datasets._zarr import dataset_state
-    from dr_dask.storage import location
+    from dr_dask.io.storage import location
 
     try:
         loc = location(out, storage_options(ctx))

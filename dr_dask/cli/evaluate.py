@@ -33,8 +33,8 @@ LSDR_INPUT_DIM = 3
 # ------------------------------------------------------------------------------ input helpers
 def load_values(spec: str, default_store: Any, storage_options: dict | None = None) -> np.ndarray:
     """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
-    from dr_dask.inputs import InputError, open_netcdf, parse_source
-    from dr_dask.storage import location
+    from dr_dask.io.inputs import InputError, open_netcdf, parse_source
+    from dr_dask.io.storage import location
 
     path, var = parse_source(spec, storage_options)
     loc = location(path, storage_options)
@@ -52,7 +52,7 @@ def load_values(spec: str, default_store: Any, storage_options: dict | None = No
             return ds[var].values
     import zarr
 
-    from dr_dask.storage import read_array
+    from dr_dask.io.storage import read_array
 
     try:
         group = zarr.open_group(store=loc.zarr_store(read_only=True), mode="r")
@@ -64,7 +64,7 @@ def load_values(spec: str, default_store: Any, storage_options: dict | None = No
 
 
 def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, Any]:
-    from dr_dask.inputs import open_dataset
+    from dr_dask.io.inputs import open_dataset
 
     inp = open_dataset(source, None, storage_options)
     return inp, inp.location
@@ -82,12 +82,12 @@ def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, 
 @click.pass_context
 def evaluate(ctx, store, name, source, labels, latent, out, n_neighbors):
     """Score a stored embedding: metrics JSON and a PNG (embedding, spectrum, metric table)."""
-    from dr_dask import plot
-    from dr_dask.inputs import InputError
+    from dr_dask.io.inputs import InputError
+    from dr_dask.io.jsonio import write_json
+    from dr_dask.io.storage import location, read_array
     from dr_dask.metrics import evaluate_embedding
-    from dr_dask.report import write_json
-    from dr_dask.runs import open_run, run_attr
-    from dr_dask.storage import location, read_array
+    from dr_dask.report import plot
+    from dr_dask.runs.group import open_run, run_attr
 
     so = storage_options(ctx)
     try:
@@ -142,7 +142,7 @@ def _fit_lsdr(est: Any, X: np.ndarray) -> tuple[np.ndarray, str | None]:
 
 def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
     """Fit one method, timing it and sampling the peak RSS of the process tree."""
-    from dr_dask.resources import PeakRSS, timed
+    from dr_dask.runtime.resources import PeakRSS, timed
 
     note = None
     with PeakRSS() as mem, timed() as t:
@@ -168,11 +168,11 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 @click.pass_context
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""
-    from dr_dask import plot
-    from dr_dask.inputs import InputError
+    from dr_dask.io.inputs import InputError
+    from dr_dask.io.jsonio import write_json
+    from dr_dask.io.storage import location
     from dr_dask.metrics import evaluate_embedding
-    from dr_dask.report import write_json
-    from dr_dask.storage import location
+    from dr_dask.report import plot
 
     so = storage_options(ctx)
     names = [m.strip() for m in methods.split(",") if m.strip()]

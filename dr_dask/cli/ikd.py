@@ -23,7 +23,7 @@ from dr_dask.cli._app import (
     seed_option,
     storage_options,
 )
-from dr_dask.inputs import InputError
+from dr_dask.io.inputs import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def make_ikd(**kw):
 @click.pass_context
 def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     """Fit IKD on a stored dataset and write the embedding into OUT."""
-    from dr_dask.runs import run_attr, run_embedding
+    from dr_dask.runs.group import run_attr, run_embedding
 
     try:
         with cluster(ctx) as client:
@@ -107,8 +107,8 @@ def quickstart(ctx, out, n_samples, n_features, seed):
     (R^2 against the latent for IKD and the PCA baseline, IKD's eigenvalues) and
     OUT/embedding.png (the embedding coloured by the latent, the spectrum, the numbers).
     """
-    from dr_dask.quickstart import quickstart_run
-    from dr_dask.storage import StorageError
+    from dr_dask.io.storage import StorageError
+    from dr_dask.jobs.quickstart import quickstart_run
 
     try:
         with cluster(ctx) as client:

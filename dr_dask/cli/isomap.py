@@ -21,8 +21,8 @@ from dr_dask.cli._app import (
     seed_option,
     storage_options,
 )
-from dr_dask.inputs import InputError
-from dr_dask.storage import location
+from dr_dask.io.inputs import InputError
+from dr_dask.io.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                  knn, n_probe):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
     from dr_dask.methods.isomap import Isomap, LandmarkIsomap
-    from dr_dask.runs import run_attr, run_embedding
+    from dr_dask.runs.group import run_attr, run_embedding
 
     if n_landmarks is not None and radius is not None:
         fail("--radius is only supported by full Isomap (drop --landmarks)")
@@ -128,7 +128,7 @@ def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json
     joins no other scheduler."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.geodesic import run_as_user, run_geodesic
-    from dr_dask.cluster import local_cluster_kwargs
+    from dr_dask.runtime.cluster import local_cluster_kwargs
 
     obj = ctx.find_root().obj or {}
     threads = obj.get("scheduler") == "threads"

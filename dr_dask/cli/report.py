@@ -1,5 +1,5 @@
 """``dr-dask report RUN_OR_STATE --html OUT.html``: a run, stream or job as one interactive,
-self-contained page (:mod:`dr_dask.html_report`)."""
+self-contained page (:mod:`dr_dask.report.html`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def report(ctx, run_or_state, out_html, max_points, window, seed):
     and hover, the spectrum and the numbers; for streams and jobs also the variance over time
     with the threshold and refits, the manifolds and the drift history. Prints a JSON summary.
     """
-    from dr_dask.html_report import html_report
+    from dr_dask.report.html import html_report
 
     summary = html_report(run_or_state, out_html, storage_options=storage_options(ctx),
                           max_points=max_points, window=window, random_state=seed)

@@ -65,7 +65,7 @@ def make_scenario(ctx, out, scenario, n_per_patch, n_batch, n_stream, ambient_di
 
 
 def _load_batch(path: str, storage_options: dict) -> np.ndarray:
-    from dr_dask.inputs import InputError, open_dataset
+    from dr_dask.io.inputs import InputError, open_dataset
 
     try:
         return np.asarray(open_dataset(path, None, storage_options).data.compute(),
@@ -105,8 +105,8 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
     SIGTERM or Ctrl-C finishes the chunks in flight, checkpoints and exits 0; rerunning the
     same command resumes.
     """
+    from dr_dask.io.storage import location
     from dr_dask.methods.gp_isomap import GPIsomap
-    from dr_dask.storage import location
     from dr_dask.stream.runner import StreamRunner
     from dr_dask.stream.store import StreamStore
 
@@ -156,8 +156,8 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
 @click.pass_context
 def report(ctx, store, out_png, window):
     """Plot variance over stream time (running mean, refits) and the embedding by version."""
-    from dr_dask.storage import location
-    from dr_dask.stream.report import stream_report
+    from dr_dask.io.storage import location
+    from dr_dask.report.stream import stream_report
     from dr_dask.stream.store import StreamStore
 
     store = location(store, storage_options(ctx))

@@ -1,6 +1,6 @@
 """``dr-dask run WORKFLOW.toml``: a scheduled job of dr-dask steps (format: docs/workflows.md).
 
-The file is parsed and validated by :mod:`dr_dask.workflow`; here each step's command line is
+The file is parsed and validated by :mod:`dr_dask.jobs.workflow`; here each step's command line is
 also checked against the CLI itself (unknown commands and options, missing or mistyped values),
 so ``--check`` finds every mistake a run would hit before anything runs. Steps then run in order
 as child processes on one cluster: the ``--scheduler`` one, the workflow's ``scheduler``, or a
@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from dr_dask.cli._app import cluster, fail, main, storage_options
-from dr_dask.workflow import (
+from dr_dask.jobs.workflow import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     EXIT_TRANSIENT,

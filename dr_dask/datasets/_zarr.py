@@ -20,7 +20,7 @@ Store layout (``xarray.open_zarr(path)`` opens it as a Dataset)::
 
 The location is a local path or a URL (``s3://``, ``gs://``, ``memory://``...). Object stores
 have no rename, so a store is written in place and marked ``complete`` in its root attributes
-by the last write (after every chunk); :func:`dr_dask.inputs.open_dataset` refuses a store
+by the last write (after every chunk); :func:`dr_dask.io.inputs.open_dataset` refuses a store
 marked incomplete, and the next ``make`` replaces such debris without ``overwrite``. With a
 cluster the workers write their chunks directly, so they must be able to reach the location.
 """
@@ -38,9 +38,9 @@ import xarray as xr
 import zarr
 
 from dr_dask import __version__
-from dr_dask.cluster import active_client, gather, share
-from dr_dask.report import plain_json
-from dr_dask.storage import Location, location
+from dr_dask.io.jsonio import plain_json
+from dr_dask.io.storage import Location, location
+from dr_dask.runtime.cluster import active_client, gather, share
 
 if TYPE_CHECKING:  # xarray is only needed for in-memory results; workers never import it
     import xarray as xr
@@ -181,7 +181,7 @@ def make_dataset(
         Replace an existing store at ``path``. Without it an existing path is an error.
     client : distributed.Client, optional
         Cluster to generate on (one task per chunk, workers write their chunks). Resolved with
-        :func:`dr_dask.cluster.active_client`; ``None`` with no active client generates in
+        :func:`dr_dask.runtime.cluster.active_client`; ``None`` with no active client generates in
         this process.
     **options
         Generator options, e.g. ``n_components``, ``noise``, ``length_scale``, ``method``,

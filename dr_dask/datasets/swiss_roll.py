@@ -28,7 +28,7 @@ import zarr
 from scipy.special import fresnel
 from sklearn.utils import check_random_state
 
-from dr_dask.storage import location
+from dr_dask.io.storage import location
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dr_dask import config
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import compute, share
 from dr_dask.graph.topk import EXTRA, check_finite, fold_knn, rerank_labelled
 from dr_dask.linalg.eigen import top_eigh
+from dr_dask.runtime import config
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import compute, share
 
 logger = logging.getLogger(__name__)
 

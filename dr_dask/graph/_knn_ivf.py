@@ -43,12 +43,12 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from dr_dask import config
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import compute
 from dr_dask.graph._knn_cells import _cells, _centred
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, fold_knn, rerank_labelled
-from dr_dask.storage import Location, location
+from dr_dask.io.storage import Location, location
+from dr_dask.runtime import config
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The warnings a neighbour graph raises about its data (public as ``dr_dask.graph.*``).
 
 :class:`DuplicatePointsWarning` is every estimator's (the duplicate-point policy lives with the
-input checks, :mod:`dr_dask.validation`); a graph raises it too.
+input checks, :mod:`dr_dask.io.validation`); a graph raises it too.
 """
 
-from dr_dask.validation import DuplicatePointsWarning
+from dr_dask.io.validation import DuplicatePointsWarning
 
 __all__ = ["DisconnectedGraphWarning", "DuplicatePointsWarning", "LowRecallWarning"]
 

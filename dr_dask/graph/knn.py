@@ -23,13 +23,13 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dr_dask import config
-from dr_dask.cluster import active_client, compute, share
 from dr_dask.graph._knn_cells import cell_kneighbors
 from dr_dask.graph._knn_ivf import ivf_kneighbors
 from dr_dask.graph.diagnostics import LowRecallWarning
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank
-from dr_dask.validation import Options, check_array_like, positive
+from dr_dask.io.validation import Options, check_array_like, positive
+from dr_dask.runtime import config
+from dr_dask.runtime.cluster import active_client, compute, share
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ def kneighbors(
         Query points; default X itself (then each row's own index is excluded, while exact
         duplicates of it are kept as neighbours at distance 0).
     client : distributed.Client, optional
-        Resolved by :func:`dr_dask.cluster.active_client`; None means dask's threads.
+        Resolved by :func:`dr_dask.runtime.cluster.active_client`; None means dask's threads.
     block_size : int, optional
         Rows per block of the exact search (default ``max(5000, ceil(T / 4))``; with
         ``query``, X's blocks at most ``dr_dask.knn.query-block-rows``).

@@ -20,9 +20,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import compute
 from dr_dask.linalg.mds import classical_mds
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from dr_dask.cluster import active_client, compute
 from dr_dask.graph.knn import check_2d, count_rows, default_block, estimator_neighbours, row_blocks
 from dr_dask.graph.topk import check_finite
-from dr_dask.validation import warn_duplicates
+from dr_dask.io.validation import warn_duplicates
+from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
 

@@ -42,9 +42,6 @@ import scipy.sparse as sp
 import zarr
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
-from dr_dask import config
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import compute
 from dr_dask.graph._knn_ivf import InvertedLists, _read_runs, _search_group, build_lists
 from dr_dask.graph.components import describe_components
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
@@ -56,9 +53,12 @@ from dr_dask.graph.knn import (
     search_seed,
 )
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.resources import timed
-from dr_dask.storage import Location
-from dr_dask.validation import warn_duplicates
+from dr_dask.io.storage import Location
+from dr_dask.io.validation import warn_duplicates
+from dr_dask.runtime import config
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import compute
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 

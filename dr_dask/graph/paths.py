@@ -23,9 +23,6 @@ import scipy.sparse as sp
 import zarr
 from distributed import Future
 
-from dr_dask import config
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import active_client, gather, map_local, share, thread_memory, wait_for
 from dr_dask.graph.sssp import (
     LANES,
     SearchGraph,
@@ -36,8 +33,11 @@ from dr_dask.graph.sssp import (
     search_rows,
 )
 from dr_dask.graph.stored import StoredGraph, opened
+from dr_dask.io.storage import Location, location
 from dr_dask.linalg.tiles import strip_tiles
-from dr_dask.storage import Location, location
+from dr_dask.runtime import config
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import active_client, gather, map_local, share, thread_memory, wait_for
 
 logger = logging.getLogger(__name__)
 #: Upper bound on one task's rows plus its sweeps' lanes, which bounds worker memory per task:
@@ -206,7 +206,7 @@ class GeodesicRows:
         square : bool
             Store squared distances (Isomap's D^2), squared in float64 before the cast.
         out : zarr.Array, str or Location, optional
-            Zarr array, or local path / URL (a :class:`~dr_dask.storage.Location` carries
+            Zarr array, or local path / URL (a :class:`~dr_dask.io.storage.Location` carries
             storage options) of a new array, that the workers write the rows into.
         wait : bool
             Wait for every block (a failure such as a disconnected graph surfaces here).
@@ -296,7 +296,7 @@ class GeodesicRows:
         """Futures (or, without a client, values) of ``func(block, start, *args)`` per block."""
         spans = self.bounds[:-1]
         if self.client is None:
-            # dask's threads, one BLAS thread each (see dr_dask.blas): products over row blocks
+            # dask's threads, one BLAS thread each (see dr_dask.runtime.blas): products over row blocks
             # in memory are bound by memory traffic, which BLAS's own threads do not add to
             with single_blas_thread():
                 return map_local(lambda bs: _apply(bs[0], func, bs[1], args, by_columns),

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import zarr
 
 from dr_dask.graph.sssp import SearchGraph
-from dr_dask.storage import Location, location
+from dr_dask.io.storage import Location, location
 
 _GRAPH_ARRAYS = ("indptr", "indices", "weights", "rank")
 

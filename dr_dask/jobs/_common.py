@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 
-from dr_dask.inputs import InputData, InputError, open_dataset
-from dr_dask.storage import Location
+from dr_dask.io.inputs import InputData, InputError, open_dataset
+from dr_dask.io.storage import Location
 
 logger = logging.getLogger(__name__)
 

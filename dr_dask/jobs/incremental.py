@@ -22,7 +22,7 @@ The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedd
 ``report.png``
     Variance over rows with the threshold and the refits, and the latest embedding.
 ``lease.json``
-    One run at a time (:class:`dr_dask.lease.Lease`).
+    One run at a time (:class:`dr_dask.runs.lease.Lease`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.cluster import active_client
-from dr_dask.inputs import InputError
+from dr_dask.io.inputs import InputError
+from dr_dask.io.storage import location
 from dr_dask.jobs._common import job_params, now, open_stored
-from dr_dask.jobs.reports import drift_report
-from dr_dask.lease import Lease
 from dr_dask.methods.gp_isomap import GPIsomap
-from dr_dask.storage import location
+from dr_dask.report.jobs import drift_report
+from dr_dask.runs.lease import Lease
+from dr_dask.runtime.cluster import active_client
 from dr_dask.stream.runner import StreamRunner
 from dr_dask.stream.store import STATUS, StreamStore
 
@@ -77,7 +77,7 @@ def run_incremental(source: str, state: str, *, variable: str | None = None,
     storage_options : dict, optional
         For the filesystems of URLs.
     client : distributed.Client, optional
-        Resolved by :func:`dr_dask.cluster.active_client`; None maps on local threads.
+        Resolved by :func:`dr_dask.runtime.cluster.active_client`; None maps on local threads.
     **params
         See :data:`DEFAULTS`: ``n_batch``, ``n_s``, ``chunk_size``, ``max_in_flight``,
         ``strict``, ``n_neighbors``, ``sigma_t``, ``random_state``, ``report``.

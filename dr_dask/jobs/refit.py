@@ -1,7 +1,7 @@
 """The weekly job: refit IKD or Isomap on the whole store, evaluate it against the previous
 run, then move the ``latest`` pointer.
 
-Runs live side by side in one run store (:func:`dr_dask.runs.run_embedding`: a resumable group
+Runs live side by side in one run store (:func:`dr_dask.runs.group.run_embedding`: a resumable group
 per run, named from method, parameters and input content, so a rerun after a kill resumes the
 same group). After the fit, an evaluation report is written to ``RUNS/NAME.report/``
 (``report.json``, ``report.png``): trustworthiness and its neighbourhood companions on all rows
@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 from sklearn.base import clone
 
-from dr_dask.cluster import active_client
-from dr_dask.inputs import InputError
+from dr_dask.io.inputs import InputError
+from dr_dask.io.jsonio import plain_json
+from dr_dask.io.storage import StorageError, location, read_array
 from dr_dask.jobs._common import job_params, now, open_stored
-from dr_dask.jobs.reports import refit_report
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.methods.factory import make_method
 from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_index
-from dr_dask.report import plain_json
-from dr_dask.resources import PeakRSS, timed
-from dr_dask.runs import open_run, run_embedding, run_name, run_params
-from dr_dask.storage import StorageError, location, read_array
+from dr_dask.report.jobs import refit_report
+from dr_dask.runs.group import open_run, run_embedding, run_name, run_params
+from dr_dask.runtime.cluster import active_client
+from dr_dask.runtime.resources import PeakRSS, timed
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import scipy.linalg
 
-from dr_dask import config
-from dr_dask.blas import single_blas_thread
+from dr_dask.runtime import config
+from dr_dask.runtime.blas import single_blas_thread
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import dask
 import numpy as np
 import zarr
 
-from dr_dask import config
-from dr_dask.cluster import active_client, compute, gather, local_threads, map_local, share
-from dr_dask.storage import Location, location
+from dr_dask.io.storage import Location, location
+from dr_dask.runtime import config
+from dr_dask.runtime.cluster import active_client, compute, gather, local_threads, map_local, share
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def build_tiles(
 ) -> tuple[TiledSymmetric, list]:
     """Compute every upper tile ``tile_fn(blocks[i], blocks[j], is_diagonal, *fn_args)``.
 
-    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (a :class:`~dr_dask.storage.Location`
+    ``tile_fn`` returns ``(tile, stats)``. With ``store`` (a :class:`~dr_dask.io.storage.Location`
     or path/URL of a Zarr array) each task writes its tile there and only ``stats`` come back,
     so the matrix is stored and no process ever holds more than a tile; otherwise tiles stay
     in worker memory. With ``store`` and ``band_stats`` a task holds only one chunk row of

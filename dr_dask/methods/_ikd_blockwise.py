@@ -42,11 +42,9 @@ from typing import Any
 import dask
 import numpy as np
 
-from dr_dask.blas import single_blas_thread
-from dr_dask.checkpoint import Checkpoint
-from dr_dask.cluster import active_client, compute, gather, share
 from dr_dask.graph.cliques import maximal_cliques
-from dr_dask.inputs import InputData
+from dr_dask.io.checkpoint import Checkpoint
+from dr_dask.io.inputs import InputData
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.linalg.eigen import top_eigh
 from dr_dask.methods._ikd_transform import local_map
@@ -59,7 +57,9 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
-from dr_dask.resources import timed
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import active_client, compute, gather, share
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,8 @@ import logging
 
 import numpy as np
 
-from dr_dask.checkpoint import Checkpoint, scratch
-from dr_dask.cluster import active_client, compute, run_stage
-from dr_dask.inputs import InputData
+from dr_dask.io.checkpoint import Checkpoint, scratch
+from dr_dask.io.inputs import InputData
 from dr_dask.linalg.tiles import (
     TiledSymmetric,
     TileGrid,
@@ -34,7 +33,8 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
-from dr_dask.resources import timed
+from dr_dask.runtime.cluster import active_client, compute, run_stage
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 

@@ -52,9 +52,6 @@ import scipy.sparse as sp
 import zarr
 from scipy.sparse.csgraph import connected_components
 
-from dr_dask.blas import single_blas_thread
-from dr_dask.checkpoint import Checkpoint, scratch
-from dr_dask.cluster import active_client, compute
 from dr_dask.graph import (
     GeodesicRows,
     connect_components,
@@ -71,7 +68,9 @@ from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import geodesic_tiles, read_stored
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.inputs import InputData
+from dr_dask.io.checkpoint import Checkpoint, scratch
+from dr_dask.io.inputs import InputData
+from dr_dask.io.storage import Location
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
 from dr_dask.methods._ikd_transform import DeferredTriangulation, triangulation_map
@@ -87,8 +86,9 @@ from dr_dask.methods.ikd_core import (
     prepared_rows,
     reference_index,
 )
-from dr_dask.resources import timed
-from dr_dask.storage import Location
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import active_client, compute
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
     return D, stats, d_ref_row
 
 
-# one BLAS thread in this process for the whole fit (see dr_dask.blas): its BLAS calls (the
+# one BLAS thread in this process for the whole fit (see dr_dask.runtime.blas): its BLAS calls (the
 # cell search's principal axes, the eigensolver's) run beside dask's threads or a LocalCluster's
 # workers on the same cores, where BLAS's own threads only contend
 @single_blas_thread()

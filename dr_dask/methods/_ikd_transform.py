@@ -60,13 +60,11 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from dr_dask import config
-from dr_dask.cluster import active_client, compute
 from dr_dask.graph import GeodesicRows, kneighbors
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.landmarks import select_landmarks, triangulate
 from dr_dask.graph.out_of_sample import geodesics_via_neighbors
-from dr_dask.inputs import InputData
+from dr_dask.io.inputs import InputData
 from dr_dask.methods.ikd_core import (
     GeodesicKernel,
     IKDConfig,
@@ -74,6 +72,8 @@ from dr_dask.methods.ikd_core import (
     edge_weight,
     normalise_rows,
 )
+from dr_dask.runtime import config
+from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
 

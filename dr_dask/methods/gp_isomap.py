@@ -23,24 +23,8 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import ClientParam, active_client, gather
 from dr_dask.graph.knn import KNN_CONSTRAINTS
-from dr_dask.labelled import LabelledOutput
-from dr_dask.linalg.align import procrustes_fit
-from dr_dask.methods._gp import KERNELS, ManifoldGP
-from dr_dask.methods._manifolds import (
-    global_frame,
-    points_mds,
-    ridge_stitch,
-    support_pairs,
-    support_set,
-    tangent_clusters,
-)
-from dr_dask.methods.isomap import Isomap
-from dr_dask.progress import shown_during
-from dr_dask.resources import timed
-from dr_dask.validation import (
+from dr_dask.io.validation import (
     Interval,
     Options,
     check_array_like,
@@ -52,11 +36,27 @@ from dr_dask.validation import (
     positive,
     warn_duplicates,
 )
+from dr_dask.linalg.align import procrustes_fit
+from dr_dask.methods._gp import KERNELS, ManifoldGP
+from dr_dask.methods._manifolds import (
+    global_frame,
+    points_mds,
+    ridge_stitch,
+    support_pairs,
+    support_set,
+    tangent_clusters,
+)
+from dr_dask.methods.isomap import Isomap
+from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import ClientParam, active_client, gather
+from dr_dask.runtime.progress import shown_during
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
 
-@single_blas_thread()  # small kernels beside dask's threads (see dr_dask.blas)
+@single_blas_thread()  # small kernels beside dask's threads (see dr_dask.runtime.blas)
 def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
 
@@ -84,7 +84,7 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     array, or a path / URL accepted by :func:`dr_dask.open_dataset`, of shape (n, D); the
     batch is read whole (the batch phase is in memory, O(n_i^2)); a dask array given to
     ``transform`` is mapped block by block. Duplicate rows are kept and embedded with their
-    twin, with a :class:`~dr_dask.validation.DuplicatePointsWarning`.
+    twin, with a :class:`~dr_dask.io.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
@@ -151,7 +151,7 @@ default="geodesic_se"
         ``None`` takes the active client, else in-process.
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
-        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
+        stderr, nothing in a pipe (:mod:`dr_dask.runtime.progress`).
     knn : {"auto", "exact", "ivf"}, default="auto"
         The batch's neighbour search (``clusterer="tangent"``), as
         :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.

@@ -29,10 +29,10 @@ import zarr
 from sklearn.utils.validation import check_is_fitted
 from zarr.core.metadata import ArrayV3Metadata
 
+from dr_dask.io.storage import Location
+from dr_dask.io.validation import ParameterError, check_params
 from dr_dask.methods._gp import KERNELS, KernelSpec, ManifoldGP
 from dr_dask.methods.gp_isomap import GPIsomap
-from dr_dask.storage import Location
-from dr_dask.validation import ParameterError, check_params
 
 logger = logging.getLogger(__name__)
 

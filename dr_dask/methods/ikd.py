@@ -5,7 +5,7 @@ inverse kernel D = l^2 f^-1(S / sigma^2), the reference transform G = g(D), and 
 eigenpairs of G give the latent up to an orthogonal map.
 
 This module is the estimator only. ``fit`` validates the parameters once (the declarative
-``_parameter_constraints``, checked by :func:`dr_dask.validation.check_params` in
+``_parameter_constraints``, checked by :func:`dr_dask.io.validation.check_params` in
 scikit-learn's wording, then the rules across parameters and the data's size) into a frozen
 :class:`~dr_dask.methods.ikd_core.IKDConfig` and calls one solver, a function
 ``(config, data, run) -> IKDResult``: :mod:`._ikd_full` (Algorithm 1, tiled),
@@ -46,20 +46,10 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from dr_dask.checkpoint import Checkpoint
-from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph.knn import KNN_CONSTRAINTS
-from dr_dask.kernels import ALIASES, KERNELS, Kernel, get_kernel
-from dr_dask.labelled import LabelledOutput
-from dr_dask.methods._ikd_blockwise import fit_blockwise
-from dr_dask.methods._ikd_full import fit_full
-from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
-from dr_dask.methods._ikd_transform import DeferredTriangulation
-from dr_dask.methods.ikd_core import IKDConfig
-from dr_dask.methods.isomap import _out_of_sample
-from dr_dask.progress import shown_during
-from dr_dask.storage import Location
-from dr_dask.validation import (
+from dr_dask.io.checkpoint import Checkpoint
+from dr_dask.io.storage import Location
+from dr_dask.io.validation import (
     Interval,
     Options,
     check_input,
@@ -68,6 +58,16 @@ from dr_dask.validation import (
     clamp_to_samples,
     positive,
 )
+from dr_dask.linalg.kernels import ALIASES, KERNELS, Kernel, get_kernel
+from dr_dask.methods._ikd_blockwise import fit_blockwise
+from dr_dask.methods._ikd_full import fit_full
+from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
+from dr_dask.methods._ikd_transform import DeferredTriangulation
+from dr_dask.methods.ikd_core import IKDConfig
+from dr_dask.methods.isomap import _out_of_sample
+from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
+from dr_dask.runtime.progress import shown_during
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Input of ``fit``: an array-like, a dask, zarr or xarray array, or a path / URL accepted by
     :func:`dr_dask.open_dataset`, of shape (T, N), read chunk by chunk (never modified).
     Duplicate rows are kept and embedded (nearly exactly) with their twin, with a
-    :class:`~dr_dask.validation.DuplicatePointsWarning`.
+    :class:`~dr_dask.io.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
@@ -182,7 +182,7 @@ default="se"
         Cluster to run on; ``None`` takes the active client, else dask's threads.
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
-        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
+        stderr, nothing in a pipe (:mod:`dr_dask.runtime.progress`).
     knn : {"auto", "exact", "ivf"}, default="auto"
         The kNN rule's neighbour search (``solver="geodesic"``, also landmark IKD): the exact
         search, the partitioned approximate search (each row probing its ``n_probe`` nearest
@@ -241,7 +241,7 @@ default="se"
     Isomap : Isomap on the same graph machinery (Euclidean geodesics, out-of-sample map).
     LandmarkIsomap : Landmark Isomap, the Euclidean counterpart of landmark IKD.
     GPIsomap : streaming Isomap with a Gaussian-process map and predictive variance.
-    dr_dask.runs.run_embedding : a fit into a resumable run group on any store.
+    dr_dask.runs.group.run_embedding : a fit into a resumable run group on any store.
 
     Examples
     --------
@@ -434,7 +434,7 @@ default="se"
         ----------
         X : array-like of shape (T, N)
             numpy, dask, zarr or xarray; or a path accepted by :func:`dr_dask.open_dataset`
-            (checked by :func:`dr_dask.validation.check_input`; never modified).
+            (checked by :func:`dr_dask.io.validation.check_input`; never modified).
         y : ignored
         run : Checkpoint, optional
             Keep the stages' arrays and marks in this run's Zarr group so that an interrupted

@@ -25,14 +25,14 @@ from typing import Any, get_args, get_type_hints
 import dask.array as da
 import numpy as np
 
-from dr_dask import config
-from dr_dask.checkpoint import Checkpoint
-from dr_dask.cluster import active_client, compute
-from dr_dask.inputs import InputData
-from dr_dask.kernels import Kernel
+from dr_dask.io.checkpoint import Checkpoint
+from dr_dask.io.inputs import InputData
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
+from dr_dask.linalg.kernels import Kernel
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import rows_per_chunk
+from dr_dask.runtime import config
+from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class IKDConfig:
     Each field is the :class:`dr_dask.methods.ikd.IKD` parameter of the same name, copied by
     :meth:`from_params` (so an option is declared on the estimator and read here, never copied
     by hand), except the values the estimator resolves: ``kernel`` is the
-    :class:`~dr_dask.kernels.Kernel` object (its alpha/gamma/nu applied), ``reference`` has the
+    :class:`~dr_dask.linalg.kernels.Kernel` object (its alpha/gamma/nu applied), ``reference`` has the
     per-solver default applied, ``dtype`` is a numpy dtype, ``n_landmarks`` is at most the
     number of samples. ``landmark`` says whether ``n_landmarks`` selects landmark IKD.
     """

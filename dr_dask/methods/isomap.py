@@ -38,10 +38,6 @@ from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from dr_dask import config
-from dr_dask.blas import single_blas_thread
-from dr_dask.checkpoint import scratch
-from dr_dask.cluster import ClientParam, active_client, run_stage
 from dr_dask.graph import (
     GeodesicRows,
     connect_components,
@@ -59,14 +55,10 @@ from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.inputs import InputData
-from dr_dask.labelled import LabelledOutput
-from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
-from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
-from dr_dask.progress import shown_during
-from dr_dask.resources import timed
-from dr_dask.storage import Location
-from dr_dask.validation import (
+from dr_dask.io.checkpoint import scratch
+from dr_dask.io.inputs import InputData
+from dr_dask.io.storage import Location
+from dr_dask.io.validation import (
     Options,
     check_array_like,
     check_input,
@@ -76,6 +68,14 @@ from dr_dask.validation import (
     non_negative,
     positive,
 )
+from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
+from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
+from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.runtime import config
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
+from dr_dask.runtime.progress import shown_during
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     path / URL accepted by :func:`dr_dask.open_dataset`, of shape (T, N); it is read whole
     (the graph and the geodesics are distributed, the points are not). Duplicate rows are kept
     (zero-length edges) and embedded with their twin, with a
-    :class:`~dr_dask.validation.DuplicatePointsWarning`.
+    :class:`~dr_dask.io.validation.DuplicatePointsWarning`.
 
     Parameters
     ----------
@@ -330,7 +330,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Cluster for the graph, the shortest paths and the products; ``None`` takes the active
         client, else dask's threads.
     geodesic_store : str, Location, zarr.Array or None, default=None
-        Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
+        Zarr array (or local path / URL; a :class:`~dr_dask.io.storage.Location` carries storage
         options) for the squared geodesics, for T too large for worker memory. ``None``: in
         this process up to ``dr_dask.isomap.dist-matrix-max`` rows (10,000), else float32
         tiles in worker memory.
@@ -338,7 +338,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Dijkstra sources per task.
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
-        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
+        stderr, nothing in a pipe (:mod:`dr_dask.runtime.progress`).
     knn : {"auto", "exact", "ivf"}, default="auto"
         Neighbour search of the k rule: exact, or the partitioned approximate IVF search
         (:func:`dr_dask.graph.knn.search_neighbours`; its lists go to a local temporary
@@ -470,7 +470,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
             sq_mean = row_stats(grid, stats)[1] / T
         return op, D2, store, sq_mean
 
-    # one BLAS thread in this process for the whole fit (see dr_dask.blas): its BLAS calls (the
+    # one BLAS thread in this process for the whole fit (see dr_dask.runtime.blas): its BLAS calls (the
     # cell search's principal axes, the products over D2's row blocks on dask's threads, the
     # eigensolver's) run beside dask's threads or a LocalCluster's workers on the same cores
     @single_blas_thread()
@@ -590,14 +590,14 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     client : distributed.Client or None, default=None
         As :class:`Isomap`'s.
     geodesic_store : str, Location, zarr.Array or None, default=None
-        Zarr array (or local path / URL; a :class:`~dr_dask.storage.Location` carries storage
+        Zarr array (or local path / URL; a :class:`~dr_dask.io.storage.Location` carries storage
         options) for the L x T geodesics (float32); ``None`` keeps them in memory as
         ``landmark_geodesics_``.
     block_size : int, default=256
         Landmark sources per Dijkstra task.
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
-        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
+        stderr, nothing in a pipe (:mod:`dr_dask.runtime.progress`).
     knn : {"auto", "exact", "ivf"}, default="auto"
         Neighbour search of the graph, as :class:`Isomap`'s. With the partitioned search the
         graph is built on the workers (:mod:`dr_dask.graph.partitioned`): no process holds all
@@ -606,7 +606,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         Lists each row searches with IVF, as :class:`Isomap`'s.
     scratch : str, Location or None, default=None
         Where the workers write the IVF lists and the graph during the fit (a local path or
-        URL every worker reaches; a :class:`~dr_dask.storage.Location` carries storage
+        URL every worker reaches; a :class:`~dr_dask.io.storage.Location` carries storage
         options); None: next to a remote input (its bucket), else a local temporary
         directory. Deleted when the fit ends.
 

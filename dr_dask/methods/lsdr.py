@@ -50,16 +50,10 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from dr_dask.cluster import ClientParam, run_stage
 from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.paths import shortest_paths
-from dr_dask.labelled import LabelledOutput
-from dr_dask.linalg.eigen import DenseOperator
-from dr_dask.linalg.mds import classical_mds, scaled_vectors
-from dr_dask.progress import shown_during
-from dr_dask.resources import timed
-from dr_dask.validation import (
+from dr_dask.io.validation import (
     Interval,
     Options,
     check_array_like,
@@ -70,6 +64,12 @@ from dr_dask.validation import (
     positive,
     warn_duplicates,
 )
+from dr_dask.linalg.eigen import DenseOperator
+from dr_dask.linalg.mds import classical_mds, scaled_vectors
+from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.runtime.cluster import ClientParam, run_stage
+from dr_dask.runtime.progress import shown_during
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /
     URL accepted by :func:`dr_dask.open_dataset`, of shape (n, p); ``fit`` reads it whole.
     Duplicate rows are kept and embedded with their twin, with a
-    :class:`~dr_dask.validation.DuplicatePointsWarning` (LSDR fits the distinct rows).
+    :class:`~dr_dask.io.validation.DuplicatePointsWarning` (LSDR fits the distinct rows).
 
     Parameters
     ----------
@@ -247,7 +247,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Cluster for the geodesic passes; ``None`` takes the active client, else local threads.
     progress : bool, default=False
         Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
-        stderr, nothing in a pipe (:mod:`dr_dask.progress`).
+        stderr, nothing in a pipe (:mod:`dr_dask.runtime.progress`).
     knn : {"auto", "exact", "ivf"}, default="auto"
         The neighbour search of ``graph="knn"``, as :class:`~dr_dask.methods.isomap.Isomap`'s.
     n_probe : int or None, default=None
@@ -489,7 +489,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Duplicate rows are kept, as by every estimator: LSDR is fitted on the distinct rows (a
         Delaunay tessellation of coincident points is degenerate), and each duplicate gets its
         twin's embedding, boundary distance and graph edges, with a
-        :class:`~dr_dask.validation.DuplicatePointsWarning`.
+        :class:`~dr_dask.io.validation.DuplicatePointsWarning`.
         """
         X = self._training(X)
         first = first_equal_rows(X)

@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.blas import single_blas_thread
-from dr_dask.cluster import active_client, deliver_credentials, gather, share
-from dr_dask.lease import Lease
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.methods.gp_isomap_io import check_model
+from dr_dask.runs.lease import Lease
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import active_client, deliver_credentials, gather, share
 from dr_dask.stream.sources import Chunk, DirectorySource, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
@@ -100,9 +100,9 @@ class _Executor:
     """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode.
 
     On a cluster each model version goes to the workers once through
-    :func:`dr_dask.cluster.share`: a recomputable future, so a worker killed while holding it
+    :func:`dr_dask.runtime.cluster.share`: a recomputable future, so a worker killed while holding it
     or mapping a chunk costs dask a recomputation, never rows; results come back through
-    :func:`dr_dask.cluster.gather`, which never waits forever on a cluster that is gone.
+    :func:`dr_dask.runtime.cluster.gather`, which never waits forever on a cluster that is gone.
     """
 
     def __init__(self, client: Any, n_threads: int):
@@ -179,7 +179,7 @@ class StreamRunner:
     poll_interval : float
         Seconds between polls of an idle source.
     client : distributed.Client, optional
-        Resolved by :func:`dr_dask.cluster.active_client`; None maps on local threads.
+        Resolved by :func:`dr_dask.runtime.cluster.active_client`; None maps on local threads.
     handle_signals : bool
         Install SIGTERM/SIGINT handlers (main thread only): finish the chunks in flight,
         checkpoint, return.

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dr_dask import config
-from dr_dask.storage import Location, location
+from dr_dask.io.storage import Location, location
+from dr_dask.runtime import config
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
     (:class:`dr_dask.stream.sources.DirectorySource`).
 ``checkpoint.json``
     The committed state: one object written last (a single PUT on object stores; see
-    :mod:`dr_dask.storage`):
+    :mod:`dr_dask.io.storage`):
     anything beyond it (rows past ``n_rows``, buffer entries past ``buffer_len``, models newer
     than ``version``, quarantine records from chunk ``n_chunks`` or row ``n_rows`` on) is
     discarded on restart.
     It carries the lease it was written under (``lease``: fencing token and owner).
 ``lease.json``
-    One writer at a time (:class:`dr_dask.lease.Lease`): every write of the store is fenced
+    One writer at a time (:class:`dr_dask.runs.lease.Lease`): every write of the store is fenced
     (:meth:`StreamStore.fence`), so a writer that paused past the lease's lifetime and lost it
     to another writes nothing more.
 """
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dr_dask.lease import Lease
+from dr_dask.io.storage import Location, location
 from dr_dask.methods.gp_isomap_io import load_gp_isomap, save_gp_isomap
-from dr_dask.storage import Location, location
+from dr_dask.runs.lease import Lease
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ import pandas as pd
 import xarray as xr
 from sklearn.base import ClassNamePrefixFeaturesOutMixin
 
-from dr_dask.inputs import _open_xarray
+from dr_dask.io.inputs import _open_xarray
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class LabelledOutput(ClassNamePrefixFeaturesOutMixin):
         Parameters
         ----------
         transform : {"default", "pandas", "polars"} or None
-            ``"default"``: labelled like the input (see :mod:`dr_dask.labelled`);
+            ``"default"``: labelled like the input (see :mod:`dr_dask.methods.labelled`);
             ``"pandas"`` / ``"polars"``: a DataFrame of that library whatever the input;
             None: unchanged.
 

@@ -4,7 +4,7 @@ A lease alone is not safe: a holder can pause (a long GC, SIGSTOP, a suspended V
 expiry, wake up still believing it holds the lease, and write beside the run that took it over.
 So the lease is *fenced* (Kleppmann, "How to do distributed locking", 2016; the idea of
 ZooKeeper's zxid and etcd's revision): every write of the lease object is a compare-and-swap on
-the version its writer last saw (:meth:`dr_dask.storage.Location.swap_bytes`: ``If-Match`` on
+the version its writer last saw (:meth:`dr_dask.io.storage.Location.swap_bytes`: ``If-Match`` on
 S3), each acquisition increments a fencing token kept in the object, and a holder calls
 :meth:`Lease.fence` before every commit it makes. The fence is itself a conditional renewal:
 when it fails the lease was taken over, the holder raises :class:`LeaseLost` and writes
@@ -32,8 +32,8 @@ import uuid
 
 import psutil
 
-from dr_dask import config
-from dr_dask.storage import Location
+from dr_dask.io.storage import Location
+from dr_dask.runtime import config
 
 logger = logging.getLogger(__name__)
 

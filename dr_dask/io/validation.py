@@ -6,8 +6,8 @@ array-likes (NumPy, lists, DataFrames) go through scikit-learn's public
 exactly as scikit-learn's own estimators do it (``n_features_in_``, ``feature_names_in_``;
 complex, sparse, object, NaN/inf, empty input refused with scikit-learn's messages). Stores,
 paths, URLs, zarr, xarray and dask arrays are opened by
-:func:`dr_dask.inputs.open_dataset` and still set or check ``n_features_in_``. Either way the
-estimator gets one type, :class:`~dr_dask.inputs.InputData`. :func:`check_array_like` is the
+:func:`dr_dask.io.inputs.open_dataset` and still set or check ``n_features_in_``. Either way the
+estimator gets one type, :class:`~dr_dask.io.inputs.InputData`. :func:`check_array_like` is the
 same for functions (metrics, kNN) that take user arrays but are not estimators.
 
 Parameters. An estimator declares ``_parameter_constraints`` (a dict naming every ``__init__``
@@ -37,9 +37,9 @@ import dask
 import numba
 import numpy as np
 
-from dr_dask.cluster import compute
-from dr_dask.inputs import InputData, InputError, open_dataset
-from dr_dask.storage import Location
+from dr_dask.io.inputs import InputData, InputError, open_dataset
+from dr_dask.io.storage import Location
+from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ __all__ = [
 
 def is_stored(X: Any) -> bool:
     """True for inputs that go through the store boundary rather than scikit-learn's checks:
-    paths, URLs, :class:`~dr_dask.storage.Location`, dask / zarr / xarray objects."""
+    paths, URLs, :class:`~dr_dask.io.storage.Location`, dask / zarr / xarray objects."""
     if isinstance(X, (str, os.PathLike, Location, InputData)):
         return True
     module = type(X).__module__.split(".")[0]
@@ -98,7 +98,7 @@ def check_input(
         Its ``n_features_in_`` (and ``feature_names_in_``) is set when ``reset``, else checked.
     X : array-like, dask / zarr / xarray array, path, URL, Location or InputData
         Of shape (T, N). Paths take the ``"STORE[:VAR]"`` form of
-        :func:`dr_dask.inputs.open_dataset`. Never modified.
+        :func:`dr_dask.io.inputs.open_dataset`. Never modified.
     reset : bool
         True in ``fit`` (record the number of features), False in ``transform`` (check it).
     in_memory : bool, default=False
@@ -127,7 +127,7 @@ def check_input(
     ------
     ValueError
         scikit-learn's messages for in-memory data (complex, NaN/inf, empty, wrong number of
-        features, 1-D); :class:`~dr_dask.inputs.InputError` (a ValueError) for stores.
+        features, 1-D); :class:`~dr_dask.io.inputs.InputError` (a ValueError) for stores.
     TypeError
         Sparse input (dense data is required).
     """

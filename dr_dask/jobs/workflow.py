@@ -40,7 +40,7 @@ from importlib.resources import files
 from string import Template
 from typing import Any
 
-from dr_dask.storage import StorageError, location
+from dr_dask.io.storage import StorageError, location
 
 logger = logging.getLogger(__name__)
 

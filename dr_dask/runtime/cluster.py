@@ -31,9 +31,9 @@ from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
 from distributed.worker import thread_state
 
-from dr_dask import config, credentials
-from dr_dask.blas import single_blas_thread
-from dr_dask.progress import cluster_bar, local_bar
+from dr_dask.runtime import config, credentials
+from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.progress import cluster_bar, local_bar
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def share(value: Any, client: Client | None = None) -> Any:
 def gather(futures: list, client: Client, progress: bool | None = None) -> list:
     """``client.gather(futures)``, but never waiting forever on a cluster that is gone
     (see :func:`wait_for`). ``progress``: draw a bar (default: the estimator's
-    :func:`dr_dask.progress.scope`)."""
+    :func:`dr_dask.runtime.progress.scope`)."""
     wait_for(futures, client, progress)
     try:
         return client.gather(futures)
@@ -408,8 +408,8 @@ def session(
 def compute(*collections: Any, client: Client | None = None,
             progress: bool | None = None) -> tuple:
     """Compute dask collections on ``client`` (or the fallback) with an optional progress bar
-    (default: the estimator's :func:`dr_dask.progress.scope`; drawn where
-    :func:`dr_dask.progress.output` says).
+    (default: the estimator's :func:`dr_dask.runtime.progress.scope`; drawn where
+    :func:`dr_dask.runtime.progress.output` says).
 
     One call computes everything given, so shared inputs are read once (dask-ml's rule).
     When a task fails, the call returns (raises) only once the tasks already running have
@@ -434,7 +434,7 @@ def compute(*collections: Any, client: Client | None = None,
 
 
 class CredentialsPlugin(WorkerPlugin):
-    """Puts credential sets into each worker's registry (:mod:`dr_dask.credentials`)."""
+    """Puts credential sets into each worker's registry (:mod:`dr_dask.runtime.credentials`)."""
 
     def __init__(self, sets: dict[str, dict]):
         self.sets = sets
@@ -450,7 +450,7 @@ _DELIVERED: set[tuple[str, str]] = set()
 def deliver_credentials(client: Client | None, storage_options: dict | None) -> None:
     """Give every worker of ``client``, now and later, the credentials among
     ``storage_options``, so that the Locations in task graphs carry only a reference to them
-    (:mod:`dr_dask.credentials`). Once per client and credential set; nothing to do without
+    (:mod:`dr_dask.runtime.credentials`). Once per client and credential set; nothing to do without
     a client or without credentials.
     """
     _, secret = credentials.split(storage_options or {})

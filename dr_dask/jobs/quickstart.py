@@ -11,15 +11,15 @@ import numpy as np
 import zarr
 from sklearn.decomposition import PCA
 
-from dr_dask import plot
 from dr_dask.datasets import make_dataset
-from dr_dask.inputs import open_dataset
+from dr_dask.io.inputs import open_dataset
+from dr_dask.io.jsonio import write_json
+from dr_dask.io.storage import location, read_array
 from dr_dask.methods.ikd import IKD
 from dr_dask.metrics import r2_affine
-from dr_dask.report import write_json
-from dr_dask.resources import timed
-from dr_dask.runs import run_embedding
-from dr_dask.storage import location, read_array
+from dr_dask.report import plot
+from dr_dask.runs.group import run_embedding
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Credentials given as storage options reach the workers once, never through a task graph.
 
-A :class:`~dr_dask.storage.Location` travels inside tasks (workers read and write the stores
+A :class:`~dr_dask.io.storage.Location` travels inside tasks (workers read and write the stores
 themselves), and the scheduler keeps every task's pickled arguments for the whole run: anyone
 who can connect to a plaintext scheduler can read them, and its dashboard shows task details.
 So a pickled Location carries its non-secret options (``endpoint_url``, ``anon``, …) and, in
@@ -9,11 +9,11 @@ value nests such a key, like ``client_kwargs={"aws_secret_access_key": …}``), 
 a random name for them in this process's registry.
 
 A worker resolves the reference from its own registry, which
-:func:`dr_dask.cluster.deliver_credentials` fills through a ``distributed`` worker plugin
+:func:`dr_dask.runtime.cluster.deliver_credentials` fills through a ``distributed`` worker plugin
 registered once per client and credential set: the scheduler passes the plugin to every
 current and future worker. That registration message (and the
 scheduler's copy of the plugin, kept for workers that join later) is where the secret does
-travel; a TLS cluster (``--tls-*``, :func:`dr_dask.cluster.tls_security`) is what protects
+travel; a TLS cluster (``--tls-*``, :func:`dr_dask.runtime.cluster.tls_security`) is what protects
 that channel, as it protects the data. Workers that have credentials of their own (``AWS_*``,
 config files, an instance role) need nothing: an unresolved reference falls back to them.
 """

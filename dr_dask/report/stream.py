@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask import plot
-from dr_dask.storage import location
+from dr_dask.io.storage import location
+from dr_dask.report import plot
 from dr_dask.stream.store import STATUS, read_output
 
 logger = logging.getLogger(__name__)

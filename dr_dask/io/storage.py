@@ -19,7 +19,7 @@ name and ``os.replace`` (the one place a rename is used, invisible to callers).
 Local paths are made absolute when a :class:`Location` is built (on the client), so a worker
 whose working directory differs reads the same files. A pickled Location (in a task graph)
 carries its non-secret ``storage_options`` and only a reference to its credentials, which
-reach the workers once by another path (:mod:`dr_dask.credentials`). Neither appears in its
+reach the workers once by another path (:mod:`dr_dask.runtime.credentials`). Neither appears in its
 ``str``/``repr``: only :attr:`url` is ever recorded or printed.
 """
 
@@ -44,7 +44,7 @@ import numpy as np
 import zarr
 from fsspec.asyn import sync
 
-from dr_dask import config, credentials
+from dr_dask.runtime import config, credentials
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 :func:`dr_dask.jobs.refit.run_refit`, each as one Prefect task holding a client of a Dask
 cluster: the scheduler given as the flow's ``scheduler`` parameter (so that a deployment to a
 work pool carries it), else ``$DASK_SCHEDULER_ADDRESS``, else a LocalCluster started for the run
-(:func:`dr_dask.cluster.session`). The job's own Dask work runs on that cluster; the task is only
+(:func:`dr_dask.runtime.cluster.session`). The job's own Dask work runs on that cluster; the task is only
 the call that drives it, so it runs in the flow run's process (a Dask task runner would fix the
 address when the flow is imported, and a work pool's worker imports it with its own
 environment).
@@ -15,7 +15,7 @@ What Prefect sees:
   task run's logger, so they are in the flow run's logs;
 - **retries and timeouts** from the shipped workflow files (``nightly-gp-isomap``,
   ``weekly-refit``: one source for both ways of scheduling the jobs); a bad-input failure
-  (:class:`~dr_dask.inputs.InputError`, :class:`~dr_dask.storage.StorageError`: exit 2 on the
+  (:class:`~dr_dask.io.inputs.InputError`, :class:`~dr_dask.io.storage.StorageError`: exit 2 on the
   command line) is never retried; a transient one (a lost cluster, a held lease, an unreachable
   store) is;
 - **artifacts**: the nightly drift history (a table) and report (the PNG, inline), the weekly
@@ -42,12 +42,12 @@ from prefect import flow, get_run_logger, task
 from prefect import serve as prefect_serve
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from dr_dask.cluster import session
-from dr_dask.inputs import InputError
+from dr_dask.io.inputs import InputError
+from dr_dask.io.storage import StorageError, location
 from dr_dask.jobs.incremental import run_incremental
 from dr_dask.jobs.refit import run_refit
-from dr_dask.storage import StorageError, location
-from dr_dask.workflow import Step, load
+from dr_dask.jobs.workflow import Step, load
+from dr_dask.runtime.cluster import session
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def deployments(*, source: str, state: str, runs: str, nightly_cron: str = NIGHT
         Cron expressions.
     scheduler : str, optional
         Dask scheduler address both flows run on: a flow parameter of both deployments, so it
-        reaches a work pool's runs too (default: see :func:`dr_dask.cluster.connect`).
+        reaches a work pool's runs too (default: see :func:`dr_dask.runtime.cluster.connect`).
     nightly, weekly : dict, optional
         Further flow parameters (``variable``, ``storage_options``, ``params``; for the weekly
         flow also ``method`` and ``n_components``).

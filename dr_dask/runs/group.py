@@ -4,7 +4,7 @@ Each run writes into its own Zarr group (:class:`RunGroup`). A stage marks itsel
 the group's attributes only after its arrays are fully written, and the run as a whole is marked
 complete last, so a rerun after a crash redoes exactly the unfinished stages and nothing
 half-written is ever reported as a result. Solvers see a run only through
-:class:`dr_dask.checkpoint.Checkpoint`.
+:class:`dr_dask.io.checkpoint.Checkpoint`.
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ import xarray
 import zarr
 
 import dr_dask
-from dr_dask.cluster import active_client
-from dr_dask.inputs import (
+from dr_dask.io.inputs import (
     InputData,
     InputError,
     check_output_path,
     check_workers_can_read,
     open_dataset,
 )
-from dr_dask.lease import Lease, LeaseLost
-from dr_dask.report import plain_json
-from dr_dask.resources import timed
-from dr_dask.storage import Location, StorageError, location, raise_if_transient, read_array
+from dr_dask.io.jsonio import plain_json
+from dr_dask.io.storage import Location, StorageError, location, raise_if_transient, read_array
+from dr_dask.runs.lease import Lease, LeaseLost
+from dr_dask.runtime.cluster import active_client
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class RunGroup:
 
     @property
     def lease_location(self) -> Location:
-        """The run's lease object (:class:`dr_dask.lease.Lease`)."""
+        """The run's lease object (:class:`dr_dask.runs.lease.Lease`)."""
         return self.location.child(self.name, LEASE)
 
     def hold(self, lease: Lease) -> None:
@@ -409,7 +409,7 @@ def run_embedding(
     estimator : estimator with ``fit_transform``
         Estimators whose ``fit`` takes ``run=`` (IKD) keep their stages in the run group.
     source : str or array-like
-        Anything :func:`dr_dask.inputs.open_dataset` accepts, or an :class:`InputData`.
+        Anything :func:`dr_dask.io.inputs.open_dataset` accepts, or an :class:`InputData`.
     out : str or Location
         Output Zarr store, local path or URL (never the input).
     method : str

@@ -2,7 +2,7 @@
 
 In a notebook::
 
-    from dr_dask import plot
+    from dr_dask.report import plot
     ax = plot.embedding(Y, color=z, label="latent z1")      # an Axes; ax.figure shows it
     plot.spectrum(ikd.eigenvalues_, ax=other_ax)              # into your own figure
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.storage import location
+from dr_dask.io.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def _grid(images: list[np.ndarray], ncol: int) -> np.ndarray:
 
 def write_png(pixels: Any, path: Any, storage_options: dict | None = None) -> str:
     """Write a Figure or an RGB pixel array as one PNG object at ``path`` (local path, URL or
-    :class:`~dr_dask.storage.Location`); return its URL."""
+    :class:`~dr_dask.io.storage.Location`); return its URL."""
     from matplotlib.image import imsave
 
     buf = io.BytesIO()

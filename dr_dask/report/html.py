@@ -6,7 +6,7 @@ network, and the plots are Bokeh's own pan / zoom / hover tools rather than Java
 
 What the page shows depends on what ``RUN_OR_STATE`` is:
 
-- a **run** (a run group of ``dr-dask embed`` / :func:`dr_dask.runs.run_embedding`, e.g.
+- a **run** (a run group of ``dr-dask embed`` / :func:`dr_dask.runs.group.run_embedding`, e.g.
   ``runs.zarr/ikd-1a2b...``; or a refit job's run store, whose ``latest.json`` names the run):
   the embedding as a scatter (hover: the sample coordinate and the colour value, the row
   order), the eigenvalue spectrum, and the run's summary (and, for a refit job, its metrics)
@@ -19,7 +19,7 @@ What the page shows depends on what ``RUN_OR_STATE`` is:
 Scatters of more than ``max_points`` points draw a seeded sample of that size, and say so in
 the title (10^5 points stay responsive, drawn with WebGL where the browser has it). A run that
 does not exist or is not complete is refused before anything is written
-(:class:`~dr_dask.inputs.InputError`: exit code 2).
+(:class:`~dr_dask.io.inputs.InputError`: exit code 2).
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from bokeh.plotting import figure
 from bokeh.resources import INLINE
 from bokeh.transform import factor_cmap, linear_cmap
 
-from dr_dask.inputs import InputError
-from dr_dask.plot import _cell as cell
-from dr_dask.plot import running_mean, sample_rows
-from dr_dask.runs import run_attr
-from dr_dask.storage import Location, location
-from dr_dask.stream.report import threshold_in_force
+from dr_dask.io.inputs import InputError
+from dr_dask.io.storage import Location, location
+from dr_dask.report.plot import _cell as cell
+from dr_dask.report.plot import running_mean, sample_rows
+from dr_dask.report.stream import threshold_in_force
+from dr_dask.runs.group import run_attr
 from dr_dask.stream.store import STATUS, read_output
 
 logger = logging.getLogger(__name__)

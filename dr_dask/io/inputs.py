@@ -6,7 +6,7 @@ in-memory numpy / dask / zarr / xarray object. They are opened read-only and nev
 Opening checks the structure (2-D, numeric) and that every stored chunk is present, and
 records the input's identity (location, variable, shape, dtype and a fingerprint of the stored
 chunks' content), which names the runs made from it. The values are checked by
-:func:`dr_dask.validation.check_values`.
+:func:`dr_dask.io.validation.check_values`.
 
 Identity is content, not size and modification time (``cp -p``, ``rsync -t`` and in-memory
 stores rewrite bytes and keep both): a stored object's fingerprint is the content tag its store
@@ -30,15 +30,15 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from dr_dask import config
-from dr_dask.cluster import active_client, compute, deliver_credentials
-from dr_dask.storage import (
+from dr_dask.io.storage import (
     Location,
     StorageError,
     StorageUnavailable,
     location,
     raise_if_transient,
 )
+from dr_dask.runtime import config
+from dr_dask.runtime.cluster import active_client, compute, deliver_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class InputData:
         Where it is stored (None for in-memory inputs).
     values : ndarray of shape (T, N) or None
         The checked in-memory array, when there is one
-        (:func:`dr_dask.validation.check_input`).
+        (:func:`dr_dask.io.validation.check_input`).
     """
 
     data: da.Array
@@ -140,7 +140,7 @@ class _ZarrRows:
     naming the array and the chunk key (not a bare codec traceback from a worker).
 
     Pickled (into a task graph) as its :class:`Location`, never as the store: a store's
-    filesystem would carry the credentials in the graph (see :mod:`dr_dask.credentials`).
+    filesystem would carry the credentials in the graph (see :mod:`dr_dask.runtime.credentials`).
     """
 
     def __init__(self, arr: zarr.Array | None, where: str, loc: Location, meta: tuple):
@@ -418,7 +418,7 @@ def open_dataset(
     -------
     InputData
         ``data`` has shape (T, N). Structure and chunk presence are checked here; call
-        :func:`dr_dask.validation.check_values` for the values (it reads the data once).
+        :func:`dr_dask.io.validation.check_values` for the values (it reads the data once).
 
     Raises
     ------

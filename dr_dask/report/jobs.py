@@ -1,6 +1,6 @@
 """The jobs' reports: the nightly drift history page and the weekly refit report.
 
-Every picture is drawn by :mod:`dr_dask.plot`; this module chooses what goes on the page.
+Every picture is drawn by :mod:`dr_dask.report.plot`; this module chooses what goes on the page.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask import plot
-from dr_dask.report import write_json
-from dr_dask.storage import Location
-from dr_dask.stream.report import threshold_in_force
+from dr_dask.io.jsonio import write_json
+from dr_dask.io.storage import Location
+from dr_dask.report import plot
+from dr_dask.report.stream import threshold_in_force
 from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ def drift_report(state: Location, history: list[dict]) -> str:
     """``STATE/report.png``: variance over rows (threshold in force, refits), the embedding by
     model version, and the latest run's figures; returns its URL.
 
-    At most :data:`dr_dask.plot.MAX_POINTS` of the most recent rows are drawn.
+    At most :data:`dr_dask.report.plot.MAX_POINTS` of the most recent rows are drawn.
     """
 
     store = StreamStore(state)

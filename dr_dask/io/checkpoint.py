@@ -1,7 +1,7 @@
 """What an algorithm may ask of a run: its checkpoint interface, and scratch locations.
 
 A solver resumes stage by stage through a :class:`Checkpoint` (a run group implements it:
-:class:`dr_dask.runs.RunGroup`), never through the run group itself, so the algorithms do not
+:class:`dr_dask.runs.group.RunGroup`), never through the run group itself, so the algorithms do not
 depend on how or where runs are stored. A stage writes its data first and calls
 :meth:`Checkpoint.mark_done` last; a rerun skips the stages marked done.
 """
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from dr_dask.storage import Location, location
+from dr_dask.io.storage import Location, location
 
 if TYPE_CHECKING:
-    from dr_dask.inputs import InputData
+    from dr_dask.io.inputs import InputData
 
 logger = logging.getLogger(__name__)
 

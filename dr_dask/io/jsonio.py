@@ -1,6 +1,6 @@
 """JSON reports: what a report's table shows, as values a script can read back.
 
-The pictures are drawn by :mod:`dr_dask.plot`.
+The pictures are drawn by :mod:`dr_dask.report.plot`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.storage import location
+from dr_dask.io.storage import location
 
 logger = logging.getLogger(__name__)
 
 
 def write_json(results: dict, path: Any) -> str:
     """Write ``results`` as indented JSON (NumPy values converted) to ``path`` (a local path,
-    URL or :class:`~dr_dask.storage.Location`) and return where it went."""
+    URL or :class:`~dr_dask.io.storage.Location`) and return where it went."""
     loc = location(path)
     loc.write_bytes((json.dumps(plain_json(results), indent=2) + "\n").encode())
     return loc.url
