@@ -20,8 +20,8 @@ from dr_dask.runtime import config  # noqa: E402,F401
 # Imports sit at the top of each module, with one exception, marked `# lazy: not on workers
 # (__init__)`: workers import the modules whose functions they run (the graph, paths, tiles,
 # eigensolver, validation, cluster and metrics modules), so those import scikit-learn inside the
-# functions that use it: a worker that runs no scikit-learn code never loads it (58 MB of RSS a
-# process, test_workers_import_no_sklearn). The estimators' modules, which only the client
+# functions that use it: a worker that runs no scikit-learn code never loads it (its RSS stays
+# lower; test_workers_import_no_sklearn). The estimators' modules, which only the client
 # imports, import it at the top. `dr_dask.methods` itself is empty for the same reason.
 _PUBLIC = {
     "IKD": "dr_dask.methods.ikd",

@@ -19,7 +19,7 @@ from scipy.stats import pearsonr, spearmanr
 from dr_dask.graph.knn import kneighbors
 from dr_dask.io.validation import check_array_like
 from dr_dask.linalg.align import (
-    procrustes_disparity,  # noqa: F401  (the ONE Procrustes, re-exported)
+    procrustes_disparity,
     procrustes_fit,
 )
 from dr_dask.runtime import config
@@ -28,21 +28,21 @@ from dr_dask.runtime.cluster import active_client, compute, gather, run_stage, s
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "r2_affine",
+    "consistency_index",
+    "continuity",
+    "evaluate_embedding",
+    "kernel_reconstruction",
     "knn_accuracy",
+    "knn_preservation",
+    "latent_correlation",
+    "neighbourhood_scores",
     "procrustes_disparity",
     "procrustes_residual",
-    "latent_correlation",
+    "r2_affine",
     "silhouette",
-    "neighbourhood_scores",
-    "trustworthiness",
-    "continuity",
-    "knn_preservation",
     "stress",
     "trustability_index",
-    "kernel_reconstruction",
-    "consistency_index",
-    "evaluate_embedding",
+    "trustworthiness",
 ]
 
 
@@ -188,7 +188,7 @@ def _ranks_of(D: np.ndarray, nbrs: np.ndarray) -> np.ndarray:
     rows = np.arange(D.shape[0])
     out = np.empty(nbrs.shape, dtype=np.int64)
     for c in range(nbrs.shape[1]):  # a loop over k keeps the temporary at block x T booleans
-        out[:, c] = (D < D[rows, nbrs[:, c]][:, None]).sum(1) + 1
+        out[:, c] = (D[rows, nbrs[:, c]][:, None] > D).sum(1) + 1
     return out
 
 

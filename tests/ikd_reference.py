@@ -47,7 +47,7 @@ def distance_dense(X, kernel, similarity, floor, ceil, **kparams):
     key = (X.tobytes(), kernel, similarity, floor, ceil, tuple(sorted(kparams.items())))
     if key in _DISTANCES:
         return _DISTANCES[key]
-    T, N = X.shape
+    N = X.shape[1]
     Xc = X - X.mean(axis=1, keepdims=True)
     if similarity == "covariance":
         S = Xc @ Xc.T / (N - 1)

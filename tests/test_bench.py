@@ -172,7 +172,7 @@ def test_bench_dijkstra(tmp_path):
     assert row["ratio_to_smallest_T"] == 1.0 and isinstance(row["sweeps_kept"], bool)
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(("args", "message"), [
     (["--scheduler", "tcp://127.0.0.1:1", "bench", "geodesic", "--T", "600"],
      "size it with --workers, not --scheduler"),
     (["bench", "dijkstra", "--max-T", "10"], "--max-T"),

@@ -44,7 +44,7 @@ def npy(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("args, option, valid", [
+@pytest.mark.parametrize(("args", "option", "valid"), [
     (["embed", "ikd", "-n", "2", "--tile-size", "0"], "--tile-size", "x>=1"),
     (["embed", "ikd", "-n", "2", "--tile-size", "-5"], "--tile-size", "x>=1"),
     (["embed", "ikd", "-n", "0"], "--n-components", "x>=1"),

@@ -60,7 +60,7 @@ def test_mappings_follow_the_paper_formulas():
     sin = make_dataset("sinusoidal", n_samples=200, n_features=30, noise=0.0)
     assert np.abs(sin.X.values).max() <= 1.0
     bump = make_dataset("bump", n_samples=200, n_features=30, noise=0.0)
-    assert 0 <= bump.X.values.min() and bump.X.values.max() <= 20.0
+    assert bump.X.values.min() >= 0 and bump.X.values.max() <= 20.0
     l1 = make_dataset("bump", n_samples=200, n_features=30, noise=0.0, bump="l1")
     assert not np.allclose(bump.X.values, l1.X.values)
     noisy = make_dataset("sinusoidal", n_samples=200, n_features=30)
@@ -109,9 +109,9 @@ def test_zarr_store_opens_with_xarray_and_refuses_overwrite(tmp_path):
 
 
 def test_bad_names_and_options_rejected(tmp_path):
-    with pytest.raises(ValueError, match="valid names: .*bump.*gp.*sinusoidal"):
+    with pytest.raises(ValueError, match=r"valid names: .*bump.*gp.*sinusoidal"):
         make_dataset("swirl", n_samples=10, n_features=2)
-    with pytest.raises(ValueError, match="does not take option.*length_scale"):
+    with pytest.raises(ValueError, match=r"does not take option.*length_scale"):
         make_dataset("bump", n_samples=10, n_features=2, length_scale=1.0)
     for bad, match in [({"noise": -1.0}, "noise"), ({"n_components": 0}, "n_components"),
                        ({"bump": "l3"}, "bump"), ({"chunk_size": 0}, "chunk_size"),

@@ -92,14 +92,14 @@ def test_kustomization_lists_every_manifest():
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS
+@pytest.mark.parametrize(("name", "doc"), [(n, d) for n, d in MANIFESTS
                                        if "kubernetes.dask.org" not in d["apiVersion"]],
                          ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_core_manifest_is_valid(name, doc, version):
     kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS
+@pytest.mark.parametrize(("name", "doc"), [(n, d) for n, d in MANIFESTS
                                        if "kubernetes.dask.org" in d["apiVersion"]],
                          ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_dask_operator_manifest_is_valid(name, doc, crd_schemas):
@@ -269,7 +269,7 @@ def _submitter():
     return submit
 
 
-@pytest.mark.parametrize("name, doc", [(n, d) for n, d in MANIFESTS if _pod_specs(d)],
+@pytest.mark.parametrize(("name", "doc"), [(n, d) for n, d in MANIFESTS if _pod_specs(d)],
                          ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_pods_run_as_non_root_with_credentials_from_a_secret(name, doc):
     (secret,) = BY_KIND["Secret"]

@@ -206,7 +206,7 @@ def test_slurm_example_writes_a_scheduler_file_clients_join(tmp_path):
         cluster.close()
 
 
-@pytest.mark.parametrize("job, workflow", [("nightly", "nightly-gp-isomap"),
+@pytest.mark.parametrize(("job", "workflow"), [("nightly", "nightly-gp-isomap"),
                                            ("weekly", "weekly-refit")])
 def test_sbatch_joins_through_the_scheduler_file(job, workflow):
     path = os.path.join(DEPLOY, "hpc", f"{job}.sbatch")
@@ -264,7 +264,8 @@ def test_the_package_build_ships_the_workflows(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert build.returncode == 0, build.stderr
     found = subprocess.run(
-        [sys.executable, "-c", "from dr_dask.jobs.workflow import shipped; print(sorted(shipped()))"],
+        [sys.executable, "-c",
+         "from dr_dask.jobs.workflow import shipped; print(sorted(shipped()))"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True,
         text=True, timeout=300, check=False)
     assert found.returncode == 0, found.stderr

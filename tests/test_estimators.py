@@ -43,7 +43,7 @@ def test_live_client_neither_pickled_nor_copied(name, roll, cluster_client):
         np.testing.assert_allclose(back.transform(Xnew), est.transform(Xnew), atol=1e-9)
 
 
-@pytest.mark.parametrize("make, X, message", [
+@pytest.mark.parametrize(("make", "X", "message"), [
     (lambda: IKD(n_components=5, random_state=0), np.random.default_rng(0).normal(size=(50, 2)),
      "n_components=5 is more than the data supports: 2 features give at most 1"),
     (lambda: IKD(n_components=3, random_state=0), np.random.default_rng(0).normal(size=(50, 3)),

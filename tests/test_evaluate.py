@@ -71,7 +71,7 @@ def test_evaluate_stored_run(digits_store, tmp_path, cluster_client):
     from dr_dask.runs.group import RunGroup
 
     store = str(tmp_path / "runs.zarr")
-    X, y = load_digits(return_X_y=True)
+    X, _ = load_digits(return_X_y=True)
     pca = PCA(2)
     emb = pca.fit_transform(X)
     group = RunGroup(store, "pca2", params={"method": "pca"},
@@ -81,7 +81,8 @@ def test_evaluate_stored_run(digits_store, tmp_path, cluster_client):
     res = run(["evaluate", "--store", store, "--embedding", "pca2", "--labels", "labels"],
               cluster_client)
     assert res.exit_code == 0, res.output
-    report = json.load(open(os.path.join(store, "pca2.report", "metrics.json")))
+    with open(os.path.join(store, "pca2.report", "metrics.json")) as fh:
+        report = json.load(fh)
     from sklearn.manifold import trustworthiness
 
     from dr_dask.metrics import trustworthiness as ours

@@ -190,7 +190,7 @@ LAYOUT_CASES = [("separated", 150, 11), ("touching", 300, 12), ("unequal", 80, 1
                 ("noise", 150, 14)]
 
 
-@pytest.mark.parametrize("kind,n_batch,seed", LAYOUT_CASES)
+@pytest.mark.parametrize(("kind", "n_batch", "seed"), LAYOUT_CASES)
 def test_layout_assignment_variance_stitch_and_refit(kind, n_batch, seed):
     from dr_dask.datasets.roll_layouts import patch_layout
     from dr_dask.stream.evaluate import layout_figures

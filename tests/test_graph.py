@@ -351,7 +351,7 @@ def test_dijkstra_rows_duplicate_points_and_disconnected():
 def test_shortest_paths_refuses_disconnected_graph():
     X = _two_blobs()
     G = kneighbors_graph(X, 4)
-    with pytest.raises(ValueError, match="disconnected.*cannot reach"):
+    with pytest.raises(ValueError, match=r"disconnected.*cannot reach"):
         shortest_paths(G, [0, 1])
 
 

@@ -35,7 +35,7 @@ def smooth_data():
     return np.sin(Z @ W + rng.uniform(-np.pi, np.pi, N)) + 0.05 * rng.normal(size=(T, N))
 
 
-@pytest.mark.parametrize("kernel,params", KERNELS, ids=[f"{k}{p}" for k, p in KERNELS])
+@pytest.mark.parametrize(("kernel", "params"), KERNELS, ids=[f"{k}{p}" for k, p in KERNELS])
 @pytest.mark.parametrize("reference", ["min_max", "min_mean", "center"])
 def test_tiled_path_equals_dense_algorithm1(smooth_data, kernel, params, reference):
     """The tiled Dask path (3x3 tiles, block Lanczos) equals a dense NumPy Algorithm 1."""
@@ -54,9 +54,9 @@ def test_tiled_path_equals_dense_algorithm1(smooth_data, kernel, params, referen
     assert est.eigen_residuals_.max() <= 1e-8 * est.eigenvalues_[0]
 
 
-@pytest.mark.parametrize("kernel,params", KERNELS[:2], ids=["se", "rq"])
+@pytest.mark.parametrize(("kernel", "params"), KERNELS[:2], ids=["se", "rq"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("shape,diagonal", [((300, 300), True), ((300, 170), False),
+@pytest.mark.parametrize(("shape", "diagonal"), [((300, 300), True), ((300, 170), False),
                                             ((170, 300), True)])
 def test_inverse_kernel_tile_equals_whole_tile_ufuncs(kernel, params, dtype, shape, diagonal):
     """The in-place, chunked tile transform against the ufuncs on the whole tile (the old

@@ -35,7 +35,8 @@ def _bk_reference(A: np.ndarray) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("T, p, seed", [(1, 0.5, 0), (12, 0.5, 1), (40, 0.4, 2), (70, 0.3, 3)])
+@pytest.mark.parametrize(("T", "p", "seed"),
+                         [(1, 0.5, 0), (12, 0.5, 1), (40, 0.4, 2), (70, 0.3, 3)])
 def test_maximal_cliques_equal_reference_bron_kerbosch(T, p, seed):
     rng = np.random.default_rng(seed)
     A = rng.random((T, T)) < p
@@ -83,7 +84,7 @@ def _exact_problem(T=60, M=2, seed=0):
 
 
 @pytest.mark.parametrize(
-    "cliques, kinds",
+    ("cliques", "kinds"),
     [
         ([np.arange(0, 35), np.arange(30, 60)], ["align"]),  # 5 shared >= M + 1
         ([np.arange(0, 31), np.arange(29, 60)], ["bridge_shared"]),  # 2 shared < M + 1
@@ -100,7 +101,7 @@ def test_merge_recovers_exact_latents_rigidly(cliques, kinds):
 
 
 def test_merge_refuses_cliques_that_miss_points():
-    Z, S, inverse = _exact_problem()
+    _, S, inverse = _exact_problem()
     with pytest.raises(ValueError, match="do not cover rows \\[50, 51"):
         merge_cliques(S, [np.arange(0, 30), np.arange(25, 50)], inverse, "min_max", 2)
 
@@ -135,7 +136,7 @@ def test_blockwise_cluster_run_equals_threaded_run(gp_data, cluster_client):
 
 
 @pytest.mark.parametrize(
-    "params, match",
+    ("params", "match"),
     [
         (dict(clique_threshold=1.0),
          "'clique_threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),

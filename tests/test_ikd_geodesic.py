@@ -40,12 +40,12 @@ def geodesic_ikd_dense(X, M, *, rule="knn", k=5, s0=None, similarity="correlatio
         A[np.repeat(np.arange(T), k), nbrs.ravel()] = True
         A |= A.T
     else:
-        A = K >= s0
+        A = s0 <= K
         np.fill_diagonal(A, False)
     P = shortest_path(csr_matrix(np.where(A, W, 0.0)), method="D", directed=False)
     Kg = np.exp(-P)
     if rule == "threshold":
-        Kg = np.where(K >= s0, K, np.maximum(K, Kg))
+        Kg = np.where(s0 <= K, K, np.maximum(K, Kg))
     D = -2.0 * np.log(np.clip(Kg, floor, ceil))
     np.fill_diagonal(D, 0.0)
     if reference == "center":
@@ -64,7 +64,7 @@ def _same_up_to_sign(A, B, atol):
 
 
 @pytest.mark.parametrize(
-    "rule, similarity, reference, T, N, cache",
+    ("rule", "similarity", "reference", "T", "N", "cache"),
     [("knn", "correlation", "center", 800, 200, "memory"),
      ("knn", "covariance", "min_max", 500, 60, "disk"),
      ("threshold", "correlation", "center", 300, 60, "memory")],
@@ -100,7 +100,7 @@ def test_tiles_in_memory_equal_tiles_on_disk(reference):
     assert memory.timings_["shortest_paths"] > 0 and "eigen" in memory.timings_
 
 
-@pytest.mark.parametrize("name, N, M", [("sinusoidal", 400, 1), ("bump", 300, 2)])
+@pytest.mark.parametrize(("name", "N", "M"), [("sinusoidal", 400, 1), ("bump", 300, 2)])
 def test_geodesic_recovers_synthetic_latents(name, N, M):
     X, Z = _data(name, 1000, N)
     est = IKD(n_components=M, solver="geodesic", random_state=0).fit(X)
@@ -192,7 +192,7 @@ def _two_groups(T=120, N=60, seed=0):
 
 def test_disconnected_graph_raise_or_bridge():
     X = _two_groups()
-    with pytest.raises(ValueError, match="disconnected.*2 connected components"):
+    with pytest.raises(ValueError, match=r"disconnected.*2 connected components"):
         IKD(n_components=2, solver="geodesic", n_neighbors=4, on_disconnected="raise").fit(X)
     with pytest.warns(DisconnectedGraphWarning, match="2 connected components"):
         est = IKD(n_components=2, solver="geodesic", n_neighbors=4, random_state=0).fit(X)
@@ -215,7 +215,7 @@ def test_landmarks_beyond_the_samples_are_clamped_with_a_warning():
 
 
 @pytest.mark.parametrize(
-    "params, match",
+    ("params", "match"),
     [
         (dict(geodesic_rule="threshold", threshold=1.5),
          "'threshold' parameter of IKD must be a float in the range \\(0, 1\\)"),

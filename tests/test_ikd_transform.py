@@ -44,7 +44,7 @@ def gp():
 
 
 def _fits(gp, **params):
-    X, _, train, test = gp
+    X, _, train, _ = gp
     whole = IKD(n_components=3, random_state=0, **params).fit(X)
     part = IKD(n_components=3, random_state=0, **params).fit(X[train])
     return whole, part
@@ -168,7 +168,7 @@ def test_geodesic_map_over_the_budget_says_so_and_builds_under_a_larger_one(gp):
     est = IKD(solver="geodesic", n_components=3, random_state=0).fit(X[train[:300]])
     with dask.config.set({"dr_dask.tiles.memory-bytes": 1000}):
         assert est.out_of_sample_ is None
-        with pytest.raises(ValueError, match="dr_dask.tiles.memory-bytes"):
+        with pytest.raises(ValueError, match=r"dr_dask\.tiles\.memory-bytes"):
             est.transform(X[test[:5]])
     assert est.transform(X[test[:5]]).shape == (5, 3)
 

@@ -163,7 +163,7 @@ def test_bad_inputs(roll2000):
         Isomap(n_neighbors=5, radius=1.0).fit(X)
     with pytest.raises(ValueError, match="n_components=5 needs at least 6 landmarks"):
         LandmarkIsomap(n_landmarks=5, n_components=5).fit(X)
-    with pytest.raises(ValueError, match="n_components=2 needs at least 3 samples .* got 2"):
+    with pytest.raises(ValueError, match=r"n_components=2 needs at least 3 samples .* got 2"):
         Isomap(n_neighbors=1).fit(X[:2])
     with pytest.raises(ValueError, match=r"Found array with 1 sample\(s\)"):
         Isomap().fit(X[:1])

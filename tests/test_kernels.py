@@ -49,7 +49,7 @@ def test_float32_kept_and_shapes(name, kw):
     np.testing.assert_allclose(kernel.f(d.astype(np.float64)), k, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("name", "kw"), CASES[:3] + [("matern", {"nu": 1.5})])
+@pytest.mark.parametrize(("name", "kw"), [*CASES[:3], ("matern", {"nu": 1.5})])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_inverse_inplace_matches_inverse(name, kw, dtype):
     kernel = get_kernel(name, **kw)

@@ -92,7 +92,7 @@ def test_duplicate_rows_are_kept_with_their_twins_embedding():
 
 def test_bad_input_errors():
     X, _ = noisy_spiral(200)
-    with pytest.raises(ValueError, match="p=8 exceeds max_delaunay_dim=6.*PCA.*graph='knn'"):
+    with pytest.raises(ValueError, match=r"p=8 exceeds max_delaunay_dim=6.*PCA.*graph='knn'"):
         LSDR().fit(np.random.default_rng(0).normal(size=(100, 8)))
     with pytest.raises(ValueError, match="The 'removal' parameter of LSDR must be a str among"):
         LSDR(removal="later").fit(X)

@@ -37,7 +37,7 @@ def done(npy, tmp_path):
     return out, np.asarray(open_run(out, "r")["embedding"][...])
 
 
-@pytest.mark.parametrize("name, rule", [
+@pytest.mark.parametrize(("name", "rule"), [
     ("r/embedding", "one path segment"),   # another run's array
     ("/r", "one path segment"),            # a leading /
     (" ", "one path segment"),             # a lone space

@@ -392,7 +392,7 @@ def test_lease_one_job_at_a_time_and_expiry(s3_bucket, tmp_path, where):
     loc = (Location(str(tmp_path / "runs.zarr")) if where == "local"
            else Location(f"s3://{s3_bucket}/runs.zarr")).child("r", "lease.json")
     first = Lease(loc, ttl=30).acquire()
-    with pytest.raises(LeaseHeld, match="holds .*lease.json until"):
+    with pytest.raises(LeaseHeld, match=r"holds .*lease.json until"):
         Lease(loc, ttl=30).acquire()
     first.release()  # marked expired, its token kept: the next run takes it at once
     assert loc.read_json()["expires"] == 0
@@ -737,3 +737,29 @@ def test_unknown_storage_option_is_a_user_error(s3_bucket, data):
     assert res.exit_code == 2, res.output
     assert "not an option of its filesystem" in res.output and "'bogus'" in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_an_unreachable_tile_store_keeps_its_finished_tiles(s3_bucket, moto_endpoint, dr_config):
+    """Resuming a stage whose tile store does not answer (503s) is transient, exit 1: the tile
+    array and its done marks stay for the retry, which reopens them."""
+    import s3fs
+
+    from dr_dask.io import storage
+    from dr_dask.linalg.tiles import TileGrid, open_tile_store, write_tile
+
+    dr_config({"storage.read-backoff": 0.1, "storage.read-attempts": 2})
+    grid = TileGrid.regular(8, 4)
+    url = f"s3://{s3_bucket}/run.zarr/tiles"
+    here = Location(url)
+    assert open_tile_store(here, grid, np.float32) == {}
+    write_tile(here, grid, (0, 1), np.ones((4, 4), np.float32), (np.arange(4.0),))
+    down = _Unwell("unavailable")
+    try:
+        s3fs.S3FileSystem.clear_instance_cache()
+        with pytest.raises(storage.StorageUnavailable, match="transient"):
+            open_tile_store(Location(url, {"endpoint_url": down.url}), grid, np.float32)
+    finally:
+        down.close()
+    s3fs.S3FileSystem.clear_instance_cache()
+    (kept,) = open_tile_store(here, grid, np.float32).values()
+    np.testing.assert_array_equal(kept[0], np.arange(4.0))

@@ -32,7 +32,7 @@ def tree_digest(path) -> str:
     return h.hexdigest()
 
 
-@pytest.fixture()
+@pytest.fixture
 def group_store(tmp_path):
     """An xarray-written Zarr group with X (sample, feature), a 1-D variable and labels."""
     rng = np.random.default_rng(0)
@@ -60,7 +60,7 @@ def test_opens_every_documented_source(group_store, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "make,match",
+    ("make", "match"),
     [
         (lambda X: np.where(np.arange(40)[:, None] == 7, np.nan, X), r"NaN or infinite .* 107"),
         (lambda X: np.where(np.arange(40)[:, None] == 3, np.inf, X), r"NaN or infinite .* 103"),
@@ -82,7 +82,7 @@ def test_bad_values_name_the_rows_and_leave_the_input_alone(tmp_path, make, matc
 
 def test_structural_errors(group_store, tmp_path):
     path, _ = group_store
-    with pytest.raises(InputError, match="has no variable 'Q'.*'X'"):
+    with pytest.raises(InputError, match=r"has no variable 'Q'.*'X'"):
         open_dataset(path + ":Q")
     with pytest.raises(InputError, match="2-D"):
         open_dataset(path + ":y")

@@ -431,7 +431,7 @@ def _tampered(model, path, edit):
     return path
 
 
-@pytest.mark.parametrize("field, edit", [
+@pytest.mark.parametrize(("field", "edit"), [
     ("kernel", lambda g: g.attrs.update(params={**g.attrs["params"], "kernel": "evil_kernel"})),
     ("n_neighbors", lambda g: g.attrs.update(params={**g.attrs["params"], "n_neighbors": "ten"})),
     ("manifold_1/beta", lambda g: g["manifold_1"]["beta"].__setitem__((0, 0), np.nan)),

@@ -68,7 +68,7 @@ def test_every_input_kind_sets_and_checks_n_features(tmp_path, source):
         check_input(est, da.from_array(X[:, :2]), reset=False)
 
 
-@pytest.mark.parametrize("bad, error, message", [
+@pytest.mark.parametrize(("bad", "error", "message"), [
     (X + 1j, ValueError, "Complex data not supported"),
     (np.where(np.eye(20, 3) > 0, np.nan, X), ValueError, "Input X contains NaN"),
     (X[0], ValueError, "Reshape your data"),
@@ -112,7 +112,7 @@ def test_float32_kept_ints_converted():
                        dtype=np.float64).values.dtype == np.float64
 
 
-@pytest.mark.parametrize("params, message", [
+@pytest.mark.parametrize(("params", "message"), [
     ({"k": 0}, r"The 'k' parameter of _Est must be an int in the range \[1, inf\). Got 0"),
     ({"k": 2.0}, "The 'k' parameter of _Est must be an int"),
     ({"k": True}, "The 'k' parameter of _Est must be an int"),

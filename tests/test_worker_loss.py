@@ -163,7 +163,7 @@ def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
         t0 = time.perf_counter()
         # an in-memory input is validated in this process: the first stage on the cluster
         # is the distance tiles
-        with pytest.raises(dc.ClusterLost, match="no worker for 3 s. Rerun to resume from "
+        with pytest.raises(dc.ClusterLost, match=r"no worker for 3 s\. Rerun to resume from "
                            "stage 'distance'"):
             IKD(n_components=2, tile_size=60, client=c).fit(X)
         assert time.perf_counter() - t0 < 60

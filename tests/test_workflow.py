@@ -141,7 +141,7 @@ args = ["datasets", "make", "gp", "--out", "{tmp_path}/never.zarr"]
     assert not (tmp_path / "never.zarr").exists()
 
 
-@pytest.mark.parametrize("body, needles", [
+@pytest.mark.parametrize(("body", "needles"), [
     ("[[steps]]\nname = 'x'\n", ["step 1 ('x')", "missing 'args'"]),
     ("steps = 'oops'\n", ["needs [[steps]]", "a string"]),
     ("schedule = '0 2 * * *'\n[[steps]]\nargs = ['datasets', 'list']\n",

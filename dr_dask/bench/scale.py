@@ -127,7 +127,7 @@ def size_ladder(method: str, quick: bool, min_T: int | None, max_T: int | None,
     ``[min_T, max_T]``."""
     ladder = sizes or (QUICK_SIZES if quick else
                        (SIZES if method in LANDMARK_METHODS else EXACT_SIZES))
-    return [T for T in ladder if (min_T is None or T >= min_T) and (max_T is None or T <= max_T)]
+    return [T for T in ladder if (min_T is None or min_T <= T) and (max_T is None or max_T >= T)]
 
 
 def fitted_slope(T: list[int], values: list[float]) -> float | None:

@@ -84,7 +84,7 @@ def bench_dijkstra(max_T, workdir, json_path):
     from dr_dask.bench._common import write_report
     from dr_dask.bench.dijkstra import SIZES, run_dijkstra
 
-    sizes = tuple(T for T in SIZES if max_T is None or T <= max_T) or (max_T,)
+    sizes = tuple(T for T in SIZES if max_T is None or max_T >= T) or (max_T,)
     click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))
 
 

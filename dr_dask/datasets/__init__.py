@@ -9,9 +9,9 @@ from dr_dask.datasets.ikd import GaussianBump, GPMapping, Sinusoidal, latent_pri
 
 __all__ = [
     "GENERATORS",
-    "Generator",
     "GPMapping",
     "GaussianBump",
+    "Generator",
     "Sinusoidal",
     "latent_prior",
     "make_dataset",

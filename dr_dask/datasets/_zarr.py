@@ -27,6 +27,7 @@ cluster the workers write their chunks directly, so they must be able to reach t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -205,10 +206,8 @@ def make_dataset(
             f"it takes: {', '.join(sorted(accepted - {'n_samples', 'n_features', 'random_state'}))}"
         )
     chunk_size = check_int("chunk_size", chunk_size, 1)
-    try:
+    with contextlib.suppress(TypeError):  # not a dtype: refused below by name
         dtype = np.dtype(dtype).name
-    except TypeError:
-        pass
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     gen = cls(

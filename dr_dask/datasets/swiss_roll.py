@@ -214,8 +214,8 @@ def write_scenario(
         "name": scenario.name,
         "source": src.url,
         "kind": kind,
-        "n_batch": int(len(scenario.batch)),
-        "n_stream": int(len(scenario.stream)),
+        "n_batch": len(scenario.batch),
+        "n_stream": len(scenario.stream),
         "ambient_dim": int(scenario.batch.shape[1]),
         "first_unseen": int(scenario.first_unseen),
     }

@@ -25,8 +25,8 @@ from dr_dask.graph.paths import GeodesicRows, shortest_paths
 __all__ = [
     "DisconnectedGraphWarning",
     "DuplicatePointsWarning",
-    "LowRecallWarning",
     "GeodesicRows",
+    "LowRecallWarning",
     "connect_components",
     "geodesics_via_neighbors",
     "graph_from_neighbors",

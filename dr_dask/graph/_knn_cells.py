@@ -9,8 +9,8 @@ coordinate (the leaves of a k-d tree). A query cell visits the cells in increasi
 that bound, folding float32 GEMM tiles into running top-k lists with the brute-force kernel,
 and stops once the bound exceeds every row's current k-th distance. Within a visited cell only
 the query rows whose own projection is within their k-th distance of the cell's box take part
-in the GEMM (the bound from a point is tighter than from the query cell's box: on the noisy
-sinusoid at T=10^6 it cuts the row-cell products from 11% to 9% of all). The kept candidates (a few
+in the GEMM (the bound from a point is tighter than from the query cell's box, so fewer row-cell
+products pass it). The kept candidates (a few
 more than k, so that float32 rounding cannot push a true neighbour out) are re-ranked by
 distances recomputed in float64, so the result is the exact kNN of the float32 rows.
 
@@ -236,7 +236,7 @@ def cell_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     groups = [range(c, min(c + per_task, n_cells)) for c in range(0, n_cells, per_task)]
     tasks = [task(Xs, sq, Ps, lo, hi, bounds, order_d, g, kk, k, exclude_self) for g in groups]
     # many small GEMMs in parallel threads: BLAS's own threads would only oversubscribe the
-    # cores, 50x slower on a loaded machine (dask's workers get one thread from their nanny)
+    # cores (dask's workers get one thread from their nanny)
     with single_blas_thread():
         parts = compute(*tasks, client=client)
     dist = np.empty((T, k))

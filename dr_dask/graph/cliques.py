@@ -49,10 +49,7 @@ def _count_and(a, b):
 
 @numba.njit(cache=True)
 def _is_empty(a):
-    for w in range(a.shape[0]):
-        if a[w] != 0:
-            return False
-    return True
+    return all(a[w] == 0 for w in range(a.shape[0]))
 
 
 @numba.njit(cache=True)
@@ -86,7 +83,8 @@ def _pop_lowest(C):
 
 
 @numba.njit(cache=True)
-def _bron_kerbosch(adj, n, max_cliques, min_size, stop_when_covered):
+def _bron_kerbosch(adj, n, max_cliques, min_size, stop_when_covered):  # noqa: C901
+    # one compiled loop on purpose: helpers called from its innermost loop would cost a call each
     W = adj.shape[1]
     R = np.zeros((n + 2, W), dtype=np.uint64)
     P = np.zeros((n + 2, W), dtype=np.uint64)

@@ -124,7 +124,7 @@ def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np
 
     chosen = np.empty(L, dtype=np.int64)
     chosen[0] = rng.randint(T)
-    # L small memory-bound products: BLAS threads would only contend (50x slower under load)
+    # L small memory-bound products: BLAS threads would only contend with dask's
     with single_blas_thread():
         mind = dist_from(chosen[0])
         mind[chosen[0]] = -1.0  # never re-pick a landmark, even among exact duplicates

@@ -296,8 +296,8 @@ class GeodesicRows:
         """Futures (or, without a client, values) of ``func(block, start, *args)`` per block."""
         spans = self.bounds[:-1]
         if self.client is None:
-            # dask's threads, one BLAS thread each (see dr_dask.runtime.blas): products over row blocks
-            # in memory are bound by memory traffic, which BLAS's own threads do not add to
+            # dask's threads, one BLAS thread each (see dr_dask.runtime.blas): products over row
+            # blocks in memory are bound by memory traffic, which BLAS's own threads do not add to
             with single_blas_thread():
                 return map_local(lambda bs: _apply(bs[0], func, bs[1], args, by_columns),
                                  list(zip(self.blocks, spans)))

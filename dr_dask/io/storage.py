@@ -316,8 +316,8 @@ class Location:
         """Delete the object only if it is still at ``version`` (compare-and-delete, as
         :meth:`swap_bytes`); False when it changed (left alone) or is gone."""
         if self.is_local:
-            try:
-                fh = open(self.url, "rb")
+            try:  # opened outside `with`: only a missing file means "gone"
+                fh = open(self.url, "rb")  # noqa: SIM115
             except FileNotFoundError:
                 return False
             with fh:
@@ -426,8 +426,8 @@ def _local_swap(path: str, data: bytes, version: str | None) -> str | None:
         finally:
             os.unlink(tmp)
         return _digest(data)
-    try:
-        fh = open(path, "r+b")
+    try:  # opened outside `with`: only a missing file means "gone"
+        fh = open(path, "r+b")  # noqa: SIM115
     except FileNotFoundError:
         return None
     with fh:  # closing releases the lock

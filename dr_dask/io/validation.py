@@ -511,7 +511,7 @@ def check_values(
         When rows repeat (found by row fingerprints, see :func:`warn_duplicates`).
     """
     T, N = inp.data.shape
-    if T < min_samples:
+    if min_samples > T:
         raise InputError(f"{inp.name} has {T} samples; at least {min_samples} are needed")
     if N < 2 and constant_rows:
         raise InputError(f"{inp.name} has {N} feature(s); a correlation needs at least 2")

@@ -4,8 +4,8 @@
 :func:`dr_dask.jobs.refit.run_refit`, each as one Prefect task holding a client of a Dask
 cluster: the scheduler given as the flow's ``scheduler`` parameter (so that a deployment to a
 work pool carries it), else ``$DASK_SCHEDULER_ADDRESS``, else a LocalCluster started for the run
-(:func:`dr_dask.runtime.cluster.session`). The job's own Dask work runs on that cluster; the task is only
-the call that drives it, so it runs in the flow run's process (a Dask task runner would fix the
+(:func:`dr_dask.runtime.cluster.session`). The job's own Dask work runs on that cluster; the task is
+only the call that drives it, so it runs in the flow run's process (a Dask task runner would fix the
 address when the flow is imported, and a work pool's worker imports it with its own
 environment).
 

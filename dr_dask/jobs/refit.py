@@ -144,7 +144,7 @@ def _evaluate(est: Any, inp, emb: np.ndarray, p: dict, client: Any) -> dict:
     rows = np.sort(rng.choice(T, size=min(p["eval_rows"], T), replace=False))
     Xs = np.asarray(inp.data[rows].compute(), dtype=np.float64)
     small = clone(est).set_params(client=None)  # subsample fits run in-process or as tasks
-    if D <= p["max_ti_dim"] and D < len(rows):
+    if p["max_ti_dim"] >= D and len(rows) > D:
         # TI is defined at d = p; IKD centres each sample across features, so it gives at most
         # p - 1 components: its full embedding is zero-padded (a zero axis adds no residual)
         d_full = D - 1 if type(est).__name__ == "IKD" else D

@@ -318,9 +318,10 @@ def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
 
 
 def shipped() -> dict[str, Any]:
-    """The workflows shipped inside the package (``dr_dask/workflows/*.toml``), by name: what
-    ``dr-dask run NAME`` runs from an installed wheel or image."""
-    folder = files("dr_dask") / "workflows"
+    """The workflows shipped with the package (``workflows/*.toml`` in the repository, installed
+    as ``dr_dask.workflows``), by name: what ``dr-dask run NAME`` runs from an installed wheel or
+    image."""
+    folder = files("dr_dask.workflows")
     return {entry.name.removesuffix(".toml"): entry for entry in folder.iterdir()
             if entry.name.endswith(".toml")}
 

@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 #: An operator known only through products is materialised (T products) for the dense path
 #: when T is at most this many Lanczos blocks: a typical Lanczos run multiplies about as many
-#: columns, and a tiled product pass costs far more than LAPACK (measured: IKD at T=1500 with
-#: tiles in memory, 10 s materialised vs 0.5-2.5 s Lanczos).
+#: columns, and a tiled product pass costs far more than LAPACK (docs/scaling.md, "Measurements
+#: behind the code's thresholds").
 PRODUCT_DENSE_BLOCKS = 6
 
 
@@ -172,7 +172,7 @@ def top_eigh(
         in_memory = not isinstance(A, SymmetricOperator) or getattr(A, "to_dense", None)
         width = block_size or max(2 * k, k + 8)
         limit = config.get("eigen.dense-max") if in_memory else PRODUCT_DENSE_BLOCKS * width
-        method = "dense" if T <= max(limit, 4 * k) else "lanczos"
+        method = "dense" if max(limit, 4 * k) >= T else "lanczos"
     if method == "dense":
         M = materialise(A)
         M = (M + M.T) / 2

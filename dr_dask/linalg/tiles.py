@@ -10,6 +10,7 @@ same pattern with another per-tile function.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import zipfile
@@ -21,7 +22,7 @@ import dask
 import numpy as np
 import zarr
 
-from dr_dask.io.storage import Location, location
+from dr_dask.io.storage import Location, location, raise_if_transient
 from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute, gather, local_threads, map_local, share
 
@@ -371,9 +372,16 @@ def open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
     chunks = (tile_chunk_rows(grid.max_block), grid.max_block)
     try:
         arr = zarr.open_array(store.zarr_store(read_only=True), mode="r")
-        if arr.shape != shape or arr.chunks != chunks or arr.dtype != np.dtype(dtype):
-            raise ValueError("tile array of another shape")
-    except Exception:  # absent or incompatible: start the stage afresh
+        fits = arr.shape == shape and arr.chunks == chunks and arr.dtype == np.dtype(dtype)
+    except Exception as exc:
+        # an unreachable, slow or throttling store says nothing about the tiles: keep every
+        # finished one and exit 1 (a retry resumes); only absent or unreadable metadata is
+        # no tile array
+        raise_if_transient(exc, store)
+        if not isinstance(exc, (FileNotFoundError, ValueError, KeyError)):
+            raise
+        fits = False
+    if not fits:  # absent, or another grid's: start the stage afresh
         store.delete()
         zarr.create_array(
             store.zarr_store(), shape=shape, chunks=chunks, dtype=dtype, compressors=None,
@@ -382,10 +390,10 @@ def open_tile_store(store: Location, grid: TileGrid, dtype: Any) -> dict:
         return {}
     done = {}
     for ij in grid.upper():
-        try:
+        # no mark (or a torn local write): the tile is redone
+        with contextlib.suppress(FileNotFoundError, EOFError, ValueError, OSError,
+                                 zipfile.BadZipFile):
             done[ij] = _decode_stats(_done_mark(store, ij).read_bytes())
-        except (FileNotFoundError, EOFError, ValueError, OSError, zipfile.BadZipFile):
-            pass  # no mark (or a torn local write): the tile is redone
     return done
 
 

@@ -289,7 +289,7 @@ def plan_merges(cliques: list[np.ndarray], k: np.ndarray, M: int, min_overlap: i
         # row i itself are recomputed
         grew = live & ((inter[:, i] > rowmax) | ((inter[:, i] == rowmax) & (i < rowarg)))
         rowarg[grew], rowmax[grew] = i, inter[grew, i]
-        for r in np.flatnonzero((rowarg == j) & (rowmax > -np.inf)).tolist() + [i]:
+        for r in [*np.flatnonzero((rowarg == j) & (rowmax > -np.inf)).tolist(), i]:
             rowarg[r] = int(np.argmax(inter[r]))
             rowmax[r] = inter[r, rowarg[r]]
     return nodes, merges, root

@@ -36,8 +36,8 @@ with the L x T landmark path lengths kept from the fit. Landmark IKD with ``solv
 uses the direct similarities to its landmarks. For landmark IKD this is exactly the fit's own
 triangulation (``pinv(Y_L)`` is its landmark MDS pseudo-inverse); geodesic IKD keeps a max-min
 choice of ``min(T, TRANSFORM_LANDMARKS)`` landmarks, and builds its map only when it is first
-needed (the landmarks' Dijkstra rows are a fifth of a fit at T=10,000 that most callers of
-``fit_transform`` never use). Cost per new row: a kNN query over the
+needed (the landmarks' Dijkstra rows are work that most callers of ``fit_transform`` never
+use). Cost per new row: a kNN query over the
 training rows (O(T N) exact), O(k L) for the geodesics, O(L M) for the product; memory: the
 L x T float32 path lengths (kept only within the in-memory tile budget,
 ``dr_dask.tiles.memory-bytes``).
@@ -322,8 +322,7 @@ def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: 
 class DeferredTriangulation:
     """Geodesic IKD's triangulation map, built when first asked for: the fit keeps what the
     build needs, so that the map's max-min landmarks and their Dijkstra rows over the graph
-    (1.6-2 s of a 7-12 s fit at T=10,000) are paid by the first ``transform``, not by every
-    ``fit_transform``.
+    are paid by the first ``transform``, not by every ``fit_transform``.
 
     :meth:`get` makes exactly the map an eager build at the end of the fit would (the same
     landmarks from the same random state, the same path lengths), keeps it and drops the

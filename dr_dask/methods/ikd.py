@@ -374,7 +374,7 @@ default="se"
         if not self.floor < self.ceil:
             raise ValueError(f"need floor < ceil (the clip range of S / sigma^2), got floor="
                              f"{self.floor}, ceil={self.ceil}")
-        if M > n_features - 1:
+        if n_features - 1 < M:
             # each sample is centred across its features, so the samples span at most N - 1
             # dimensions: more components would be degenerate eigenvectors, not structure
             raise ValueError(

@@ -47,8 +47,8 @@ class IKDConfig:
     Each field is the :class:`dr_dask.methods.ikd.IKD` parameter of the same name, copied by
     :meth:`from_params` (so an option is declared on the estimator and read here, never copied
     by hand), except the values the estimator resolves: ``kernel`` is the
-    :class:`~dr_dask.linalg.kernels.Kernel` object (its alpha/gamma/nu applied), ``reference`` has the
-    per-solver default applied, ``dtype`` is a numpy dtype, ``n_landmarks`` is at most the
+    :class:`~dr_dask.linalg.kernels.Kernel` object (its alpha/gamma/nu applied), ``reference`` has
+    the per-solver default applied, ``dtype`` is a numpy dtype, ``n_landmarks`` is at most the
     number of samples. ``landmark`` says whether ``n_landmarks`` selects landmark IKD.
     """
 

@@ -426,9 +426,9 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         d = _n_components(self.n_components, T, "samples")
         solver = self.eigen_solver
         if solver == "auto":
-            solver = "dense" if T <= config.get("eigen.dense-max") else "lanczos"
+            solver = "dense" if config.get("eigen.dense-max") >= T else "lanczos"
         dist_max = config.get("isomap.dist-matrix-max")
-        if solver == "dense" and T > dist_max:
+        if solver == "dense" and dist_max < T:
             raise ValueError(f"eigen_solver='dense' forms a T x T matrix; T={T} > "
                              f"{dist_max}: use 'lanczos'")
         return run_stage("isomap", lambda: self._fit(X, d, solver))
@@ -441,14 +441,14 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         (``geodesic_store``, else None) and the squares' row means."""
         D2, store = None, None
         dist_max = config.get("isomap.dist-matrix-max")
-        if self.geodesic_store is not None or T <= dist_max:
+        if self.geodesic_store is not None or dist_max >= T:
             # the workers write the rows to the store, or (wait=False) this process copies
             # them as they finish: the copies overlap the later blocks' Dijkstra and the
             # workers never hold them all
             rows = GeodesicRows.compute(self.graph_, client=client, block_size=self.block_size,
                                         square=True, out=self.geodesic_store, wait=False)
             store = rows.store
-            if T <= dist_max:
+            if dist_max >= T:
                 # kept anyway for dist_matrix_: products on it here cost no round trips
                 D2 = rows.gather(np.float64, release=True)
                 sq_mean = D2.mean(axis=1)
@@ -470,8 +470,8 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
             sq_mean = row_stats(grid, stats)[1] / T
         return op, D2, store, sq_mean
 
-    # one BLAS thread in this process for the whole fit (see dr_dask.runtime.blas): its BLAS calls (the
-    # cell search's principal axes, the products over D2's row blocks on dask's threads, the
+    # one BLAS thread in this process for the whole fit (see dr_dask.runtime.blas): its BLAS calls
+    # (the cell search's principal axes, the products over D2's row blocks on dask's threads, the
     # eigensolver's) run beside dask's threads or a LocalCluster's workers on the same cores
     @single_blas_thread()
     def _fit(self, X: np.ndarray, d: int, solver: str) -> Isomap:

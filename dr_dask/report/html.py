@@ -48,8 +48,7 @@ from bokeh.transform import factor_cmap, linear_cmap
 
 from dr_dask.io.inputs import InputError
 from dr_dask.io.storage import Location, location
-from dr_dask.report.plot import _cell as cell
-from dr_dask.report.plot import running_mean, sample_rows
+from dr_dask.report.plot import format_cell, running_mean, sample_rows
 from dr_dask.report.stream import threshold_in_force
 from dr_dask.runs.group import run_attr
 from dr_dask.stream.store import STATUS, read_output
@@ -161,18 +160,11 @@ def _spectrum(eigenvalues: Any, n_kept: int | None) -> Any:
     return p
 
 
-def _cell(v: Any) -> str:
-
-    if isinstance(v, (list, tuple)):
-        return ", ".join(cell(x) for x in v)
-    return cell(v)
-
-
 def _table(table: Mapping[str, Any], title: str) -> Any:
 
     rows = "".join(f"<tr><th style='text-align:left;padding:2px 12px'>{html.escape(str(k))}"
                    f"</th><td style='text-align:right;padding:2px 12px'>"
-                   f"{html.escape(_cell(v))}</td></tr>" for k, v in table.items())
+                   f"{html.escape(format_cell(v))}</td></tr>" for k, v in table.items())
     return Div(text=f"<h3>{html.escape(title)}</h3><table>{rows}</table>", width=WIDTH)
 
 

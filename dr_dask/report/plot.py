@@ -340,7 +340,11 @@ def loglog(
     return ax
 
 
-def _cell(v: Any) -> str:
+def format_cell(v: Any) -> str:
+    """A report table's cell as text: numbers to 4 significant digits, a missing or non-finite
+    value as ``-``, a list as its items joined by commas (the PNG and the HTML reports alike)."""
+    if isinstance(v, (list, tuple)):
+        return ", ".join(format_cell(x) for x in v)
     if v is None:
         return "-"
     if isinstance(v, (float, np.floating)):
@@ -357,8 +361,8 @@ def table_rows(table: Mapping[str, Any]) -> tuple[list[str], list[str], list[lis
     if table and all(isinstance(v, Mapping) for v in table.values()):
         cols = list(table)
         rows = list(dict.fromkeys(r for c in cols for r in table[c]))
-        return cols, rows, [[_cell(table[c].get(r)) for c in cols] for r in rows]
-    return ["value"], list(table), [[_cell(v)] for v in table.values()]
+        return cols, rows, [[format_cell(table[c].get(r)) for c in cols] for r in rows]
+    return ["value"], list(table), [[format_cell(v)] for v in table.values()]
 
 
 def table_figure(table: Mapping[str, Any], title: str | None = None) -> Any:

@@ -1,9 +1,8 @@
 """BLAS thread control: one BLAS thread while small kernels run beside dask's own threads.
 
 Dask already runs one task per core (threads, or worker processes); a multithreaded BLAS call
-inside each task only makes the cores contend (10x slower ``eigh`` of small matrices measured
-at 2 cores). :func:`single_blas_thread` limits BLAS to one thread while any caller in this
-process is inside it, as a context manager or a decorator::
+inside each task only makes the cores contend. :func:`single_blas_thread` limits BLAS to one thread
+while any caller in this process is inside it, as a context manager or a decorator::
 
     with single_blas_thread():
         ...

@@ -1,8 +1,8 @@
 """Progress bars where the user is: a widget in Jupyter, text on a terminal, nothing in a pipe.
 
 An estimator's ``progress=True`` opens :func:`scope` around its fit; every computation of the
-fit that goes through :func:`dr_dask.runtime.cluster.compute` / :func:`~dr_dask.runtime.cluster.gather` then
-draws a bar, chosen by :func:`output`:
+fit that goes through :func:`dr_dask.runtime.cluster.compute` /
+:func:`~dr_dask.runtime.cluster.gather` then draws a bar, chosen by :func:`output`:
 
 - ``"notebook"``: the process is a Jupyter kernel (IPython's shell runs under ``IPKernelApp``,
   the test tqdm's own ``tqdm.autonotebook`` makes): tqdm's notebook bar (``tqdm.auto``) for

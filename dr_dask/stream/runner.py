@@ -100,8 +100,8 @@ class _Executor:
     """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode.
 
     On a cluster each model version goes to the workers once through
-    :func:`dr_dask.runtime.cluster.share`: a recomputable future, so a worker killed while holding it
-    or mapping a chunk costs dask a recomputation, never rows; results come back through
+    :func:`dr_dask.runtime.cluster.share`: a recomputable future, so a worker killed while holding
+    it or mapping a chunk costs dask a recomputation, never rows; results come back through
     :func:`dr_dask.runtime.cluster.gather`, which never waits forever on a cluster that is gone.
     """
 

@@ -1,0 +1,4 @@
+"""The plotting API at its public path: :mod:`dr_dask.report.plot` is where it lives."""
+
+from dr_dask.report.plot import *  # noqa: F403
+from dr_dask.report.plot import __all__  # noqa: F401
