@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from dr_dask.cli import main
 from dr_dask.jobs.workflow import Step, WorkflowError, load, run_step
 
-WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dr_dask", "workflows",
+WORKFLOWS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "workflows",
                                            "*.toml")))
 #: Every shipped workflow, at a size the test suite can afford (a new workflow needs an entry);
 #: ``{root}`` is the test's job directory.

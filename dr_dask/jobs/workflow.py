@@ -251,6 +251,24 @@ def _parse_step(i: int, raw: Any, job: Mapping[str, Any], params: Mapping[str, A
     )
 
 
+def _param_defaults(defaults: Any, source: str) -> dict:
+    """The ``[params]`` table, checked: names, value types, and no credential among them."""
+    if not isinstance(defaults, dict):
+        raise WorkflowError(f"{source}: [params] must be a table, not {_type_name(defaults)}")
+    for name, value in defaults.items():
+        if not _PARAM_NAME.match(name):
+            raise WorkflowError(f"{source}: [params] {name!r} is not a valid parameter name "
+                                "(letters, digits and _, not starting with a digit)")
+        if not isinstance(value, (str, int, float, bool)):
+            raise WorkflowError(f"{source}: [params] {name!r} must be a string, number or "
+                                f"boolean, not {_type_name(value)}")
+        if _CREDENTIAL.search(name):
+            raise WorkflowError(f"{source}: [params] {name!r} looks like a credential; "
+                                "parameters are logged, so pass credentials in the environment "
+                                "(e.g. AWS_SECRET_ACCESS_KEY from a Kubernetes Secret)")
+    return defaults
+
+
 def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
           environ: Mapping[str, str] | None = None, source: str = "workflow") -> Workflow:
     """Validate a parsed workflow document and resolve its parameters.
@@ -280,20 +298,7 @@ def parse(spec: Mapping[str, Any], overrides: Mapping[str, str] | None = None,
     _check_keys(job, _JOB_KEYS, f"{source}: [job]")
     if job.get("retries", 0) < 0:
         raise WorkflowError(f"{source}: [job] 'retries' must be >= 0, got {job['retries']}")
-    defaults = spec.get("params", {})
-    if not isinstance(defaults, dict):
-        raise WorkflowError(f"{source}: [params] must be a table, not {_type_name(defaults)}")
-    for name, value in defaults.items():
-        if not _PARAM_NAME.match(name):
-            raise WorkflowError(f"{source}: [params] {name!r} is not a valid parameter name "
-                                "(letters, digits and _, not starting with a digit)")
-        if not isinstance(value, (str, int, float, bool)):
-            raise WorkflowError(f"{source}: [params] {name!r} must be a string, number or "
-                                f"boolean, not {_type_name(value)}")
-        if _CREDENTIAL.search(name):
-            raise WorkflowError(f"{source}: [params] {name!r} looks like a credential; "
-                                "parameters are logged, so pass credentials in the environment "
-                                "(e.g. AWS_SECRET_ACCESS_KEY from a Kubernetes Secret)")
+    defaults = _param_defaults(spec.get("params", {}), source)
     params = resolve_params(defaults, overrides or {}, environ)
     tls = spec.get("tls", {})
     _check_keys(tls, _TLS_KEYS, f"{source}: [tls]")

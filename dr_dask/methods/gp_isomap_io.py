@@ -240,30 +240,37 @@ def check_model(model: Any, where: str) -> None:
                                f"{model.stitch_translation_.shape} do not fit {p} manifolds of "
                                f"dimension {d}")
     for i, gp in enumerate(model.manifolds_):
-        field = f"manifold_{i}"
-        for name in (*_GP_ARRAYS, *_SPEC_ARRAYS):
-            value = getattr(gp, name, None)
-            if value is None:
-                value = getattr(gp.spec, name, None)
-            if value is not None:
-                _finite(value, where, f"{field}/{name}")
-        _finite(model.local_embedding_[i], where, f"{field}/local_embedding")
-        for name in _GP_SCALARS:
-            value = getattr(gp, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not np.isfinite(value) or value < 0:
-                raise ModelFormatError(f"{where}: {field} {name} must be a non-negative "
-                                       f"number, got {value!r}")
-        if gp.spec.kind not in KERNELS:
-            raise ModelFormatError(f"{where}: {field} kind must be one of {list(KERNELS)}, "
-                                   f"got {gp.spec.kind!r}")
-        n = len(gp.points)
-        if gp.points.shape != (n, D) or gp.geodesics.shape != (n, n) or len(gp.beta) != n \
-                or model.local_embedding_[i].shape != (n, d):
-            raise ModelFormatError(f"{where}: {field} arrays have inconsistent shapes (points "
-                                   f"{gp.points.shape}, geodesics {gp.geodesics.shape}, beta "
-                                   f"{gp.beta.shape}, local_embedding "
-                                   f"{model.local_embedding_[i].shape}) for {D} features")
+        _check_manifold(model, i, gp, where)
+
+
+def _check_manifold(model: Any, i: int, gp: Any, where: str) -> None:
+    """Manifold ``i``'s GP of a model: finite arrays, non-negative scalars, a known kernel and
+    shapes consistent with the model's features and components."""
+    D, d = model.n_features_in_, int(model.n_components)
+    field = f"manifold_{i}"
+    for name in (*_GP_ARRAYS, *_SPEC_ARRAYS):
+        value = getattr(gp, name, None)
+        if value is None:
+            value = getattr(gp.spec, name, None)
+        if value is not None:
+            _finite(value, where, f"{field}/{name}")
+    _finite(model.local_embedding_[i], where, f"{field}/local_embedding")
+    for name in _GP_SCALARS:
+        value = getattr(gp, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not np.isfinite(value) or value < 0:
+            raise ModelFormatError(f"{where}: {field} {name} must be a non-negative "
+                                   f"number, got {value!r}")
+    if gp.spec.kind not in KERNELS:
+        raise ModelFormatError(f"{where}: {field} kind must be one of {list(KERNELS)}, "
+                               f"got {gp.spec.kind!r}")
+    n = len(gp.points)
+    if gp.points.shape != (n, D) or gp.geodesics.shape != (n, n) or len(gp.beta) != n \
+            or model.local_embedding_[i].shape != (n, d):
+        raise ModelFormatError(f"{where}: {field} arrays have inconsistent shapes (points "
+                               f"{gp.points.shape}, geodesics {gp.geodesics.shape}, beta "
+                               f"{gp.beta.shape}, local_embedding "
+                               f"{model.local_embedding_[i].shape}) for {D} features")
 
 
 def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):
