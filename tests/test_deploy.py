@@ -169,12 +169,21 @@ def test_cronjob_submits_its_daskjob_one_at_a_time(cron):
     assert spec["concurrencyPolicy"] == "Forbid"
     job_spec = spec["jobTemplate"]["spec"]
     assert spec["startingDeadlineSeconds"] > 0 and job_spec["activeDeadlineSeconds"] > 0
-    # bad input (exit 2) is never retried
-    rule = job_spec["podFailurePolicy"]["rules"][0]
-    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [2]
+    # the submitter's exit class decides: 2 (change something) fails the Job, 1 (a retry may
+    # help) is counted against backoffLimit; its own pod disrupted (it then exits 1) is retried
+    # without counting, so that rule comes before the one counting exit 1
+    rules = job_spec["podFailurePolicy"]["rules"]
+    actions = [(r["action"], r["onExitCodes"]["values"]) for r in rules if "onExitCodes" in r]
+    assert actions == [("FailJob", [2]), ("Count", [1])]
+    (disrupted,) = [i for i, r in enumerate(rules) if "onPodConditions" in r]
+    assert rules[disrupted] == {"action": "Ignore", "onPodConditions": [
+        {"type": "DisruptionTarget", "status": "True"}]}
+    assert disrupted < [r["action"] for r in rules].index("Count")
+    assert job_spec["backoffLimit"] >= 1
     pod = job_spec["template"]["spec"]
     (container,) = pod["containers"]
-    assert rule["onExitCodes"]["containerName"] == container["name"]
+    assert {r["onExitCodes"]["containerName"] for r in rules if "onExitCodes" in r} == {
+        container["name"]}
     mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     (config,) = [n for n, v in volumes.items() if "configMap" in v]
@@ -205,7 +214,7 @@ def test_the_role_grants_what_the_submitter_calls_and_nothing_else():
     grants = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
               for r in rule["resources"]}
     assert grants == {("kubernetes.dask.org", "daskjobs"): ["create", "delete", "get", "list"],
-                      ("", "pods"): ["get"]}
+                      ("", "pods"): ["get", "list"], ("", "events"): ["list"]}
 
 
 def test_one_image_pinned_in_one_place():
@@ -291,3 +300,75 @@ def test_pods_run_as_non_root_with_credentials_from_a_secret(name, doc):
                 assert source["secretRef"]["name"] == secret["metadata"]["name"]
         if where != "pod":  # Dask pods never call the Kubernetes API
             assert pod["automountServiceAccountToken"] is False, (name, where)
+
+
+def _quantity(text: str) -> float:
+    units = {"Mi": 2**20, "Gi": 2**30}
+    return float(text[:-2]) * units[text[-2:]]
+
+
+def test_every_container_requests_and_limits_its_ephemeral_storage():
+    """The scheduler places a pod where its disk fits (a spilling worker, its /tmp emptyDir's
+    sizeLimit), and a container past its limit is evicted, never the node's disk filled."""
+    for name, doc in MANIFESTS:
+        for where, pod in _pod_specs(doc):
+            caps = {v["name"]: _quantity(v["emptyDir"]["sizeLimit"])
+                    for v in pod.get("volumes", []) if "emptyDir" in v}
+            for c in pod["containers"]:
+                scratch = sum(caps.get(m["name"], 0) for m in c["volumeMounts"])
+                request = _quantity(c["resources"]["requests"]["ephemeral-storage"])
+                limit = _quantity(c["resources"]["limits"]["ephemeral-storage"])
+                assert scratch <= request < limit, (name, where, c["name"])
+
+
+def _operator_pods(cluster: str) -> dict[str, dict]:
+    """The pod templates the Dask operator builds for a cluster's scheduler and workers and a
+    job's runner (its own code, from dask-kubernetes), by component."""
+    from dask_kubernetes.operator.controller import controller
+
+    pod = {"containers": [{"name": "c", "image": IMAGE}]}
+    scheduler = controller.build_scheduler_deployment_spec(cluster, pod, {}, {})
+    worker = controller.build_worker_deployment_spec("default", "dr-dask", cluster, "0f3c9a",
+                                                     copy.deepcopy(pod), {}, {})
+    runner = controller.build_job_pod_spec(cluster, cluster, "dr-dask", pod, {}, {})
+    return {"scheduler": scheduler["spec"]["template"], "worker": worker["spec"]["template"],
+            "job": runner}
+
+
+def test_schedulers_are_never_drained_nor_preempted_and_workers_may_be():
+    (budget,) = BY_KIND["PodDisruptionBudget"]
+    assert budget["spec"]["maxUnavailable"] == 0
+    selector = budget["spec"]["selector"]["matchLabels"]
+    for cluster in ["dr-dask", "dr-dask-nightly-20261123-020007"]:
+        pods = _operator_pods(cluster)
+        for component, pod in pods.items():  # the labels the operator really gives its pods
+            labels = pod["metadata"]["labels"]
+            selected = all(labels.get(k) == v for k, v in selector.items())
+            assert selected == (component == "scheduler"), (cluster, component)
+    (priority,) = BY_KIND["PriorityClass"]
+    assert priority["value"] > 0 and priority["globalDefault"] is False
+    assert priority["preemptionPolicy"] == "Never"  # they wait for room, never take it
+    for name, doc in MANIFESTS:
+        for where, pod in _pod_specs(doc):
+            expected = priority["metadata"]["name"] if where in ("scheduler", "job") else None
+            assert pod.get("priorityClassName") == expected, (name, where)
+
+
+@pytest.mark.parametrize(("name", "doc"), [(n, d) for n, d in MANIFESTS
+                                       if d["kind"] in ("DaskJob", "DaskCluster")],
+                         ids=lambda v: v if isinstance(v, str) else v["metadata"]["name"])
+def test_schedulers_and_workers_are_probed_on_their_health_endpoint(name, doc):
+    for where, pod in _pod_specs(doc):
+        if where not in ("scheduler", "worker"):
+            continue
+        (c,) = pod["containers"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        # the port dask serves /health on: its dashboard address
+        served = int(c["args"][c["args"].index("--dashboard-address") + 1].lstrip(":"))
+        for probe in ("readinessProbe", "livenessProbe"):
+            check = c[probe]["httpGet"]
+            assert check["path"] == "/health" and ports[check["port"]] == served, (where, probe)
+        live = c["livenessProbe"]
+        # a busy process answers late: a restart only after minutes without an answer
+        assert live["periodSeconds"] * live["failureThreshold"] >= 120, where
+        assert live["timeoutSeconds"] >= 5, where

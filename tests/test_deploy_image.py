@@ -161,6 +161,31 @@ def test_compose_publishes_on_loopback_and_spills_to_disk():
     assert not any(spill.startswith(t) for t in worker.get("tmpfs", []))
 
 
+def test_the_image_owns_the_workers_spill_directory_to_its_user():
+    """Docker creates a volume's missing mount point owned by root (a worker running as 10001
+    then fails with PermissionError spilling) and copies an existing one's owner: the image
+    makes the compose workers' --local-directory, owned by the user every service runs as."""
+    worker = _compose()["services"]["worker"]
+    spill = worker["command"][worker["command"].index("--local-directory") + 1]
+    user = worker["user"]
+    stages = _stages()
+    made = chowned = False
+    for op, args in stages["base"] + stages["dask"][1:]:  # the compose image: dask, from base
+        if op != "RUN":
+            continue
+        for step in re.split(r"\s*&&\s*", args):
+            words = shlex.split(step)
+            if words[:1] == ["mkdir"] and spill in words:
+                made = True
+            if words[:1] == ["chown"] and spill in words:
+                owner = next(w for w in words[1:] if not w.startswith("-"))
+                chowned = made and owner == user
+    assert made, f"the image does not create {spill}"
+    assert chowned, f"{spill} is not owned by {user}"
+    (image_user,) = [args for op, args in stages["dask"] if op == "USER"]
+    assert image_user == user
+
+
 def test_dockerignore_sends_only_what_the_image_needs():
     with open(os.path.join(ROOT, ".dockerignore")) as fh:
         rules = [line.strip() for line in fh if line.strip() and not line.startswith("#")]
@@ -189,12 +214,26 @@ def test_slurm_example_writes_a_scheduler_file_clients_join(tmp_path):
     example = _load_module(os.path.join(DEPLOY, "hpc", "slurm_cluster.py"), "slurm_cluster")
     scheduler_file = tmp_path / "shared" / "scheduler.json"
     cluster = example.make_cluster(str(scheduler_file), cores=2, memory="4GiB", processes=1,
-                                   queue="debug")
+                                   queue="debug", walltime="01:00:00", interface="lo")
     try:
         script = cluster.job_script()
         assert "#SBATCH -p debug" in script and "#SBATCH --mem=4G" in script
+        assert "#SBATCH -t 01:00:00" in script
         worker_cmd = next(line for line in script.splitlines() if "dask_worker" in line)
         assert cluster.scheduler_address in worker_cmd
+        # the worker retires before SLURM's wall time kills it, staggered
+        args = shlex.split(worker_cmd)
+        life = int(args[args.index("--lifetime") + 1].rstrip("s"))
+        stagger = int(args[args.index("--lifetime-stagger") + 1].rstrip("s"))
+        assert stagger > 0 and life + stagger < 3600, (life, stagger)
+        assert args[args.index("--interface") + 1] == "lo"
+        # the local directory, as the node's shell expands it: $TMPDIR, else /tmp
+        for tmpdir, expected in [(None, "/tmp"), ("/local/job42", "/local/job42")]:
+            env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+            env.update({"TMPDIR": tmpdir} if tmpdir else {})
+            words = subprocess.run(["bash", "-c", f"printf '%s\\n' {worker_cmd}"], env=env,
+                                   capture_output=True, text=True, check=True).stdout.split("\n")
+            assert words[words.index("--local-directory") + 1] == expected, worker_cmd
         # the command SLURM would start on each node exists in this distributed
         module = shlex.split(worker_cmd)[2]
         assert importlib.util.find_spec(module) is not None, module
@@ -204,6 +243,35 @@ def test_slurm_example_writes_a_scheduler_file_clients_join(tmp_path):
             assert client.scheduler.address == cluster.scheduler_address
     finally:
         cluster.close()
+
+
+@pytest.mark.parametrize(("walltime", "seconds"), [
+    ("04:00:00", 4 * 3600), ("1-01:00:00", 25 * 3600), ("30", 1800), ("45:30", 2730),
+    ("2-12", 60 * 3600), ("1-06:30", 30 * 3600 + 1800)])
+def test_slurm_workers_retire_before_their_wall_time(walltime, seconds):
+    example = _load_module(os.path.join(DEPLOY, "hpc", "slurm_cluster.py"), "slurm_cluster")
+    assert example.walltime_seconds(walltime) == seconds
+    life, stagger = example.lifetime(walltime)
+    margin = seconds - (life + stagger)  # the latest a worker retires, before SLURM's kill
+    assert stagger > 0 and min(seconds / 10, 600) <= margin < seconds / 5, (life, stagger)
+
+
+@pytest.mark.cluster
+def test_slurm_cluster_options_reach_the_workers(tmp_path):
+    """The command's --local-directory, --interface and --walltime, in the worker script it
+    prints (its scheduler starts on the loopback interface, and stops)."""
+    out = subprocess.run(
+        [sys.executable, os.path.join(DEPLOY, "hpc", "slurm_cluster.py"), "--scheduler-file",
+         str(tmp_path / "scheduler.json"), "--print-job-script", "--interface", "lo",
+         "--local-directory", "/local/$USER/dask", "--walltime", "2-00:00:00"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    worker_cmd = next(line for line in out.stdout.splitlines() if "dask_worker" in line)
+    args = shlex.split(worker_cmd)
+    assert args[args.index("--local-directory") + 1] == "/local/$USER/dask"
+    assert args[args.index("--interface") + 1] == "lo"
+    assert args[args.index("--lifetime") + 1] == f"{48 * 3600 - 900}s"
+    assert args[args.index("--lifetime-stagger") + 1] == "300s"
 
 
 @pytest.mark.parametrize(("job", "workflow"), [("nightly", "nightly-gp-isomap"),
@@ -245,13 +313,13 @@ def test_slurm_cluster_closes_and_removes_its_scheduler_file_on_a_signal(tmp_pat
         host, port = address.rsplit("/", 1)[-1].rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=5).close()  # it is serving
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert f"{sig.name}: closing the cluster" in err
     assert not scheduler_file.exists()
-    with pytest.raises(OSError):  # nothing listens there any more
+    with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
         socket.create_connection((host, int(port)), timeout=5).close()
 
 
