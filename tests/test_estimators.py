@@ -43,11 +43,19 @@ def test_live_client_neither_pickled_nor_copied(name, roll, cluster_client):
         np.testing.assert_allclose(back.transform(Xnew), est.transform(Xnew), atol=1e-9)
 
 
+def test_ikd_components_clamped_to_the_features_with_a_warning():
+    """IKD's samples span N - 1 dimensions: more components are clamped with a warning (as
+    n_landmarks is to the samples), so the defaults fit data of few features."""
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    before = X.copy()
+    with pytest.warns(UserWarning, match="n_components=5 is more than the data supports: 3 "
+                      "features give at most 2 components.*uses n_components=2"):
+        est = IKD(n_components=5, random_state=0).fit(X)
+    assert est.embedding_.shape == (50, 2) and est.n_components == 5
+    np.testing.assert_array_equal(X, before)
+
+
 @pytest.mark.parametrize(("make", "X", "message"), [
-    (lambda: IKD(n_components=5, random_state=0), np.random.default_rng(0).normal(size=(50, 2)),
-     "n_components=5 is more than the data supports: 2 features give at most 1"),
-    (lambda: IKD(n_components=3, random_state=0), np.random.default_rng(0).normal(size=(50, 3)),
-     "n_components=3 is more than the data supports: 3 features give at most 2"),
     (lambda: Isomap(n_neighbors=1), np.eye(2, 3), "n_components=2 needs at least 3 samples"),
     (lambda: LSDR(n_components=3), np.random.default_rng(0).normal(size=(50, 2)),
      "n_components=3 is more than the data supports: 2 features"),

@@ -237,3 +237,47 @@ def test_density_split_separates_touching_patches():
     for p in range(3):
         mine = split[sc.batch_labels == p]
         assert np.mean(mine == np.bincount(mine[mine >= 0]).argmax()) >= 0.98
+
+
+def _axis_ratio(Y: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """Per-axis least-squares scale of Y against E about their means (1 = same scale)."""
+    Yc, Ec = Y - Y.mean(0), E - E.mean(0)
+    return (Yc * Ec).sum(0) / (Ec * Ec).sum(0)
+
+
+def test_one_scale_for_batch_transform_stream_and_refit(tmp_path):
+    """fit_transform is embedding_; transform of the batch, the stream's rows and a refit are
+    in embedding_'s frame and scale (per axis, not only up to a Procrustes similarity)."""
+    import zarr
+
+    from dr_dask.datasets import make_dataset
+    from dr_dask.stream.runner import refit_model, refit_params
+
+    make_dataset("gp", str(tmp_path / "gp.zarr"), n_samples=360, n_features=60,
+                 random_state=0)
+    X = np.asarray(zarr.open_group(str(tmp_path / "gp.zarr"), mode="r")["X"])
+    batch, extra = X[:300], X[300:]
+    model = GPIsomap(random_state=0)
+    E = model.fit_transform(batch)
+    np.testing.assert_array_equal(E, model.embedding_)
+    radius = np.linalg.norm(E - E.mean(0), axis=1).mean()
+    np.testing.assert_allclose(_axis_ratio(model.transform(batch), E), 1, atol=0.02)
+    assert np.median(np.linalg.norm(model.transform(batch) - E, axis=1)) < 0.01 * radius
+
+    # the stream writes the batch rows where embedding_ has them
+    out = str(tmp_path / "out")
+    StreamRunner(out, [batch[i : i + 100] for i in range(0, 300, 100)], model, n_s=10**6,
+                 strict_sequential=True).run()
+    streamed = read_output(out)["embedding"]
+    np.testing.assert_allclose(_axis_ratio(streamed, E), 1, atol=0.02)
+    assert np.median(np.linalg.norm(streamed - E, axis=1)) < 0.01 * radius
+
+    # a refit on batch + buffer continues the frame and the scale (one similarity: its
+    # Isomap of more points may stretch one axis against the other by a few percent), and
+    # maps in its own embedding_'s scale
+    new = refit_model(refit_params(model), np.vstack([batch, extra]), model.embedding_)
+    old = new.embedding_[:300]
+    Oc, Ec = old - old.mean(0), E - E.mean(0)
+    assert abs((Oc * Ec).sum() / (Ec * Ec).sum() - 1) < 0.02
+    np.testing.assert_allclose(_axis_ratio(old, E), 1, atol=0.05)
+    np.testing.assert_allclose(_axis_ratio(new.transform(batch), old), 1, atol=0.02)

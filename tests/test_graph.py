@@ -433,7 +433,7 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points(monkeypatch):
     P = rng.normal(size=(200, 3))
     L = P[:20]
     D2 = ((L[:, None] - L[None]) ** 2).sum(-1)
-    coords, pinv, sq_mean, _lam, _res = landmark_mds(D2, 3)
+    coords, pinv, sq_mean, _lam, _res, _passes = landmark_mds(D2, 3)
     assert procrustes_disparity(L, coords) < 1e-20
     D2_LX = ((L[:, None] - P[None]) ** 2).sum(-1)
     X = triangulate(pinv, D2_LX, sq_mean)

@@ -61,7 +61,8 @@ def test_run_page_in_the_browser(run, tmp_path):
     res = _cli("report", str(run), "--html", str(out))
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
-    assert summary == {"html": str(out), "kind": "run", "points": 400, "rows": 400}
+    assert summary == {"html": str(out), "kind": "run", "points": 400, "rows": 400,
+                       "bytes": out.stat().st_size}
     page = out.read_text()
     assert "https://" not in page.split("<body", 1)[0] or "cdn.bokeh.org" not in page
     assert "<script src=" not in page  # everything inline: opens with no network
@@ -141,3 +142,57 @@ def test_refit_job_store_shows_its_latest_run_and_metrics(run, tmp_path):
     with pytest.raises(ValueError, match="neither a run"):
         html_report(str(store), str(tmp_path / "gone.html"))
     assert not (tmp_path / "gone.html").exists()
+
+
+#: The colour keys of the live page: the names of its legend and colour bar models.
+KEYS = ("[...Bokeh.documents[0].all_models].map(m => m.constructor.__name__)"
+        ".filter(n => n == 'Legend' || n == 'ColorBar')")
+
+
+@needs_chromium
+def test_colour_by_a_variable_of_the_input_or_a_user_array(run, tmp_path):
+    """--color: numbers get a colour bar, categories a legend; a wrong name is exit 2."""
+    out = tmp_path / "latent.html"
+    res = _cli("report", str(run), "--html", str(out), "--color", "latent[0]")
+    assert res.exit_code == 0, res.output
+    page = browser.load(out.as_uri(), KEYS)
+    assert page.errors == [] and page.value == ["ColorBar"]
+    labels = tmp_path / "labels.npy"
+    np.save(labels, np.arange(400) % 3)
+    out = tmp_path / "labels.html"
+    res = _cli("report", str(run), "--html", str(out), "--color", str(labels))
+    assert res.exit_code == 0, res.output
+    # (the page in the browser: test_page_size_for_ten_thousand_points)
+    assert '"name":"Legend"' in out.read_text() and '"name":"ColorBar"' not in out.read_text()
+    res = _cli("report", str(run), "--html", str(tmp_path / "x.html"), "--color", "nope")
+    assert res.exit_code == 2 and "no variable 'nope'" in res.output and "latent" in res.output
+    res = _cli("report", str(run), "--html", str(tmp_path / "x.html"), "--color", "latent")
+    assert res.exit_code == 2 and "VAR[j]" in res.output
+    assert not (tmp_path / "x.html").exists()
+
+
+@needs_chromium
+def test_page_size_for_ten_thousand_points(tmp_path):
+    """10^4 points make a page under 1 MB with BokehJS in it (compressed, unpacked by the
+    browser: it opens with no network and draws every point); above 1 MB the page says what
+    it is made of."""
+    rng = np.random.default_rng(0)
+    rg = RunGroup(str(tmp_path / "runs.zarr"), "big", params={"n": 2}, identity={})
+    rg.write("embedding", rng.normal(size=(100_000, 2)), dims=("sample", "component"))
+    rg.write("sample", np.arange(100_000), dims=("sample",))
+    rg.mark_complete(arrays=("embedding",), method="IKD", eigenvalues=[3.0, 2.0])
+    run, labels = str(tmp_path / "runs.zarr" / "big"), np.arange(100_000) % 4
+    lean = html_report(run, str(tmp_path / "cdn.html"), resources="cdn", color=labels,
+                       max_points=10_000)
+    assert lean["points"] == 10_000 and lean["bytes"] < 300_000
+    out = tmp_path / "inline.html"
+    full = html_report(run, str(out), color=labels, max_points=10_000)
+    assert full["bytes"] < 1_000_000
+    text = out.read_text()
+    assert "<script src=" not in text and f"This page is {full['bytes'] / 1e6:.2f} MB." in text
+    # no console error, every point in the scatter, drawn, with a legend of the labels
+    _open(out, 10_000)
+    assert '"name":"Legend"' in text
+    html_report(run, str(tmp_path / "all.html"), color=labels)  # 10^5 points: over 1 MB
+    assert "MB of it BokehJS (compressed), included so that it opens with no network; the " \
+        "rest is the 100,000 points drawn" in (tmp_path / "all.html").read_text()

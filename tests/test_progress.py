@@ -26,6 +26,10 @@ FIT = (
 )
 
 
+#: The MIME type of a Jupyter widget's display.
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
 def _code(cluster: bool = False) -> str:
     if cluster:
         return FIT.format(setup="from distributed import Client, LocalCluster\n"
@@ -77,17 +81,30 @@ def _on_a_terminal(code: str) -> str:
     return out.decode() + b"".join(chunks).decode(errors="replace")
 
 
+def _closed_bars(text: str) -> list[str]:
+    """The final state of every bar drawn (tqdm redraws a bar after ``\r`` and ends it with a
+    newline)."""
+    lines = (line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
+    return [line for line in lines if "%|" in line]
+
+
 def test_a_terminal_gets_a_text_bar_on_stderr():
     text = _on_a_terminal(_code())
     assert "OUTPUT terminal" in text and "DONE" in text
-    assert "dr-dask" in text and "100%" in text  # tqdm's bar ran to the end, on stderr
+    # one bar for the fit, run to the end, on stderr, naming the estimator and its stages
+    bars = _closed_bars(text)
+    assert len(bars) == 1, bars
+    assert bars[0].startswith("dr-dask IKD: ") and "100%" in bars[0], bars
+    assert "dr-dask IKD: tiles" in text or "dr-dask IKD: eigen" in text, text[-2000:]
 
 
 @pytest.mark.cluster
-def test_a_terminal_on_a_cluster_gets_distributeds_bar():
+def test_a_terminal_on_a_cluster_gets_the_fits_bar():
     text = _on_a_terminal(_code(cluster=True))
     assert "OUTPUT terminal" in text and "DONE" in text
-    assert "100% Completed" in text  # distributed's text progress, moved to stderr
+    # the same one bar for the fit, fed by the futures the fit gathers from the cluster
+    bars = _closed_bars(text)
+    assert len(bars) == 1 and bars[0].startswith("dr-dask IKD: ") and "100%" in bars[0], bars
 
 
 def test_a_jupyter_kernel_gets_a_widget():
@@ -100,7 +117,7 @@ def test_a_jupyter_kernel_gets_a_widget():
     km, kc = start_new_kernel(kernel_name="python3", env=_env())
     try:
         msg_id = kc.execute(_code())
-        stdout, mimes, error = "", set(), None
+        stdout, mimes, error, widgets = "", set(), None, []
         while True:
             msg = kc.get_iopub_msg(timeout=300)
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -110,6 +127,8 @@ def test_a_jupyter_kernel_gets_a_widget():
                 stdout += content["text"]
             elif kind in ("display_data", "update_display_data"):
                 mimes |= set(content["data"])
+                if kind == "display_data" and WIDGET in content["data"]:
+                    widgets.append(content["data"][WIDGET]["model_id"])
             elif kind == "error":
                 error = "\n".join(content["traceback"])
             elif kind == "status" and content["execution_state"] == "idle":
@@ -119,4 +138,5 @@ def test_a_jupyter_kernel_gets_a_widget():
         km.shutdown_kernel(now=True)
     assert error is None, error
     assert "OUTPUT notebook" in stdout and "DONE" in stdout
-    assert "application/vnd.jupyter.widget-view+json" in mimes
+    assert WIDGET in mimes
+    assert len(widgets) == 1, widgets  # one bar for the whole fit

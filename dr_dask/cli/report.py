@@ -22,9 +22,17 @@ logger = logging.getLogger(__name__)
               "on the page).")
 @click.option("--window", type=POSITIVE, default=50, show_default=True,
               help="Running-mean window of a stream's predictive variance.")
+@click.option("--color", "color", default=None, metavar="VAR",
+              help="Colour the embedding by VAR of the run's input store, STORE:VAR, VAR[j] "
+              "(a column) or a .npy file; categories get a legend, numbers a colour bar "
+              "[row order; a stream's manifold].")
+@click.option("--resources", type=click.Choice(["inline", "cdn"]), default="inline",
+              show_default=True,
+              help="BokehJS in the page (compressed, 0.45 MB: opens with no network) or "
+              "fetched by the browser when the page opens.")
 @seed_option("Seeds the samples.")
 @click.pass_context
-def report(ctx, run_or_state, out_html, max_points, window, seed):
+def report(ctx, run_or_state, out_html, max_points, window, color, resources, seed):
     """Explore a run, a stream output or a job's state in the browser.
 
     RUN_OR_STATE is a run group (e.g. runs.zarr/ikd-...), a refit job's run store (its
@@ -36,5 +44,6 @@ def report(ctx, run_or_state, out_html, max_points, window, seed):
     from dr_dask.report.html import html_report
 
     summary = html_report(run_or_state, out_html, storage_options=storage_options(ctx),
-                          max_points=max_points, window=window, random_state=seed)
+                          max_points=max_points, window=window, random_state=seed,
+                          color=color, resources=resources)
     click.echo(json.dumps(summary))

@@ -18,6 +18,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
+from dr_dask.graph.knn import Metric
 from dr_dask.graph.neighbour_graph import symmetric_graph
 
 logger = logging.getLogger(__name__)
@@ -42,16 +43,14 @@ def describe_components(labels: np.ndarray, n_components: int,
     )
 
 
-def _closest_pair(A: np.ndarray, B: np.ndarray) -> tuple[int, int, float]:
+def _closest_pair(A: Any, B: Any, metric: Metric) -> tuple[int, int, float]:
     """Indices (into A, into B) and distance of the closest pair between two point sets."""
-    from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
-
     # build the tree on the smaller set and query it with the larger one
     if A.shape[0] <= B.shape[0]:
-        d, j = NearestNeighbors(n_neighbors=1).fit(A).kneighbors(B)
+        d, j = metric.nearest(n_neighbors=1).fit(A).kneighbors(B)
         b = int(np.argmin(d[:, 0]))
         return int(j[b, 0]), b, float(d[b, 0])
-    d, j = NearestNeighbors(n_neighbors=1).fit(B).kneighbors(A)
+    d, j = metric.nearest(n_neighbors=1).fit(B).kneighbors(A)
     a = int(np.argmin(d[:, 0]))
     return a, int(j[a, 0]), float(d[a, 0])
 
@@ -63,6 +62,7 @@ def connect_components(
     on_disconnected: str = "bridge",
     bridge_weight: Callable[[np.ndarray], np.ndarray] | None = None,
     client: Any = None,
+    metric: Metric | str | None = None,
 ) -> sp.csr_matrix:
     """Return a connected version of a symmetric graph, or refuse, as asked.
 
@@ -70,8 +70,8 @@ def connect_components(
     ----------
     graph : sparse matrix of shape (T, T)
         Symmetric, non-negative edge weights.
-    X : array-like of shape (T, N), optional
-        Points whose Euclidean distances define the bridging edges (required for "bridge").
+    X : array-like or CSR matrix of shape (T, N), or (T, T) with ``metric="precomputed"``
+        Points whose distances define the bridging edges (required for "bridge").
     on_disconnected : {"bridge", "raise", "ignore"}
         ``bridge``: add the shortest bridging edges (Borůvka over components) and warn with
         :class:`~dr_dask.graph.DisconnectedGraphWarning` naming the components; ``raise``:
@@ -83,6 +83,9 @@ def connect_components(
         reuse the same repair.
     client : distributed.Client, optional
         Unused today (bridging is cheap next to the graph); accepted for a uniform API.
+    metric : Metric or "precomputed", optional
+        The distance of the bridging edges (default Euclidean); ``"precomputed"``: X is the
+        dense matrix of the distances between all points.
 
     Returns
     -------
@@ -97,18 +100,27 @@ def connect_components(
     summary = describe_components(labels, n_comp)
     if on_disconnected == "raise":
         raise ValueError(
-            f"the neighbour graph is disconnected: {summary}. Increase n_neighbors/radius or "
-            "use on_disconnected='bridge'"
+            f"the neighbour graph is disconnected (the number of connected components is "
+            f"{n_comp} > 1): {summary}. Increase n_neighbors/radius or use "
+            "on_disconnected='bridge'"
         )
     if on_disconnected == "ignore":
         logger.info("leaving disconnected graph as is: %s", summary)
         return graph
     if X is None:
         raise ValueError(f"cannot bridge a disconnected graph without the points X: {summary}")
-    X = np.asarray(X, dtype=np.float64)
+    precomputed = isinstance(metric, str) and metric == "precomputed"
+    if not sp.issparse(X):
+        X = np.asarray(X, dtype=np.float64)
+    elif precomputed:
+        raise RuntimeError(
+            f"The number of connected components of the neighbors graph is {n_comp} > 1 "
+            f"({summary}): a sparse precomputed graph holds no distances to bridge them. "
+            "Increase the number of neighbors, or precompute the full distance matrix.")
     if X.shape[0] != graph.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but the graph has {graph.shape[0]} nodes")
-    msg = f"neighbour graph is disconnected ({summary}); adding shortest bridging edges"
+    msg = (f"neighbour graph is disconnected (the number of connected components is {n_comp} "
+           f"> 1: {summary}); adding shortest bridging edges")
     logger.warning(msg)
 
     warnings.warn(msg, DisconnectedGraphWarning, stacklevel=2)
@@ -120,7 +132,13 @@ def connect_components(
         for c in range(n_comp):
             inside = np.flatnonzero(labels == c)
             outside = np.flatnonzero(labels != c)
-            a, b, d = _closest_pair(X[inside], X[outside])
+            if precomputed:
+                sub = X[np.ix_(inside, outside)]
+                a, b = (int(i) for i in np.unravel_index(int(np.argmin(sub)), sub.shape))
+                d = float(sub[a, b])
+            else:
+                a, b, d = _closest_pair(X[inside], X[outside],
+                                        metric if isinstance(metric, Metric) else Metric())
             rows.append(inside[a])
             cols.append(outside[b])
             lens.append(d)

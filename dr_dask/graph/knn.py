@@ -16,12 +16,14 @@ import itertools
 import logging
 import math
 import warnings
+from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 from dr_dask.graph._knn_cells import cell_kneighbors
 from dr_dask.graph._knn_ivf import ivf_kneighbors
@@ -48,8 +50,61 @@ RECALL_ROWS = 200
 RECALL_WARN = 0.9
 
 
+@dataclass(frozen=True)
+class Metric:
+    """The distance of a neighbour search, in scikit-learn's vocabulary.
+
+    The package's own searches (KD-trees, float32 GEMM tiles, cells, IVF) measure Euclidean
+    distances; any other metric is searched exactly, block by block, by scikit-learn's
+    ``NearestNeighbors`` with these parameters (which accepts every metric it knows and
+    callables). ``algorithm`` is its ``algorithm`` there; the Euclidean searches are exact
+    whatever it says.
+    """
+
+    metric: Any = "euclidean"
+    p: float = 2
+    params: dict | None = field(default=None, hash=False, compare=False)
+    algorithm: str = "auto"
+
+    @property
+    def euclidean(self) -> bool:
+        """True when the distance is the Euclidean one the package's searches compute."""
+        if callable(self.metric) or self.params:
+            return False
+        return self.metric in ("euclidean", "l2") or (self.metric == "minkowski"
+                                                      and self.p == 2)
+
+    @property
+    def name(self) -> str:
+        """The metric as a message names it."""
+        if callable(self.metric):
+            return f"callable {getattr(self.metric, '__name__', type(self.metric).__name__)}"
+        return f"{self.metric!r}" + (f" (p={self.p})" if self.metric == "minkowski" else "")
+
+    def nearest(self, **kwargs: Any) -> Any:
+        """An unfitted scikit-learn ``NearestNeighbors`` measuring this distance."""
+        from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
+
+        return NearestNeighbors(metric=self.metric, p=self.p, metric_params=self.params,
+                                algorithm=self.algorithm, **kwargs)
+
+    def refuse(self, search: str) -> None:
+        """Refuse a search that measures Euclidean distances only, naming the metric."""
+        if not self.euclidean:
+            raise ValueError(f"metric={self.name}: the {search} neighbour search measures "
+                             "Euclidean distances only; use knn='exact' (an exact search in "
+                             "that metric)")
+
+
 def count_rows(X: Any) -> int:
     return int(X.shape[0])
+
+
+def dense_block(block: Any) -> np.ndarray:
+    """A row block as a dense float64 array (sparse input is searched block by block)."""
+    if sp.issparse(block):
+        block = block.toarray()
+    return np.ascontiguousarray(block, dtype=np.float64)
 
 
 def check_2d(X: Any, name: str) -> Any:
@@ -57,7 +112,8 @@ def check_2d(X: Any, name: str) -> Any:
         return None
     if not isinstance(X, da.Array):
         # the values are checked block by block, where the rows can be named (topk.check_finite)
-        return check_array_like(X, name, ensure_all_finite=False)
+        X = check_array_like(X, name, ensure_all_finite=False, accept_sparse="csr")
+        return X.tocsr() if sp.issparse(X) else X
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
     if X.shape[0] == 0:
@@ -167,13 +223,17 @@ class NeighbourIndex:
 
 
 def _block_knn(
-    query: np.ndarray, data: np.ndarray, k: int, q0: int, d0: int
+    query: np.ndarray, data: np.ndarray, k: int, q0: int, d0: int, metric: Metric | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """k nearest rows of one data block for one query block, with global data indices."""
-    query = np.ascontiguousarray(query, dtype=np.float64)
-    data = np.ascontiguousarray(data, dtype=np.float64)
+    """k nearest rows of one data block for one query block, with global data indices
+    (Euclidean, or in ``metric`` by scikit-learn's search)."""
+    query, data = dense_block(query), dense_block(data)
     check_finite(query, q0, "query")
     check_finite(data, d0, "X")
+    if metric is not None and not metric.euclidean:
+        k = min(int(k), data.shape[0])
+        dist, idx = metric.nearest(n_neighbors=k).fit(data).kneighbors(query)
+        return dist, idx + d0
     dist, idx = NeighbourIndex(data).kneighbors(query, k)
     return dist, idx + d0
 
@@ -203,13 +263,16 @@ def kneighbors(
     n_lists: int | None = None,
     scratch: Any = None,
     random_state: Any = 0,
+    metric: Metric | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Euclidean k nearest neighbours, blockwise over rows, distributed on ``client``.
+    """k nearest neighbours (Euclidean, or ``metric``), blockwise over rows, distributed on
+    ``client``.
 
     Parameters
     ----------
-    X : ndarray or dask array of shape (T, N)
-        Data points (dask arrays are re-chunked to full rows).
+    X : ndarray, CSR matrix or dask array of shape (T, N)
+        Data points (dask arrays are re-chunked to full rows; sparse rows are made dense one
+        block at a time).
     n_neighbors : int
         k. Without ``query`` a point is not its own neighbour, so k < T; with ``query`` k <= T.
     query : ndarray or dask array of shape (Q, N), optional
@@ -242,6 +305,9 @@ def kneighbors(
         temporary directory); deleted afterwards.
     random_state : int, RandomState or None
         ``"ivf"``: seeds the quantizer's training sample and k-means.
+    metric : Metric, optional
+        The distance (default Euclidean). Any other is searched exactly in that metric
+        (``"auto"`` and ``"exact"``); ``"cells"`` and ``"ivf"`` refuse it, naming it.
 
     Returns
     -------
@@ -268,11 +334,16 @@ def kneighbors(
     if algorithm in ("cells", "ivf") and not exclude_self:
         raise ValueError(f"algorithm={algorithm!r} searches X among itself: give no query "
                          "(use algorithm='exact' for new points)")
+    other = metric is not None and not metric.euclidean
+    if other and algorithm in ("cells", "ivf"):
+        assert metric is not None  # other implies it
+        metric.refuse(algorithm)
     client = active_client(client)
     if algorithm == "ivf":
         return ivf_kneighbors(X, k, exclude_self, client=client, n_lists=n_lists,
                               n_probe=n_probe, scratch=scratch, random_state=random_state)
-    if algorithm == "cells" or (algorithm == "auto" and exclude_self
+    if algorithm == "cells" or (algorithm == "auto" and exclude_self and not other
+                                and not sp.issparse(X)
                                 and n >= config.get("knn.cells-min-rows")
                                 and X.shape[1] > config.get("knn.kd-tree-max-dim")):
 
@@ -290,7 +361,8 @@ def kneighbors(
     merge = dask.delayed(_merge, pure=True)
     merged = []
     for qi, qb in enumerate(q_blocks):
-        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di]) for di, db in enumerate(d_blocks)]
+        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di], metric if other else None)
+                 for di, db in enumerate(d_blocks)]
         own = np.arange(q_off[qi], q_off[qi + 1]) if exclude_self else None
         merged.append(merge(k, own, *parts))
     logger.debug("kneighbors: %d query x %d data blocks, k=%d", len(q_blocks), len(d_blocks), k)
@@ -298,12 +370,20 @@ def kneighbors(
     return np.vstack([r[0] for r in results]), np.vstack([r[1] for r in results])
 
 
-def knn_algorithm(knn: str, n_rows: int, n_features: int) -> str:
-    """The :func:`kneighbors` algorithm of an estimator's ``knn`` mode (see ``KNN_MODES``)."""
+def knn_algorithm(knn: str, n_rows: int, n_features: int,
+                  metric: Metric | None = None) -> str:
+    """The :func:`kneighbors` algorithm of an estimator's ``knn`` mode (see ``KNN_MODES``).
+
+    The partitioned search measures Euclidean distances only: another ``metric`` with
+    ``knn="ivf"``, or with ``"auto"`` where it would take the partitioned search (an exact
+    search in the metric at that size would cost T^2 distances), is refused by name.
+    """
     if knn not in KNN_MODES:
         raise ValueError(f"knn must be one of {KNN_MODES}, got {knn!r}")
     if knn == "ivf" or (knn == "auto" and n_rows >= config.get("knn.ivf-min-rows")
                         and n_features > config.get("knn.kd-tree-max-dim")):
+        if metric is not None:
+            metric.refuse(f"partitioned (knn={knn!r}, {n_rows} rows)")
         return "ivf"
     return "auto"
 
@@ -353,7 +433,8 @@ def check_recall(recall: float, what: str) -> None:
 
 def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
                       n_probe: int | None = None, client: Any = None, scratch: Any = None,
-                      random_state: Any = None) -> tuple[np.ndarray, np.ndarray, float]:
+                      random_state: Any = None,
+                      metric: Metric | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """An estimator's neighbour search: :func:`kneighbors` of X among itself in the mode
     ``knn`` (see ``KNN_MODES``), with its recall.
 
@@ -368,10 +449,10 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
         feature, not the manifold, decides who is a neighbour, a partitioned search cannot find
         them cheaply, and the default must not lose quality silently).
     """
-    algorithm = knn_algorithm(knn, count_rows(X), int(X.shape[1]))
+    algorithm = knn_algorithm(knn, count_rows(X), int(X.shape[1]), metric)
     seed = search_seed(random_state)
     dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
-                           n_probe=n_probe, scratch=scratch, random_state=seed)
+                           n_probe=n_probe, scratch=scratch, random_state=seed, metric=metric)
     if algorithm != "ivf":
         return dist, idx, 1.0
     recall = estimate_recall(X, idx, random_state=seed, client=client)
@@ -416,11 +497,10 @@ def estimator_neighbours(X: Any, n_neighbors: int, search: dict | None, *, clien
 
 
 def kneighbors_local(
-    X: np.ndarray, n_neighbors: int, query: np.ndarray
+    X: np.ndarray, n_neighbors: int, query: np.ndarray, metric: Metric | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Single-process :func:`kneighbors` of new points (for use inside worker tasks)."""
-    X = np.asarray(X, dtype=np.float64)
     query = check_2d(query, "query")
     if query.shape[1] != X.shape[1]:
         raise ValueError(f"query has {query.shape[1]} features but the data have {X.shape[1]}")
-    return _block_knn(query, X, n_neighbors, 0, 0)
+    return _block_knn(query, X, n_neighbors, 0, 0, metric)

@@ -46,6 +46,8 @@ class LandmarkMDS(NamedTuple):
     eigenvalues : ndarray of shape (d,)
     residuals : ndarray of shape (d,)
         ``||B v - lambda v||`` of each eigenpair of the centred matrix B.
+    n_passes : int
+        Products of the eigensolver with B (1 for the dense solver).
     """
 
     coords: np.ndarray
@@ -53,6 +55,7 @@ class LandmarkMDS(NamedTuple):
     sq_mean: np.ndarray
     eigenvalues: np.ndarray
     residuals: np.ndarray
+    n_passes: int = 1
 
 
 def select_landmarks(
@@ -136,7 +139,9 @@ def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np
     return chosen
 
 
-def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
+def landmark_mds(D2_LL: np.ndarray, n_components: int, *, method: str = "dense",
+                 tol: float = 1e-10, max_passes: int = 100,
+                 random_state: Any = None) -> LandmarkMDS:
     """Classical MDS of landmarks from their squared distances.
 
     Parameters
@@ -145,11 +150,13 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
         Squared distances between landmarks (symmetrised here).
     n_components : int
         d < L.
+    method, tol, max_passes, random_state
+        The eigensolver's (:func:`dr_dask.linalg.classical_mds`): dense LAPACK by default.
 
     Returns
     -------
     LandmarkMDS
-        Unpacks as ``coords, pinv, sq_mean, eigenvalues, residuals``.
+        Unpacks as ``coords, pinv, sq_mean, eigenvalues, residuals, n_passes``.
 
     Raises
     ------
@@ -163,7 +170,8 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
     if not 1 <= n_components < L:
         raise ValueError(f"n_components={n_components} must be in [1, {L - 1}] for {L} landmarks")
     D2 = (D2 + D2.T) / 2
-    res = classical_mds(D2, n_components, method="dense")
+    res = classical_mds(D2, n_components, method=method, tol=tol, max_passes=max_passes,
+                        random_state=random_state)
     lam, V = res.values, res.vectors
     if np.any(lam <= 0):
         raise ValueError(
@@ -171,7 +179,8 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int) -> LandmarkMDS:
             f"are positive ({lam}); use fewer components or more landmarks"
         )
     root = np.sqrt(lam)
-    return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals)
+    return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals,
+                       res.n_passes)
 
 
 def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.ndarray:

@@ -13,7 +13,15 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from dr_dask.graph.knn import check_2d, count_rows, default_block, estimator_neighbours, row_blocks
+from dr_dask.graph.knn import (
+    Metric,
+    check_2d,
+    count_rows,
+    default_block,
+    dense_block,
+    estimator_neighbours,
+    row_blocks,
+)
 from dr_dask.graph.topk import check_finite
 from dr_dask.io.validation import warn_duplicates
 from dr_dask.runtime.cluster import active_client, compute
@@ -110,13 +118,11 @@ def graph_from_neighbors(indices: np.ndarray, weights: np.ndarray, n: int) -> sp
     return symmetric_graph(rows, indices.ravel().astype(np.int64), weights.ravel(), int(n))
 
 
-def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d0: int):
-    query = np.asarray(query, dtype=np.float64)
-    data = np.asarray(data, dtype=np.float64)
+def _block_radius(query: np.ndarray, data: np.ndarray, radius: float, q0: int, d0: int,
+                  metric: Metric | None = None):
+    query, data = dense_block(query), dense_block(data)
     check_finite(data, d0, "X")
-    from sklearn.neighbors import NearestNeighbors  # lazy: not on workers (__init__)
-
-    dist, idx = NearestNeighbors(radius=radius).fit(data).radius_neighbors(query)
+    dist, idx = (metric or Metric()).nearest(radius=radius).fit(data).radius_neighbors(query)
     counts = np.array([len(i) for i in idx])
     rows = np.repeat(np.arange(query.shape[0]) + q0, counts)
     cols = np.concatenate(idx).astype(np.int64) + d0 if counts.sum() else np.array([], np.int64)
@@ -144,8 +150,9 @@ def kneighbors_graph(
     block_size: int | None = None,
     algorithm: str = "auto",
     search: dict | None = None,
+    metric: Metric | None = None,
 ) -> sp.csr_matrix:
-    """Symmetric, Euclidean-distance-weighted neighbour graph (k rule or epsilon rule).
+    """Symmetric, distance-weighted neighbour graph (k rule or epsilon rule).
 
     Parameters
     ----------
@@ -164,6 +171,8 @@ def kneighbors_graph(
         An estimator's search instead (the k rule): ``knn``, ``n_probe``, ``scratch`` and
         ``random_state`` of :func:`search_neighbours`; its estimated recall is stored back
         under ``"recall"``.
+    metric : Metric, optional
+        The distance (default Euclidean; see :func:`kneighbors`).
 
     Returns
     -------
@@ -179,8 +188,11 @@ def kneighbors_graph(
     if radius is None:
         if n_neighbors is None:
             raise ValueError("give n_neighbors (k rule) or radius (epsilon rule)")
+        if search is not None:
+            search["metric"] = metric  # the caller's dict: the recall comes back in it too
         dist, idx = estimator_neighbours(X, n_neighbors, search, client=client,
-                                         block_size=block_size, algorithm=algorithm)
+                                         block_size=block_size, algorithm=algorithm,
+                                         metric=metric)
         rows = np.repeat(np.arange(n), idx.shape[1])
         cols, d = idx.ravel(), dist.ravel()
     else:
@@ -191,7 +203,7 @@ def kneighbors_graph(
         off, blocks = row_blocks(X, bs, client)
         task = dask.delayed(_block_radius, pure=True)
         parts = compute(
-            *[task(qb, db, float(radius), off[qi], off[di])
+            *[task(qb, db, float(radius), off[qi], off[di], metric)
               for qi, qb in enumerate(blocks) for di, db in enumerate(blocks)],
             client=client,
         )

@@ -176,6 +176,14 @@ def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: A
         raise ValueError(f"{first} Non-finite values in {rows}.") from None
 
 
+def output_dtype(X: Any) -> np.dtype:
+    """The dtype of an estimator's outputs for input ``X`` (an array, or anything with a
+    ``dtype``): float32 stays float32 (as scikit-learn's transformers keep it), anything else
+    is float64. The work itself is float64."""
+    return np.dtype(np.float32) if getattr(X, "dtype", None) == np.float32 else np.dtype(
+        np.float64)
+
+
 def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = np.float64,
                      **check_params: Any) -> np.ndarray:
     """A function's user array (not an estimator's input) as a checked NumPy array.

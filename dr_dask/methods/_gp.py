@@ -258,6 +258,14 @@ def fit_hyperparameters(
 NOVELTY_SCALE = 2.0
 
 
+def axis_scale(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Per-axis least-squares factor ``s_k`` of ``target[:, k] ~ s_k predicted[:, k]``, (d,)
+    (1 where an axis is predicted as all zeros)."""
+    num = np.einsum("ij,ij->j", predicted, target)
+    den = np.einsum("ij,ij->j", predicted, predicted)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+
+
 @dataclass
 class ManifoldGP:
     """A fitted GP for one manifold: everything needed to map new points, all NumPy.
@@ -335,10 +343,19 @@ class ManifoldGP:
         dist, _ = kneighbors_local(points, ks + 1, points)  # first column: the point itself
         link_scale = float(np.median(dist[:, 1:].mean(1)))
         ell_v = float(novelty_length_scale or NOVELTY_SCALE * np.median(dist[:, -1]))
-        return cls(
+        gp = cls(
             np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise + jitter,
             jitter, beta, ell_v, float(noise), link_scale, ks,
         )
+        # The predictive mean shrinks each axis toward the prior's 0 by its own factor
+        # (Mahapatra & Chandola 2020, Theorem 6.1: a per-dimension scale alpha/(1 + alpha c_k)
+        # that the theorem's Procrustes removes; docs/decisions.md GPI-SCALE): each axis of
+        # beta is rescaled so that the batch points' means reproduce their Isomap coordinates
+        # (least squares through the origin, where both the prior mean and the centred
+        # coordinates are), and new points are mapped in the embedding's scale.
+        raw, _ = gp.predict(gp.points)
+        gp.beta = beta * axis_scale(raw, coords)
+        return gp
 
     @property
     def n_points(self) -> int:

@@ -13,6 +13,7 @@ variants are documented in :mod:`dr_dask.methods._gp`.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.io.validation import (
+    FLOAT_DTYPES,
     Interval,
     Options,
     check_array_like,
@@ -33,6 +35,7 @@ from dr_dask.io.validation import (
     duplicates_reported,
     first_equal_rows,
     non_negative,
+    output_dtype,
     positive,
     warn_duplicates,
 )
@@ -89,7 +92,9 @@ class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Parameters
     ----------
     n_neighbors : int, default=10
-        k of the Isomap graphs and of the clusterer's kNN graph.
+        k of the Isomap graphs and of the clusterer's kNN graph. A manifold needs k + 2
+        points: on a batch of fewer, k is clamped to the batch size - 2 with a warning
+        (``n_neighbors_``).
     n_components : int, default=2
         Intrinsic dimension d_i of every manifold.
     kernel : {"geodesic_se", "geodesic_se_cailliez", "spectral", "literal_btilde"}, \
@@ -160,6 +165,8 @@ default="geodesic_se"
 
     Attributes
     ----------
+    n_neighbors_ : int
+        The k used: ``n_neighbors``, or fewer on a batch too small for it.
     knn_recall_ : float or None
         The batch search's recall (1.0 exact, IVF estimated; None without that search).
     labels_ : ndarray of shape (n,)
@@ -204,6 +211,13 @@ default="geodesic_se"
     because the variances of two manifolds differed in the third decimal; with the link rule
     none (0.001). The variance is then the novelty signal only: a point is confident when
     the variance under its manifold is at most ``sigma_t_``.
+
+    Scale. The GP mean of a zero-mean prior shrinks each axis toward 0 by its own factor
+    (Theorem 6.1's per-dimension scale); beta is rescaled per axis so that the batch points'
+    means reproduce their Isomap coordinates (docs/decisions.md GPI-SCALE). ``fit_transform``
+    returns ``embedding_``; ``transform`` of the batch rows reproduces it per axis (ratio
+    1.000 on ``datasets make gp`` data, was 0.95 and 0.94), and the stream writes in that
+    frame and scale, which a refit's alignment keeps.
 
     Variance. One GP prior, two length scales: the mean uses the maximum-likelihood length scale
     (long, searched from the manifold's diameter up: what the mean needs to match S-Isomap,
@@ -347,7 +361,7 @@ default="geodesic_se"
                 search = {"knn": self.knn, "n_probe": self.n_probe,
                           "random_state": self.random_state}
                 labels = tangent_clusters(
-                    X, self.n_neighbors, self.n_components,
+                    X, self.n_neighbors_, self.n_components,
                     tangent_threshold=self.tangent_threshold,
                     density_persistence=self.density_persistence,
                     min_cluster_size=self.min_cluster_size, client=client, search=search,
@@ -379,12 +393,21 @@ default="geodesic_se"
         check_params(self)
         X = self._points(X, reset=True)
         warn_duplicates(first_equal_rows(X))  # kept: twins get the same coordinates
+        # a manifold needs n_neighbors + 2 points: a batch smaller than that fits with fewer
+        # neighbours, with a warning (as n_landmarks is clamped to the samples)
+        self.n_neighbors_ = int(self.n_neighbors)
+        if self.n_neighbors_ > len(X) - 2 >= 1:
+            self.n_neighbors_ = len(X) - 2
+            warnings.warn(
+                f"n_neighbors={self.n_neighbors} needs {self.n_neighbors + 2} points in a "
+                f"manifold, more than the {len(X)} of the batch: GPIsomap uses "
+                f"n_neighbors={self.n_neighbors_}", UserWarning, stacklevel=3)
         client = active_client(self.client)
         rng = check_random_state(self.random_state)
         timings: dict[str, float] = {}
         with timed(timings, "clustering"):
             labels = self._cluster(X, client)
-        min_size = max(self.n_neighbors + 2, self.n_components + 2)
+        min_size = max(self.n_neighbors_ + 2, self.n_components + 2)
         outlier = labels < 0
         if outlier.all():
             raise ValueError("the clusterer labelled every batch point an outlier (-1)")
@@ -397,10 +420,10 @@ default="geodesic_se"
             )
         p = sizes.size
         params = {
-            "n_neighbors": int(self.n_neighbors), "n_components": int(self.n_components),
+            "n_neighbors": int(self.n_neighbors_), "n_components": int(self.n_components),
             "kernel": self.kernel, "length_scale": self.length_scale,
             "noise_variance": self.noise_variance,
-            "stream_neighbors": int(self.stream_neighbors or self.n_neighbors),
+            "stream_neighbors": int(self.stream_neighbors or self.n_neighbors_),
             "hyper_max_points": int(self.hyper_max_points),
         }
         seeds = rng.randint(0, 2**31 - 1, size=p)
@@ -441,6 +464,7 @@ default="geodesic_se"
                                                      self.threshold_quantile))
             self.threshold_source_ = "loo"
         self.timings_ = timings
+        self.embedding_ = self.embedding_.astype(self._out_dtype, copy=False)
         return self
 
     def _stitch(self, X: np.ndarray, labels: np.ndarray, rng) -> None:
@@ -464,7 +488,7 @@ default="geodesic_se"
                 R[j], t[j] = ridge_stitch(loc, GE[mine], self.ridge_lambda)
             self.support_ = sup
         else:
-            GF = global_frame(X, labels, int(self.n_neighbors), dg,
+            GF = global_frame(X, labels, int(self.n_neighbors_), dg,
                               n_nearest=self.n_support_nearest, random_state=rng)
             for j in range(p):
                 rigid = procrustes_fit(self.local_embedding_[j], GF[labels == j],
@@ -477,6 +501,19 @@ default="geodesic_se"
         for j in range(p):
             emb[labels == j] = self.local_embedding_[j] @ R[j].T + t[j]
         self.embedding_ = emb
+
+    #: Names of transform's outputs after the embedding (labelled like it:
+    #: dr_dask.methods.labelled).
+    _output_names = ("variance",)
+
+    def fit_transform(self, X: Any, y: None = None) -> np.ndarray:
+        """Run the batch phase and return ``embedding_`` of shape (n, global_dim).
+
+        The batch's own coordinates (Isomap per manifold, stitched), not the GP's mapping
+        of the batch: ``transform`` of the batch rows reproduces them (the mean is
+        calibrated to them), up to the GP's smoothing.
+        """
+        return self.fit(X).embedding_
 
     # ------------------------------------------------------------------ mapping
     def _map(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -525,10 +562,12 @@ default="geodesic_se"
 
     def _points(self, X: Any, reset: bool) -> np.ndarray:
         # two points at least: one has no neighbour to build a graph with
-        values = check_input(self, X, reset=reset, in_memory=True, dtype=np.float64,
+        values = check_input(self, X, reset=reset, in_memory=True, dtype=FLOAT_DTYPES,
                              min_samples=2 if reset else 1).values
         assert values is not None  # in_memory=True always holds the checked values
-        return values
+        if reset:
+            self._out_dtype = output_dtype(values)
+        return values.astype(np.float64, copy=False)
 
     def transform(self, X: Any, return_variance: bool = False):
         """Global coordinates of new points (and their predictive variance).
@@ -544,6 +583,8 @@ default="geodesic_se"
         embedding : ndarray or dask array of shape (m, global_dim)
             A dask input gives dask outputs with the same row chunks.
         variance : ndarray or dask array of shape (m,), only with ``return_variance``
+            Labelled like the embedding: an xarray input gives a DataArray along its sample
+            dimension (``<name>_variance``), a DataFrame a Series with its index.
         """
         check_is_fitted(self, "manifolds_")
 

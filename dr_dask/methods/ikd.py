@@ -56,6 +56,7 @@ from dr_dask.io.validation import (
     check_params,
     check_values,
     clamp_to_samples,
+    output_dtype,
     positive,
 )
 from dr_dask.linalg.kernels import ALIASES, KERNELS, Kernel, get_kernel
@@ -90,7 +91,8 @@ class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Parameters
     ----------
     n_components : int, default=2
-        Latent dimension M (at most N - 1: each sample is centred across its features).
+        Latent dimension M (at most N - 1: each sample is centred across its features; more
+        is clamped to N - 1 with a warning).
     kernel : {"se", "rational_quadratic", "gamma_exponential", "matern"} or Kernel, \
 default="se"
         Stationary kernel whose inverse is applied to the similarities (the aliases
@@ -377,11 +379,19 @@ default="se"
         if n_features - 1 < M:
             # each sample is centred across its features, so the samples span at most N - 1
             # dimensions: more components would be degenerate eigenvectors, not structure
-            raise ValueError(
-                f"n_components={M} is more than the data supports: {n_features} features "
-                f"give at most {max(n_features - 1, 0)} components (each sample is centred "
-                f"across features); use n_components <= {max(n_features - 1, 1)} or more "
-                "features")
+            if n_features < 2:
+                raise ValueError(
+                    f"n_components={M} is more than the data supports: {n_features} feature "
+                    "gives no component (each sample is centred across features); use more "
+                    "features")
+            # a default sized for real data then works on few features, as n_landmarks is
+            # clamped to the samples
+            warnings.warn(
+                f"n_components={M} is more than the data supports: {n_features} features give "
+                f"at most {n_features - 1} components (each sample is centred across "
+                f"features); IKD uses n_components={n_features - 1}", UserWarning,
+                stacklevel=4)
+            M = n_features - 1
         landmark = self.n_landmarks is not None
         graph = self.solver == "geodesic"  # landmark IKD with "full" builds no graph
         if graph and self.geodesic_rule == "knn" and not self.n_neighbors < T:
@@ -422,6 +432,7 @@ default="se"
             reference="center" if landmark else reference,
             dtype=np.dtype(self.dtype),
             n_landmarks=n_landmarks,
+            n_components=M,
         )
 
     # -- fitting --------------------------------------------------------------------------
@@ -467,6 +478,9 @@ default="se"
             result = run_stage(cfg.solver, lambda: solve(cfg, inp, run))
         for f in fields(result):
             setattr(self, f"{f.name}_", getattr(result, f.name))
+        self._out_dtype = output_dtype(inp.data)
+        if isinstance(result.embedding, np.ndarray):
+            self.embedding_ = result.embedding.astype(self._out_dtype, copy=False)
         return self
 
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> np.ndarray:

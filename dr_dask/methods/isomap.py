@@ -42,14 +42,13 @@ from dr_dask.graph import (
     GeodesicRows,
     connect_components,
     geodesics_via_neighbors,
-    kneighbors,
     kneighbors_graph,
     landmark_mds,
     select_landmarks,
     shortest_paths,
     triangulate,
 )
-from dr_dask.graph.knn import KNN_CONSTRAINTS, kneighbors_local
+from dr_dask.graph.knn import KNN_CONSTRAINTS, knn_algorithm
 from dr_dask.graph.landmarks import triangulate_block
 from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import geodesic_tiles
@@ -62,14 +61,28 @@ from dr_dask.io.validation import (
     Options,
     check_array_like,
     check_input,
-    check_params,
     clamp_to_samples,
     is_stored,
     non_negative,
     positive,
 )
-from dr_dask.linalg.mds import classical_mds, double_centre, scaled_vectors
+from dr_dask.linalg.mds import classical_mds, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
+from dr_dask.methods._isomap_sklearn import (
+    SKLEARN_CONSTRAINTS,
+    KernelProjection,
+    Neighbours,
+    SklearnIsomapTags,
+    metric_of,
+    nearest_neighbors,
+    precomputed,
+    precomputed_graph,
+    project,
+    query_input,
+    reconstruction_error,
+    row_blocks,
+    training_input,
+)
 from dr_dask.methods.labelled import LabelledOutput
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
@@ -96,17 +109,27 @@ _COMMON_CONSTRAINTS: dict = {
     "progress": ["boolean"],
     "geodesic_store": "no_validation",  # a path, URL, Location or zarr.Array
     "block_size": [positive(Integral)],
+    "n_neighbors": [positive(Integral), None],
+    "radius": [positive(Real), None],
+    # "arpack" is scikit-learn's name of an iterative solver: here block Lanczos
+    "eigen_solver": [Options({"auto", "dense", "lanczos", "arpack"})],
+    "tol": [non_negative(Real)],
+    "max_iter": [positive(Integral), None],
     **KNN_CONSTRAINTS,
+    **SKLEARN_CONSTRAINTS,
 }
 
+#: The Lanczos tolerance ``tol=0`` stands for (ARPACK's 0 is "machine precision"; block
+#: Lanczos reaches about this relative residual in float64).
+_TOL_DEFAULT = 1e-10
 
-def _training(estimator: Any, X: Any) -> np.ndarray:
-    """The checked float64 training array (any input kind; MDS needs 2 points at least)."""
-    check_params(estimator)
-    values = check_input(estimator, X, reset=True, in_memory=True, dtype=np.float64,
-                         min_samples=2).values
-    assert values is not None  # in_memory=True always holds the checked values
-    return values
+
+def _eigen_method(est: Any, T: int) -> str:
+    """The :func:`~dr_dask.linalg.top_eigh` method of ``eigen_solver`` for T points."""
+    solver = {"arpack": "lanczos"}.get(est.eigen_solver, est.eigen_solver)
+    if solver == "auto":
+        solver = "dense" if T <= config.get("eigen.dense-max") else "lanczos"
+    return solver
 
 
 def _n_components(n_components: int, n_points: int, points: str) -> int:
@@ -130,12 +153,29 @@ def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: f
     ``timings`` as ``graph.<stage>``.
     """
     T = X.shape[0]
-    if (n_neighbors is None) == (radius is None):
+    if n_neighbors is not None and radius is not None:
+        raise ValueError(f"Both n_neighbors and radius are provided (n_neighbors={n_neighbors}"
+                         f", radius={radius}): give exactly one; use n_neighbors=None for the "
+                         "epsilon rule")
+    if n_neighbors is None and radius is None:
         raise ValueError("give exactly one of n_neighbors (k rule) and radius (epsilon rule); "
-                         f"got n_neighbors={n_neighbors}, radius={radius}")
+                         "both are None")
     if n_neighbors is not None and not 1 <= n_neighbors < T:
         raise ValueError(f"n_neighbors={n_neighbors} must be in [1, {T - 1}] for {T} samples "
                          "(a point is not its own neighbour)")
+    if precomputed(est):
+        est._nbrs = nearest_neighbors(est, X)
+        est.knn_recall_ = None if radius is not None else 1.0
+        graph = precomputed_graph(est._nbrs, n_neighbors, radius)
+        return connect_components(graph, X, on_disconnected=est.on_disconnected,
+                                  metric="precomputed")
+    metric = metric_of(est)
+    if not metric.euclidean or sp.issparse(X):
+        # refuses the partitioned search (Euclidean, dense) by name where it would be taken
+        if knn_algorithm(est.knn, T, int(X.shape[1]), metric) == "ivf":
+            raise ValueError(f"knn={est.knn!r}: the partitioned neighbour search takes dense "
+                             f"rows; sparse X ({T} rows) needs knn='exact'")
+        where = None
     if where is not None and n_neighbors is not None:
         stored = stored_neighbour_graph(X, n_neighbors, where, knn=est.knn,
                                         n_probe=est.n_probe, client=client,
@@ -147,46 +187,25 @@ def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: f
                 timings.update({f"graph.{k}": v for k, v in stored.seconds.items()})
             return stored.graph
     search = {"knn": est.knn, "n_probe": est.n_probe, "random_state": est.random_state}
-    graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search)
+    graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search,
+                             metric=metric)
     est.knn_recall_ = search.get("recall")
-    return connect_components(graph, X, on_disconnected=est.on_disconnected)
+    return connect_components(graph, X, on_disconnected=est.on_disconnected, metric=metric)
 
 
-@dataclass
-class _Neighbours:
-    """Picklable view of what finding the training neighbours of new points needs."""
-
-    training: np.ndarray
-    n_neighbors: int | None
-    radius: float | None
-
-    def query(self, Xq: np.ndarray, client: Any = None, local: bool = False):
-        """Neighbours of checked float64 points ``Xq`` (see ``check_input``)."""
-        if self.radius is None:
-            assert self.n_neighbors is not None  # fit checked that exactly one rule is given
-            if local:
-                return kneighbors_local(self.training, self.n_neighbors, Xq)
-            return kneighbors(self.training, self.n_neighbors, query=Xq, client=client)
-        dist, idx = NearestNeighbors(radius=self.radius).fit(self.training).radius_neighbors(Xq)
-        counts = np.array([len(i) for i in idx])
-        if (counts == 0).any():
-            rows = np.flatnonzero(counts == 0)[:10].tolist()
-            raise ValueError(f"rows {rows} of X have no training point within radius="
-                             f"{self.radius}; their geodesics are undefined")
-        D = np.full((len(idx), counts.max()), np.inf)
-        ind = np.full(D.shape, -1, dtype=np.int64)
-        for r, (d, i) in enumerate(zip(dist, idx)):
-            D[r, : len(d)], ind[r, : len(i)] = d, i
-        return D, ind
+def _neighbours(est: Any) -> Neighbours:
+    """What the fitted estimator's ``transform`` searches the new points' neighbours with."""
+    fitted = est.nbrs_ if precomputed(est) else None
+    return Neighbours(est.training_data_, est.n_neighbors, est.radius, metric_of(est), fitted)
 
 
-def _chunked_transform(Xq: np.ndarray, nbrs: _Neighbours, rows_for, finish, n_cols: int,
+def _chunked_transform(Xq: Any, nbrs: Neighbours, rows_for, finish, n_cols: int,
                        client: Any = None, local: bool = False) -> np.ndarray:
     """Shared transform loop: neighbours, batch of geodesic rows, geodesics, finish(g)."""
     dist, idx = nbrs.query(Xq, client=client, local=local)
     step = max(1, _CHUNK_BYTES // (8 * n_cols))
     out = []
-    for s in range(0, len(Xq), step):
+    for s in range(0, Xq.shape[0], step):
         d, i = dist[s : s + step], idx[s : s + step]
         U, local_idx = np.unique(np.where(i < 0, 0, i), return_inverse=True)
         local_idx = np.where(i < 0, -1, local_idx.reshape(i.shape))
@@ -213,19 +232,24 @@ def _call(fn, block: np.ndarray) -> np.ndarray:
 
 def _out_of_sample(estimator: Any, X: Any) -> np.ndarray | da.Array:
     """``transform`` of both estimators: a dask array maps lazily, block by block; any other
-    input (array-like, path, zarr, xarray) is checked and mapped in memory."""
+    input (array-like, CSR, path, zarr, xarray) is checked and mapped in memory (the
+    LabelledOutput wrapper gives the output the training input's float dtype)."""
     proj = estimator._projector()
+    client = active_client(estimator.client)
+    sparse = query_input(estimator, X)
+    if sparse is not None:
+        return proj(sparse, client=client, local=False)
     if isinstance(getattr(estimator, "training_data_", None), da.Array):
         # a training set in a store: the neighbours are searched blockwise where its rows are
         inp = check_input(estimator, X, reset=False, in_memory=not is_stored(X),
                           dtype=np.float64)
         query = inp.values if inp.values is not None else inp.data
-        return proj(query, client=active_client(estimator.client), local=False)
+        return proj(query, client=client, local=False)
     if isinstance(X, da.Array):
         check_input(estimator, X, reset=False)  # the caller's row chunks are kept
         return _transform_dask(X, proj, estimator.embedding_.shape[1])
     X = check_input(estimator, X, reset=False, in_memory=True, dtype=np.float64).values
-    return proj(X, client=active_client(estimator.client), local=False)
+    return proj(X, client=client, local=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +288,7 @@ def _block_row_means(block: np.ndarray, start: int) -> np.ndarray:
 class _IsomapProjector:
     """Picklable out-of-sample map of a fitted Isomap (sent once per transform to the workers)."""
 
-    nbrs: _Neighbours
+    nbrs: Neighbours
     graph: sp.csr_matrix
     dist_matrix: np.ndarray | None
     store: Any
@@ -274,7 +298,7 @@ class _IsomapProjector:
 
     def rows(self, U: np.ndarray, client: Any = None, local: bool = False) -> np.ndarray:
         if self.dist_matrix is not None:
-            return self.dist_matrix[U]
+            return self.dist_matrix[U].astype(np.float64)
         if self.store is not None:
             # the store holds squared geodesics
             return np.sqrt(self.store.get_orthogonal_selection((U, slice(None))))
@@ -284,25 +308,30 @@ class _IsomapProjector:
 
     def project(self, g: np.ndarray) -> np.ndarray:
         # new rows centred against the training means (the out-of-sample form of MDS)
-        f = double_centre(g * g, col_mean=self.sq_row_mean, total=self.sq_row_mean.mean())
-        lam = self.eigenvalues
-        scale = np.where(lam > 0, 1.0 / np.sqrt(np.where(lam > 0, lam, 1.0)), 0.0)
-        return (f @ self.vectors) * scale
+        return project(g * g, self.sq_row_mean, self.vectors, self.eigenvalues)
 
-    def __call__(self, Xq: np.ndarray, client: Any = None, local: bool = True) -> np.ndarray:
+    def __call__(self, Xq: Any, client: Any = None, local: bool = True) -> np.ndarray:
         return _chunked_transform(
             Xq, self.nbrs, lambda U: self.rows(U, client, local), self.project,
             len(self.sq_row_mean), client=client, local=local,
         )
 
 
-class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
+class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
+             BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
-    Input (``fit`` and ``transform``): an array-like, a dask, zarr or xarray array, or a
-    path / URL accepted by :func:`dr_dask.open_dataset`, of shape (T, N); it is read whole
-    (the graph and the geodesics are distributed, the points are not). Duplicate rows are kept
-    (zero-length edges) and embedded with their twin, with a
+    A drop-in for :class:`sklearn.manifold.Isomap`: its parameters with their meaning (its
+    own test file passes against this class), and the fitted ``nbrs_``, ``kernel_pca_``,
+    ``dist_matrix_`` and ``reconstruction_error()``.
+
+    Input (``fit`` and ``transform``): an array-like, a CSR matrix, a dask, zarr or xarray
+    array, or a path / URL accepted by :func:`dr_dask.open_dataset`, of shape (T, N); it is
+    read whole (the graph and the geodesics are distributed, the points are not). With
+    ``metric="precomputed"``: a (T, T) distance matrix or sparse neighbour graph (``transform``:
+    (n, T) distances to the training points). float32 input gives float32 outputs
+    (``embedding_``, ``dist_matrix_``, ``transform``); the work is float64. Duplicate rows are
+    kept (zero-length edges) and embedded with their twin, with a
     :class:`~dr_dask.io.validation.DuplicatePointsWarning`.
 
     Parameters
@@ -313,14 +342,39 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Epsilon rule instead of the k rule (give exactly one of the two).
     n_components : int, default=2
         Embedding dimension d (less than the number of samples).
-    eigen_solver : {"auto", "dense", "lanczos"}, default="auto"
+    eigen_solver : {"auto", "dense", "arpack", "lanczos"}, default="auto"
         ``"auto"``: dense LAPACK up to ``dr_dask.eigen.dense-max`` rows (1500), block Lanczos
         on the centred operator above. ``"dense"`` needs T <= ``dr_dask.isomap.dist-matrix-max``
-        (10,000; it forms B).
+        (10,000; it forms B). ``"arpack"`` (scikit-learn's iterative solver) is block Lanczos,
+        ``"lanczos"`` by its own name, with ``tol`` and ``max_iter``.
     tol : float, default=1e-10
-        Relative eigen-residual tolerance of the Lanczos solver.
+        Relative eigen-residual tolerance of the Lanczos solver; 0 (scikit-learn's default,
+        ARPACK's "machine precision") is 1e-10, what block Lanczos reaches in float64.
     max_iter : int or None, default=None
         Cap on operator products (passes over D2); ``None`` is 100.
+    path_method : {"auto", "FW", "D"}, default="auto"
+        scikit-learn's shortest-path method. Every choice gives the same geodesics, so all
+        run the package's Dijkstra (Floyd–Warshall's T^3 work and T x T memory would not fit
+        the sizes this class is for).
+    neighbors_algorithm : {"auto", "brute", "kd_tree", "ball_tree"}, default="auto"
+        scikit-learn's ``NearestNeighbors`` algorithm: of ``nbrs_``, and of the search in a
+        non-Euclidean ``metric``. The Euclidean searches are the package's own (exact
+        whatever this says; ``knn`` chooses the partitioned approximate one).
+    n_jobs : int or None, default=None
+        Of ``nbrs_`` (scikit-learn's meaning there). The fit's own parallelism is its
+        ``client`` (else dask's threads).
+    metric : str or callable, default="minkowski"
+        Distance of the neighbour graph, as scikit-learn's ``NearestNeighbors`` takes it
+        (names, callables; with ``p=2`` "minkowski" is Euclidean). Any non-Euclidean metric
+        is searched exactly, block by block; ``knn="ivf"`` (the partitioned search, Euclidean
+        only) refuses it by name, and so does ``knn="auto"`` where it would take that search.
+        ``"precomputed"``: X is a distance matrix or sparse neighbour graph (a sparse graph's
+        stored entries are the only candidate edges; one with several components cannot be
+        bridged and raises RuntimeError).
+    p : float, default=2
+        Minkowski power (``metric="minkowski"``).
+    metric_params : dict or None, default=None
+        Further keyword arguments of the metric.
     on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
         A disconnected graph's components are joined by their shortest edges (with a
         warning), refused, or left as they are; see :func:`dr_dask.graph.connect_components`.
@@ -350,10 +404,20 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     Attributes
     ----------
     embedding_ : ndarray of shape (T, d)
+        In the input's float dtype.
+    nbrs_ : sklearn.neighbors.NearestNeighbors
+        scikit-learn's neighbour search with this estimator's parameters, fitted on the
+        training input (built when first read: the fit searches with the package's own).
+    kernel_pca_ : KernelProjection
+        scikit-learn keeps a fitted ``KernelPCA`` here; this eigenproblem is solved
+        matrix-free, so this holds its result in KernelPCA's names (``eigenvalues_``,
+        ``eigenvectors_``, ``transform`` of kernel rows) without the T x T kernel.
     eigenvalues_ : ndarray of shape (d,)
         Top algebraic eigenvalues of ``-1/2 H D2 H``.
     eigenvectors_ : ndarray of shape (T, d)
     eigen_residuals_ : ndarray of shape (d,)
+    n_iter_ : int
+        Products of the eigensolver with the centred geodesics (1 for the dense solver).
     training_data_ : ndarray of shape (T, N)
     n_features_in_ : int
     graph_ : scipy.sparse.csr_matrix of shape (T, T)
@@ -363,8 +427,9 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         warning below 0.9); None for the radius rule.
     geodesic_sq_row_mean_ : ndarray of shape (T,)
         Row means of the squared geodesic matrix.
-    dist_matrix_ : ndarray of shape (T, T)
-        Geodesic distances, kept only when T <= 10,000 (like scikit-learn's).
+    dist_matrix_ : ndarray of shape (T, T) or None
+        Geodesic distances in the input's float dtype, kept when T <=
+        ``dr_dask.isomap.dist-matrix-max`` (10,000; the in-memory budget), else None.
     geodesic_store_ : zarr.Array or None
         Squared geodesics when ``geodesic_store`` was given.
     timings_ : dict
@@ -388,21 +453,23 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     (5, 2)
     """
 
-    _parameter_constraints: ClassVar[dict] = {
-        **_COMMON_CONSTRAINTS,
-        "n_neighbors": [positive(Integral), None],
-        "radius": [positive(Real), None],
-        "eigen_solver": [Options({"auto", "dense", "lanczos"})],
-        "tol": [non_negative(Real)],
-        "max_iter": [positive(Integral), None],
-    }
+    _parameter_constraints: ClassVar[dict] = {**_COMMON_CONSTRAINTS}
 
     def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
-                 max_iter: int | None = None, on_disconnected: str = "bridge",
+                 max_iter: int | None = None, path_method: str = "auto",
+                 neighbors_algorithm: str = "auto", n_jobs: int | None = None,
+                 metric: str | Any = "minkowski", p: float = 2,
+                 metric_params: dict | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
                  knn: str = "auto", n_probe: int | None = None):
+        self.path_method = path_method
+        self.neighbors_algorithm = neighbors_algorithm
+        self.n_jobs = n_jobs
+        self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
         self.knn = knn
         self.n_probe = n_probe
         self.n_neighbors = n_neighbors
@@ -421,12 +488,11 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     @shown_during
     def fit(self, X: Any, y: Any = None) -> Isomap:
         """Fit on X of shape (T, N) (see the class docstring for input kinds). Returns self."""
-        X = _training(self, X)
+        X, _, self._out_dtype = training_input(self, X)
+        self._nbrs: NearestNeighbors | None = None
         T = X.shape[0]
         d = _n_components(self.n_components, T, "samples")
-        solver = self.eigen_solver
-        if solver == "auto":
-            solver = "dense" if config.get("eigen.dense-max") >= T else "lanczos"
+        solver = _eigen_method(self, T)
         dist_max = config.get("isomap.dist-matrix-max")
         if solver == "dense" and dist_max < T:
             raise ValueError(f"eigen_solver='dense' forms a T x T matrix; T={T} > "
@@ -485,7 +551,7 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
             op, D2, store, sq_mean = self._squared_geodesics(T, client)
 
         with timed(timings, "eigen"):
-            res = classical_mds(op, d, method=solver, tol=self.tol,
+            res = classical_mds(op, d, method=solver, tol=self.tol or _TOL_DEFAULT,
                                 max_passes=self.max_iter or 100,
                                 random_state=check_random_state(self.random_state))
             del op  # frees the tiles on the workers
@@ -496,9 +562,14 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         self.eigenvalues_ = lam
         self.eigenvectors_ = V
         self.eigen_residuals_ = res.residuals
-        self.embedding_ = scaled_vectors(lam, V)
+        self.n_iter_ = int(res.n_passes)
+        self.embedding_ = scaled_vectors(lam, V).astype(self._out_dtype, copy=False)
         self.geodesic_sq_row_mean_ = sq_mean
-        self.dist_matrix_ = np.sqrt(D2, out=D2) if D2 is not None else None
+        if D2 is not None:
+            # the in-memory squares, kept for reconstruction_error as the distances' dtype
+            self.dist_matrix_ = np.sqrt(D2, out=D2).astype(self._out_dtype, copy=False)
+        else:
+            self.dist_matrix_ = None
         self.geodesic_store_ = store
         self.training_data_ = X
         self.timings_ = timings
@@ -510,12 +581,60 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         """Fit and return ``embedding_`` of shape (T, d)."""
         return self.fit(X).embedding_
 
+    @property
+    def nbrs_(self) -> NearestNeighbors:
+        """scikit-learn's ``NearestNeighbors`` with this estimator's parameters, fitted on the
+        training input (built on first read)."""
+        check_is_fitted(self, "embedding_")
+        if self._nbrs is None:
+            self._nbrs = nearest_neighbors(self, self.training_data_)
+        return self._nbrs
+
+    @property
+    def kernel_pca_(self) -> KernelProjection:
+        """The fitted MDS in scikit-learn's ``KernelPCA`` names (see the class docstring)."""
+        check_is_fitted(self, "embedding_")
+        return KernelProjection(int(self.n_components), self.eigenvalues_, self.eigenvectors_,
+                                -0.5 * self.geodesic_sq_row_mean_)
+
+    def reconstruction_error(self) -> float:
+        """scikit-learn's reconstruction error of the fit.
+
+        ``||K - K_d||_F / T`` of the centred geodesic kernel ``K = -1/2 H D^2 H`` and its
+        rank-d approximation: ``sqrt(||K||_F^2 - sum of the squared eigenvalues) / T``.
+        Needs the geodesics: ``dist_matrix_`` or ``geodesic_store``, read one row block at
+        a time.
+
+        Returns
+        -------
+        float
+        """
+        check_is_fitted(self, "embedding_")
+        T = len(self.geodesic_sq_row_mean_)
+        if self.dist_matrix_ is not None:
+            D = self.dist_matrix_
+
+            def read(s: int, e: int) -> np.ndarray:
+                block = D[s:e].astype(np.float64)
+                return block * block
+        elif self.geodesic_store_ is not None:
+            store = self.geodesic_store_
+
+            def read(s: int, e: int) -> np.ndarray:
+                return np.asarray(store[s:e], dtype=np.float64)
+        else:
+            raise ValueError(
+                f"reconstruction_error needs the geodesics: T={T} is above "
+                "dr_dask.isomap.dist-matrix-max and no geodesic_store was given")
+        step = max(1, _CHUNK_BYTES // (8 * T))
+        return reconstruction_error(row_blocks(read, T, step), self.geodesic_sq_row_mean_,
+                                    self.eigenvalues_)
+
     def _projector(self) -> _IsomapProjector:
         check_is_fitted(self, "embedding_")
         return _IsomapProjector(
-            _Neighbours(self.training_data_, self.n_neighbors, self.radius), self.graph_,
-            self.dist_matrix_, self.geodesic_store_, self.geodesic_sq_row_mean_,
-            self.eigenvectors_, self.eigenvalues_,
+            _neighbours(self), self.graph_, self.dist_matrix_, self.geodesic_store_,
+            self.geodesic_sq_row_mean_, self.eigenvectors_, self.eigenvalues_,
         )
 
     def transform(self, X: Any) -> np.ndarray | da.Array:
@@ -547,7 +666,7 @@ def _block_triangulate(block: np.ndarray, start: int, pinv: np.ndarray,
 class _LandmarkProjector:
     """Picklable out-of-sample map of a fitted Landmark Isomap."""
 
-    nbrs: _Neighbours
+    nbrs: Neighbours
     landmark_geodesics: Any  # (L, T) ndarray or zarr.Array
     pinv: np.ndarray
     sq_mean: np.ndarray
@@ -561,28 +680,53 @@ class _LandmarkProjector:
     def finish(self, g: np.ndarray) -> np.ndarray:
         return triangulate(self.pinv, (g * g).T, self.sq_mean)
 
-    def __call__(self, Xq: np.ndarray, client: Any = None, local: bool = True) -> np.ndarray:
+    def __call__(self, Xq: Any, client: Any = None, local: bool = True) -> np.ndarray:
         return _chunked_transform(Xq, self.nbrs, self.rows, self.finish, len(self.sq_mean),
                                   client=client, local=local)
 
 
-class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
+class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
+                     BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
-    Input, and duplicate rows: as :class:`Isomap`.
+    Input (CSR, float32 and ``metric="precomputed"`` included), duplicate rows, and
+    scikit-learn's Isomap parameters: as :class:`Isomap`.
 
     Parameters
     ----------
-    n_neighbors : int, default=5
-        k of the neighbour graph.
+    n_neighbors : int or None, default=5
+        k of the neighbour graph (``None`` when ``radius`` is used).
+    radius : float or None, default=None
+        Epsilon rule instead of the k rule (give exactly one of the two).
     n_components : int, default=2
         Embedding dimension d (less than the number of landmarks).
     n_landmarks : int, default=1000
         L. More than the samples uses every sample, with a warning (as scikit-learn's
         ``Nystroem`` clamps its ``n_components``).
     landmark_method : {"maxmin", "random"}, default="maxmin"
-        Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data);
-        random is a seeded uniform choice.
+        Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data;
+        for CSR input, ``metric="precomputed"`` or a non-Euclidean metric by geodesic
+        farthest-point order on the graph, one Dijkstra per landmark); random is a seeded
+        uniform choice.
+    eigen_solver : {"auto", "dense", "arpack", "lanczos"}, default="auto"
+        Of the L x L landmark MDS, as :class:`Isomap`'s (``"auto"`` is dense up to
+        ``dr_dask.eigen.dense-max`` landmarks).
+    tol : float, default=1e-10
+        As :class:`Isomap`'s.
+    max_iter : int or None, default=None
+        As :class:`Isomap`'s.
+    path_method : {"auto", "FW", "D"}, default="auto"
+        As :class:`Isomap`'s.
+    neighbors_algorithm : {"auto", "brute", "kd_tree", "ball_tree"}, default="auto"
+        As :class:`Isomap`'s.
+    n_jobs : int or None, default=None
+        As :class:`Isomap`'s.
+    metric : str or callable, default="minkowski"
+        As :class:`Isomap`'s.
+    p : float, default=2
+        As :class:`Isomap`'s.
+    metric_params : dict or None, default=None
+        As :class:`Isomap`'s.
     on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
         As :class:`Isomap`'s.
     random_state : int, RandomState instance or None, default=None
@@ -613,11 +757,16 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     Attributes
     ----------
     embedding_ : ndarray of shape (T, d)
+        In the input's float dtype.
+    nbrs_ : sklearn.neighbors.NearestNeighbors or None
+        As :class:`Isomap`'s; None when the training rows stay in a store.
     landmarks_ : ndarray of shape (L,)
         Landmark row indices.
     landmark_embedding_ : ndarray of shape (L, d)
         Landmark MDS coordinates (equal to ``embedding_[landmarks_]``).
     eigenvalues_ : ndarray of shape (d,)
+    n_iter_ : int
+        Products of the eigensolver with the landmarks' centred matrix (1 for the dense one).
     landmark_pinv_ : ndarray of shape (d, L)
     landmark_sq_mean_ : ndarray of shape (L,)
     landmark_geodesics_ : ndarray of shape (L, T) float32, or zarr.Array
@@ -651,17 +800,31 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
 
     _parameter_constraints: ClassVar[dict] = {
         **_COMMON_CONSTRAINTS,
-        "n_neighbors": [positive(Integral)],
         "n_landmarks": [positive(Integral)],
         "landmark_method": [Options({"maxmin", "random"})],
         "scratch": "no_validation",  # a path, URL or Location
     }
 
-    def __init__(self, *, n_neighbors: int = 5, n_components: int = 2, n_landmarks: int = 1000,
-                 landmark_method: str = "maxmin", on_disconnected: str = "bridge",
+    def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
+                 n_components: int = 2, n_landmarks: int = 1000,
+                 landmark_method: str = "maxmin", eigen_solver: str = "auto",
+                 tol: float = 1e-10, max_iter: int | None = None, path_method: str = "auto",
+                 neighbors_algorithm: str = "auto", n_jobs: int | None = None,
+                 metric: str | Any = "minkowski", p: float = 2,
+                 metric_params: dict | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
                  knn: str = "auto", n_probe: int | None = None, scratch: Any = None):
+        self.radius = radius
+        self.eigen_solver = eigen_solver
+        self.tol = tol
+        self.max_iter = max_iter
+        self.path_method = path_method
+        self.neighbors_algorithm = neighbors_algorithm
+        self.n_jobs = n_jobs
+        self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
         self.knn = knn
         self.n_probe = n_probe
         self.scratch = scratch
@@ -683,16 +846,15 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         A stored or dask input stays where it is: the workers read its rows (its values are
         checked block by block as they are read), and this process never holds them.
         """
-        check_params(self)
-        inp = check_input(self, X, reset=True, in_memory=not is_stored(X), dtype=np.float64,
-                          min_samples=2)
-        X = inp.values if inp.values is not None else inp.data
+        values, inp, self._out_dtype = training_input(self, X, in_memory=not is_stored(X))
+        self._nbrs: NearestNeighbors | None = None
+        X = values if values is not None else inp.data
         T = X.shape[0]
         L = clamp_to_samples(self, "n_landmarks", T)
         d = _n_components(self.n_components, L, "landmarks")
         return run_stage("landmark_isomap", lambda: self._fit(X, L, d, inp))
 
-    def _fit(self, X: Any, L: int, d: int, inp: InputData) -> LandmarkIsomap:
+    def _fit(self, X: Any, L: int, d: int, inp: InputData | None) -> LandmarkIsomap:
         T = X.shape[0]
         client = active_client(self.client)
         timings: dict[str, float] = {}
@@ -701,12 +863,15 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         # block lost with its worker is recomputed from the graph)
         with scratch("landmark_isomap_graph", None, self.scratch, inp) as where:
             with timed(timings, "graph"):
-                graph = _neighbour_graph(self, X, self.n_neighbors, None, client, where,
+                graph = _neighbour_graph(self, X, self.n_neighbors, self.radius, client, where,
                                          timings)
             self.graph_ = None if isinstance(graph, StoredGraph) else graph
 
             with timed(timings, "landmarks"):
-                self.landmarks_ = select_landmarks(X, L, method=self.landmark_method,
+                # rows that are not Euclidean points: farthest points along the graph
+                points = (graph if sp.issparse(X) or not metric_of(self).euclidean
+                          or precomputed(self) else X)
+                self.landmarks_ = select_landmarks(points, L, method=self.landmark_method,
                                                    random_state=self.random_state,
                                                    client=client)
 
@@ -719,10 +884,14 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
 
             with timed(timings, "landmark_mds"):
                 D_LL = rows.columns(self.landmarks_).astype(np.float64)
-                mds = landmark_mds(D_LL * D_LL, d)
+                mds = landmark_mds(D_LL * D_LL, d, method=_eigen_method(self, L),
+                                   tol=self.tol or _TOL_DEFAULT,
+                                   max_passes=self.max_iter or 100,
+                                   random_state=check_random_state(self.random_state))
 
             with timed(timings, "triangulation"):
-                self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
+                self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv,
+                                               mds.sq_mean).astype(self._out_dtype, copy=False)
 
             with timed(timings, "gather"):
                 self.landmark_geodesics_ = (rows.store if rows.store is not None
@@ -732,6 +901,7 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         self.landmark_pinv_ = mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean
         self.eigenvalues_ = mds.eigenvalues
+        self.n_iter_ = int(mds.n_passes)
         self.training_data_ = X
         self.timings_ = timings
         logger.info("LandmarkIsomap fit: T=%d L=%d timings %s", T, L, timings)
@@ -741,11 +911,18 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         """Fit and return ``embedding_`` of shape (T, d)."""
         return self.fit(X).embedding_
 
+    @property
+    def nbrs_(self) -> NearestNeighbors | None:
+        """As :class:`Isomap`'s; None when the training rows stay in a store."""
+        check_is_fitted(self, "embedding_")
+        if self._nbrs is None and not isinstance(self.training_data_, da.Array):
+            self._nbrs = nearest_neighbors(self, self.training_data_)
+        return self._nbrs
+
     def _projector(self) -> _LandmarkProjector:
         check_is_fitted(self, "embedding_")
-        return _LandmarkProjector(_Neighbours(self.training_data_, self.n_neighbors, None),
-                                  self.landmark_geodesics_, self.landmark_pinv_,
-                                  self.landmark_sq_mean_)
+        return _LandmarkProjector(_neighbours(self), self.landmark_geodesics_,
+                                  self.landmark_pinv_, self.landmark_sq_mean_)
 
     def transform(self, X: Any) -> np.ndarray | da.Array:
         """Embed new points of shape (n, N) by triangulation from their landmark geodesics."""

@@ -13,6 +13,9 @@ same way, as scikit-learn's and xarray's own tools do:
   ``get_feature_names_out()``;
 - NumPy and dask arrays, paths, stores: unchanged (NumPy, dask with the input's row chunks).
 
+Every output is in the dtype the fit recorded: float32 input gives float32 output (as
+scikit-learn's transformers keep it), anything else float64.
+
 ``set_output(transform="pandas" | "polars" | "default")`` and ``get_feature_names_out`` come
 from scikit-learn's public mixins (``TransformerMixin``'s ``set_output`` API,
 ``ClassNamePrefixFeaturesOutMixin``): with ``"pandas"`` or ``"polars"`` the output is that
@@ -80,14 +83,20 @@ def label_output(estimator: Any, X: Any, Y: Any) -> Any:
         The input of ``transform`` / ``fit_transform``.
     Y : ndarray or dask array of shape (T, M), or a tuple whose first item is one
         Anything else (a pandas or polars container made by ``set_output``) is returned as
-        it is.
+        it is. A tuple's further items of shape (T,) (GP-Isomap's variance) are labelled
+        along the same samples: a DataArray of the sample dimension, a Series with the
+        index, named from the estimator's ``_output_names`` (after the embedding's).
 
     Returns
     -------
     xarray.DataArray, pandas.DataFrame, or ``Y`` unchanged
     """
-    if isinstance(Y, tuple):  # (embedding, variance, ...): the embedding is labelled
-        return (label_output(estimator, X, Y[0]), *Y[1:])
+    Y = _in_output_dtype(estimator, Y)
+    if isinstance(Y, tuple):  # (embedding, variance, ...): each labelled along the samples
+        names = getattr(estimator, "_output_names", ())
+        return (label_output(estimator, X, Y[0]),
+                *(_label_vector(estimator, X, y, names[i] if i < len(names) else f"output{i + 1}")
+                  for i, y in enumerate(Y[1:])))
     if _module(Y) not in ("numpy", "dask"):
         return Y  # already a container of set_output's choosing
     arr = _data_array(X)
@@ -97,6 +106,34 @@ def label_output(estimator: Any, X: Any, Y: Any) -> Any:
         return pd.DataFrame(np.asarray(Y), index=X.index,
                             columns=estimator.get_feature_names_out())
     return Y
+
+
+def _in_output_dtype(estimator: Any, Y: Any) -> Any:
+    """NumPy and dask float outputs in the dtype the fit recorded (``_out_dtype``: float32
+    input gives float32 output, :func:`dr_dask.io.validation.output_dtype`)."""
+    dtype = getattr(estimator, "_out_dtype", None)
+    if isinstance(Y, tuple):
+        return tuple(_in_output_dtype(estimator, y) for y in Y)
+    if dtype is None or _module(Y) not in ("numpy", "dask") or \
+            getattr(Y, "dtype", None) is None or Y.dtype.kind != "f" or Y.dtype == dtype:
+        return Y
+    return Y.astype(dtype)
+
+
+def _label_vector(estimator: Any, X: Any, y: Any, name: str) -> Any:
+    """A per-sample output ``y`` of shape (T,) labelled like ``X`` (else unchanged)."""
+    if _module(y) not in ("numpy", "dask") or getattr(y, "ndim", 0) != 1:
+        return y
+    arr = _data_array(X)
+    if arr is not None:
+        dim = arr.dims[0]
+        coords = {key: c for key, c in arr.coords.items() if c.dims == (dim,)}
+        attrs = {"method": type(estimator).__name__, "params": _params_json(estimator)}
+        full = f"{arr.name}_{name}" if arr.name is not None else name
+        return xr.DataArray(y, dims=(dim,), coords=coords, attrs=attrs, name=full)
+    if _module(X) == "pandas" and hasattr(X, "index"):
+        return pd.Series(np.asarray(y), index=X.index, name=name)
+    return y
 
 
 def _as_data_array(estimator: Any, arr: Any, Y: Any) -> Any:
@@ -144,6 +181,12 @@ class LabelledOutput(ClassNamePrefixFeaturesOutMixin):
             if name in cls.__dict__:
                 # fit_transform sees the input itself: fit records its labels and kind
                 setattr(cls, name, _labelled(cls.__dict__[name], unwrap=name == "transform"))
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # float32 input gives float32 output (the fit records it; the outputs are cast here)
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags
 
     @property
     def _n_features_out(self) -> int:

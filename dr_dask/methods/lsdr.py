@@ -33,6 +33,7 @@ one way, since a kNN graph has no simplices).
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from functools import partial
 from itertools import combinations
@@ -54,6 +55,7 @@ from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.paths import shortest_paths
 from dr_dask.io.validation import (
+    FLOAT_DTYPES,
     Interval,
     Options,
     check_array_like,
@@ -61,6 +63,7 @@ from dr_dask.io.validation import (
     check_params,
     first_equal_rows,
     non_negative,
+    output_dtype,
     positive,
     warn_duplicates,
 )
@@ -215,7 +218,8 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         Level in (0, 1) of the per-vertex Beta edge test (Roy 2021: 0.95; 0.9 also endorsed).
     n_skeleton_neighbors : int, default=3
         k of the skeleton's local-maximum test over graph-nearest neighbours (Roy 2021: 3;
-        3-5).
+        3-5). Where it leaves n_components or fewer skeletal points (a handful of points), a
+        smaller k that leaves more is used, with a warning.
     bandwidth : float or None, default=None
         Gaussian kernel sigma; ``None`` takes the thesis's data-driven rule (module docstring).
     removal : {"in_place", "sweep"}, default="in_place"
@@ -367,8 +371,11 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     def _training(self, X: Any) -> np.ndarray:
         """The checked training array: parameters, values, then what this data supports."""
         check_params(self)
-        X = check_input(self, X, reset=True, in_memory=True, dtype=np.float64,
-                        min_samples=2).values
+        values = check_input(self, X, reset=True, in_memory=True, dtype=FLOAT_DTYPES,
+                             min_samples=2).values
+        assert values is not None  # in_memory=True always holds the checked values
+        self._out_dtype = output_dtype(values)
+        X = values.astype(np.float64, copy=False)
         n, p = X.shape
         if self.n_components > p:
             raise ValueError(f"n_components={self.n_components} is more than the data supports: "
@@ -532,6 +539,20 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         nbrs = self._graph_knn(G, k)
         skeleton = np.nonzero(d_b >= d_b[nbrs].max(1))[0]
         r = skeleton.size
+        if r <= d and k > 1:
+            # few points (a handful per boundary stretch): a narrower local-maximum test keeps
+            # enough skeletal points, with a warning, as n_landmarks is clamped to the samples
+            k_used = k
+            while r <= d and k_used > 1:
+                k_used -= 1
+                nbrs = self._graph_knn(G, k_used)
+                skeleton = np.nonzero(d_b >= d_b[nbrs].max(1))[0]
+                r = skeleton.size
+            if r > d:
+                warnings.warn(
+                    f"n_skeleton_neighbors={k} leaves too few skeletal points for "
+                    f"n_components={d} on these {n} points; LSDR uses "
+                    f"n_skeleton_neighbors={k_used}", UserWarning, stacklevel=3)
         if r <= d:
             raise ValueError(f"the skeleton has {r} points, too few for n_components={d}; "
                              "lower n_skeleton_neighbors or alpha")
@@ -586,6 +607,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         self.sigma_ = sigma
         self.mds_eigenvalues_ = lam
         self.timings_ = timings
+        self.embedding_ = self.embedding_.astype(self._out_dtype, copy=False)
         return self
 
     def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:

@@ -16,6 +16,22 @@ What the page shows depends on what ``RUN_OR_STATE`` is:
   mean, the threshold in force and the refit marks, the rows per manifold, the table of the
   stream's numbers and, for a job, the drift statistic of each run with its refits.
 
+The main scatter is coloured by ``color``: a run's row order by default, a stream's manifold;
+or any variable of the run's input store (``"t"``, a column ``"latent[0]"``), of another store
+(``"STORE:VAR"``), a ``.npy`` file, or (from Python) an array with one value per row.
+Categorical values (strings, booleans, integers with at most ``MAX_CATEGORIES`` distinct
+values: manifolds, patches, labels) get a palette and a legend; anything else a continuous
+colour map and a colour bar.
+
+Size: BokehJS itself is 1.27 MB minified. ``resources="inline"`` (the default) puts it in the
+page gzip-compressed (0.45 MB as base64; the browser unpacks it with its own
+``DecompressionStream`` and then runs the page's scripts), so the page opens with no network;
+the other parts are kept small (plain HTML for headings and tables instead of Bokeh's widget
+bundle, WebGL's bundle only from ``WEBGL_MIN`` points, numbers as binary float32, not text):
+10^4 points make a page of about 0.6 MB (2.15 MB before). ``resources="cdn"`` leaves BokehJS
+out (the browser fetches it when the page opens). The page states its size, and above
+``TARGET_BYTES`` (1 MB) what it is made of.
+
 Scatters of more than ``max_points`` points draw a seeded sample of that size, and say so in
 the title (10^5 points stay responsive, drawn with WebGL where the browser has it). A run that
 does not exist or is not complete is refused before anything is written
@@ -24,11 +40,15 @@ does not exist or is not complete is refused before anything is written
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
+import io
 import json
 import logging
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from bokeh.document import Document
@@ -40,10 +60,9 @@ from bokeh.models.callbacks import CustomJS
 from bokeh.models.ranges import FactorRange
 from bokeh.models.sources import ColumnDataSource
 from bokeh.models.tools import HoverTool
-from bokeh.models.widgets.markups import Div
 from bokeh.palettes import Category10_10, Category20_20, Viridis256
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
+from bokeh.resources import CDN, INLINE
 from bokeh.transform import factor_cmap, linear_cmap
 
 from dr_dask.io.inputs import InputError
@@ -61,8 +80,17 @@ MAX_POINTS = 100_000
 WIDTH, HEIGHT, WIDE = 560, 480, 1000
 #: Name of the main scatter's data source (tests read its length from the live document).
 SCATTER_SOURCE = "embedding-points"
+#: Integer colour values with at most this many distinct values are categories (a legend).
+MAX_CATEGORIES = 20
+#: Points drawn from which the scatters use WebGL (below, the canvas is fast enough and the
+#: page does without BokehJS's WebGL bundle, 0.19 MB).
+WEBGL_MIN = 20_000
+#: Page size the report aims under.
+TARGET_BYTES = 1_000_000
+#: Where BokehJS comes from: in the page, or fetched when it opens.
+RESOURCES = {"inline": INLINE, "cdn": CDN}
 
-__all__ = ["MAX_POINTS", "html_report"]
+__all__ = ["MAX_POINTS", "html_report", "colour_values"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,6 +127,7 @@ def _run_data(loc: Location) -> dict:
     sample = np.asarray(arrays.get("sample", np.arange(len(emb))))
     summary = dict(run_attr(group, "summary"))
     return {"embedding": emb, "sample": sample, "summary": summary,
+            "input": dict(run_attr(group, "input")),
             "title": f"{summary.get('method', 'run')}: {loc.url.rstrip('/').rsplit('/', 1)[-1]}"}
 
 
@@ -113,19 +142,99 @@ def _sampled(n: int, max_points: int, random_state: int) -> tuple[np.ndarray, st
     return idx, note
 
 
+def _backend(n_points: int) -> Literal["canvas", "webgl"]:
+    return "webgl" if n_points >= WEBGL_MIN else "canvas"
+
+
+def _categorical(values: np.ndarray) -> bool:
+    """Strings, booleans and integers of few distinct values are categories."""
+    if values.dtype.kind in "OUSb":
+        return True
+    return values.dtype.kind in "iu" and len(np.unique(values)) <= MAX_CATEGORIES
+
+
+def colour_values(color: Any, n_rows: int, input_record: Mapping[str, Any] | None = None,
+                  storage_options: dict | None = None) -> tuple[np.ndarray, str]:
+    """The values to colour a report's scatter by, and their name.
+
+    Parameters
+    ----------
+    color : str or array-like
+        An array of one value per row; or a string: ``"VAR"`` (a variable of the run's
+        input store, from ``input_record``), ``"STORE:VAR"`` (of another Zarr store),
+        ``"VAR[j]"`` (column j of a 2-D variable), or a ``.npy`` file.
+    n_rows : int
+        Rows of the embedding.
+    input_record : dict, optional
+        The run's input provenance (``path`` of its store).
+    storage_options : dict, optional
+        For URLs.
+
+    Returns
+    -------
+    values : ndarray of shape (n_rows,)
+    name : str
+        What the legend or colour bar is titled.
+
+    Raises
+    ------
+    InputError
+        An unknown variable or file, or values that are not one per row.
+    """
+    import zarr
+
+    if not isinstance(color, str):
+        values, name = np.asarray(color), "colour"
+    elif color.endswith(".npy"):
+        loc = location(color, storage_options)
+        if not loc.exists():
+            raise InputError(f"--color {color}: no such file")
+        values, name = np.load(io.BytesIO(loc.read_bytes()), allow_pickle=False), color
+    else:
+        spec = re.fullmatch(r"(?:(?P<store>.+):)?(?P<var>[^:\[]+)(?:\[(?P<col>\d+)\])?", color)
+        store = spec and (spec["store"] or (input_record or {}).get("path"))
+        if not spec or not store:
+            raise InputError(f"--color {color!r}: give VAR (of the run's input), STORE:VAR, "
+                             "VAR[j] or a .npy file")
+        group = zarr.open_group(store=location(store, storage_options).zarr_store(
+            read_only=True), mode="r")
+        if spec["var"] not in group:
+            raise InputError(f"--color {color!r}: {store} has no variable {spec['var']!r} "
+                             f"(it has {sorted(group.array_keys())})")
+        node = group[spec["var"]]
+        if not isinstance(node, zarr.Array):
+            raise InputError(f"--color {color!r}: {spec['var']} in {store} is a group, not an "
+                             "array")
+        values, name = np.asarray(node[...]), color
+        if spec["col"] is not None:
+            if values.ndim != 2 or int(spec["col"]) >= values.shape[1]:
+                raise InputError(f"--color {color!r}: {spec['var']} of shape {values.shape} "
+                                 f"has no column {spec['col']}")
+            values = values[:, int(spec["col"])]
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.shape != (n_rows,):
+        raise InputError(f"--color {name}: {values.shape} values, not one per row of the "
+                         f"embedding ({n_rows},); a 2-D variable takes a column: VAR[j]")
+    return values, name
+
+
 def _scatter(Y: np.ndarray, sample: np.ndarray, colour: np.ndarray, colour_name: str,
              title: str, max_points: int, random_state: int,
              categorical: bool = False) -> tuple[Any, int]:
 
     idx, note = _sampled(len(Y), max_points, random_state)
+    # float32 and integer columns travel as binary in the page (text costs 3x the bytes)
     y = Y[idx, 1] if Y.shape[1] > 1 else np.zeros(len(idx))
     c = colour[idx]
-    data = {"x": Y[idx, 0], "y": y, "sample": [str(s) for s in sample[idx]],
-            "colour": [str(v) for v in c] if categorical else c.astype(float)}
+    s = sample[idx]
+    data = {"x": Y[idx, 0].astype(np.float32), "y": y.astype(np.float32),
+            "sample": s.astype(np.int64) if s.dtype.kind in "iu" else [str(v) for v in s],
+            "colour": [str(v) for v in c] if categorical else c.astype(np.float32)}
     source = ColumnDataSource(data, name=SCATTER_SOURCE)
     p = figure(title=f"{title} — {note}", width=WIDTH, height=HEIGHT,
                tools="pan,wheel_zoom,box_zoom,reset,save", active_scroll="wheel_zoom",
-               output_backend="webgl", match_aspect=True,
+               output_backend=_backend(len(idx)), match_aspect=True,
                x_axis_label="component 1",
                y_axis_label="component 2" if Y.shape[1] > 1 else "")
     if categorical:
@@ -136,6 +245,7 @@ def _scatter(Y: np.ndarray, sample: np.ndarray, colour: np.ndarray, colour_name:
         p.scatter("x", "y", source=source, size=4, fill_color=fill, line_color=None,
                   legend_field="colour")
         p.legend.title = colour_name
+        p.add_layout(p.legend[0], "right")  # beside the points, not over them
     else:
         fill = linear_cmap("colour", Viridis256, float(np.nanmin(c)) if len(c) else 0.0,
                            float(np.nanmax(c)) if len(c) else 1.0)
@@ -160,12 +270,53 @@ def _spectrum(eigenvalues: Any, n_kept: int | None) -> Any:
     return p
 
 
-def _table(table: Mapping[str, Any], title: str) -> Any:
+#: The type that keeps a script from running until the packed BokehJS has (see _packed).
+_AFTER_BOKEHJS = "text/x-dr-dask-after-bokehjs"
+#: Unpacks BokehJS (gzip, base64) with the browser's own DecompressionStream, runs it, then
+#: the scripts that needed it, in order.
+_UNPACK_JS = """(async () => {
+  const packed = "%s";
+  const bytes = Uint8Array.from(atob(packed), c => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  const run = text => {
+    const s = document.createElement("script");
+    s.text = text;
+    document.head.appendChild(s);
+  };
+  run(await new Response(stream).text());
+  const after = () => document.querySelectorAll('script[type="%s"]')
+    .forEach(el => run(el.text));
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", after);
+  else after();
+})();"""
 
+
+def _packed(page: str) -> str:
+    """The inline page with BokehJS gzip-compressed: 1.27 MB of JavaScript becomes 0.45 MB
+    (base64 of 0.34 MB), which the browser unpacks with its own ``DecompressionStream``
+    (every current browser has it) before it runs the page's Bokeh scripts. The page still
+    opens with no network."""
+    head, sep, tail = page.rpartition("<body")
+    scripts = re.findall(r"<script>(.*?)</script>", head, flags=re.S)
+    if not scripts:  # nothing inline to pack (a Bokeh whose page differs): keep it as it is
+        return page
+    code = "\n;\n".join(scripts).encode()
+    packed = base64.b64encode(gzip.compress(code, 9, mtime=0)).decode()
+    head = re.sub(r"<script>.*?</script>", "", head, flags=re.S)
+    head = head.replace("</head>", f"<script>{_UNPACK_JS % (packed, _AFTER_BOKEHJS)}</script>"
+                        "\n</head>", 1)
+    # the page's own scripts (not its JSON) wait for BokehJS
+    tail = tail.replace("<script>", f'<script type="{_AFTER_BOKEHJS}">')
+    tail = re.sub(r'<script type="text/javascript">', f'<script type="{_AFTER_BOKEHJS}">', tail)
+    return head + sep + tail
+
+
+def _table(table: Mapping[str, Any], title: str) -> str:
+    """A table as plain HTML (Bokeh's Div would pull its 0.38 MB widget bundle into the page)."""
     rows = "".join(f"<tr><th style='text-align:left;padding:2px 12px'>{html.escape(str(k))}"
                    f"</th><td style='text-align:right;padding:2px 12px'>"
                    f"{html.escape(format_cell(v))}</td></tr>" for k, v in table.items())
-    return Div(text=f"<h3>{html.escape(title)}</h3><table>{rows}</table>", width=WIDTH)
+    return f"<h3>{html.escape(title)}</h3><table>{rows}</table>"
 
 
 def _variance(out: dict, window: int, max_points: int, random_state: int) -> Any:
@@ -183,7 +334,7 @@ def _variance(out: dict, window: int, max_points: int, random_state: int) -> Any
     positive = np.isfinite(shown) & (shown > 0)
     p = figure(title=f"predictive variance over the stream — {note}", width=WIDE,
                height=HEIGHT, y_axis_type="log" if positive.any() else "linear",
-               tools="pan,wheel_zoom,box_zoom,reset,save", output_backend="webgl",
+               tools="pan,wheel_zoom,box_zoom,reset,save", output_backend=_backend(len(idx)),
                x_axis_label="stream position", y_axis_label="predictive variance")
     p.scatter("row", "variance", source=pts, size=3, alpha=0.5, color="#1f77b4",
               legend_label="point (first mapping)")
@@ -243,7 +394,8 @@ def _drift(history: list) -> Any:
 
 def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
                 max_points: int = MAX_POINTS, window: int = 50,
-                random_state: int = 0) -> dict:
+                random_state: int = 0, color: Any = None,
+                resources: str = "inline") -> dict:
     """Write the interactive page of a run, stream store or job state to ``out``.
 
     Parameters
@@ -261,17 +413,27 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
         Running-mean window of the stream variance.
     random_state : int
         Seeds the samples.
+    color : str or array-like, optional
+        What the main scatter is coloured by (see :func:`colour_values`); default a run's row
+        order, a stream's manifold.
+    resources : {"inline", "cdn"}
+        BokehJS in the page (compressed, 0.45 MB: opens with no network) or fetched by the
+        browser when the page opens.
 
     Returns
     -------
     dict
-        ``html`` (its URL), ``kind``, ``points`` (drawn in the main scatter) and ``rows``.
+        ``html`` (its URL), ``kind``, ``points`` (drawn in the main scatter), ``rows`` and
+        ``bytes`` (the page's size).
 
     Raises
     ------
     InputError
-        ``source`` holds no run or state, or an incomplete run; nothing is written.
+        ``source`` holds no run or state, an incomplete run, or a ``color`` that is not one
+        value per row; nothing is written.
     """
+    if resources not in RESOURCES:
+        raise InputError(f"resources must be one of {sorted(RESOURCES)}, got {resources!r}")
 
     src = location(source, storage_options)
     kind = _kind(src)
@@ -284,9 +446,13 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
         emb, man, status = o["embedding"], o["manifold"], o["status"]
         ok = (status != STATUS["quarantined"]) & np.isfinite(emb).all(axis=1)
         rows = np.flatnonzero(ok)
-        scatter, points = _scatter(emb[ok], rows, man[ok], "manifold",
-                                   "embedding by manifold", max_points, random_state,
-                                   categorical=True)
+        if color is None:
+            values, name = man, "manifold"
+        else:
+            values, name = colour_values(color, len(status), None, storage_options)
+        scatter, points = _scatter(emb[ok], rows, values[ok], name,
+                                   f"embedding by {name}", max_points, random_state,
+                                   categorical=_categorical(values))
         ck = o["checkpoint"]
         counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
         table: dict[str, Any] = {
@@ -299,11 +465,11 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
             table.update({"scheduled runs": len(history),
                           "last run: drift statistic": last.get("drift_statistic"),
                           "last run: refit": "yes" if last.get("refit") else "no"})
-        parts = [row(scatter, _manifolds(man[ok]) if ok.any() else Div()),
+        parts = [row(scatter, _manifolds(man[ok])) if ok.any() else scatter,
                  _variance(o, window, max_points, random_state)]
         if history:
             parts.append(_drift(history))
-        parts.append(_table(table, "job state" if history else "stream"))
+        tables = _table(table, "job state" if history else "stream")
         title = f"dr-dask report: {'job state' if history else 'stream'} {src.url}"
         n_rows = len(status)
     else:
@@ -315,8 +481,12 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
             _kind(run_loc)  # the run it names must be complete
         d = _run_data(run_loc)
         emb = d["embedding"]
-        scatter, points = _scatter(emb, d["sample"], np.arange(len(emb), dtype=float),
-                                   "row", d["title"], max_points, random_state)
+        if color is None:
+            values, name = np.arange(len(emb), dtype=float), "row"
+        else:
+            values, name = colour_values(color, len(emb), d["input"], storage_options)
+        scatter, points = _scatter(emb, d["sample"], values, name, d["title"], max_points,
+                                   random_state, categorical=_categorical(values))
         summary = d["summary"]
         table = {k: v for k, v in summary.items() if k != "eigenvalues"}
         if job:
@@ -324,21 +494,36 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
         plots: list = [scatter]
         if summary.get("eigenvalues"):
             plots.append(_spectrum(summary["eigenvalues"], emb.shape[1]))
-        parts = [row(*plots), _table(table, "run")]
+        parts = [row(*plots)]
+        tables = _table(table, "run")
         title = f"dr-dask report: {d['title']}"
         n_rows = len(emb)
-    heading = Div(text=f"<h2>{html.escape(title)}</h2>", width=WIDE)
     doc = Document()
-    doc.add_root(column(heading, *parts))
+    doc.add_root(column(*parts))
     # the page says, once Bokeh has built it in the browser, how many points the scatter holds
     doc.js_on_event(DocumentReady, CustomJS(code=(
         f"const s = Bokeh.documents[0].get_model_by_name({json.dumps(SCATTER_SOURCE)});"
         "document.body.dataset.scatterPoints = s.data.x.length;")))
-    page = file_html(doc, INLINE, title)
+    page = file_html(doc, RESOURCES[resources], title)
+    if resources == "inline":
+        page = _packed(page)
     head, body, tail = page.rpartition("<body>")  # the page's tag (BokehJS's code mentions one)
-    page = f'{head}<body data-stated-points="{points}">{tail}'
+    heading = f"<h2>{html.escape(title)}</h2>"
+    size = len(page.encode()) + len(tables.encode()) + len(heading.encode()) + 300
+    note = f"This page is {size / 1e6:.2f} MB"
+    if resources == "inline" and size > TARGET_BYTES:
+        lean = size - len(page.encode()) + len(file_html(doc, CDN, title).encode())
+        note += (f", {(size - lean) / 1e6:.2f} MB of it BokehJS (compressed), included so "
+                 f"that it opens with no network; the rest is the {points:,} points drawn "
+                 f"(--max-points draws fewer)")
+    page = (f'{head}<body data-stated-points="{points}">{heading}{tail}'
+            .replace("</body>", f"{tables}<p style='color:gray'>{html.escape(note)}.</p></body>"))
 
     dest = location(out, storage_options)
-    dest.write_bytes(page.encode())
-    logger.info("wrote %s (%s, %d of %d points drawn)", dest.url, kind, points, n_rows)
-    return {"html": dest.url, "kind": kind, "points": points, "rows": n_rows}
+    data = page.encode()
+    dest.write_bytes(data)
+    logger.info("wrote %s (%s, %d of %d points drawn, %.2f MB)", dest.url, kind, points,
+                n_rows, len(data) / 1e6)
+    return {"html": dest.url, "kind": kind, "points": points, "rows": n_rows,
+            "bytes": len(data)}
+

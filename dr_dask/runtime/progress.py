@@ -1,8 +1,13 @@
 """Progress bars where the user is: a widget in Jupyter, text on a terminal, nothing in a pipe.
 
-An estimator's ``progress=True`` opens :func:`scope` around its fit; every computation of the
-fit that goes through :func:`dr_dask.runtime.cluster.compute` /
-:func:`~dr_dask.runtime.cluster.gather` then draws a bar, chosen by :func:`output`:
+An estimator's ``progress=True`` opens one bar for its whole fit (:func:`shown_during`), named
+after the estimator and the stage it is in (``dr-dask IKD: tiles``: each ``resources.timed``
+stage renames it, :func:`stage`). Every computation of the fit that goes through
+:func:`dr_dask.runtime.cluster.compute` / :func:`~dr_dask.runtime.cluster.gather` adds its work to
+that bar: its tasks on dask's threads, its futures on a cluster (distributed reports the finished
+futures it gathers, not their inner tasks). A fit run inside another (GP-Isomap's Isomap per
+manifold) feeds the outer fit's bar. Outside a fit, ``progress=True`` on a computation draws a
+bar of its own. Where bars go is :func:`output`'s choice:
 
 - ``"notebook"``: the process is a Jupyter kernel (IPython's shell runs under ``IPKernelApp``,
   the test tqdm's own ``tqdm.autonotebook`` makes): tqdm's notebook bar (``tqdm.auto``) for
@@ -30,7 +35,48 @@ logger = logging.getLogger(__name__)
 _ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("dr_dask_progress",
                                                                 default=False)
 
-__all__ = ["enabled", "in_notebook", "output", "scope", "shown_during"]
+__all__ = ["enabled", "in_notebook", "output", "scope", "shown_during", "stage"]
+
+
+class FitBar:
+    """The one bar of a fit: its total grows with each computation's work, its description
+    names the estimator and the current stage."""
+
+    def __init__(self, name: str, where: str):
+        if where == "notebook":
+            from tqdm.auto import tqdm as bar_class  # lazy: not on workers (__init__)
+
+            self.bar = bar_class(total=0, desc=f"dr-dask {name}", unit="task")
+        else:
+            from tqdm import tqdm  # lazy: not on workers (__init__)
+
+            self.bar = tqdm(total=0, desc=f"dr-dask {name}", unit="task", file=sys.stderr)
+        self.name = name
+
+    def stage(self, name: str) -> None:
+        self.bar.set_description(f"dr-dask {self.name}: {name}", refresh=True)
+
+    def add(self, n: int) -> None:
+        """More work to do."""
+        self.bar.total += int(n)
+        self.bar.refresh()
+
+    def done(self, n: int = 1) -> None:
+        self.bar.update(int(n))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+_BAR: contextvars.ContextVar[FitBar | None] = contextvars.ContextVar("dr_dask_fit_bar",
+                                                                     default=None)
+
+
+def stage(name: str) -> None:
+    """Name the stage the running fit is in on its bar (nothing without one)."""
+    bar = _BAR.get()
+    if bar is not None:
+        bar.stage(name)
 
 
 def in_notebook() -> bool:
@@ -63,11 +109,24 @@ def scope(on: bool) -> Iterator[None]:
 
 
 def shown_during(fit: Callable) -> Callable:
-    """Decorator of an estimator's ``fit``: bars on while it runs if its ``progress`` is."""
+    """Decorator of an estimator's ``fit``: one bar for the whole fit if its ``progress`` is
+    on (and :func:`output` has somewhere to draw it); a fit inside another's feeds that one."""
     @functools.wraps(fit)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with scope(getattr(self, "progress", False)):
+        if _BAR.get() is not None:  # inside a fit with a bar: its work goes there
             return fit(self, *args, **kwargs)
+        on = bool(getattr(self, "progress", False))
+        where = output() if on else None
+        with scope(on):
+            if where is None:
+                return fit(self, *args, **kwargs)
+            bar = FitBar(type(self).__name__, where)
+            token = _BAR.set(bar)
+            try:
+                return fit(self, *args, **kwargs)
+            finally:
+                _BAR.reset(token)
+                bar.close()
 
     return wrapped
 
@@ -81,6 +140,11 @@ def enabled(progress: bool | None = None) -> bool:
 def local_bar(progress: bool | None = None) -> Iterator[None]:
     """A tqdm bar over the dask tasks computed inside (threaded scheduler), where
     :func:`output` says; nothing otherwise."""
+    bar = _BAR.get()
+    if bar is not None and progress is not False:
+        with _feed(bar):
+            yield
+        return
     where = output() if enabled(progress) else None
     if where is None:
         yield
@@ -96,9 +160,30 @@ def local_bar(progress: bool | None = None) -> Iterator[None]:
         yield
 
 
+def _feed(bar: FitBar) -> Any:
+    """A dask callback adding a threaded computation's tasks to the fit's bar."""
+    from dask.callbacks import Callback  # lazy: not on workers (__init__)
+
+    class Feed(Callback):
+        def _start_state(self, dsk: Any, state: dict) -> None:
+            bar.add(sum(len(state[k]) for k in ("ready", "waiting", "running", "finished")))
+
+        def _posttask(self, *args: Any) -> None:
+            bar.done()
+
+    return Feed()
+
+
 def cluster_bar(futures: list, client: Any, progress: bool | None = None) -> None:
-    """distributed's progress of ``futures`` where :func:`output` says: its widget in a
+    """Progress of ``futures``: inside a fit with a bar, added to it (each counted as it
+    finishes); else distributed's progress where :func:`output` says: its widget in a
     notebook (returns at once), its text bar on stderr on a terminal (until they finish)."""
+    bar = _BAR.get()
+    if bar is not None and progress is not False:
+        bar.add(len(futures))
+        for future in futures:
+            future.add_done_callback(lambda _: bar.done())
+        return
     where = output() if enabled(progress) else None
     if where is None:
         return

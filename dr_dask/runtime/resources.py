@@ -20,6 +20,8 @@ from typing import Any, Self
 
 import psutil
 
+from dr_dask.runtime import progress
+
 logger = logging.getLogger(__name__)
 
 
@@ -82,6 +84,8 @@ def timed(into: dict | None = None, key: str = "seconds") -> Iterator[dict]:
     then ``t["seconds"]`` works too. The time is recorded even when the block raises.
     """
     out = {} if into is None else into
+    if into is not None:
+        progress.stage(key)  # a fit's stage: its bar names it
     t0 = time.perf_counter()
     try:
         yield out
