@@ -219,10 +219,10 @@ def test_scikit_learn_parameters_beyond_its_test_file(roll2000, tmp_path, dr_con
     from sklearn.neighbors import KNeighborsTransformer
 
     X, Xnew = roll2000[0][:300], roll2000[1][:20]
-    with pytest.raises(ValueError, match="metric='manhattan'.*Euclidean distances only"):
+    with pytest.raises(ValueError, match=r"metric='manhattan'.*Euclidean distances only"):
         Isomap(metric="manhattan", knn="ivf").fit(X)
     dr_config({"knn.ivf-min-rows": 100, "knn.kd-tree-max-dim": 2})
-    with pytest.raises(ValueError, match="callable .*knn='auto'"):
+    with pytest.raises(ValueError, match=r"callable .*knn='auto'"):
         Isomap(metric=lambda a, b: np.abs(a - b).sum(), knn="auto").fit(X)
     dr_config({"knn.ivf-min-rows": 10**9, "knn.kd-tree-max-dim": 15})
 

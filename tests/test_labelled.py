@@ -157,12 +157,12 @@ def test_gp_isomap_variance_labelled_like_the_embedding(roll):
     lazy input keeps it lazy."""
     est = GPIsomap(n_neighbors=8, random_state=0).fit(roll)
     a = _array(roll[:30])
-    Y, var = est.transform(a, return_variance=True)
+    _, var = est.transform(a, return_variance=True)
     assert isinstance(var, xr.DataArray) and var.dims == ("time",) and var.name == "x_variance"
     np.testing.assert_array_equal(var["time"].values, a["time"].values)
     np.testing.assert_array_equal(var["label"].values, a["label"].values)
     np.testing.assert_allclose(var.values, est.predict_variance(roll[:30]), rtol=1e-12)
-    lazy_Y, lazy_var = est.transform(a.chunk({"time": 10}), return_variance=True)
+    _, lazy_var = est.transform(a.chunk({"time": 10}), return_variance=True)
     assert isinstance(lazy_var.data, da.Array) and lazy_var.dims == ("time",)
     np.testing.assert_allclose(lazy_var.values, var.values, rtol=1e-12)
     frame = pd.DataFrame(roll[:30], index=pd.RangeIndex(100, 130, name="cell"))

@@ -49,7 +49,10 @@ def _count_and(a, b):
 
 @numba.njit(cache=True)
 def _is_empty(a):
-    return all(a[w] == 0 for w in range(a.shape[0]))
+    for w in range(a.shape[0]):  # noqa: SIM110  (compiled: numba has no all() of a generator)
+        if a[w] != 0:
+            return False
+    return True
 
 
 @numba.njit(cache=True)

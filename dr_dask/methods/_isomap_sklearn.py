@@ -101,7 +101,8 @@ def query_input(est: Any, X: Any) -> Any:
 
 class SklearnIsomapTags:
     """scikit-learn's tags of its Isomap: CSR input, and with ``metric="precomputed"`` a
-    pairwise input (float32 kept: every transformer's, :class:`dr_dask.methods.labelled.LabelledOutput`)."""
+    pairwise input (float32 kept: every transformer's,
+    :class:`dr_dask.methods.labelled.LabelledOutput`)."""
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()  # type: ignore[misc]

@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -371,53 +372,15 @@ default="se"
 
     def _config(self, n_samples: int, n_features: int) -> IKDConfig:
         """The validated configuration: the rules that involve several parameters or the
-        data's size, after the declarative checks of each parameter (``check_params``)."""
-        T, M = int(n_samples), int(self.n_components)
-        if not self.floor < self.ceil:
-            raise ValueError(f"need floor < ceil (the clip range of S / sigma^2), got floor="
-                             f"{self.floor}, ceil={self.ceil}")
-        if n_features - 1 < M:
-            # each sample is centred across its features, so the samples span at most N - 1
-            # dimensions: more components would be degenerate eigenvectors, not structure
-            if n_features < 2:
-                raise ValueError(
-                    f"n_components={M} is more than the data supports: {n_features} feature "
-                    "gives no component (each sample is centred across features); use more "
-                    "features")
-            # a default sized for real data then works on few features, as n_landmarks is
-            # clamped to the samples
-            warnings.warn(
-                f"n_components={M} is more than the data supports: {n_features} features give "
-                f"at most {n_features - 1} components (each sample is centred across "
-                f"features); IKD uses n_components={n_features - 1}", UserWarning,
-                stacklevel=4)
-            M = n_features - 1
-        landmark = self.n_landmarks is not None
-        graph = self.solver == "geodesic"  # landmark IKD with "full" builds no graph
-        if graph and self.geodesic_rule == "knn" and not self.n_neighbors < T:
-            raise ValueError(f"n_neighbors must be an integer in [1, {T - 1}] (a point is not "
-                             f"its own neighbour), got {self.n_neighbors!r}")
-        if graph and self.geodesic_rule == "threshold" and self.threshold is None:
-            raise ValueError("geodesic_rule='threshold' needs threshold (s0 in (0, 1))")
-        if (self.solver == "blockwise" and self.min_overlap is not None
-                and self.min_overlap < M + 1):
-            raise ValueError(f"min_overlap must be an integer >= {M + 1} (M + 1 shared points "
-                             f"make the rigid alignment unique), got {self.min_overlap!r}")
+        data's size (:data:`_RULES`), after the declarative checks of each parameter
+        (``check_params``)."""
+        T = int(n_samples)
+        M = _supported_components(int(self.n_components), int(n_features))
+        for rule in _RULES:
+            rule.check(self, T, M)
         n_landmarks = self.n_landmarks
-        if n_landmarks is not None:  # landmark
-            if self.solver == "blockwise":
-                raise ValueError(
-                    "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no "
-                    "landmark variant (use solver='geodesic' or 'full' with n_landmarks)")
+        if n_landmarks is not None:  # landmark IKD
             n_landmarks = clamp_to_samples(self, "n_landmarks", T, stacklevel=4)
-            if n_landmarks < M + 1:
-                raise ValueError(
-                    f"n_landmarks must be an integer >= {M + 1} (more than n_components), got "
-                    f"{self.n_landmarks!r}")
-            if self.solver == "geodesic" and self.geodesic_rule == "threshold":
-                raise ValueError(
-                    "landmark IKD supports geodesic_rule='knn' only (the threshold rule needs "
-                    "every similarity next to the L x T geodesics)")
             if self.reference not in (None, "center"):
                 warnings.warn(
                     f"reference={self.reference!r} is ignored by landmark IKD: landmark MDS "
@@ -429,7 +392,7 @@ default="se"
         return IKDConfig.from_params(
             self.get_params(deep=False),
             kernel=get_kernel(self.kernel, alpha=self.alpha, gamma=self.gamma, nu=self.nu),
-            reference="center" if landmark else reference,
+            reference="center" if n_landmarks is not None else reference,
             dtype=np.dtype(self.dtype),
             n_landmarks=n_landmarks,
             n_components=M,
@@ -538,3 +501,81 @@ default="se"
         ndarray or dask array of shape (n, M)
         """
         return _out_of_sample(self, X)
+
+
+def _supported_components(M: int, n_features: int) -> int:
+    """``n_components``, clamped with a warning to what the data support: each sample is
+    centred across its features, so the samples span at most N - 1 dimensions (more
+    components would be degenerate eigenvectors, not structure)."""
+    if n_features - 1 >= M:
+        return M
+    if n_features < 2:
+        raise ValueError(
+            f"n_components={M} is more than the data supports: {n_features} feature gives no "
+            "component (each sample is centred across features); use more features")
+    # a default sized for real data then works on few features, as n_landmarks is clamped to
+    # the samples
+    warnings.warn(
+        f"n_components={M} is more than the data supports: {n_features} features give at most "
+        f"{n_features - 1} components (each sample is centred across features); IKD uses "
+        f"n_components={n_features - 1}", UserWarning, stacklevel=5)
+    return n_features - 1
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A rule across IKD's parameters and the data's size: for the ``solvers`` it names, when
+    ``applies(est)``, the fit needs ``holds(est, T, M)``; else ValueError(``message``,
+    formatted with ``est``, ``T``, ``M``, ``last`` = T - 1 and ``need`` = M + 1)."""
+
+    solvers: frozenset[str]
+    applies: Callable[[Any], bool]
+    holds: Callable[[Any, int, int], bool]
+    message: str
+
+    def check(self, est: Any, T: int, M: int) -> None:
+        if est.solver in self.solvers and self.applies(est) and not self.holds(est, T, M):
+            raise ValueError(self.message.format(est=est, T=T, M=M, last=T - 1, need=M + 1))
+
+
+def _always(est: Any) -> bool:
+    return True
+
+
+def _never(est: Any, T: int, M: int) -> bool:
+    return False
+
+
+def _landmark(est: Any) -> bool:
+    return est.n_landmarks is not None
+
+
+#: Every rule across IKD's parameters, per solver, in one table (``IKD._config`` checks them in
+#: order; each parameter's own range is in ``IKD._parameter_constraints``).
+_RULES: tuple[_Rule, ...] = (
+    _Rule(frozenset(SOLVERS), _always, lambda e, T, M: e.floor < e.ceil,
+          "need floor < ceil (the clip range of S / sigma^2), got floor={est.floor}, "
+          "ceil={est.ceil}"),
+    _Rule(frozenset({"geodesic"}), lambda e: e.geodesic_rule == "knn",
+          lambda e, T, M: e.n_neighbors < T,
+          "n_neighbors must be an integer in [1, {last}] (a point is not its own neighbour), got "
+          "{est.n_neighbors!r}"),
+    _Rule(frozenset({"geodesic"}), lambda e: e.geodesic_rule == "threshold",
+          lambda e, T, M: e.threshold is not None,
+          "geodesic_rule='threshold' needs threshold (s0 in (0, 1))"),
+    _Rule(frozenset({"geodesic"}), lambda e: _landmark(e) and e.geodesic_rule == "threshold",
+          _never,
+          "landmark IKD supports geodesic_rule='knn' only (the threshold rule needs every "
+          "similarity next to the L x T geodesics)"),
+    _Rule(frozenset({"blockwise"}), lambda e: e.min_overlap is not None,
+          lambda e, T, M: e.min_overlap >= M + 1,
+          "min_overlap must be an integer >= {need} (M + 1 shared points make the "
+          "rigid alignment unique), got {est.min_overlap!r}"),
+    _Rule(frozenset({"blockwise"}), _landmark, _never,
+          "n_landmarks is a geodesic/full-solver extension; blockwise IKD has no landmark "
+          "variant (use solver='geodesic' or 'full' with n_landmarks)"),
+    _Rule(frozenset({"geodesic", "full"}), _landmark,
+          lambda e, T, M: min(e.n_landmarks, T) >= M + 1,
+          "n_landmarks must be an integer >= {need} (more than n_components), got "
+          "{est.n_landmarks!r}"),
+)

@@ -128,7 +128,7 @@ def _eigen_method(est: Any, T: int) -> str:
     """The :func:`~dr_dask.linalg.top_eigh` method of ``eigen_solver`` for T points."""
     solver = {"arpack": "lanczos"}.get(est.eigen_solver, est.eigen_solver)
     if solver == "auto":
-        solver = "dense" if T <= config.get("eigen.dense-max") else "lanczos"
+        solver = "dense" if config.get("eigen.dense-max") >= T else "lanczos"
     return solver
 
 

@@ -90,7 +90,7 @@ TARGET_BYTES = 1_000_000
 #: Where BokehJS comes from: in the page, or fetched when it opens.
 RESOURCES = {"inline": INLINE, "cdn": CDN}
 
-__all__ = ["MAX_POINTS", "html_report", "colour_values"]
+__all__ = ["MAX_POINTS", "colour_values", "html_report"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,7 +507,7 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
     page = file_html(doc, RESOURCES[resources], title)
     if resources == "inline":
         page = _packed(page)
-    head, body, tail = page.rpartition("<body>")  # the page's tag (BokehJS's code mentions one)
+    head, _, tail = page.rpartition("<body>")  # the page's tag (BokehJS's code mentions one)
     heading = f"<h2>{html.escape(title)}</h2>"
     size = len(page.encode()) + len(tables.encode()) + len(heading.encode()) + 300
     note = f"This page is {size / 1e6:.2f} MB"
