@@ -202,3 +202,15 @@ def plausible_peak(peak_gb: float, idle_gb: float) -> bool:
     at ``idle_gb``: at least that (less a fifth, for memory handed back since), at most the
     machine's memory. A peak of another process, in bytes, or never sampled fails."""
     return 0.8 * idle_gb <= peak_gb <= psutil.virtual_memory().total / 1e9
+
+
+# The fixtures scikit-learn's own test files take (test_isomap_sklearn.py, from scikit-learn's
+# conftest.py): both dtypes always (float32 in must give float32 out), its default seed.
+@pytest.fixture(params=[np.float32, np.float64])
+def global_dtype(request):
+    return request.param
+
+
+@pytest.fixture
+def global_random_seed():
+    return 42
