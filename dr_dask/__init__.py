@@ -26,7 +26,7 @@ from dr_dask.runtime import config  # noqa: E402,F401
 _PUBLIC = {
     "IKD": "dr_dask.methods.ikd",
     "Isomap": "dr_dask.methods.isomap",
-    "LandmarkIsomap": "dr_dask.methods.isomap",
+    "LandmarkIsomap": "dr_dask.methods.landmark_isomap",
     "GPIsomap": "dr_dask.methods.gp_isomap",
     "LSDR": "dr_dask.methods.lsdr",
     "open_dataset": "dr_dask.io.inputs",

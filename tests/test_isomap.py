@@ -11,7 +11,8 @@ from sklearn.manifold import Isomap as SkIsomap
 
 from dr_dask.graph import DisconnectedGraphWarning, DuplicatePointsWarning
 from dr_dask.linalg.align import procrustes_disparity
-from dr_dask.methods.isomap import Isomap, LandmarkIsomap
+from dr_dask.methods.isomap import Isomap
+from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
 
 @pytest.fixture(scope="module")

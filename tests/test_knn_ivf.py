@@ -56,7 +56,7 @@ def test_each_list_holds_the_rows_nearest_its_centroid(small_lists, tmp_path):
 
 
 def test_few_probes_are_approximate_and_warned(small_lists):
-    from dr_dask.methods.isomap import LandmarkIsomap
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     X = noisy_curve(2000, 30, seed=1)
     _, i0 = kneighbors(X, 10, algorithm="exact")
@@ -79,7 +79,7 @@ def test_auto_never_settles_for_a_poor_approximate_graph(small_lists, dr_config)
     estimated recall is below 0.9: the default loses no quality and warns about none."""
     import warnings
 
-    from dr_dask.methods.isomap import LandmarkIsomap
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     dr_config({"knn.ivf-min-rows": 1000})
     X = noisy_curve(2000, 30, seed=1)

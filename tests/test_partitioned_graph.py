@@ -88,7 +88,7 @@ def test_disconnected_graph_refused_naming_rows(small_blocks, tmp_path):
 
 
 def _landmark_isomap(**kw):
-    from dr_dask.methods.isomap import LandmarkIsomap
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     return LandmarkIsomap(**{"n_neighbors": 8, "n_components": 1, "n_landmarks": 60,
                              "knn": "ivf", "n_probe": 2, "random_state": 0, **kw})

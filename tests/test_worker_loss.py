@@ -100,7 +100,8 @@ def test_ikd_survives_worker_loss(client, data, solver, tmp_path):
 
 @pytest.mark.parametrize("landmarks", [False, True])
 def test_isomap_survives_worker_loss(client, data, landmarks, tmp_path):
-    from dr_dask.methods.isomap import Isomap, LandmarkIsomap
+    from dr_dask.methods.isomap import Isomap
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     roll, _ = data
     if landmarks:

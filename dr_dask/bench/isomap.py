@@ -103,7 +103,7 @@ def bench_isomap_full(client: Any, quick: bool, workdir: str, repeats: int | Non
 def bench_landmark_isomap(client: Any, quick: bool, workdir: str, n_samples: int | None = None,
                           n_landmarks: int | None = None) -> dict:
     from dr_dask.linalg.align import procrustes_disparity
-    from dr_dask.methods.isomap import LandmarkIsomap
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     T = n_samples or (QUICK["landmark_T"] if quick else 200_000)
     L = n_landmarks or (QUICK["landmark_L"] if quick else 2000)

@@ -58,7 +58,8 @@ def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdi
                search: dict) -> Any:
     """A fresh estimator of ``method`` (``n_landmarks``: None for the exact methods)."""
     from dr_dask.methods.ikd import IKD
-    from dr_dask.methods.isomap import Isomap, LandmarkIsomap
+    from dr_dask.methods.isomap import Isomap
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     if method == "full_ikd":
         return IKD(n_components=1, solver="full", random_state=0, client=client)

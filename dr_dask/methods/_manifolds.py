@@ -44,6 +44,7 @@ step 3, touching ones of one surface in step 5.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -52,7 +53,12 @@ from sklearn.utils import check_random_state
 
 from dr_dask.graph.knn import estimator_neighbours, kneighbors_local
 from dr_dask.graph.landmarks import landmark_mds, triangulate
+from dr_dask.io.validation import duplicates_reported
 from dr_dask.linalg import mds
+from dr_dask.linalg.align import procrustes_fit
+from dr_dask.methods._gp import ManifoldGP
+from dr_dask.methods.isomap import Isomap
+from dr_dask.runtime.blas import single_blas_thread
 
 logger = logging.getLogger(__name__)
 
@@ -390,3 +396,91 @@ def ridge_stitch(
     A = np.vstack([local.T, np.ones(local.shape[0])])
     M = target.T @ A.T @ np.linalg.inv(A @ A.T + ridge * np.eye(A.shape[0]))
     return M[:, :-1], M[:, -1]
+
+
+def cluster_labels(clusterer: Any, X: np.ndarray, n_neighbors: int, n_components: int, *,
+                   tangent_threshold: float, density_persistence: float,
+                   min_cluster_size: int, client: Any, search: dict) -> np.ndarray:
+    """GP-Isomap's manifold of each batch row (``-1``: an outlier), from ``clusterer``:
+    ``"single"`` (one manifold), ``"tangent"`` (:func:`tangent_clusters`, its search's recall
+    stored in ``search``), a callable of X, or the labels themselves (relabelled 0..p-1)."""
+    if isinstance(clusterer, str):
+        if clusterer == "single":
+            return np.zeros(len(X), dtype=np.int32)
+        if clusterer == "tangent":
+            return tangent_clusters(
+                X, n_neighbors, n_components, tangent_threshold=tangent_threshold,
+                density_persistence=density_persistence, min_cluster_size=min_cluster_size,
+                client=client, search=search)
+    labels = np.asarray(clusterer(X) if callable(clusterer) else clusterer)
+    if labels.shape != (len(X),):
+        raise ValueError(f"clusterer labels have shape {labels.shape}, expected ({len(X)},)")
+    out = np.full(len(X), -1, dtype=np.int32)
+    keep = labels >= 0 if np.issubdtype(labels.dtype, np.number) else np.ones(len(X), bool)
+    out[keep] = np.unique(labels[keep], return_inverse=True)[1]
+    return out
+
+
+def stitch_frames(X: np.ndarray, labels: np.ndarray, local: list[np.ndarray], d: int, dg: int,
+                  method: str, *, n_neighbors: int, n_support_nearest: int,
+                  n_support_farthest: int, ridge_lambda: float, rng: Any) -> tuple:
+    """The rigid (``"procrustes"``) or ridge (``"ridge"``) map of each manifold's local
+    embedding ``local[j]`` (d columns) into one global frame of ``dg`` dimensions.
+
+    Returns
+    -------
+    rotation : ndarray of shape (p, dg, d)
+    translation : ndarray of shape (p, dg)
+    support : ndarray of int
+        The batch rows that tied the frames together.
+    embedding : ndarray of shape (n, dg)
+        The batch rows in the global frame.
+    """
+    p = len(local)
+    R = np.zeros((p, dg, d))
+    t = np.zeros((p, dg))
+    if p == 1:
+        R[0, : min(d, dg), : min(d, dg)] = np.eye(min(d, dg))
+        support = np.array([], dtype=np.int64)
+    elif method == "ridge":
+        support = support_set(X, labels, n_support_nearest, n_support_farthest)
+        GE = points_mds(X[support], dg, random_state=rng)
+        local_index = np.empty(len(X), dtype=np.int64)
+        for i in range(p):
+            local_index[labels == i] = np.arange(np.sum(labels == i))
+        for j in range(p):
+            mine = labels[support] == j
+            R[j], t[j] = ridge_stitch(local[j][local_index[support[mine]]], GE[mine],
+                                      ridge_lambda)
+    else:
+        GF = global_frame(X, labels, n_neighbors, dg, n_nearest=n_support_nearest,
+                          random_state=rng)
+        for j in range(p):
+            rigid = procrustes_fit(local[j], GF[labels == j], scaling=False, reflection=True)
+            R[j], t[j] = rigid.rotation.T, rigid.translation
+        support = np.unique(support_pairs(X, labels, n_support_nearest, 0)[0])
+    embedding = np.zeros((len(X), dg))
+    for j in range(p):
+        embedding[labels == j] = local[j] @ R[j].T + t[j]
+    return R, t, support, embedding
+
+
+@single_blas_thread()  # small kernels beside dask's threads (see dr_dask.runtime.blas)
+def fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
+    """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
+
+    iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
+    with duplicates_reported():  # GPIsomap.fit warned for the batch, in the caller's process
+        iso.fit(points)
+    coords = np.asarray(iso.embedding_, dtype=np.float64)
+    G = np.asarray(iso.dist_matrix_, dtype=np.float64)
+    gp = ManifoldGP.fit(
+        points, G, coords,
+        kernel=params["kernel"],
+        length_scale=params["length_scale"],
+        noise_variance=params["noise_variance"],
+        n_neighbors=params["stream_neighbors"],
+        max_points=params["hyper_max_points"],
+        rng=np.random.RandomState(seed),
+    )
+    return coords, gp

@@ -32,7 +32,6 @@ from dr_dask.io.validation import (
     check_array_like,
     check_input,
     check_params,
-    duplicates_reported,
     first_equal_rows,
     non_negative,
     output_dtype,
@@ -40,16 +39,8 @@ from dr_dask.io.validation import (
     warn_duplicates,
 )
 from dr_dask.linalg.align import procrustes_fit
-from dr_dask.methods._gp import KERNELS, ManifoldGP
-from dr_dask.methods._manifolds import (
-    global_frame,
-    points_mds,
-    ridge_stitch,
-    support_pairs,
-    support_set,
-    tangent_clusters,
-)
-from dr_dask.methods.isomap import Isomap
+from dr_dask.methods._gp import KERNELS
+from dr_dask.methods._manifolds import cluster_labels, fit_manifold, stitch_frames
 from dr_dask.methods.labelled import LabelledOutput
 from dr_dask.runtime.blas import single_blas_thread
 from dr_dask.runtime.cluster import ClientParam, active_client, gather
@@ -57,27 +48,6 @@ from dr_dask.runtime.progress import shown_during
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
-
-
-@single_blas_thread()  # small kernels beside dask's threads (see dr_dask.runtime.blas)
-def _fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarray, ManifoldGP]:
-    """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
-
-    iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
-    with duplicates_reported():  # GPIsomap.fit warned for the batch, in the caller's process
-        iso.fit(points)
-    coords = np.asarray(iso.embedding_, dtype=np.float64)
-    G = np.asarray(iso.dist_matrix_, dtype=np.float64)
-    gp = ManifoldGP.fit(
-        points, G, coords,
-        kernel=params["kernel"],
-        length_scale=params["length_scale"],
-        noise_variance=params["noise_variance"],
-        n_neighbors=params["stream_neighbors"],
-        max_points=params["hyper_max_points"],
-        rng=np.random.RandomState(seed),
-    )
-    return coords, gp
 
 
 class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
@@ -199,64 +169,30 @@ default="geodesic_se"
 
     Notes
     -----
-    Decisions where the paper is silent or wrong (docs/decisions.md, the GPI- entries).
-    Figures are from Euler-roll layouts (:func:`dr_dask.datasets.roll_layouts.patch_layout`,
-    300 batch and 200 stream points per patch, k = 10), measured when each decision was made.
+    Decisions where the paper is silent or wrong (docs/decisions.md, the GPI- entries, with
+    the measurements behind each):
 
-    Assignment. A point is mapped through the manifold it lies on: the one of least *link
-    distance*, its mean distance to its k_s nearest manifold points in units of that
-    manifold's own median (:class:`~dr_dask.methods._gp.ManifoldGP`), so about 1 for a
-    point sampled from a manifold whatever its density. The paper's least-variance rule
-    sent 7 of 400 points of a patch through its neighbour (that patch's disparity 0.67),
-    because the variances of two manifolds differed in the third decimal; with the link rule
-    none (0.001). The variance is then the novelty signal only: a point is confident when
-    the variance under its manifold is at most ``sigma_t_``.
-
-    Scale. The GP mean of a zero-mean prior shrinks each axis toward 0 by its own factor
-    (Theorem 6.1's per-dimension scale); beta is rescaled per axis so that the batch points'
-    means reproduce their Isomap coordinates (docs/decisions.md GPI-SCALE). ``fit_transform``
-    returns ``embedding_``; ``transform`` of the batch rows reproduces it per axis (ratio
-    1.000 on ``datasets make gp`` data, was 0.95 and 0.94), and the stream writes in that
-    frame and scale, which a refit's alignment keeps.
-
-    Variance. One GP prior, two length scales: the mean uses the maximum-likelihood length scale
-    (long, searched from the manifold's diameter up: what the mean needs to match S-Isomap,
-    docs/decisions.md GPI-HYPER); the variance uses the manifold's sampling scale, 2 x its median
-    k-th-neighbour distance, on ambient distances (equal to geodesics at that scale, and a positive
-    definite kernel, so no jitter raises the floor). Under the long length scale every point within
-    it looks explained (median variance unseen/known 1.1, the issue's figure); under the short one
-    known points sit at the floor and unseen ones near the signal variance (ratio 470-860). As that
-    kernel is local, the variance conditions on the point's k_s nearest manifold points only (a
-    nearest-neighbour GP: an exact k_s x k_s solve per point, never below the full GP's variance),
-    which made mapping 5-10x faster than the full O(n_i^2) quadratic form (2 k_s points: 2-4x); flag
-    rates stayed within the targets (known <= 1.3%, unseen >= 99.5%). ``sigma_t_`` is a quantile of
-    leave-one-out variances computed the same way (or of held-out ones).
-
-    Clustering. Tangent clustering keeps touching patches of one smooth surface together,
-    and Isomap of their union distorts both (0.06-0.14); the clusterer therefore also splits
-    at density saddles (``density_persistence``, ToMATo) and moves border points to the
-    manifold of least link distance (:mod:`dr_dask.methods._manifolds`, with figures).
-    No Isomap-faithfulness test re-joins pieces (tried: it joined touching patches and kept
-    spurious splits apart, at 10x the clustering time).
-
-    Stitching. Isomap coordinates of every manifold are in geodesic units, so a manifold
-    needs only a rotation and a translation (no scale, no shear) to enter the global frame.
-    The frame is landmark MDS of one graph: every manifold's kNN graph plus bridges of the
-    k nearest point pairs between manifolds adjacent in a minimum spanning tree over their
-    gaps (:func:`~dr_dask.methods._manifolds.global_frame`). Bridging every pair lets chords
-    cut across the roll (0.57 for a geodesic 1.0) and folds the frame: global disparity
-    against truth 0.11-0.23 with all pairs, 0.01-0.035 with the spanning tree; each
-    manifold's own geometry is exact either way.
-
-    Refits. The refitted model is aligned to the previous frame on the previous batch (which
-    it contains): a similarity over all of it, then one per manifold that has previous
-    points (:meth:`align_to`); a new mode keeps the global map. Old manifolds are re-fitted
-    on the same points, so their coordinates move by < 1e-5 (disparity); the new mode is
-    embedded by its own Isomap (disparity 0.001-0.012 against truth).
-
-    Also: the variance is eq. 8 with the noise term, one scalar per manifold; the S-Isomap scaling
-    is 1/sqrt(lambda) (docs/decisions.md GPI-SQRT, used by :class:`Isomap`); ties in the link
-    distance go to the lowest manifold index.
+    - Assignment: a point is mapped through the manifold of least *link distance* (its mean
+      distance to its k_s nearest manifold points in units of that manifold's own median,
+      :class:`~dr_dask.methods._gp.ManifoldGP`), not of least variance, which differs between
+      manifolds by less than their noise; the variance is then the novelty signal only.
+    - Scale: beta is rescaled per axis so that the batch points' GP means reproduce their
+      Isomap coordinates (the zero-mean prior shrinks each axis by its own factor, Theorem
+      6.1); ``fit_transform`` returns ``embedding_`` and the stream writes in its frame.
+    - Variance: one prior, two length scales: the mean's maximum-likelihood one, the
+      variance's sampling scale (2 x the median k-th-neighbour distance) on the k_s nearest
+      manifold points (a nearest-neighbour GP, never below the full GP's variance);
+      ``sigma_t_`` is a quantile of leave-one-out variances computed the same way.
+    - Clustering: tangent clustering, split at density saddles (``density_persistence``) and
+      border points moved to the manifold of least link distance.
+    - Stitching: each manifold enters the global frame by a rotation and a translation only
+      (Isomap coordinates are in geodesic units); the frame is landmark MDS of the manifolds'
+      graphs bridged along a minimum spanning tree of their gaps
+      (:func:`~dr_dask.methods._manifolds.global_frame`), since bridging every pair folds it.
+    - Refits: aligned to the previous frame on the previous batch, globally then per manifold
+      (:meth:`align_to`); a new mode keeps the global map.
+    - The variance is eq. 8 with the noise term, one scalar per manifold; the S-Isomap scaling
+      is 1/sqrt(lambda) (GPI-SQRT); ties in the link distance go to the lowest manifold index.
 
     Examples
     --------
@@ -352,29 +288,14 @@ default="geodesic_se"
 
     # ------------------------------------------------------------------ fit
     def _cluster(self, X: np.ndarray, client) -> np.ndarray:
-        c = self.clusterer
-        self.knn_recall_ = None
-        if isinstance(c, str):
-            if c == "single":
-                return np.zeros(len(X), dtype=np.int32)
-            if c == "tangent":
-                search = {"knn": self.knn, "n_probe": self.n_probe,
-                          "random_state": self.random_state}
-                labels = tangent_clusters(
-                    X, self.n_neighbors_, self.n_components,
-                    tangent_threshold=self.tangent_threshold,
-                    density_persistence=self.density_persistence,
-                    min_cluster_size=self.min_cluster_size, client=client, search=search,
-                )
-                self.knn_recall_ = search.get("recall")
-                return labels
-        labels = np.asarray(c(X) if callable(c) else c)
-        if labels.shape != (len(X),):
-            raise ValueError(f"clusterer labels have shape {labels.shape}, expected ({len(X)},)")
-        out = np.full(len(X), -1, dtype=np.int32)
-        keep = labels >= 0 if np.issubdtype(labels.dtype, np.number) else np.ones(len(X), bool)
-        out[keep] = np.unique(labels[keep], return_inverse=True)[1]
-        return out
+        search = {"knn": self.knn, "n_probe": self.n_probe, "random_state": self.random_state}
+        labels = cluster_labels(
+            self.clusterer, X, self.n_neighbors_, self.n_components,
+            tangent_threshold=self.tangent_threshold,
+            density_persistence=self.density_persistence,
+            min_cluster_size=self.min_cluster_size, client=client, search=search)
+        self.knn_recall_ = search.get("recall")
+        return labels
 
     @shown_during
     def fit(self, X: Any, y: None = None) -> GPIsomap:
@@ -430,12 +351,12 @@ default="geodesic_se"
         parts = [X[labels == i] for i in range(p)]
         with timed(timings, "manifolds"):
             if client is not None:
-                futs = [client.submit(_fit_manifold, P, params, int(s), pure=False)
+                futs = [client.submit(fit_manifold, P, params, int(s), pure=False)
                         for P, s in zip(parts, seeds)]
                 # the parts travel in the graph: a killed worker's fits are rerun elsewhere
                 results = gather(futs, client)
             else:
-                results = [_fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
+                results = [fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
         self.local_embedding_ = [r[0] for r in results]
         self.manifolds_ = [r[1] for r in results]
         self.labels_ = labels
@@ -468,39 +389,12 @@ default="geodesic_se"
         return self
 
     def _stitch(self, X: np.ndarray, labels: np.ndarray, rng) -> None:
-        d = int(self.n_components)
-        dg = int(self.global_dim or d)
-        p = self.n_manifolds_
-        R = np.zeros((p, dg, d))
-        t = np.zeros((p, dg))
-        if p == 1:
-            R[0, : min(d, dg), : min(d, dg)] = np.eye(min(d, dg))
-            self.support_ = np.array([], dtype=np.int64)
-        elif self.stitch == "ridge":
-            sup = support_set(X, labels, self.n_support_nearest, self.n_support_farthest)
-            GE = points_mds(X[sup], dg, random_state=rng)
-            local_index = np.empty(len(X), dtype=np.int64)
-            for i in range(p):
-                local_index[labels == i] = np.arange(np.sum(labels == i))
-            for j in range(p):
-                mine = labels[sup] == j
-                loc = self.local_embedding_[j][local_index[sup[mine]]]
-                R[j], t[j] = ridge_stitch(loc, GE[mine], self.ridge_lambda)
-            self.support_ = sup
-        else:
-            GF = global_frame(X, labels, int(self.n_neighbors_), dg,
-                              n_nearest=self.n_support_nearest, random_state=rng)
-            for j in range(p):
-                rigid = procrustes_fit(self.local_embedding_[j], GF[labels == j],
-                                       scaling=False, reflection=True)
-                R[j], t[j] = rigid.rotation.T, rigid.translation
-            self.support_ = np.unique(support_pairs(X, labels, self.n_support_nearest, 0)[0])
-        self.stitch_rotation_ = R
-        self.stitch_translation_ = t
-        emb = np.zeros((len(X), dg))
-        for j in range(p):
-            emb[labels == j] = self.local_embedding_[j] @ R[j].T + t[j]
-        self.embedding_ = emb
+        frames = stitch_frames(
+            X, labels, self.local_embedding_, int(self.n_components),
+            int(self.global_dim or self.n_components), self.stitch,
+            n_neighbors=int(self.n_neighbors_), n_support_nearest=self.n_support_nearest,
+            n_support_farthest=self.n_support_farthest, ridge_lambda=self.ridge_lambda, rng=rng)
+        self.stitch_rotation_, self.stitch_translation_, self.support_, self.embedding_ = frames
 
     #: Names of transform's outputs after the embedding (labelled like it:
     #: dr_dask.methods.labelled).

@@ -65,8 +65,8 @@ from dr_dask.methods._ikd_blockwise import fit_blockwise
 from dr_dask.methods._ikd_full import fit_full
 from dr_dask.methods._ikd_geodesic import fit_geodesic, fit_landmarks
 from dr_dask.methods._ikd_transform import DeferredTriangulation
+from dr_dask.methods._isomap_base import map_new_rows
 from dr_dask.methods.ikd_core import IKDConfig
-from dr_dask.methods.isomap import _out_of_sample
 from dr_dask.methods.labelled import LabelledOutput
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
 from dr_dask.runtime.progress import shown_during
@@ -500,7 +500,7 @@ default="se"
         -------
         ndarray or dask array of shape (n, M)
         """
-        return _out_of_sample(self, X)
+        return map_new_rows(self, X)
 
 
 def _supported_components(M: int, n_features: int) -> int:

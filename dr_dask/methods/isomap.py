@@ -9,16 +9,12 @@ runs where D2 lives: in this process up to ``dr_dask.isomap.dist-matrix-max`` ro
 as float32 upper tiles in worker memory, written straight from Dijkstra
 (:func:`dr_dask.graph.paths.geodesic_tiles`).
 
-Landmark Isomap (de Silva & Tenenbaum 2003): L landmarks, the L x T geodesics (float32, row
-blocks on the workers), classical MDS of the L x L block and distance-based triangulation of every
-point, summed over landmark row blocks on the workers, so the driver never holds L x T while
-fitting.
-
-Out-of-sample points (both): geodesics through their k nearest training points
-(:func:`dr_dask.graph.geodesics_via_neighbors`); full Isomap then projects the kernel-centred
-vector with ``x_k = q_k^T f / sqrt(lambda_k)`` (Law & Jain eq. 3 in full, as scikit-learn's
-``Isomap.transform``; docs/decisions.md GPI-SQRT on the paper's sqrt(lambda) erratum), Landmark
-Isomap triangulates.
+Out-of-sample points: geodesics through their k nearest training points
+(:func:`dr_dask.graph.geodesics_via_neighbors`), then the kernel-centred vector projected with
+``x_k = q_k^T f / sqrt(lambda_k)`` (Law & Jain eq. 3 in full, as scikit-learn's
+``Isomap.transform``; docs/decisions.md GPI-SQRT on the paper's sqrt(lambda) erratum). Landmark
+Isomap is :mod:`dr_dask.methods.landmark_isomap`; what both share,
+:mod:`dr_dask.methods._isomap_base`.
 """
 
 from __future__ import annotations
@@ -26,10 +22,8 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any, ClassVar
 
-import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
@@ -40,45 +34,29 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph import (
     GeodesicRows,
-    connect_components,
-    geodesics_via_neighbors,
-    kneighbors_graph,
-    landmark_mds,
-    select_landmarks,
     shortest_paths,
-    triangulate,
 )
-from dr_dask.graph.knn import KNN_CONSTRAINTS, knn_algorithm
-from dr_dask.graph.landmarks import triangulate_block
-from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
-from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.checkpoint import scratch
-from dr_dask.io.inputs import InputData
-from dr_dask.io.storage import Location
-from dr_dask.io.validation import (
-    Options,
-    check_array_like,
-    check_input,
-    clamp_to_samples,
-    is_stored,
-    non_negative,
-    positive,
-)
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
 from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
+from dr_dask.methods._isomap_base import (
+    _CHUNK_BYTES,
+    COMMON_CONSTRAINTS,
+    TOL_DEFAULT,
+    checked_components,
+    chunked_transform,
+    eigen_method,
+    fit_graph,
+    map_new_rows,
+    neighbours_of,
+)
 from dr_dask.methods._isomap_sklearn import (
-    SKLEARN_CONSTRAINTS,
     KernelProjection,
     Neighbours,
     SklearnIsomapTags,
-    metric_of,
     nearest_neighbors,
-    precomputed,
-    precomputed_graph,
     project,
-    query_input,
     reconstruction_error,
     row_blocks,
     training_input,
@@ -92,168 +70,7 @@ from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
-#: Bytes of one (queries x T) float64 temporary in ``transform``.
-_CHUNK_BYTES = 1 << 26
 
-
-# ---------------------------------------------------------------------------------------------
-# shared helpers
-
-
-#: Parameter constraints shared by both estimators (scikit-learn's vocabulary).
-_COMMON_CONSTRAINTS: dict = {
-    "n_components": [positive(Integral)],
-    "on_disconnected": [Options({"bridge", "raise", "ignore"})],
-    "random_state": ["random_state"],
-    "client": "no_validation",
-    "progress": ["boolean"],
-    "geodesic_store": "no_validation",  # a path, URL, Location or zarr.Array
-    "block_size": [positive(Integral)],
-    "n_neighbors": [positive(Integral), None],
-    "radius": [positive(Real), None],
-    # "arpack" is scikit-learn's name of an iterative solver: here block Lanczos
-    "eigen_solver": [Options({"auto", "dense", "lanczos", "arpack"})],
-    "tol": [non_negative(Real)],
-    "max_iter": [positive(Integral), None],
-    **KNN_CONSTRAINTS,
-    **SKLEARN_CONSTRAINTS,
-}
-
-#: The Lanczos tolerance ``tol=0`` stands for (ARPACK's 0 is "machine precision"; block
-#: Lanczos reaches about this relative residual in float64).
-_TOL_DEFAULT = 1e-10
-
-
-def _eigen_method(est: Any, T: int) -> str:
-    """The :func:`~dr_dask.linalg.top_eigh` method of ``eigen_solver`` for T points."""
-    solver = {"arpack": "lanczos"}.get(est.eigen_solver, est.eigen_solver)
-    if solver == "auto":
-        solver = "dense" if config.get("eigen.dense-max") >= T else "lanczos"
-    return solver
-
-
-def _n_components(n_components: int, n_points: int, points: str) -> int:
-    """n_components, checked against the data: classical MDS of n points has at most n - 1
-    dimensions."""
-    if n_components >= n_points:
-        raise ValueError(
-            f"n_components={n_components} needs at least {n_components + 1} {points} (n points "
-            f"embed in at most n - 1 dimensions), got {n_points}")
-    return int(n_components)
-
-
-def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: float | None,
-                     client: Any, where: Location | None = None,
-                     timings: dict | None = None) -> sp.csr_matrix | StoredGraph:
-    """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule).
-
-    With ``where`` (a scratch location every worker reaches), a k-rule graph whose search
-    resolves to the partitioned one is built on the workers and stored there
-    (:func:`~dr_dask.graph.partitioned.stored_neighbour_graph`); its stages' seconds go to
-    ``timings`` as ``graph.<stage>``.
-    """
-    T = X.shape[0]
-    if n_neighbors is not None and radius is not None:
-        raise ValueError(f"Both n_neighbors and radius are provided (n_neighbors={n_neighbors}"
-                         f", radius={radius}): give exactly one; use n_neighbors=None for the "
-                         "epsilon rule")
-    if n_neighbors is None and radius is None:
-        raise ValueError("give exactly one of n_neighbors (k rule) and radius (epsilon rule); "
-                         "both are None")
-    if n_neighbors is not None and not 1 <= n_neighbors < T:
-        raise ValueError(f"n_neighbors={n_neighbors} must be in [1, {T - 1}] for {T} samples "
-                         "(a point is not its own neighbour)")
-    if precomputed(est):
-        est._nbrs = nearest_neighbors(est, X)
-        est.knn_recall_ = None if radius is not None else 1.0
-        graph = precomputed_graph(est._nbrs, n_neighbors, radius)
-        return connect_components(graph, X, on_disconnected=est.on_disconnected,
-                                  metric="precomputed")
-    metric = metric_of(est)
-    if not metric.euclidean or sp.issparse(X):
-        # refuses the partitioned search (Euclidean, dense) by name where it would be taken
-        if knn_algorithm(est.knn, T, int(X.shape[1]), metric) == "ivf":
-            raise ValueError(f"knn={est.knn!r}: the partitioned neighbour search takes dense "
-                             f"rows; sparse X ({T} rows) needs knn='exact'")
-        where = None
-    if where is not None and n_neighbors is not None:
-        stored = stored_neighbour_graph(X, n_neighbors, where, knn=est.knn,
-                                        n_probe=est.n_probe, client=client,
-                                        on_disconnected=est.on_disconnected,
-                                        random_state=est.random_state)
-        if stored is not None:
-            est.knn_recall_ = stored.recall
-            if timings is not None:
-                timings.update({f"graph.{k}": v for k, v in stored.seconds.items()})
-            return stored.graph
-    search = {"knn": est.knn, "n_probe": est.n_probe, "random_state": est.random_state}
-    graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search,
-                             metric=metric)
-    est.knn_recall_ = search.get("recall")
-    return connect_components(graph, X, on_disconnected=est.on_disconnected, metric=metric)
-
-
-def _neighbours(est: Any) -> Neighbours:
-    """What the fitted estimator's ``transform`` searches the new points' neighbours with."""
-    fitted = est.nbrs_ if precomputed(est) else None
-    return Neighbours(est.training_data_, est.n_neighbors, est.radius, metric_of(est), fitted)
-
-
-def _chunked_transform(Xq: Any, nbrs: Neighbours, rows_for, finish, n_cols: int,
-                       client: Any = None, local: bool = False) -> np.ndarray:
-    """Shared transform loop: neighbours, batch of geodesic rows, geodesics, finish(g)."""
-    dist, idx = nbrs.query(Xq, client=client, local=local)
-    step = max(1, _CHUNK_BYTES // (8 * n_cols))
-    out = []
-    for s in range(0, Xq.shape[0], step):
-        d, i = dist[s : s + step], idx[s : s + step]
-        U, local_idx = np.unique(np.where(i < 0, 0, i), return_inverse=True)
-        local_idx = np.where(i < 0, -1, local_idx.reshape(i.shape))
-        g = geodesics_via_neighbors(d, local_idx, rows_for(U))
-        out.append(finish(g))
-    return np.vstack(out)
-
-
-def _transform_dask(X: da.Array, fn, n_out: int) -> da.Array:
-    """Apply ``fn(block)`` to every row block: a dask array with X's row chunks."""
-    X = X.rechunk({1: -1})
-    blocks = X.to_delayed().ravel()
-    # one graph key holds the projector, so its arrays are shipped once, not once per block
-    fn_key = dask.delayed(fn)
-    parts = [da.from_delayed(dask.delayed(_call)(fn_key, b), shape=(n, n_out), dtype=np.float64)
-             for b, n in zip(blocks, X.chunks[0])]
-    return da.concatenate(parts, axis=0)
-
-
-def _call(fn, block: np.ndarray) -> np.ndarray:
-    # a dask input's values are seen only here, block by block
-    return fn(check_array_like(block, "X"))
-
-
-def _out_of_sample(estimator: Any, X: Any) -> np.ndarray | da.Array:
-    """``transform`` of both estimators: a dask array maps lazily, block by block; any other
-    input (array-like, CSR, path, zarr, xarray) is checked and mapped in memory (the
-    LabelledOutput wrapper gives the output the training input's float dtype)."""
-    proj = estimator._projector()
-    client = active_client(estimator.client)
-    sparse = query_input(estimator, X)
-    if sparse is not None:
-        return proj(sparse, client=client, local=False)
-    if isinstance(getattr(estimator, "training_data_", None), da.Array):
-        # a training set in a store: the neighbours are searched blockwise where its rows are
-        inp = check_input(estimator, X, reset=False, in_memory=not is_stored(X),
-                          dtype=np.float64)
-        query = inp.values if inp.values is not None else inp.data
-        return proj(query, client=client, local=False)
-    if isinstance(X, da.Array):
-        check_input(estimator, X, reset=False)  # the caller's row chunks are kept
-        return _transform_dask(X, proj, estimator.embedding_.shape[1])
-    X = check_input(estimator, X, reset=False, in_memory=True, dtype=np.float64).values
-    return proj(X, client=client, local=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# full Isomap
 
 
 class _SquaredGeodesics:
@@ -272,7 +89,7 @@ class _SquaredGeodesics:
         return self.dense if self.dense is not None else self.rows.gather(np.float64)
 
 
-def _identity(P: np.ndarray) -> np.ndarray:
+def _unchanged(P: np.ndarray) -> np.ndarray:
     return P
 
 
@@ -311,7 +128,7 @@ class _IsomapProjector:
         return project(g * g, self.sq_row_mean, self.vectors, self.eigenvalues)
 
     def __call__(self, Xq: Any, client: Any = None, local: bool = True) -> np.ndarray:
-        return _chunked_transform(
+        return chunked_transform(
             Xq, self.nbrs, lambda U: self.rows(U, client, local), self.project,
             len(self.sq_row_mean), client=client, local=local,
         )
@@ -453,7 +270,7 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
     (5, 2)
     """
 
-    _parameter_constraints: ClassVar[dict] = {**_COMMON_CONSTRAINTS}
+    _parameter_constraints: ClassVar[dict] = {**COMMON_CONSTRAINTS}
 
     def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, eigen_solver: str = "auto", tol: float = 1e-10,
@@ -491,8 +308,8 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
         X, _, self._out_dtype = training_input(self, X)
         self._nbrs: NearestNeighbors | None = None
         T = X.shape[0]
-        d = _n_components(self.n_components, T, "samples")
-        solver = _eigen_method(self, T)
+        d = checked_components(self.n_components, T, "samples")
+        solver = eigen_method(self, T)
         dist_max = config.get("isomap.dist-matrix-max")
         if solver == "dense" and dist_max < T:
             raise ValueError(f"eigen_solver='dense' forms a T x T matrix; T={T} > "
@@ -530,7 +347,7 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
             # the full float64 rows: 0.9 instead of 3.2 GB at T=20,000; rounding 6e-8, far
             # below the embedding's accuracy), multiplied in float64 for the 1e-10 tolerance
             grid = strip_grid(T, client)
-            op, stats = geodesic_tiles(self.graph_, grid, _identity, stats_fn=tile_stats,
+            op, stats = geodesic_tiles(self.graph_, grid, _unchanged, stats_fn=tile_stats,
                                        square=True, dtype=np.float32, precision=np.float64,
                                        client=client)
             sq_mean = row_stats(grid, stats)[1] / T
@@ -545,13 +362,13 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
         client = active_client(self.client)
         timings: dict[str, float] = {}
         with timed(timings, "graph"):
-            self.graph_ = _neighbour_graph(self, X, self.n_neighbors, self.radius, client)
+            self.graph_ = fit_graph(self, X, self.n_neighbors, self.radius, client)
 
         with timed(timings, "shortest_paths"):
             op, D2, store, sq_mean = self._squared_geodesics(T, client)
 
         with timed(timings, "eigen"):
-            res = classical_mds(op, d, method=solver, tol=self.tol or _TOL_DEFAULT,
+            res = classical_mds(op, d, method=solver, tol=self.tol or TOL_DEFAULT,
                                 max_passes=self.max_iter or 100,
                                 random_state=check_random_state(self.random_state))
             del op  # frees the tiles on the workers
@@ -633,7 +450,7 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
     def _projector(self) -> _IsomapProjector:
         check_is_fitted(self, "embedding_")
         return _IsomapProjector(
-            _neighbours(self), self.graph_, self.dist_matrix_, self.geodesic_store_,
+            neighbours_of(self), self.graph_, self.dist_matrix_, self.geodesic_store_,
             self.geodesic_sq_row_mean_, self.eigenvectors_, self.eigenvalues_,
         )
 
@@ -643,287 +460,4 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
         Geodesics to the training points go through each point's ``n_neighbors`` nearest
         training points; the kernel-centred vector is projected with ``1/sqrt(lambda)``.
         """
-        return _out_of_sample(self, X)
-
-
-# ---------------------------------------------------------------------------------------------
-# Landmark Isomap
-
-
-def _squared(paths: np.ndarray) -> np.ndarray:
-    D2 = paths.astype(np.float64)
-    return np.multiply(D2, D2, out=D2)
-
-
-def _block_triangulate(block: np.ndarray, start: int, pinv: np.ndarray,
-                       sq_mean: np.ndarray) -> np.ndarray:
-    # triangulation is linear in the landmark rows: each block adds its share
-    s, e = start, start + block.shape[0]
-    return triangulate_block(pinv[:, s:e], block, sq_mean[s:e], _squared)
-
-
-@dataclass
-class _LandmarkProjector:
-    """Picklable out-of-sample map of a fitted Landmark Isomap."""
-
-    nbrs: Neighbours
-    landmark_geodesics: Any  # (L, T) ndarray or zarr.Array
-    pinv: np.ndarray
-    sq_mean: np.ndarray
-
-    def rows(self, U: np.ndarray) -> np.ndarray:
-        G = self.landmark_geodesics
-        cols = G[:, U] if isinstance(G, np.ndarray) else G.get_orthogonal_selection(
-            (slice(None), U))
-        return np.asarray(cols, dtype=np.float64).T  # (|U|, L)
-
-    def finish(self, g: np.ndarray) -> np.ndarray:
-        return triangulate(self.pinv, (g * g).T, self.sq_mean)
-
-    def __call__(self, Xq: Any, client: Any = None, local: bool = True) -> np.ndarray:
-        return _chunked_transform(Xq, self.nbrs, self.rows, self.finish, len(self.sq_mean),
-                                  client=client, local=local)
-
-
-class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
-                     BaseEstimator):
-    """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
-
-    Input (CSR, float32 and ``metric="precomputed"`` included), duplicate rows, and
-    scikit-learn's Isomap parameters: as :class:`Isomap`.
-
-    Parameters
-    ----------
-    n_neighbors : int or None, default=5
-        k of the neighbour graph (``None`` when ``radius`` is used).
-    radius : float or None, default=None
-        Epsilon rule instead of the k rule (give exactly one of the two).
-    n_components : int, default=2
-        Embedding dimension d (less than the number of landmarks).
-    n_landmarks : int, default=1000
-        L. More than the samples uses every sample, with a warning (as scikit-learn's
-        ``Nystroem`` clamps its ``n_components``).
-    landmark_method : {"maxmin", "random"}, default="maxmin"
-        Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data;
-        for CSR input, ``metric="precomputed"`` or a non-Euclidean metric by geodesic
-        farthest-point order on the graph, one Dijkstra per landmark); random is a seeded
-        uniform choice.
-    eigen_solver : {"auto", "dense", "arpack", "lanczos"}, default="auto"
-        Of the L x L landmark MDS, as :class:`Isomap`'s (``"auto"`` is dense up to
-        ``dr_dask.eigen.dense-max`` landmarks).
-    tol : float, default=1e-10
-        As :class:`Isomap`'s.
-    max_iter : int or None, default=None
-        As :class:`Isomap`'s.
-    path_method : {"auto", "FW", "D"}, default="auto"
-        As :class:`Isomap`'s.
-    neighbors_algorithm : {"auto", "brute", "kd_tree", "ball_tree"}, default="auto"
-        As :class:`Isomap`'s.
-    n_jobs : int or None, default=None
-        As :class:`Isomap`'s.
-    metric : str or callable, default="minkowski"
-        As :class:`Isomap`'s.
-    p : float, default=2
-        As :class:`Isomap`'s.
-    metric_params : dict or None, default=None
-        As :class:`Isomap`'s.
-    on_disconnected : {"bridge", "raise", "ignore"}, default="bridge"
-        As :class:`Isomap`'s.
-    random_state : int, RandomState instance or None, default=None
-        Seeds the landmark choice.
-    client : distributed.Client or None, default=None
-        As :class:`Isomap`'s.
-    geodesic_store : str, Location, zarr.Array or None, default=None
-        Zarr array (or local path / URL; a :class:`~dr_dask.io.storage.Location` carries storage
-        options) for the L x T geodesics (float32); ``None`` keeps them in memory as
-        ``landmark_geodesics_``.
-    block_size : int, default=256
-        Landmark sources per Dijkstra task.
-    progress : bool, default=False
-        Progress bars on the fit's computations: a widget in Jupyter, text on a terminal's
-        stderr, nothing in a pipe (:mod:`dr_dask.runtime.progress`).
-    knn : {"auto", "exact", "ivf"}, default="auto"
-        Neighbour search of the graph, as :class:`Isomap`'s. With the partitioned search the
-        graph is built on the workers (:mod:`dr_dask.graph.partitioned`): no process holds all
-        its edges.
-    n_probe : int or None, default=None
-        Lists each row searches with IVF, as :class:`Isomap`'s.
-    scratch : str, Location or None, default=None
-        Where the workers write the IVF lists and the graph during the fit (a local path or
-        URL every worker reaches; a :class:`~dr_dask.io.storage.Location` carries storage
-        options); None: next to a remote input (its bucket), else a local temporary
-        directory. Deleted when the fit ends.
-
-    Attributes
-    ----------
-    embedding_ : ndarray of shape (T, d)
-        In the input's float dtype.
-    nbrs_ : sklearn.neighbors.NearestNeighbors or None
-        As :class:`Isomap`'s; None when the training rows stay in a store.
-    landmarks_ : ndarray of shape (L,)
-        Landmark row indices.
-    landmark_embedding_ : ndarray of shape (L, d)
-        Landmark MDS coordinates (equal to ``embedding_[landmarks_]``).
-    eigenvalues_ : ndarray of shape (d,)
-    n_iter_ : int
-        Products of the eigensolver with the landmarks' centred matrix (1 for the dense one).
-    landmark_pinv_ : ndarray of shape (d, L)
-    landmark_sq_mean_ : ndarray of shape (L,)
-    landmark_geodesics_ : ndarray of shape (L, T) float32, or zarr.Array
-    training_data_ : ndarray or dask array of shape (T, N)
-        The input; a dask array over the store for a stored or dask input (then ``transform``
-        finds the new points' neighbours blockwise on the workers and returns a NumPy array).
-    n_features_in_ : int
-    graph_ : scipy.sparse.csr_matrix of shape (T, T) or None
-        None when the graph was built on the workers (it lived at ``scratch``).
-    knn_recall_ : float
-        As :class:`Isomap`'s.
-    timings_ : dict
-        Wall seconds per stage.
-
-    See Also
-    --------
-    Isomap : every geodesic (T x T), exact classical MDS.
-    IKD : with ``n_landmarks``, landmark IKD on correlation geodesics.
-
-    Examples
-    --------
-    >>> from sklearn.datasets import make_swiss_roll
-    >>> from dr_dask import LandmarkIsomap
-    >>> X, t = make_swiss_roll(n_samples=300, random_state=0)
-    >>> lm = LandmarkIsomap(n_neighbors=10, n_landmarks=50, random_state=0).fit(X)
-    >>> lm.embedding_.shape, lm.landmarks_.shape
-    ((300, 2), (50,))
-    >>> lm.transform(X[:5]).shape
-    (5, 2)
-    """
-
-    _parameter_constraints: ClassVar[dict] = {
-        **_COMMON_CONSTRAINTS,
-        "n_landmarks": [positive(Integral)],
-        "landmark_method": [Options({"maxmin", "random"})],
-        "scratch": "no_validation",  # a path, URL or Location
-    }
-
-    def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
-                 n_components: int = 2, n_landmarks: int = 1000,
-                 landmark_method: str = "maxmin", eigen_solver: str = "auto",
-                 tol: float = 1e-10, max_iter: int | None = None, path_method: str = "auto",
-                 neighbors_algorithm: str = "auto", n_jobs: int | None = None,
-                 metric: str | Any = "minkowski", p: float = 2,
-                 metric_params: dict | None = None, on_disconnected: str = "bridge",
-                 random_state: int | np.random.RandomState | None = None, client: Any = None,
-                 geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
-                 knn: str = "auto", n_probe: int | None = None, scratch: Any = None):
-        self.radius = radius
-        self.eigen_solver = eigen_solver
-        self.tol = tol
-        self.max_iter = max_iter
-        self.path_method = path_method
-        self.neighbors_algorithm = neighbors_algorithm
-        self.n_jobs = n_jobs
-        self.metric = metric
-        self.p = p
-        self.metric_params = metric_params
-        self.knn = knn
-        self.n_probe = n_probe
-        self.scratch = scratch
-        self.n_neighbors = n_neighbors
-        self.n_components = n_components
-        self.n_landmarks = n_landmarks
-        self.landmark_method = landmark_method
-        self.on_disconnected = on_disconnected
-        self.random_state = random_state
-        self.client = client
-        self.geodesic_store = geodesic_store
-        self.block_size = block_size
-        self.progress = progress
-
-    @shown_during
-    def fit(self, X: Any, y: Any = None) -> LandmarkIsomap:
-        """Fit on X of shape (T, N) (input kinds as :class:`Isomap`). Returns self.
-
-        A stored or dask input stays where it is: the workers read its rows (its values are
-        checked block by block as they are read), and this process never holds them.
-        """
-        values, inp, self._out_dtype = training_input(self, X, in_memory=not is_stored(X))
-        self._nbrs: NearestNeighbors | None = None
-        X = values if values is not None else inp.data
-        T = X.shape[0]
-        L = clamp_to_samples(self, "n_landmarks", T)
-        d = _n_components(self.n_components, L, "landmarks")
-        return run_stage("landmark_isomap", lambda: self._fit(X, L, d, inp))
-
-    def _fit(self, X: Any, L: int, d: int, inp: InputData | None) -> LandmarkIsomap:
-        T = X.shape[0]
-        client = active_client(self.client)
-        timings: dict[str, float] = {}
-        # the IVF lists and a graph built on the workers live there (by default next to a
-        # remote input, else in a local temporary directory) until the rows are used (a row
-        # block lost with its worker is recomputed from the graph)
-        with scratch("landmark_isomap_graph", None, self.scratch, inp) as where:
-            with timed(timings, "graph"):
-                graph = _neighbour_graph(self, X, self.n_neighbors, self.radius, client, where,
-                                         timings)
-            self.graph_ = None if isinstance(graph, StoredGraph) else graph
-
-            with timed(timings, "landmarks"):
-                # rows that are not Euclidean points: farthest points along the graph
-                points = (graph if sp.issparse(X) or not metric_of(self).euclidean
-                          or precomputed(self) else X)
-                self.landmarks_ = select_landmarks(points, L, method=self.landmark_method,
-                                                   random_state=self.random_state,
-                                                   client=client)
-
-            with timed(timings, "shortest_paths"):
-                rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
-                                            block_size=self.block_size, dtype=np.float32,
-                                            out=self.geodesic_store,
-                                            columns=self.landmarks_)
-            del graph
-
-            with timed(timings, "landmark_mds"):
-                D_LL = rows.columns(self.landmarks_).astype(np.float64)
-                mds = landmark_mds(D_LL * D_LL, d, method=_eigen_method(self, L),
-                                   tol=self.tol or _TOL_DEFAULT,
-                                   max_passes=self.max_iter or 100,
-                                   random_state=check_random_state(self.random_state))
-
-            with timed(timings, "triangulation"):
-                self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv,
-                                               mds.sq_mean).astype(self._out_dtype, copy=False)
-
-            with timed(timings, "gather"):
-                self.landmark_geodesics_ = (rows.store if rows.store is not None
-                                            else rows.gather())
-                rows.release()
-        self.landmark_embedding_ = mds.coords
-        self.landmark_pinv_ = mds.pinv
-        self.landmark_sq_mean_ = mds.sq_mean
-        self.eigenvalues_ = mds.eigenvalues
-        self.n_iter_ = int(mds.n_passes)
-        self.training_data_ = X
-        self.timings_ = timings
-        logger.info("LandmarkIsomap fit: T=%d L=%d timings %s", T, L, timings)
-        return self
-
-    def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:
-        """Fit and return ``embedding_`` of shape (T, d)."""
-        return self.fit(X).embedding_
-
-    @property
-    def nbrs_(self) -> NearestNeighbors | None:
-        """As :class:`Isomap`'s; None when the training rows stay in a store."""
-        check_is_fitted(self, "embedding_")
-        if self._nbrs is None and not isinstance(self.training_data_, da.Array):
-            self._nbrs = nearest_neighbors(self, self.training_data_)
-        return self._nbrs
-
-    def _projector(self) -> _LandmarkProjector:
-        check_is_fitted(self, "embedding_")
-        return _LandmarkProjector(_neighbours(self), self.landmark_geodesics_,
-                                  self.landmark_pinv_, self.landmark_sq_mean_)
-
-    def transform(self, X: Any) -> np.ndarray | da.Array:
-        """Embed new points of shape (n, N) by triangulation from their landmark geodesics."""
-        return _out_of_sample(self, X)
+        return map_new_rows(self, X)
