@@ -12,10 +12,12 @@ after the stage it was meant for, or after the run finished. Here the run itself
   plugin: registered by the test on its cluster, or preloaded into the workers of a CLI's own
   cluster).
 
-A :class:`Fault` is a directory: what to trigger on, a counter shared by every process (one
-file per event, created exclusively), and ``fired.json``, the record of the kill, written just
-before it. A test asserts from that record and from the store that the kill landed where it
-meant (during the fit, before the run was complete), then what a rerun reused.
+A fault may kill another process instead (``pid``: a scheduler, killed as the run writes
+its mark). A :class:`Fault` is a directory: what to trigger on, a counter shared by every
+process (one file per event, created exclusively), and ``fired.json``, the record of the kill,
+written just before it. A test asserts from that record and from the store that the kill
+landed where it meant (during the fit, before the run was complete), then what a rerun
+reused.
 
 Use ``Fault.cli(*args)`` for a ``dr-dask`` command armed with the fault (the driver hooks, and
 the preload for the workers of a cluster the command starts itself), or
@@ -90,6 +92,18 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class RefitInFlight:
+    """The ``n``-th stream or job ``checkpoint.json`` written while a refit is in flight (the
+    first: the one that records the refit's buffer as it starts)."""
+
+    n: int = 1
+
+    def matches(self, key: str, data: bytes | None) -> bool:
+        return key.endswith("checkpoint.json") and data is not None \
+            and bool(json.loads(data).get("refit"))
+
+
+@dataclass(frozen=True)
 class RunCreated:
     """The first ``zarr.json`` of a run group (a group whose attributes hold its ``params``):
     the fit has its group and has written nothing else."""
@@ -110,7 +124,7 @@ class Task:
     prefix: str = ""
 
 
-MARKS = {cls.__name__: cls for cls in (Stage, Written, Rows, RunCreated, Task)}
+MARKS = {cls.__name__: cls for cls in (Stage, Written, Rows, RefitInFlight, RunCreated, Task)}
 
 
 # ----------------------------------------------------------------------------------- faults
@@ -119,14 +133,17 @@ class Fault:
     ``path`` by every process it arms (``Fault(path)`` reads it back)."""
 
     def __init__(self, path: str | os.PathLike, mark: Any = None,
-                 signum: int = signal.SIGKILL):
+                 signum: int = signal.SIGKILL, pid: int | None = None):
         self.path = Path(path)
         if mark is not None:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "mark.json").write_text(json.dumps(
-                {"kind": type(mark).__name__, **asdict(mark), "signum": int(signum)}))
+                {"kind": type(mark).__name__, **asdict(mark), "signum": int(signum),
+                 "pid": pid}))
         spec = json.loads((self.path / "mark.json").read_text())
         self.signum = spec.pop("signum")
+        #: The process the mark kills (None: the one that hits it), e.g. a scheduler.
+        self.pid = spec.pop("pid", None)
         self.mark = MARKS[spec.pop("kind")](**spec)
 
     @property
@@ -200,14 +217,15 @@ def cli(*args: str, fault: Fault | None = None, env: dict | None = None,
 # --------------------------------------------------------------------- inside an armed process
 def _kill_self(fault: Fault, key: str) -> None:
     if fault._event(key, os.getpid()):
-        os.kill(os.getpid(), fault.signum)
+        os.kill(fault.pid or os.getpid(), fault.signum)
 
 
 def arm() -> None:
     """Hook this process's writes to the fault named by the environment (a child's first call).
 
-    Every object a run writes passes through ``Location.write_bytes`` (marks, checkpoints) or a
-    Zarr store's ``set`` (group metadata: stage marks); after one whose path matches the mark,
+    Every object a run writes passes through ``Location.write_bytes`` (marks),
+    ``Location.swap_bytes`` (checkpoints, leases) or a Zarr store's ``set`` (group metadata:
+    stage marks); after one whose path matches the mark,
     the writer kills itself. A path is the object's whole path or URL path (a Zarr store's root,
     then its key)."""
     import zarr.storage
@@ -229,6 +247,15 @@ def arm() -> None:
         check(self.url, bytes(data))
 
     storage.Location.write_bytes = hooked_write_bytes
+    swap_bytes = storage.Location.swap_bytes
+
+    def hooked_swap_bytes(self: Any, data: bytes, version: str | None) -> str | None:
+        written = swap_bytes(self, data, version)
+        if written is not None:  # a conditional write that took place (checkpoints, leases)
+            check(self.url, bytes(data))
+        return written
+
+    storage.Location.swap_bytes = hooked_swap_bytes
 
     for cls in (zarr.storage.LocalStore, zarr.storage.FsspecStore):
         def hook(set_: Any) -> Any:

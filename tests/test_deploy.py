@@ -142,7 +142,12 @@ def test_daskjob_runs_a_shipped_workflow_that_passes_check(job):
     assert args[2] != "demo-ikd"  # the synthetic demo is an example, never deployed
     env = {e["name"]: e["value"] for e in container["env"]}
     params = {k: v for k, v in env.items() if k.startswith("DR_DASK_PARAM_")}
-    assert params and set(env) - set(params) == {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT"}
+    assert params and set(env) - set(params) == {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT",
+                                                 "DASK_DR_DASK__CLUSTER__WAIT_FOR_WORKERS"}
+    # the wait for a worker covers a node-pool scale-up (minutes), not the 60 s default
+    from dask.utils import parse_timedelta
+
+    assert parse_timedelta(env["DASK_DR_DASK__CLUSTER__WAIT_FOR_WORKERS"]) >= 600
     res = CliRunner(env=params).invoke(main, ["run", *args[2:], "--check"])
     assert res.exit_code == 0, (shlex.join(args), res.output)
     for key, value in params.items():  # every parameter is one the workflow has
@@ -372,3 +377,18 @@ def test_schedulers_and_workers_are_probed_on_their_health_endpoint(name, doc):
         # a busy process answers late: a restart only after minutes without an answer
         assert live["periodSeconds"] * live["failureThreshold"] >= 120, where
         assert live["timeoutSeconds"] >= 5, where
+
+
+@pytest.mark.parametrize("script", ["nightly.sbatch", "weekly.sbatch"])
+def test_slurm_jobs_wait_for_a_queued_worker(script):
+    """adapt(minimum_jobs=0) starts a worker job only when work arrives: the batch scripts
+    wait for the queue (a default the site can override), not the 60 s default."""
+    import re
+
+    from dask.utils import parse_timedelta
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "deploy", "hpc", script)) as fh:
+        text = fh.read()
+    found = re.search(r"^export DASK_DR_DASK__CLUSTER__WAIT_FOR_WORKERS="
+                      r"\$\{DASK_DR_DASK__CLUSTER__WAIT_FOR_WORKERS:-(\S+)\}$", text, re.M)
+    assert found and parse_timedelta(found.group(1)) >= 1800

@@ -31,16 +31,20 @@ from dr_dask.stream import StreamStore, read_output
 TTL = 3.0
 
 #: Run the CLI with ``CLASS.METHOD`` wrapped so that the process stops itself (SIGSTOP) right
-#: after the first call for which ``WHEN`` holds: a holder paused after its first commit.
+#: after (or, with ``before``, right before) the first call for which ``WHEN`` holds: a holder
+#: paused after its first commit, or inside its final write.
 _PAUSING_CLI = """
-import os, signal, sys
+import json, os, signal, sys
 import {module} as m
 
 real, paused = m.{cls}.{method}, []
 
 def pausing(self, *args, **kwargs):
+    if {before} and not paused and ({when}):
+        paused.append(True)
+        os.kill(os.getpid(), signal.SIGSTOP)
     out = real(self, *args, **kwargs)
-    if not paused and ({when}):
+    if not {before} and not paused and ({when}):
         paused.append(True)
         os.kill(os.getpid(), signal.SIGSTOP)
     return out
@@ -58,7 +62,7 @@ _STREAM = dict(module="dr_dask.stream.store", cls="StreamStore", method="write_c
 def _cli(*args: str, pause: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
                DASK_DR_DASK__LEASE__TTL=str(TTL))
-    code = (_PAUSING_CLI.format(**pause) if pause else
+    code = (_PAUSING_CLI.format(**{"before": False, **pause}) if pause else
             "import sys; from dr_dask.cli import main; sys.exit(main())")
     return subprocess.Popen([sys.executable, "-c", code, "--scheduler", "threads", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -288,12 +288,57 @@ def test_nightly_on_s3(X, s3_bucket):
         return json.loads(res.output)
 
     _land(src, X[:NIGHT1])
+    zarr.consolidate_metadata(Location(src).zarr_store())  # as `datasets make` leaves a store
     assert job("--no-report")["watermark_after"] == NIGHT1
     assert job()["status"] == "nothing to do"
-    _land(src, X[NIGHT1:])
+    # appended through the consolidated group, not re-consolidated: the job reads the array's
+    # current shape, never the root's snapshot
+    zarr.open_group(store=Location(src).zarr_store(), mode="r+")["X"].append(X[NIGHT1:])
     s2 = job()
     assert s2["watermark_after"] == ALL and s2["refit"]
     _check_every_row_once(state, X)
     _contiguous(_history(state), ALL)
     assert Location(state).child("report.png").exists()
     assert Location(state).child("models", "v1", "zarr.json").exists()
+
+
+@pytest.mark.parametrize("how", ["zarr-append", "xarray-append-dim"])
+def test_nightly_sees_rows_appended_without_reconsolidating(X, night1, tmp_path, how):
+    """A source whose root carries consolidated metadata (as `dr-dask datasets make` writes):
+    rows appended with zarr-python's ``append`` or xarray's ``to_zarr(append_dim=...)`` and
+    never re-consolidated are all mapped by the next run."""
+    import xarray as xr
+
+    src, state, _ = _copy_night1(night1, tmp_path)
+    zarr.consolidate_metadata(src)
+    if how == "zarr-append":
+        zarr.open_group(src, mode="r+")["X"].append(X[NIGHT1:])
+    else:
+        xr.Dataset({"X": (("sample", "feature"), X[NIGHT1:])}).to_zarr(
+            src, append_dim="sample", consolidated=False)
+    summary = run_incremental(f"{src}:X", state, **SMALL, report=False)
+    assert summary["status"] == "done"
+    assert summary["rows_mapped"] == ALL - NIGHT1 and summary["watermark_after"] == ALL
+    _check_every_row_once(state, X)
+
+
+def test_nightly_short_of_the_source_exits_1(X, night1, tmp_path, monkeypatch):
+    """A run that ends with source rows it did not process (a reader that stopped early) never
+    reports done: exit 1 naming the rows, and the next run maps them."""
+    from dr_dask.stream import sources
+
+    src, state, _ = _copy_night1(night1, tmp_path)
+    _land(src, X[NIGHT1:])
+    real = sources.ZarrSource.read
+    monkeypatch.setattr(sources.ZarrSource, "read",
+                        lambda self, offset: None if offset >= NIGHT1 + 100 else real(self, offset))
+    monkeypatch.setattr(sources.ZarrSource, "exhausted", lambda self, offset: True)
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "job", "incremental", f"{src}:X",
+                                    "--state", state, "--n-batch", "300", "--n-s", "40",
+                                    "--chunk-size", "50", "--no-report"])
+    assert res.exit_code == 1, res.output
+    assert f"rows {NIGHT1 + 100}..{ALL} were not processed" in res.stderr
+    monkeypatch.undo()
+    summary = run_incremental(f"{src}:X", state, **SMALL, report=False)
+    assert summary["watermark_after"] == ALL
+    _check_every_row_once(state, X)

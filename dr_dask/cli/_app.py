@@ -24,11 +24,13 @@ EXIT_CODES = """\b
 Exit codes:
   0  success
   1  internal error (a bug: rerun with -v for the traceback), the cluster was lost
-     (the message names the stage a rerun resumes from) or did not answer, or the store
-     was unreachable, timed out, throttled or failed (5xx): retry later
+     (the message names the stage a rerun resumes from) or did not answer, no worker
+     joined within --wait-for-workers, another run holds the lease, or the store was
+     unreachable, timed out, throttled or failed (5xx): retry later
   2  user error: bad option, parameter, input or model file, unknown storage option,
-     unwritable output, tls:// without the --tls options, workers out of memory (a message naming
-     the fix, no traceback)"""
+     unwritable output, tls:// without the --tls options or a --tls file that is not
+     PEM, a lease file no run wrote, workers out of memory (a message naming the fix,
+     no traceback)"""
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
 SEED = click.IntRange(0, 2**32 - 1)
@@ -130,12 +132,17 @@ class App(click.Group):
         except Exception as exc:  # noqa: BLE001  (every failure maps to a documented code)
             # imported only now: importing distributed before main() configured logging
             # would let it install its own handlers
+            from sklearn.utils._param_validation import InvalidParameterError
+
             from dr_dask.io.inputs import InputError
             from dr_dask.io.storage import StorageError, StorageUnavailable
+            from dr_dask.io.validation import ParameterError
+            from dr_dask.jobs._common import JobIncomplete
             from dr_dask.methods.gp_isomap_io import ModelFormatError
             from dr_dask.runs.lease import LeaseHeld, LeaseLost
             from dr_dask.runtime.cluster import (
                 ClusterLost,
+                NoWorkers,
                 WorkerOutOfMemory,
                 cluster_gone,
                 where_now,
@@ -143,7 +150,10 @@ class App(click.Group):
 
             # rejected below a command that did not catch it: bad input, an unusable location,
             # a model file that is not a model, workers too small for the work
-            if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory)):
+            # a parameter out of its range or type (the estimators' constraints), from a
+            # command that passed it on unchecked
+            if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory,
+                                ParameterError, InvalidParameterError)):
                 fail(str(exc))
             if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE and exc.filename:
                 fail(f"cannot write {exc.filename}: {exc.strerror}; choose a location you can "
@@ -151,7 +161,8 @@ class App(click.Group):
             # transient: another run holds the lease (or took it over from this one while it
             # was paused), the cluster went away, the store did not answer or asked to slow
             # down; a rerun resumes
-            if isinstance(exc, (LeaseHeld, LeaseLost, ClusterLost, StorageUnavailable)):
+            if isinstance(exc, (LeaseHeld, LeaseLost, ClusterLost, StorageUnavailable,
+                                JobIncomplete, NoWorkers)):
                 busy(str(exc))
             if cluster_gone(exc):
                 busy(f"the Dask cluster was lost {where_now()} ({type(exc).__name__}: {exc}). "
@@ -192,6 +203,12 @@ class App(click.Group):
               "distributed.comm.tls.* (e.g. $DASK_DISTRIBUTED__COMM__TLS__CA_FILE).")
 @click.option("--tls-cert", type=PEM, default=None, help="This client's certificate (PEM).")
 @click.option("--tls-key", type=PEM, default=None, help="The certificate's private key (PEM).")
+@click.option("--wait-for-workers", "wait_workers", default=None, metavar="DURATION",
+              help="How long a command waits for a worker when the scheduler has none (at "
+              "start, or after losing them all), with a progress line, before it exits 1 "
+              "naming the scheduler, e.g. 15m for an autoscaling node pool or a batch queue. "
+              "Default: dr_dask.cluster.wait-for-workers (60s; "
+              "$DASK_DR_DASK__CLUSTER__WAIT_FOR_WORKERS).")
 @click.option(
     "--storage-option",
     "storage_option",
@@ -201,7 +218,9 @@ class App(click.Group):
     "or anon=true; credentials otherwise come from AWS_* / GOOGLE_* / AZURE_* and config files.",
 )
 @click.option("-v", "--verbose", count=True,
-              help="-v for info logs (dask's included), -vv for debug. Default: warnings only.")
+              help="-v for info logs (dask's included), -vv for debug, -vvv also the cloud "
+              "SDKs' debug output. Credentials are redacted at every level. Default: warnings "
+              "only.")
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -211,6 +230,7 @@ def main(
     tls_ca_file: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    wait_workers: str | None,
     storage_option: tuple[str, ...],
     verbose: int,
 ) -> None:
@@ -225,16 +245,40 @@ def main(
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     # the application, not the library, configures logging
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    redact_logs(verbose)
     if not verbose:
         quiet_distributed()
     try:
         options = parse_storage_options(storage_option)
     except StorageError as exc:
         fail(str(exc))
+    from dr_dask.runtime import credentials
+
+    _, secret = credentials.split(options)
+    if secret:
+        credentials.reference(secret)  # known from now on: redacted from every log line
+    if wait_workers is not None:
+        set_worker_wait(wait_workers)
     tls = {"ca_file": tls_ca_file, "cert": tls_cert, "key": tls_key}
     ctx.obj = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers,
                "verbose": verbose, "tls": {k: v for k, v in tls.items() if v},
                "storage_options": options}
+
+
+def set_worker_wait(value: str) -> None:
+    """``--wait-for-workers``: a duration (``90``, ``15m``) into dask's configuration."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    try:
+        seconds = parse_timedelta(value, default="seconds")
+    except (ValueError, KeyError, TypeError):
+        seconds = None
+    if seconds is None or seconds < 0:
+        fail(f"--wait-for-workers: {value!r} is not a duration (e.g. 90, 90s, 15m)")
+    dask.config.set({"dr_dask.cluster.wait-for-workers": seconds})
+    # and for the commands this one starts (a workflow's steps)
+    os.environ["DASK_DR_DASK__CLUSTER__WAIT_FOR_WORKERS"] = f"{seconds}s"
 
 
 def storage_options(ctx: click.Context) -> dict:
@@ -249,9 +293,51 @@ def security(tls: dict[str, str]):  # -> distributed.Security | None (imported l
     missing = [f"--tls-{k.replace('_', '-')}" for k in ("ca_file", "cert", "key") if k not in tls]
     if missing:
         fail(f"TLS needs --tls-ca-file, --tls-cert and --tls-key; missing {', '.join(missing)}")
+    check_tls_files(tls["ca_file"], tls["cert"], tls["key"])
     from dr_dask.runtime.cluster import tls_security
 
     return tls_security(tls["ca_file"], tls["cert"], tls["key"])
+
+
+def check_tls_files(ca_file: str, cert: str, key: str) -> None:
+    """Exit 2 naming the file when a ``--tls-*`` file is not a PEM certificate (or key, or one
+    that matches the certificate): a configuration error, never one to retry."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cafile=ca_file)
+    except (ssl.SSLError, ValueError, OSError) as exc:
+        fail(f"--tls-ca-file {ca_file} is not a PEM CA certificate ({exc})")
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, ValueError, OSError) as exc:
+        fail(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its matching "
+             f"private key ({exc})")
+
+
+#: The cloud SDKs' loggers: their debug output signs requests in the open (held at INFO below
+#: -vvv, and redacted at every level).
+SDK_LOGGERS = ("botocore", "aiobotocore", "boto3", "s3fs", "urllib3", "gcsfs", "adlfs",
+               "azure")
+
+
+def redact_logs(verbose: int) -> None:
+    """Credentials never reach a log line: a redacting filter on this process's handlers (see
+    :class:`dr_dask.runtime.credentials.RedactSecrets`), and the cloud SDKs' debug output only with
+    -vvv."""
+    from dr_dask.runtime.credentials import RedactSecrets
+
+    # the root's handlers, and those distributed installs on its own loggers once imported
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in
+                                      list(logging.root.manager.loggerDict))]
+    for lg in loggers:
+        for handler in getattr(lg, "handlers", ()):
+            if not any(isinstance(f, RedactSecrets) for f in handler.filters):
+                handler.addFilter(RedactSecrets())
+    if verbose < 3:
+        for name in SDK_LOGGERS:
+            logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
 
 
 def quiet_distributed() -> None:
@@ -278,22 +364,28 @@ def cluster(ctx: click.Context) -> Iterator:
         with dask.config.set({"num_workers": obj["workers"]} if obj.get("workers") else {}):
             yield None
         return
+    from dr_dask.runtime.cluster import NoWorkers
+
     try:
         started = session(obj.get("scheduler"), obj.get("workers"), obj.get("scheduler_file"),
                           security=security(obj.get("tls", {})))
-        client = started.__enter__()
+        client = started.__enter__()  # waits for a worker (--wait-for-workers)
     except ValueError as exc:  # a malformed address, a missing scheduler file
         fail(f"cannot join the Dask cluster: {exc}")
     except OSError as exc:  # no answer (yet): a scheduler starting or restarting is transient
         busy(f"cannot reach the Dask scheduler (retry later): {exc}")
+    except NoWorkers as exc:
+        busy(str(exc))
     with contextlib.ExitStack() as stack:
         stack.push(started)
         assert client.scheduler is not None  # a started Client holds its scheduler's rpc
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
-        from dr_dask.runtime.cluster import deliver_credentials
+        from dr_dask.runtime.cluster import credentials_delivered
 
-        # once per worker, so that task graphs carry only a reference to them
-        deliver_credentials(client, obj.get("storage_options"))
+        # once per worker, so that task graphs carry only a reference to them; withdrawn from
+        # the scheduler when the command ends, also on failure
+        stack.enter_context(credentials_delivered(client, obj.get("storage_options")))
+        redact_logs(obj.get("verbose") or 0)  # distributed's handlers exist now
         if not obj.get("verbose"):
             drop_tracebacks()
         yield client

@@ -66,12 +66,14 @@ def make_scenario(ctx, out, scenario, n_per_patch, n_batch, n_stream, ambient_di
 
 def _load_batch(path: str, storage_options: dict) -> np.ndarray:
     from dr_dask.io.inputs import InputError, open_dataset
+    from dr_dask.runtime.cluster import compute
 
     try:
-        return np.asarray(open_dataset(path, None, storage_options).data.compute(),
-                          dtype=np.float64)
+        data = open_dataset(path, None, storage_options).data
     except (InputError, ValueError) as exc:
         fail(str(exc))
+    (rows,) = compute(data)  # never waits forever on a cluster without workers
+    return np.asarray(rows, dtype=np.float64)
 
 
 @stream.command("run")
@@ -131,13 +133,21 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
                 except ModelFormatError as exc:
                     fail(str(exc))
             else:
-                model = GPIsomap(
-                    n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,
-                    noise_variance=noise_variance, sigma_t=sigma_t, random_state=seed,
-                    client=client,
-                ).fit(_load_batch(batch, so))
+                rows = _load_batch(batch, so)
+                try:
+                    model = GPIsomap(
+                        n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,
+                        noise_variance=noise_variance, sigma_t=sigma_t, random_state=seed,
+                        client=client,
+                    ).fit(rows)
+                except ValueError as exc:  # rejected rows or parameters (--kernel, ...)
+                    fail(f"the model fitted on --batch {batch}: {exc}")
             if holdout and sigma_t is None:
-                model.calibrate_threshold(_load_batch(holdout, so))
+                rows = _load_batch(holdout, so)
+                try:
+                    model.calibrate_threshold(rows)
+                except ValueError as exc:
+                    fail(f"--holdout {holdout}: {exc}")
             elif sigma_t is not None:
                 model.sigma_t_, model.threshold_source_ = float(sigma_t), "manual"
         runner = StreamRunner(

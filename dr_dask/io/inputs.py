@@ -329,6 +329,16 @@ def _check_chunks(arr: zarr.Array, where: str, listing: dict[str, dict]) -> None
             )
 
 
+def _current(loc: Location, path: str) -> zarr.Array:
+    """The array at ``path`` of the group at ``loc`` as its own metadata says now (one read:
+    never the root's consolidated snapshot, which may predate rows appended since)."""
+    try:
+        return zarr.open_array(store=loc.zarr_store(read_only=True), path=path, mode="r")
+    except Exception as exc:  # zarr raises several types for a node that is not an array
+        raise_if_transient(exc, loc)
+        raise InputError(f"{loc}:{path} is not a readable Zarr array: {exc}") from exc
+
+
 def _open_zarr(
     loc: Location, variable: str | None
 ) -> tuple[Any, np.ndarray | None, str | None, dict]:
@@ -365,13 +375,16 @@ def _open_zarr(
             raise InputError(f"{loc} has no variable {variable!r}; it has {names}") from None
         if not isinstance(found, zarr.Array):
             raise InputError(f"{loc}:{variable} is a group, not an array")
-        arr = found
         array_loc, where = loc.child(*variable.split("/")), f"{loc}:{variable}"
+        # the group's consolidated metadata found the array; its shape comes from the array's
+        # own metadata: rows appended (zarr-python's append, xarray's append_dim) without
+        # re-consolidating are in the array, not in the root's snapshot
+        arr = _current(loc, variable)
         sample_ids = None
         dims = getattr(arr.metadata, "dimension_names", None)
         if dims and dims[0] and dims[0] in names and dims[0] != variable:
-            coord = node[dims[0]]
-            if isinstance(coord, zarr.Array) and coord.ndim == 1 and coord.shape[0] == arr.shape[0]:
+            coord = _current(loc, dims[0])
+            if coord.ndim == 1 and coord.shape[0] == arr.shape[0]:
                 sample_ids = np.asarray(coord[:])
     listing = array_loc.find()  # one listing: the missing-chunk check and the fingerprint
     if arr.ndim == 2:

@@ -26,6 +26,7 @@ reach the workers once by another path (:mod:`dr_dask.runtime.credentials`). Nei
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import fcntl
 import hashlib
@@ -261,12 +262,11 @@ class Location:
         """The object's bytes and version (None when absent), for :meth:`swap_bytes`.
 
         The version is the ETag on S3 (from the same GET as the bytes), else a hash of the
-        bytes; a local read holds a shared lock, so it never sees a swap half-written.
+        bytes (a local swap renames a complete file into place: a read never sees half of it).
         """
         try:
             if self.is_local:
-                with open(self.url, "rb") as fh:
-                    _flock(fh, fcntl.LOCK_SH)
+                with open(self.url, "rb") as fh:  # swaps rename: never half an object
                     data = fh.read()
                 return data, _digest(data)
             if self.scheme in ("s3", "s3a"):
@@ -283,8 +283,9 @@ class Location:
         version, or None when the object changed or appeared meanwhile (nothing written).
 
         S3: a conditional PUT (``If-Match: <ETag>``, ``If-None-Match: *``); local disk: the
-        comparison and an in-place rewrite under an exclusive ``flock`` (creation: a hard link
-        of a complete temporary file, which fails if the name exists); ``memory://``: under a
+        comparison and a rename of a complete temporary file under an exclusive ``flock`` of
+        the directory (creation: a hard link of a complete temporary file, which fails if the
+        name exists); ``memory://``: under a
         process lock (the filesystem lives in this process). Other filesystems compare, then
         write: two requests, a small race.
         """
@@ -316,13 +317,14 @@ class Location:
         """Delete the object only if it is still at ``version`` (compare-and-delete, as
         :meth:`swap_bytes`); False when it changed (left alone) or is gone."""
         if self.is_local:
-            try:  # opened outside `with`: only a missing file means "gone"
-                fh = open(self.url, "rb")  # noqa: SIM115
-            except FileNotFoundError:
+            if not os.path.isdir(os.path.dirname(self.url) or "."):
                 return False
-            with fh:
-                _flock(fh)
-                if _digest(fh.read()) != version:
+            with _dir_lock(self.url):
+                try:
+                    with open(self.url, "rb") as fh:
+                        if _digest(fh.read()) != version:
+                            return False
+                except FileNotFoundError:
                     return False
                 os.unlink(self.url)
             return True
@@ -413,31 +415,57 @@ def _flock(fh: Any, kind: int = fcntl.LOCK_EX, timeout: float = 30.0) -> None:
             time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def _dir_lock(path: str) -> Any:
+    """An exclusive lock on the directory holding ``path``: every compare-and-swap or
+    compare-and-delete of a local object takes it (no lock file is left beside the object)."""
+    directory = os.path.dirname(path) or "."
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        _flock(_Fd(fd, directory))
+        yield  # closing the descriptor releases the lock
+    finally:
+        os.close(fd)
+
+
+class _Fd:
+    """A bare descriptor (a directory's) as :func:`_flock` takes it."""
+
+    def __init__(self, fd: int, name: str):
+        self.fd, self.name = fd, name
+
+    def fileno(self) -> int:
+        return self.fd
+
+
 def _local_swap(path: str, data: bytes, version: str | None) -> str | None:
-    if version is None:  # create: the name appears with its whole content, or not at all
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as out:
-            out.write(data)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return None
-        finally:
+    if version is not None and not os.path.isfile(path):
+        return None  # gone (its directory too, perhaps): nothing to swap, nothing to create
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as out:
+        out.write(data)
+    try:
+        if version is None:  # create: the name appears with its whole content, or not at all
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return None
+            return _digest(data)
+        # compare, then replace by a rename: a reader, or a kill, never meets half an object
+        with _dir_lock(path):
+            try:
+                with open(path, "rb") as fh:
+                    current = fh.read()
+            except FileNotFoundError:
+                return None
+            if _digest(current) != version:
+                return None
+            os.replace(tmp, path)
+            return _digest(data)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        return _digest(data)
-    try:  # opened outside `with`: only a missing file means "gone"
-        fh = open(path, "r+b")  # noqa: SIM115
-    except FileNotFoundError:
-        return None
-    with fh:  # closing releases the lock
-        _flock(fh)
-        if _digest(fh.read()) != version:
-            return None
-        fh.seek(0)
-        fh.write(data)
-        fh.truncate()
-    return _digest(data)
 
 
 async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
@@ -610,15 +638,49 @@ def _scrub(exc: BaseException, loc: Location) -> str:
     return text
 
 
+#: Options every fsspec filesystem takes (``AbstractFileSystem``'s own).
+_COMMON_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time",
+                   "max_paths", "auto_mkdir")
+#: The packages whose filesystems' constructors name the options a URL may take (s3fs passes
+#: the names it does not take itself to aiobotocore's session: ``profile``).
+_OPTION_CLASSES = (("s3fs", "S3FileSystem"), ("aiobotocore.session", "AioSession"),
+                   ("gcsfs", "GCSFileSystem"),
+                   ("adlfs", "AzureBlobFileSystem"),
+                   ("fsspec.implementations.http", "HTTPFileSystem"))
+
+
+def known_storage_options() -> set[str]:
+    """Option names some installed filesystem takes (its constructor's named parameters)."""
+    import importlib
+    import inspect
+
+    names = set(_COMMON_OPTIONS)
+    for module, cls in _OPTION_CLASSES:
+        try:
+            init = getattr(importlib.import_module(module), cls).__init__
+        except (ImportError, AttributeError):
+            continue
+        names.update(name for name, p in inspect.signature(init).parameters.items()
+                     if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+    return names
+
+
 def parse_storage_options(pairs: tuple[str, ...] | list[str]) -> dict:
     """``("KEY=VALUE", ...)`` from the CLI as storage_options (JSON values parsed: numbers,
-    booleans, nested dicts such as ``client_kwargs={"region_name": "eu-west-1"}``)."""
+    booleans, nested dicts such as ``client_kwargs={"region_name": "eu-west-1"}``). A name no
+    installed filesystem takes is a :class:`StorageError` whatever the locations are (a local
+    path would ignore it, an S3 URL refuse it)."""
     out: dict = {}
+    known = known_storage_options() if pairs else set()
     for pair in pairs:
         if "=" not in pair:
             raise StorageError(f"--storage-option {pair!r} must be KEY=VALUE")
         key, value = pair.split("=", 1)
         key = key.strip()
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            raise StorageError(f"--storage-option {key!r} is not an option of any installed "
+                               "filesystem" + (f" (did you mean {close[0]!r}?)" if close else ""))
         if credentials.secret_name(key):  # a key id or secret of digits stays a string
             out[key] = value
             continue

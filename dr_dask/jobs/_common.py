@@ -11,6 +11,11 @@ from dr_dask.io.storage import Location
 logger = logging.getLogger(__name__)
 
 
+class JobIncomplete(RuntimeError):
+    """A job ended with source rows it did not process (transient: a rerun goes on from its
+    watermark)."""
+
+
 def job_params(job: str, defaults: dict, given: dict, positive: tuple[str, ...] = ()) -> dict:
     """``defaults`` updated with ``given``; an unknown name or a value out of range is an
     :class:`InputError` naming the job, the parameter and the valid names or range."""

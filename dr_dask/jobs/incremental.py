@@ -27,6 +27,7 @@ The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedd
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -34,11 +35,11 @@ import numpy as np
 
 from dr_dask.io.inputs import InputError
 from dr_dask.io.storage import location
-from dr_dask.jobs._common import job_params, now, open_stored
+from dr_dask.jobs._common import JobIncomplete, job_params, now, open_stored
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.report.jobs import drift_report
-from dr_dask.runs.lease import Lease
-from dr_dask.runtime.cluster import active_client
+from dr_dask.runs.lease import Lease, LeaseLost
+from dr_dask.runtime.cluster import active_client, compute, credentials_delivered
 from dr_dask.stream.runner import StreamRunner
 from dr_dask.stream.store import STATUS, StreamStore
 
@@ -109,26 +110,29 @@ def run_incremental(source: str, state: str, *, variable: str | None = None,
         raise InputError(f"state {loc} follows {job.get('source')}, not {array.url}; use "
                          "another --state for another source")
     client = active_client(client)
-    model = None
-    if not StreamStore(loc).exists():
-        if n_rows < p["n_batch"]:
-            logger.info("%s has %d rows; the first run fits on n_batch=%d", array.url, n_rows,
-                        p["n_batch"])
-            return {"state": loc.url, "source": array.url, "status": "waiting",
-                    "watermark_before": 0, "watermark_after": 0, "n_s": p["n_s"],
-                    **_idle({"version": None, "pending": []}, 0)}
-        # before the lease: rejected rows leave nothing behind (a rare concurrent first run
-        # fits twice, and the lease lets one of them write)
-        model = _first_model(inp, p, client)
-    with Lease(StreamStore(loc).lease_location) as lease:
-        return _run(array, n_rows, n_features, loc, p, client, model, lease)
+    # the credentials delivered to the workers live as long as the job (also on failure)
+    with credentials_delivered(client, storage_options):
+        model = None
+        if not StreamStore(loc).exists():
+            if n_rows < p["n_batch"]:
+                logger.info("%s has %d rows; the first run fits on n_batch=%d", array.url, n_rows,
+                            p["n_batch"])
+                return {"state": loc.url, "source": array.url, "status": "waiting",
+                        "watermark_before": 0, "watermark_after": 0, "n_s": p["n_s"],
+                        **_idle({"version": None, "pending": []}, 0)}
+            # before the lease: rejected rows leave nothing behind (a rare concurrent first run
+            # fits twice, and the lease lets one of them write)
+            model = _first_model(inp, p, client)
+        with Lease(StreamStore(loc).lease_location) as lease:
+            return _run(array, n_rows, n_features, loc, p, client, model, lease)
 
 
 def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: Any,
          lease: Lease) -> dict:
     store = StreamStore(loc)
     history_loc = loc.child("drift_history.json")
-    history = history_loc.read_json(default=[])
+    got = history_loc.read_versioned()
+    history, history_version = (json.loads(got[0]), got[1]) if got else ([], None)
     before = history[-1]["watermark_after"] if history else 0
     summary = {"state": loc.url, "source": array.url, "watermark_before": before, "n_s": p["n_s"]}
     if store.exists():
@@ -150,11 +154,23 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
     )
     result = runner.run()
     ck = store.read_checkpoint()
+    if not result["stopped"] and ck["source"] < n_rows:
+        # never "done" with rows it did not see: the source had n_rows when this run began
+        raise JobIncomplete(
+            f"incremental: {array.url} had {n_rows} rows when this run began but the watermark "
+            f"in {loc} is {ck['source']}: rows {ck['source']}..{n_rows} were not processed; "
+            "rerun to process them")
     prev_version = history[-1]["model_version"] if history else 0
     entry = _history_entry(store, ck, before, prev_version, p["n_s"])
     if entry["rows"] or entry["refit"]:
         entry["lease"] = lease.stamp()
-        history_loc.write_json([*history, entry])  # after the checkpoint it describes
+        # after the checkpoint it describes; a compare-and-swap on the history this run read:
+        # a run paused after its fence, taken over meanwhile, writes nothing
+        if history_loc.swap_bytes(json.dumps([*history, entry]).encode(),
+                                  history_version) is None:
+            lease.fence()  # LeaseLost naming the run that holds the lease now
+            raise LeaseLost(f"{history_loc} was extended by another run meanwhile; this run "
+                            "stopped writing")
     report = None
     if p["report"]:
         lease.fence()
@@ -179,7 +195,8 @@ def _idle(ck: dict, watermark: int) -> dict:
 def _first_model(inp, p: dict, client: Any):
     """The batch phase on the first ``n_batch`` rows (model version 0)."""
 
-    X = np.asarray(inp.data[: p["n_batch"]].compute(), dtype=np.float64)
+    (X,) = compute(inp.data[: p["n_batch"]], client=client)  # never waits forever on workers
+    X = np.asarray(X, dtype=np.float64)
     logger.info("first run: fitting GP-Isomap on rows 0..%d", p["n_batch"])
     try:
         return GPIsomap(n_neighbors=p["n_neighbors"], sigma_t=p["sigma_t"],

@@ -30,7 +30,7 @@ from dr_dask.methods.factory import make_method
 from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_index
 from dr_dask.report.jobs import refit_report
 from dr_dask.runs.group import open_run, run_embedding, run_name, run_params
-from dr_dask.runtime.cluster import active_client
+from dr_dask.runtime.cluster import active_client, compute, credentials_delivered
 from dr_dask.runtime.resources import PeakRSS, timed
 
 logger = logging.getLogger(__name__)
@@ -83,14 +83,23 @@ def run_refit(source: str, runs: str, *, method: str = "ikd", n_components: int 
     InputError
         Bad source, method or parameter.
     """
+    client = active_client(client)
+    # the credentials delivered to the workers live as long as the job (also on failure)
+    with credentials_delivered(client, storage_options):
+        return _run_refit(source, runs, method=method, n_components=n_components,
+                          variable=variable, storage_options=storage_options, client=client,
+                          **params)
 
+
+def _run_refit(source: str, runs: str, *, method: str, n_components: int,
+               variable: str | None, storage_options: dict | None, client: Any,
+               **params: Any) -> dict:
     if method not in METHODS:
         raise InputError(f"refit: method must be one of {METHODS}, got {method!r}")
     if isinstance(n_components, bool) or not isinstance(n_components, int) or n_components < 1:
         raise InputError(f"refit: n_components must be an integer >= 1, got {n_components!r}")
     p = job_params("refit", DEFAULTS, params, _POSITIVE)
     inp, _ = open_stored(source, variable, storage_options, "refit")
-    client = active_client(client)
     out = location(runs, storage_options)
     out.check()
     est = make_method(method, n_components, n_neighbors=p["n_neighbors"],
@@ -142,7 +151,8 @@ def _evaluate(est: Any, inp, emb: np.ndarray, p: dict, client: Any) -> dict:
     T, D = inp.data.shape
     rng = np.random.RandomState(p["random_state"])
     rows = np.sort(rng.choice(T, size=min(p["eval_rows"], T), replace=False))
-    Xs = np.asarray(inp.data[rows].compute(), dtype=np.float64)
+    (Xs,) = compute(inp.data[rows], client=client)
+    Xs = np.asarray(Xs, dtype=np.float64)
     small = clone(est).set_params(client=None)  # subsample fits run in-process or as tasks
     if p["max_ti_dim"] >= D and len(rows) > D:
         # TI is defined at d = p; IKD centres each sample across features, so it gives at most

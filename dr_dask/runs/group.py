@@ -35,7 +35,7 @@ from dr_dask.io.inputs import (
 from dr_dask.io.jsonio import plain_json
 from dr_dask.io.storage import Location, StorageError, location, raise_if_transient, read_array
 from dr_dask.runs.lease import Lease, LeaseLost
-from dr_dask.runtime.cluster import active_client
+from dr_dask.runtime.cluster import active_client, credentials_delivered
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -431,6 +431,16 @@ def run_embedding(
     RunGroup
         Its ``embedding`` array has dims (sample, component) and a ``sample`` coordinate.
     """
+    # the credentials delivered to the workers live as long as the run
+    with credentials_delivered(active_client(getattr(estimator, "client", None))):
+        return _run_embedding(estimator, source, out, method=method, name=name,
+                              overwrite=overwrite, storage_options=storage_options,
+                              drop_cache=drop_cache)
+
+
+def _run_embedding(estimator: Any, source: Any, out: Any, *, method: str, name: str | None,
+                   overwrite: bool, storage_options: dict | None,
+                   drop_cache: bool) -> RunGroup:
     inp = source if isinstance(source, InputData) else open_dataset(source, None, storage_options)
     check_output_path(out, inp)
     client = active_client(getattr(estimator, "client", None))

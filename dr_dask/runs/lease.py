@@ -32,7 +32,7 @@ import uuid
 
 import psutil
 
-from dr_dask.io.storage import Location
+from dr_dask.io.storage import Location, StorageError
 from dr_dask.runtime import config
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class Lease:
             got = self.where.read_versioned()
             if got is None:
                 continue
-            held = _parse(got[0])
+            held = _parse(got[0], self.where)
             if (held.get("owner") != self.owner and held.get("expires", 0) > time.time()
                     and not _dead_on_this_host(held.get("owner", ""))):
                 until = _dt.datetime.fromtimestamp(held["expires"], _dt.UTC)
@@ -187,12 +187,37 @@ class Lease:
         self.release()
 
 
-def _parse(data: bytes) -> dict:
+class LeaseCorrupt(StorageError):
+    """The lease object holds something no run of dr_dask wrote (bad input: exit 2)."""
+
+
+def _parse(data: bytes, where: Location) -> dict:
+    """The lease record in ``data``; an empty object (a local in-place rewrite cut short by a
+    kill) is no lease; anything else that is not a record is :class:`LeaseCorrupt`."""
+    if not data.strip():
+        logger.warning("the lease %s is empty (a write cut short): taking it over", where)
+        return {}
     try:
         held = json.loads(data)
     except ValueError:
-        return {}
-    return held if isinstance(held, dict) else {}
+        held = None
+    why = None
+    if not isinstance(held, dict):
+        why = "not a JSON object"
+    # a field may be missing (a lease written before tokens: token 0, expired), never wrong
+    elif not isinstance(held.get("owner", ""), str):
+        why = f"its owner is {held.get('owner')!r}, not a string"
+    elif isinstance(held.get("token", 0), bool) or not isinstance(held.get("token", 0), int) \
+            or held.get("token", 0) < 0:
+        why = f"its token is {held.get('token')!r}, not an integer >= 0"
+    elif isinstance(held.get("expires", 0), bool) \
+            or not isinstance(held.get("expires", 0), (int, float)):
+        why = f"its expires is {held.get('expires')!r}, not a time in seconds"
+    if why is not None:
+        raise LeaseCorrupt(f"the lease {where} is not a dr_dask lease ({why}); if no run of this "
+                           "job is live, delete it and rerun")
+    assert isinstance(held, dict)  # why is None only for a dict
+    return held
 
 
 def _dead_on_this_host(owner: str) -> bool:

@@ -16,6 +16,7 @@ import contextvars
 import gc
 import logging
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -188,14 +189,81 @@ def gather(futures: list, client: Client, progress: bool | None = None) -> list:
         raise oom from exc
 
 
+class NoWorkers(RuntimeError):
+    """No worker joined the scheduler within the wait (a transient condition: retry later)."""
+
+
+def scheduler_address(client: Client) -> str:
+    """The address of ``client``'s scheduler, for messages."""
+    try:
+        return str(client.scheduler.address)  # type: ignore[union-attr]
+    except AttributeError:  # a client that never connected
+        return "the Dask scheduler"
+
+
+class _WorkerWait:
+    """The one rule for waiting on workers: up to ``dr_dask.cluster.wait-for-workers``
+    (``--wait-for-workers``; an autoscaler that starts nodes or queues batch jobs needs
+    minutes), a progress line every ``progress`` seconds while waiting."""
+
+    def __init__(self, client: Client, progress: float = 30.0):
+        self.client, self.progress = client, progress
+        self.limit = config.get_seconds("cluster.wait-for-workers")
+        self.since: float | None = None
+        self.said = 0.0
+
+    def expired(self, n_workers: int) -> bool:
+        """Record ``n_workers`` seen now; True when there has been none for the whole wait."""
+        now = time.monotonic()
+        if n_workers:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = self.said = now
+            logger.warning("no worker on the scheduler %s: waiting up to %.0f s for one "
+                           "(--wait-for-workers)", scheduler_address(self.client), self.limit)
+        elif now - self.said >= self.progress:
+            self.said = now
+            logger.warning("still no worker on the scheduler %s after %.0f s (waiting up to "
+                           "%.0f s)", scheduler_address(self.client), now - self.since,
+                           self.limit)
+        return now - self.since > self.limit
+
+    def why(self) -> str:
+        return (f"no worker joined the scheduler {scheduler_address(self.client)} within "
+                f"{self.limit:.0f} s (--wait-for-workers, dr_dask.cluster.wait-for-workers): "
+                "check that its workers start (the node pool, the batch queue), or wait longer")
+
+
+def wait_for_workers(client: Client | None, progress: float = 30.0) -> None:
+    """Return once ``client``'s scheduler has a worker; raise :class:`NoWorkers` naming the
+    scheduler when none joins within ``dr_dask.cluster.wait-for-workers``. Nothing to wait for
+    without a client."""
+    if client is None:
+        return
+    rule = _WorkerWait(client, progress)
+    while True:
+        try:
+            n_workers = len(client.nthreads(callback_timeout=30))
+        except (OSError, TimeoutError) as exc:
+            raise ClusterLost(_STAGE.get(), f"the scheduler {scheduler_address(client)} is "
+                              f"unreachable ({exc!r})") from exc
+        if rule.expired(n_workers):
+            raise NoWorkers(rule.why())
+        if n_workers:
+            return
+        time.sleep(min(1.0, max(rule.limit, 0.1)))
+
+
 def wait_for(futures: list, client: Client, progress: bool | None = None) -> None:
     """Wait until ``futures`` are finished (or failed), never forever on a cluster that is gone.
 
     Raises :class:`ClusterLost` (naming the current stage) when the scheduler is unreachable
-    or has had no worker for ``dr_dask.cluster.no-worker-timeout`` seconds.
+    or has had no worker for ``dr_dask.cluster.wait-for-workers`` (see
+    :func:`wait_for_workers`).
     """
     cluster_bar(futures, client, progress)
-    since: float | None = None
+    rule = _WorkerWait(client)
     timed_out = False
     while True:
         try:
@@ -210,12 +278,8 @@ def wait_for(futures: list, client: Client, progress: bool | None = None) -> Non
             n_workers = len(client.nthreads(callback_timeout=30))
         except (OSError, TimeoutError) as exc:
             raise ClusterLost(_STAGE.get(), f"the scheduler is unreachable ({exc!r})") from exc
-        if n_workers:
-            since = None
-        elif since is None:
-            since = time.monotonic()
-        elif time.monotonic() - since > (limit := config.get_seconds("cluster.no-worker-timeout")):
-            raise ClusterLost(_STAGE.get(), f"no worker for {limit:.0f} s")
+        if rule.expired(n_workers):
+            raise ClusterLost(_STAGE.get(), rule.why())
     if timed_out:
         # a timed-out wait leaves reference cycles (tracebacks in the event loop's thread)
         # that hold the futures: without a collection their results stay on the workers and
@@ -394,9 +458,11 @@ def session(
     scheduler_file: str | None = None,
     security: Security | None = None,
 ) -> Iterator[Client]:
-    """Context manager around :func:`connect` that closes what it started."""
+    """Context manager around :func:`connect` that closes what it started, once the cluster
+    has a worker (:func:`wait_for_workers`: the one rule for every command, job and flow)."""
     client = connect(scheduler, n_workers, scheduler_file=scheduler_file, security=security)
     try:
+        wait_for_workers(client)
         yield client
     finally:
         cluster = client.cluster
@@ -434,7 +500,8 @@ def compute(*collections: Any, client: Client | None = None,
 
 
 class CredentialsPlugin(WorkerPlugin):
-    """Puts credential sets into each worker's registry (:mod:`dr_dask.runtime.credentials`)."""
+    """Puts credential sets into each worker's registry (:mod:`dr_dask.runtime.credentials`), and takes
+    them out again when it is unregistered."""
 
     def __init__(self, sets: dict[str, dict]):
         self.sets = sets
@@ -442,16 +509,29 @@ class CredentialsPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         credentials.register(self.sets)
 
+    def teardown(self, worker: Any) -> None:
+        credentials.unregister(list(self.sets))
 
-#: (client id, reference) pairs already delivered: each client registers a set once.
+
+#: (client id, reference) pairs delivered and not yet withdrawn: each client registers a set once.
 _DELIVERED: set[tuple[str, str]] = set()
+class _Scope(threading.local):
+    """This thread's open run scope (:func:`credentials_delivered`): what was delivered inside
+    it, to withdraw (per thread: runs in other threads keep their own)."""
+
+    def __init__(self) -> None:
+        self.stack: list[list[tuple[Client, str]]] = []
+
+
+_SCOPE = _Scope()
 
 
 def deliver_credentials(client: Client | None, storage_options: dict | None) -> None:
     """Give every worker of ``client``, now and later, the credentials among
     ``storage_options``, so that the Locations in task graphs carry only a reference to them
     (:mod:`dr_dask.runtime.credentials`). Once per client and credential set; nothing to do without
-    a client or without credentials.
+    a client or without credentials. Inside :func:`credentials_delivered` (every run), the
+    set is withdrawn when the run ends.
     """
     _, secret = credentials.split(storage_options or {})
     if client is None or not secret:
@@ -464,5 +544,37 @@ def deliver_credentials(client: Client | None, storage_options: dict | None) -> 
     # later): a TLS cluster protects it
     client.register_plugin(CredentialsPlugin({ref: secret}), name=ref)
     _DELIVERED.add(key)
+    if _SCOPE.stack:
+        _SCOPE.stack[0].append((client, ref))
     logger.debug("storage credentials delivered to the workers as %s", ref)
 
+
+def withdraw_credentials(client: Client, ref: str) -> None:
+    """Remove the credentials plugin ``ref`` from the scheduler (which keeps every plugin for
+    workers that join later, where any client could read it) and from the workers."""
+    _DELIVERED.discard((str(client.id), ref))
+    try:
+        client.unregister_worker_plugin(ref)
+    except Exception as exc:  # noqa: BLE001  (a cluster already gone holds nothing any more)
+        logger.warning("could not withdraw the storage credentials %s from the scheduler "
+                       "(%s: %s); it keeps them until it stops", ref, type(exc).__name__, exc)
+    else:
+        logger.debug("storage credentials %s withdrawn from the scheduler", ref)
+
+
+@contextlib.contextmanager
+def credentials_delivered(client: Client | None = None,
+                          storage_options: dict | None = None) -> Iterator[None]:
+    """The scope of a run: :func:`deliver_credentials` of ``storage_options`` (if given), and
+    every set delivered inside the scope is withdrawn from the scheduler when the outermost
+    scope ends, also on failure."""
+    outer = not _SCOPE.stack
+    if outer:
+        _SCOPE.stack.append([])
+    try:
+        deliver_credentials(client, storage_options)
+        yield
+    finally:
+        if outer:
+            for delivered, ref in _SCOPE.stack.pop():
+                withdraw_credentials(delivered, ref)

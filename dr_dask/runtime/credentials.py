@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import secrets
 import threading
 from typing import Any
@@ -95,3 +97,83 @@ def register(credentials: dict[str, dict]) -> None:
         for ref, secret in credentials.items():
             _REGISTRY[ref] = dict(secret)
             _BY_CONTENT[_content(secret)] = ref
+
+
+def unregister(refs: list[str]) -> None:
+    """Forget delivered credential sets (their plugin was withdrawn)."""
+    with _LOCK:
+        for ref in refs:
+            secret = _REGISTRY.pop(ref, None)
+            if secret is not None and _BY_CONTENT.get(_content(secret)) == ref:
+                del _BY_CONTENT[_content(secret)]
+
+
+def secret_values() -> list[str]:
+    """Every credential string this process knows (to redact them from logs)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (str, bytes)) and len(value) >= 4:
+            found.append(value.decode() if isinstance(value, bytes) else value)
+
+    with _LOCK:
+        for secret in _REGISTRY.values():
+            walk(secret)
+    return found
+
+
+#: Environment variables whose values are credentials whatever their name says (an access key
+#: ID is not secret alone, but names the account: it is redacted too).
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+              "AWS_SECURITY_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
+              "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_CLIENT_SECRET",
+              "GOOGLE_OAUTH_ACCESS_TOKEN")
+
+#: What request signing puts in log lines (botocore's and aiobotocore's debug output: the
+#: Authorization header, presigned query strings, the signing key's scope).
+_SIGNED = re.compile(r"(Credential=|Signature=|X-Amz-Security-Token[=:]\s*|X-Amz-Credential=|"
+                     r"X-Amz-Signature=|'Authorization': b?'|\"Authorization\": \")[^,&'\"\s]+")
+REDACTED = "[redacted]"
+
+
+def _known_secrets() -> list[str]:
+    found = secret_values()
+    for name, value in os.environ.items():
+        if (name in SECRET_ENV or (secret_name(name) and name.startswith(("AWS_", "AZURE_",
+                                                                          "GOOGLE_", "GCS_")))):
+            if len(value) >= 4:
+                found.append(value)
+    # longest first: a secret that contains another is replaced whole
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    """``text`` with every known credential (delivered sets, the cloud SDKs' variables) and
+    every request signature replaced by ``[redacted]``."""
+    for value in _known_secrets():
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return _SIGNED.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+class RedactSecrets(logging.Filter):
+    """A handler filter: the record's message and traceback with credentials redacted
+    (:func:`redact`), at every level and from every library (botocore's debug output
+    included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001  (a malformed record: let logging report it)
+            return True
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True

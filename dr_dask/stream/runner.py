@@ -20,13 +20,23 @@ Semantics
 buffer is checked before every point; when it fills, the prefix is committed, the refit runs
 synchronously and the rest of the chunk is mapped by the new version.
 
-Parallel mode (default) bounds staleness as follows. A refit takes effect for chunks submitted
-after it is published, so points are mapped by the previous version for the refit's duration
-plus ``max_in_flight`` chunks. Staleness never hides drift: points the stale version found
-uncertain are re-evaluated by the newest version when committed or at publication, so only
-points that the *older* model already explained confidently keep a stale mapping (in a frame
-aligned to the new one). The buffer can therefore exceed ``n_s`` by the points that arrive
-during a refit; they are carried over to the next refit.
+Parallel mode (default) maps up to ``max_in_flight`` chunks while a refit runs, and publishes
+the refit at a point fixed by the stream itself, never by how fast the refit ran: before the
+commit of the chunk ``dr_dask.stream.refit-lag`` chunks after the one whose commit started it
+(waiting for the refit there if it is still running), or at the end of the stream. A chunk
+committed after a publication but mapped before it is mapped again, whole, by the new version:
+every row is mapped by the version current at its commit.
+
+Determinism
+-----------
+Everything a refit and a mapping depend on is a function of the checkpoint: the refit in
+flight (its buffer entries, the chunk it is published before) and the count of failed refits
+are checkpointed when the refit starts, each version is read back from the store before it
+maps a row (so a resumed run and an undisturbed one map with the same bytes), and the refit's
+random state is the model's. So a run killed at any point (or whose lease was taken over) and
+resumed writes the same rows, bit for bit, as one never interrupted. A publication torn by a
+kill is redone on resume from the checkpointed refit: it rewrites every row it could have
+touched with the same values.
 """
 
 from __future__ import annotations
@@ -43,11 +53,20 @@ from typing import Any
 
 import numpy as np
 
+from dr_dask.io.inputs import InputError
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.methods.gp_isomap_io import check_model
 from dr_dask.runs.lease import Lease
+from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
-from dr_dask.runtime.cluster import active_client, deliver_credentials, gather, share
+from dr_dask.runtime.cluster import (
+    ClusterLost,
+    active_client,
+    cluster_gone,
+    credentials_delivered,
+    gather,
+    share,
+)
 from dr_dask.stream.sources import Chunk, DirectorySource, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
@@ -151,6 +170,8 @@ class _Refit:
     batch: np.ndarray
     trigger_row: int
     started: float
+    #: Published before the commit of this chunk (parallel mode).
+    publish_seq: int
 
 
 class StreamRunner:
@@ -209,10 +230,10 @@ class StreamRunner:
         storage_options: dict | None = None,
         lease: Lease | None = None,
     ):
-        if n_s < 1:
-            raise ValueError(f"n_s must be >= 1, got {n_s}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        for name, value in (("n_s", n_s), ("max_in_flight", max_in_flight),
+                            ("chunk_size", chunk_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"StreamRunner: {name} must be an integer >= 1, got {value!r}")
         self.store = StreamStore(out, storage_options)
         self.source = open_source(source, chunk_size=chunk_size, follow=follow,
                                   storage_options=storage_options)
@@ -223,12 +244,11 @@ class StreamRunner:
         self.max_in_flight = 1 if self.strict else int(max_in_flight)
         self.poll_interval = poll_interval
         self.client = active_client(client)
-        deliver_credentials(self.client, storage_options)
+        self.storage_options = storage_options
         self.handle_signals = handle_signals
         self._init_model, self._init_batch = model, batch
         self._stop = threading.Event()
         self._refit: _Refit | None = None
-        self._refit_failures = 0
         self.lease = lease
 
     # ------------------------------------------------------------------ lifecycle
@@ -242,34 +262,45 @@ class StreamRunner:
             self.store.open()
             self.store.truncate(st)
             self.model, self.batch = self.store.load_model(st["version"])
+            # checkpoints written before refits were checkpointed
+            st.setdefault("refit", None)
+            st.setdefault("refit_failures", 0)
             self.state = st
-            # a crash during a publication may have rewritten buffered rows: restore them
-            ids = st["pending"]
-            if ids:
-                pts, rows = self.store.buffer_entries(ids)
-                emb, var, man = self.model.map_points(pts)
-                self.store.update_rows(rows, emb, var, man, st["version"], STATUS["buffered"])
-            logger.info("resuming %s at row %d (model v%d, %d buffered)", self.store.path,
-                        st["n_rows"], st["version"], len(ids))
+            logger.info("resuming %s at row %d (model v%d, %d buffered%s)", self.store.path,
+                        st["n_rows"], st["version"], len(st["pending"]),
+                        ", refit in flight redone" if st["refit"] else "")
             return
-        if self._init_model is None:
-            raise ValueError(f"{self.store.path} holds no stream yet: pass a fitted model")
-        model = self._init_model
-        if getattr(model, "sigma_t_", None) is None:
-            raise ValueError("the model has no sigma_t_: fit it, or call calibrate_threshold")
+        model = self._check_new()
         batch = batch_of(model) if self._init_batch is None else np.asarray(self._init_batch)
         self.store.create(model.n_features_in_, model.embedding_.shape[1])
         self.store.save_model(0, model, batch)
-        self.model, self.batch = model, batch
+        # map with the stored bytes, as a resumed run does
+        self.model, self.batch = self.store.load_model(0)
         self.state = dict(
             n_rows=0, source=self.source.initial_offset, skip=0, version=0, buffer_len=0,
             pending=[], n_chunks=0, n_quarantined=0, refits=[], sigma_t=[model.sigma_t_],
+            refit=None, refit_failures=0,
         )
         self.store.write_checkpoint(self.state)
 
+    def _check_new(self) -> Any:
+        """The model of a new stream, refused before anything (even the lease) is written
+        when the store could not give it back."""
+        if self._init_model is None:
+            raise InputError(f"{self.store.path} holds no stream yet: pass a fitted model")
+        model = self._init_model
+        if getattr(model, "sigma_t_", None) is None:
+            raise InputError("the model has no sigma_t_: fit it, or call calibrate_threshold")
+        check_model(model, "the model given to the stream")
+        return model
+
     def run(self) -> dict:
         """Process the stream until it ends (or a stop is requested); returns a summary."""
+        if not self.store.exists():
+            self._check_new()
         with contextlib.ExitStack() as stack:
+            # the workers' credentials live as long as the run (withdrawn also on failure)
+            stack.enter_context(credentials_delivered(self.client, self.storage_options))
             self.store.lease = self.lease or stack.enter_context(
                 Lease(self.store.lease_location))
             return self._run()
@@ -278,6 +309,7 @@ class StreamRunner:
         self._setup()
         self.exec = _Executor(self.client, self.max_in_flight + 1)
         self.exec.put_model(self.model)
+        self._resume_refit()
         old = {}
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -287,6 +319,13 @@ class StreamRunner:
             # re-evaluations, publications) would otherwise lift and set it chunk by chunk
             with single_blas_thread():
                 self._loop()
+        except Exception as exc:
+            if isinstance(exc, ClusterLost) or not cluster_gone(exc):
+                raise
+            # the scheduler or the workers went away: a rerun resumes from the checkpoint
+            raise ClusterLost("stream", f"the Dask cluster went away with "
+                              f"{self.state['n_rows']} rows committed ({type(exc).__name__})"
+                              ) from exc
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
@@ -302,8 +341,7 @@ class StreamRunner:
         offset, skip = st["source"], st["skip"]
         in_flight: deque[_InFlight] = deque()
         while True:
-            full = len(st["pending"]) >= self.n_s * (1 + self._refit_failures)
-            if self.strict and full and not self._stop.is_set():
+            if self.strict and self._due() and not self._stop.is_set():
                 self._refit_sync()  # Algorithm 1 checks the buffer before each point
             while not self._stop.is_set() and len(in_flight) < self.max_in_flight:
                 ch = self.source.read(offset)
@@ -322,7 +360,12 @@ class StreamRunner:
             if not in_flight:
                 if self._stop.is_set() or self.source.exhausted(offset):
                     break
-                self._poll_refit(wait=False)
+                # idle while following: a finished refit lands now rather than at a chunk
+                # that may not come for hours (its publication is checkpointed like any other)
+                if self._refit is not None and self._refit.future.done():
+                    self._poll_refit(wait=True)
+                else:
+                    self._poll_refit(wait=False)
                 self._stop.wait(self.poll_interval)
                 continue
             self._commit(in_flight.popleft())
@@ -334,7 +377,7 @@ class StreamRunner:
             return
         # the stream ended: let the last refit land, or run the one that is due (a restart
         # after a kill during the final refit finds a full buffer and no refit in flight)
-        if self._refit is None and len(st["pending"]) >= self.n_s * (1 + self._refit_failures):
+        if self._refit is None and self._due():
             self._start_refit()
         if self._refit is not None:
             self._poll_refit(wait=True)
@@ -393,6 +436,9 @@ class StreamRunner:
 
     def _commit(self, job: _InFlight) -> None:
         st = self.state
+        if (self._refit is not None and not self.strict
+                and job.seq >= self._refit.publish_seq):
+            self._poll_refit(wait=True)  # its fixed publication point (module docstring)
         if job.reason:
             self._quarantine(job)
             return
@@ -404,17 +450,13 @@ class StreamRunner:
             st["n_empty"] = st.get("n_empty", 0) + 1
             self.store.write_checkpoint(st)
             return
-        stale = job.version != st["version"]
-        emb, var, man = self.exec.result(job.future)
-        version = job.version
-        if stale:
-            # mapped by a superseded version: re-evaluate what it found uncertain
-            unc = np.flatnonzero(var > self.model.sigma_t_)
-            if unc.size:
-                e2, v2, m2 = self.model.map_points(job.data[unc])
-                emb, var, man = emb.copy(), var.copy(), man.copy()
-                emb[unc], var[unc], man[unc] = e2, v2, m2
-            version = st["version"]
+        if job.version != st["version"]:
+            # mapped by a superseded version: every row is mapped by the version current at
+            # its commit, whatever the timing of the mapping
+            emb, var, man = self.exec.result(self.exec.map(job.data))
+        else:
+            emb, var, man = self.exec.result(job.future)
+        version = st["version"]
         data, done = job.data, 0
         while True:
             cut = len(data)
@@ -457,45 +499,77 @@ class StreamRunner:
         self.store.write_checkpoint(st)
 
     # ------------------------------------------------------------------ refits
+    def _due(self) -> bool:
+        """The buffer is full (each refit that failed on its data doubles, triples… ``n_s``)."""
+        st = self.state
+        return len(st["pending"]) >= self.n_s * (1 + st["refit_failures"])
+
+    def _resume_refit(self) -> None:
+        """At start: redo the refit the checkpoint records in flight (or start the one that
+        was due when the run stopped before recording it), as the stopped run had it."""
+        st = self.state
+        if st["refit"] is not None:
+            self._submit_refit(st["refit"])
+            if self.strict:  # Algorithm 1: nothing is mapped before it lands
+                self._poll_refit(wait=True)
+        elif not self.strict and self._due():
+            self._start_refit()
+
     def _start_refit(self) -> None:
         st = self.state
-        ids = list(st["pending"])
-        pts, _ = self.store.buffer_entries(ids)
+        st["refit"] = dict(ids=list(st["pending"]), trigger_row=st["n_rows"],
+                           trigger_seq=st["n_chunks"],
+                           publish_seq=st["n_chunks"] + int(config.get("stream.refit-lag")))
+        # before the refit runs: a resumed run redoes this refit, on this buffer
+        self.store.write_checkpoint(st)
+        self._submit_refit(st["refit"])
+
+    def _submit_refit(self, rec: dict) -> None:
+        pts, _ = self.store.buffer_entries(rec["ids"])
         batch = np.vstack([self.batch, pts])
-        logger.info("refit: batch %d + buffer %d (model v%d)", len(self.batch), len(ids),
-                    st["version"])
+        logger.info("refit: batch %d + buffer %d (model v%d)", len(self.batch), len(rec["ids"]),
+                    self.state["version"])
         future = self.exec.submit(refit_model, refit_params(self.model), batch,
                                   self.model.embedding_)
-        self._refit = _Refit(future, ids, batch, st["n_rows"], time.perf_counter())
+        self._refit = _Refit(future, list(rec["ids"]), batch, rec["trigger_row"],
+                             time.perf_counter(), rec["publish_seq"])
 
     def _poll_refit(self, wait: bool) -> None:
+        """Start the refit that is due; with ``wait``, let the one in flight land."""
         st = self.state
         if self._refit is None:
-            if len(st["pending"]) >= self.n_s * (1 + self._refit_failures):
+            if self._due():
                 self._start_refit()
             return
-        if not (wait or self._refit.future.done()):
+        if not wait:
             return
         r, self._refit = self._refit, None
         try:
             model = self.exec.result(r.future)
             check_model(model, f"the model refitted at row {r.trigger_row}")
-        except Exception:
-            self._refit_failures += 1
+        except Exception as exc:
+            if isinstance(exc, ClusterLost) or cluster_gone(exc):
+                raise  # transient: a rerun redoes this refit from the checkpoint
+            st["refit_failures"] += 1
+            st["refit"] = None
+            self.store.write_checkpoint(st)
             logger.exception("refit failed; retrying once the buffer holds %d points",
-                             self.n_s * (1 + self._refit_failures))
+                             self.n_s * (1 + st["refit_failures"]))
             return
-        self._refit_failures = 0
+        st["refit_failures"] = 0
         self._publish(model, r)
 
     def _refit_sync(self) -> None:
-        self._start_refit()
+        if self._refit is None:
+            self._start_refit()
         self._poll_refit(wait=True)
 
     def _publish(self, model: Any, r: _Refit) -> None:
         st = self.state
         v = st["version"] + 1
         self.store.save_model(v, model, r.batch)
+        # map with the stored bytes, as a run resumed after this publication does
+        model, batch = self.store.load_model(v)
         pts, rows = self.store.buffer_entries(r.ids)
         emb, var, man = model.map_points(pts)
         self.store.update_rows(rows, emb, var, man, v, STATUS["remapped"])
@@ -515,9 +589,10 @@ class StreamRunner:
                                  n_batch=len(r.batch), n_buffer=len(r.ids), seconds=seconds))
         st["pending"] = still
         st["version"] = v
+        st["refit"] = None
         st["sigma_t"].append(model.sigma_t_)
         self.store.write_checkpoint(st)
-        self.model, self.batch = model, r.batch
+        self.model, self.batch = model, batch
         self.exec.put_model(model)
         logger.info("published model v%d (%d manifolds) after %.1f s; %d points remapped",
                     v, model.n_manifolds_, seconds, len(r.ids) + len(rest) - len(still))

@@ -41,7 +41,7 @@ import zarr
 
 from dr_dask.io.storage import Location, location
 from dr_dask.methods.gp_isomap_io import load_gp_isomap, save_gp_isomap
-from dr_dask.runs.lease import Lease
+from dr_dask.runs.lease import Lease, LeaseLost
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ class StreamStore:
         self.group: zarr.Group | None = None
         #: The lease every write is fenced by (None: a store read, or written without one).
         self.lease: Lease | None = None
+        #: The checkpoint's version as this writer last read or wrote it (None: absent).
+        self._checkpoint_version: str | None = None
 
     def fence(self) -> int | None:
         """Before a write: the lease's token if this writer still holds it, else LeaseLost."""
@@ -117,12 +119,32 @@ class StreamStore:
 
     # ------------------------------------------------------------------ checkpoint
     def read_checkpoint(self) -> dict:
-        return json.loads(self.checkpoint_path.read_bytes())
+        got = self.checkpoint_path.read_versioned()
+        if got is None:
+            raise FileNotFoundError(self.checkpoint_path.url)
+        self._checkpoint_version = got[1]
+        return json.loads(got[0])
 
     def write_checkpoint(self, state: dict) -> None:
-        """The commit mark of everything written before it, with the lease's stamp."""
-        state["lease"] = self.lease.stamp() if self.lease is not None else None
-        self.checkpoint_path.write_json(state)
+        """The commit mark of everything written before it, with the lease's stamp.
+
+        Under a lease it is a compare-and-swap on the checkpoint this writer last read or
+        wrote: a writer paused *after* its fence (the window a lease alone leaves open) finds
+        the checkpoint of the run that took over, writes nothing and raises LeaseLost."""
+        if self.lease is None:
+            state["lease"] = None
+            self.checkpoint_path.write_json(state)
+            return
+        state["lease"] = self.lease.stamp()
+        version = self.checkpoint_path.swap_bytes(json.dumps(state).encode(),
+                                                  self._checkpoint_version)
+        if version is None:
+            self.lease.fence()  # taken over: LeaseLost naming the run that holds it now
+            raise LeaseLost(
+                f"{self.checkpoint_path} was committed by another run since this one last "
+                f"wrote it (this run, {self.lease.owner}, paused past its lease's lifetime): "
+                "it stopped writing and the other run's output stands")
+        self._checkpoint_version = version
 
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
