@@ -168,7 +168,7 @@ class _ZarrRows:
     def __getitem__(self, key: Any) -> np.ndarray:
         try:
             return np.asarray(self.arr[key])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (a codec raises any type for a bad chunk)
             raise_if_transient(exc, self.where)  # an unreachable store is not a bad chunk
             raise InputError(
                 f"{self.where}: chunk {self._bad_chunk(key)} cannot be read "
@@ -185,7 +185,7 @@ class _ZarrRows:
                 coords = (i, *cols)
                 try:
                     self.arr[tuple(slice(c * g, (c + 1) * g) for c, g in zip(coords, grid))]
-                except Exception:  # the one that fails is the one to name
+                except Exception:  # noqa: BLE001  (the one that fails is the one to name)
                     return self.arr.metadata.encode_chunk_key(coords)
         return f"in rows {start}:{stop}"
 
@@ -511,7 +511,7 @@ def _can_read(loc: Location) -> str | None:
         return None if loc.exists() else "it does not exist there"
     except StorageUnavailable:  # transient, not a worker that cannot see the input
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (reported: what this worker cannot do)
         return f"{type(exc).__name__}: {exc}"
 
 

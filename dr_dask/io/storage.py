@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import errno
-import fcntl
-import hashlib
 import io
 import json
 import logging
@@ -37,7 +34,6 @@ import os
 import posixpath
 import threading
 import time
-import uuid
 from typing import Any
 
 import fsspec
@@ -45,6 +41,14 @@ import numpy as np
 import zarr
 from fsspec.asyn import sync
 
+from dr_dask.io.errors import (  # the boundary's errors, imported from here by its callers
+    StorageError,
+    StorageUnavailable,
+    http_status,
+    raise_if_transient,
+    scrub,
+)
+from dr_dask.io.local_cas import digest, dir_lock, local_swap
 from dr_dask.runtime import config, credentials
 
 logger = logging.getLogger(__name__)
@@ -64,29 +68,7 @@ _PACKAGES = {
 _S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
                                   "retries": {"max_attempts": 2, "mode": "standard"}}}
 
-#: Answers of an object store that mean "not now": throttling, and the server's own failures.
-_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-                    "TooManyRequests", "RequestTimeout", "ServiceUnavailable", "InternalError",
-                    "OperationAborted"}
-#: errno values s3fs gives those answers (SlowDown/503 -> EBUSY, 500 -> EREMOTEIO) and the
-#: network's own.
-_TRANSIENT_ERRNOS = {errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO), errno.EAGAIN,
-                     errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
-                     errno.EHOSTUNREACH, errno.ENETUNREACH}
-
-
-#: ``memory://`` filesystems live in this process: one lock makes their swaps atomic.
 _MEMORY_LOCK = threading.Lock()
-
-
-class StorageError(ValueError):
-    """A location is unusable as given: unknown scheme, missing bucket, refused credentials.
-    Bad input or configuration (exit 2): a retry fails the same way."""
-
-
-class StorageUnavailable(ConnectionError):
-    """The store did not answer (connection refused, timeout) or answered "not now"
-    (throttling, 5xx). Transient (exit 1): a rerun later resumes."""
 
 
 def _split_scheme(url: str) -> tuple[str, str]:
@@ -268,14 +250,14 @@ class Location:
             if self.is_local:
                 with open(self.url, "rb") as fh:  # swaps rename: never half an object
                     data = fh.read()
-                return data, _digest(data)
+                return data, digest(data)
             if self.scheme in ("s3", "s3a"):
                 bucket, key, _ = self.fs.split_path(self.path)
                 return _guard(self, sync, self.fs.loop, _s3_get, self.fs, bucket, key)
             data = self.read_bytes()
         except FileNotFoundError:
             return None
-        return data, _digest(data)
+        return data, digest(data)
 
     def swap_bytes(self, data: bytes, version: str | None) -> str | None:
         """Compare-and-swap: write ``data`` only if the object is still at ``version`` (from
@@ -290,7 +272,7 @@ class Location:
         write: two requests, a small race.
         """
         if self.is_local:
-            return _local_swap(self.url, data, version)
+            return local_swap(self.url, data, version)
         if self.scheme in ("s3", "s3a"):
             match = {"mode": "create"} if version is None else {"IfMatch": version}
 
@@ -311,7 +293,7 @@ class Location:
             if (got is None) != (version is None) or (got is not None and got[1] != version):
                 return None
             self.write_bytes(data)
-            return _digest(data)
+            return digest(data)
 
     def delete_if(self, version: str) -> bool:
         """Delete the object only if it is still at ``version`` (compare-and-delete, as
@@ -319,10 +301,10 @@ class Location:
         if self.is_local:
             if not os.path.isdir(os.path.dirname(self.url) or "."):
                 return False
-            with _dir_lock(self.url):
+            with dir_lock(self.url):
                 try:
                     with open(self.url, "rb") as fh:
-                        if _digest(fh.read()) != version:
+                        if digest(fh.read()) != version:
                             return False
                 except FileNotFoundError:
                     return False
@@ -394,78 +376,6 @@ class Location:
         except FileNotFoundError:
             return {}
         return {k[len(base):] if k.startswith(base) else k: v for k, v in found.items()}
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _flock(fh: Any, kind: int = fcntl.LOCK_EX, timeout: float = 30.0) -> None:
-    """A lock on ``fh`` (exclusive by default); a holder keeps it for one small read and
-    write, so waiting longer means that holder is paused (SIGSTOP): give up rather than wait
-    with it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fh, kind | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{fh.name} stayed locked for {timeout:.0f} s") from None
-            time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def _dir_lock(path: str) -> Any:
-    """An exclusive lock on the directory holding ``path``: every compare-and-swap or
-    compare-and-delete of a local object takes it (no lock file is left beside the object)."""
-    directory = os.path.dirname(path) or "."
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        _flock(_Fd(fd, directory))
-        yield  # closing the descriptor releases the lock
-    finally:
-        os.close(fd)
-
-
-class _Fd:
-    """A bare descriptor (a directory's) as :func:`_flock` takes it."""
-
-    def __init__(self, fd: int, name: str):
-        self.fd, self.name = fd, name
-
-    def fileno(self) -> int:
-        return self.fd
-
-
-def _local_swap(path: str, data: bytes, version: str | None) -> str | None:
-    if version is not None and not os.path.isfile(path):
-        return None  # gone (its directory too, perhaps): nothing to swap, nothing to create
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as out:
-        out.write(data)
-    try:
-        if version is None:  # create: the name appears with its whole content, or not at all
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return None
-            return _digest(data)
-        # compare, then replace by a rename: a reader, or a kill, never meets half an object
-        with _dir_lock(path):
-            try:
-                with open(path, "rb") as fh:
-                    current = fh.read()
-            except FileNotFoundError:
-                return None
-            if _digest(current) != version:
-                return None
-            os.replace(tmp, path)
-            return _digest(data)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
@@ -541,16 +451,16 @@ def _guard(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if "unexpected keyword argument" not in str(exc):
             raise
         raise StorageError(f"{loc.url}: a --storage-option is not an option of its filesystem "
-                           f"({_scrub(exc, loc)}); remove it or check its name") from None
+                           f"({scrub(exc, loc)}); remove it or check its name") from None
     except Exception as exc:
         raise_if_transient(exc, loc)
-        if isinstance(exc, PermissionError) or _status(exc) in (401, 403):
+        if isinstance(exc, PermissionError) or http_status(exc) in (401, 403):
             raise StorageError(f"access to {loc.url} was refused (check credentials): "
-                               f"{_scrub(exc, loc)}") from None
+                               f"{scrub(exc, loc)}") from None
         name = type(exc).__name__
         if isinstance(exc, OSError) or any(s in name for s in ("Credential", "ClientError",
                                                                 "Endpoint")):
-            raise StorageError(f"cannot use {loc.url}: {name}: {_scrub(exc, loc)}") from None
+            raise StorageError(f"cannot use {loc.url}: {name}: {scrub(exc, loc)}") from None
         raise
 
 
@@ -571,74 +481,6 @@ def _read(loc: Location, fn: Any, *args: Any, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its causes (s3fs raises an OSError caused by botocore's ClientError)."""
-    seen: list[BaseException] = []
-    e: BaseException | None = exc
-    while e is not None and e not in seen:
-        seen.append(e)
-        e = e.__cause__ or e.__context__
-    return seen
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of a botocore ClientError in ``exc``'s chain, if any."""
-    for e in _chain(exc):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status:
-                return int(status)
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """``exc`` says the store is unreachable or asks to come back later: a connection refused
-    or reset, a timeout, throttling (SlowDown, 429) or a server error (5xx). Refused
-    credentials, a missing bucket or object and bad data are not transient."""
-    for e in _chain(exc):
-        if isinstance(e, (PermissionError, FileNotFoundError)):
-            return False
-        if isinstance(e, (ConnectionError, TimeoutError)):
-            return True
-        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
-            return True
-        name = type(e).__name__  # botocore / aiohttp, which fsspec does not translate
-        if any(s in name for s in ("EndpointConnection", "ConnectTimeout", "ReadTimeout",
-                                   "ConnectionClosed", "ServerDisconnected", "Throttl")):
-            return True
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            if code in _TRANSIENT_CODES or int(status) >= 500 or int(status) == 429:
-                return True
-    return False
-
-
-def raise_if_transient(exc: BaseException, loc: Any) -> None:
-    """Raise :class:`StorageUnavailable` naming ``loc`` when ``exc`` is transient
-    (:func:`is_transient`); for the few places that turn any other failure into bad input."""
-    if is_transient(exc):
-        where = loc.url if isinstance(loc, Location) else str(loc)
-        scrub = _scrub(exc, loc) if isinstance(loc, Location) else str(exc)
-        raise StorageUnavailable(f"cannot reach {where} now (transient: retry later): "
-                                 f"{type(exc).__name__}: {scrub}") from None
-
-
-def _scrub(exc: BaseException, loc: Location) -> str:
-    """The exception text with any storage-option value that looks secret removed."""
-    text = str(exc)
-    for key, value in loc.storage_options.items():
-        if isinstance(value, str) and len(value) >= 8 and credentials.secret_name(key):
-            text = text.replace(value, "***")
-    for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY"):
-        if len(os.environ.get(var, "")) >= 8:
-            text = text.replace(os.environ[var], "***")
-    return text
-
-
-#: Options every fsspec filesystem takes (``AbstractFileSystem``'s own).
 _COMMON_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time",
                    "max_paths", "auto_mkdir")
 #: The packages whose filesystems' constructors name the options a URL may take (s3fs passes

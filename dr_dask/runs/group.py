@@ -222,7 +222,7 @@ class RunGroup:
         except LeaseLost as exc:
             try:
                 self.refresh()
-            except Exception:  # the group is gone too: the lease's own message must do
+            except Exception:  # noqa: BLE001  (the group is gone too: the lease's message must do)
                 raise exc from None
             newest = max(self._stamps(), key=lambda s: int(s.get("token") or 0), default={})
             if int(newest.get("token") or 0) > self.lease.token:
@@ -367,7 +367,7 @@ def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr
         return zarr.open_group(store=loc.zarr_store(read_only=True), path=name, mode="r")
     except StorageError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (zarr raises many types for a node that is no group)
         raise_if_transient(exc, loc)
         raise InputError(f"{loc}/{name} is not a readable run group: {exc}") from None
 

@@ -500,8 +500,8 @@ def compute(*collections: Any, client: Client | None = None,
 
 
 class CredentialsPlugin(WorkerPlugin):
-    """Puts credential sets into each worker's registry (:mod:`dr_dask.runtime.credentials`), and takes
-    them out again when it is unregistered."""
+    """Puts credential sets into each worker's registry (:mod:`dr_dask.runtime.credentials`),
+    and takes them out again when it is unregistered."""
 
     def __init__(self, sets: dict[str, dict]):
         self.sets = sets

@@ -142,10 +142,9 @@ REDACTED = "[redacted]"
 def _known_secrets() -> list[str]:
     found = secret_values()
     for name, value in os.environ.items():
-        if (name in SECRET_ENV or (secret_name(name) and name.startswith(("AWS_", "AZURE_",
-                                                                          "GOOGLE_", "GCS_")))):
-            if len(value) >= 4:
-                found.append(value)
+        cloud = secret_name(name) and name.startswith(("AWS_", "AZURE_", "GOOGLE_", "GCS_"))
+        if (name in SECRET_ENV or cloud) and len(value) >= 4:
+            found.append(value)
     # longest first: a secret that contains another is replaced whole
     return sorted(set(found), key=len, reverse=True)
 

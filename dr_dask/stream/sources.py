@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dr_dask.io.storage import Location, location
+from dr_dask.io.storage import Location, location, raise_if_transient
 from dr_dask.runtime import config
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,9 @@ class ZarrSource:
         end = min(n, offset + self.chunk_size)
         try:
             data = np.asarray(arr[offset:end])
-        except Exception as exc:  # a corrupt or half-written Zarr chunk
+        except Exception as exc:  # noqa: BLE001  (any failure but a transient one is the chunk's)
+            # an unreachable or throttling store is no reason to quarantine good rows: exit 1
+            raise_if_transient(exc, self.path)
             return Chunk(None, end, f"rows {offset}:{end}", f"unreadable: {exc!r}")
         return Chunk(data, end, f"rows {offset}:{end}")
 
@@ -164,7 +166,8 @@ class DirectorySource:
         try:
             with self.path.child(name).open("rb") as fh:
                 data = np.load(fh, allow_pickle=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (any failure but a transient one is the file's)
+            raise_if_transient(exc, self.path)
             return Chunk(None, after, name, f"unreadable file: {exc!r}")
         return Chunk(np.asarray(data), after, name)
 
@@ -203,7 +206,7 @@ class IteratorSource:
         except StopIteration:
             self._done = True
             return None
-        except Exception as exc:  # the producer failed on this item: skip it, keep the stream
+        except Exception as exc:  # noqa: BLE001  (the producer failed on this item: skip it)
             self._pos += 1
             return Chunk(None, offset + 1, f"chunk {offset}", f"iterator raised: {exc!r}")
         self._pos += 1

@@ -246,7 +246,7 @@ class StreamStore:
         if data is not None:
             try:
                 qdir.child(f"{stem}.npy").write_npy(data)
-            except Exception:  # an object array or similar: the record alone must do
+            except Exception:  # noqa: BLE001  (an object array or similar: the record must do)
                 logger.debug("could not save quarantined chunk %d data", seq)
         qdir.child(f"{stem}.json").write_json(record)  # the entry's mark, after its data
 
