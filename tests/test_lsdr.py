@@ -6,7 +6,8 @@ from scipy.stats import spearmanr
 
 from dr_dask.datasets.toy import noisy_spiral, noisy_swiss_roll
 from dr_dask.io.validation import DuplicatePointsWarning
-from dr_dask.methods.lsdr import LSDR, prune_edges
+from dr_dask.methods._lsdr_prune import prune_edges
+from dr_dask.methods.lsdr import LSDR
 
 
 def best_rho(E, z):

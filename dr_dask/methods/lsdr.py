@@ -46,7 +46,6 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 from scipy.spatial import Delaunay, QhullError
-from scipy.stats import beta as beta_dist
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -69,6 +68,7 @@ from dr_dask.io.validation import (
 )
 from dr_dask.linalg.eigen import DenseOperator
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
+from dr_dask.methods._lsdr_prune import edge_ids, prune_edges
 from dr_dask.methods.labelled import LabelledOutput
 from dr_dask.runtime.cluster import ClientParam, run_stage
 from dr_dask.runtime.progress import shown_during
@@ -84,95 +84,6 @@ MAX_DELAUNAY_DIM = 6
 KNN_BOUNDARY_RESULTANT = 0.5
 #: Rows per block of the n x |skeleton| kernel matrix (bounds memory of the NW step).
 _ROW_BLOCK = 2048
-#: Cap of the passes over the vertices in removal (the fixed point is normally reached in < 10).
-_MAX_PASSES = 100
-
-
-def _edge_ids(codes_sorted: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
-    return np.searchsorted(codes_sorted, lo.astype(np.int64) * n + hi)
-
-
-def _beta_quantiles(alpha: float, p: float, max_deg: int) -> np.ndarray:
-    """q[deg] = Beta(p/2, (deg-1) p/2).ppf(alpha) (the text's null, docs/decisions.md LSDR-F6);
-    q[0..1] = inf."""
-    q = np.full(max_deg + 1, np.inf)
-    degs = np.arange(2, max_deg + 1)
-    q[2:] = beta_dist.ppf(alpha, p / 2.0, (degs - 1) * p / 2.0)
-    return q
-
-
-def prune_edges(
-    edges: np.ndarray, w: np.ndarray, protected: np.ndarray, n: int, alpha: float, null_dim: float,
-    removal: str = "in_place", max_passes: int | None = None,
-) -> tuple[np.ndarray, int]:
-    """Per-vertex Beta pruning of graph edges (Algorithm 1, step 1).
-
-    Parameters
-    ----------
-    edges : ndarray of shape (m, 2)
-    w : ndarray of shape (m,)
-        Edge lengths.
-    protected : ndarray of shape (m,), bool
-        Edges never removed (the minimum spanning tree).
-    n : int
-        Number of vertices.
-    alpha : float
-        Level of the Beta quantile.
-    null_dim : float
-        p of the null ``Beta(p/2, (deg-1) p/2)``.
-    removal : {"in_place", "sweep"}
-        ``in_place``: vertices in index order, each seeing the removals of the previous ones
-        (the literal reading); ``sweep``: all vertices tested on the same graph, removals
-        applied together.
-    max_passes : int, optional
-        Passes over the vertices; default: repeat until no edge is removed.
-
-    Returns
-    -------
-    alive : ndarray of shape (m,), bool
-    n_passes : int
-    """
-    m = edges.shape[0]
-    alive = np.ones(m, dtype=bool)
-    w2 = w * w
-    cap = _MAX_PASSES if max_passes is None else int(max_passes)
-    deg0 = np.bincount(edges.ravel(), minlength=n)
-    q = _beta_quantiles(alpha, null_dim, int(deg0.max()))
-    # incidence lists: for vertex v, the edge ids inc[ptr[v]:ptr[v+1]]
-    ends = edges.ravel()
-    order = np.argsort(ends, kind="stable")
-    inc = order // 2
-    ptr = np.concatenate([[0], np.cumsum(deg0)])
-    n_passes = 0
-    for n_passes in range(1, cap + 1):
-        before = int(alive.sum())
-        if removal == "sweep":
-            live = np.nonzero(alive)[0]
-            a, b = edges[live, 0], edges[live, 1]
-            S = np.bincount(a, w2[live], n) + np.bincount(b, w2[live], n)
-            deg = np.bincount(a, minlength=n) + np.bincount(b, minlength=n)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                cut = (w2[live] / S[a] > q[deg[a]]) | (w2[live] / S[b] > q[deg[b]])
-            alive[live[cut & ~protected[live]]] = False
-        else:
-            for v in range(n):
-                e = inc[ptr[v]:ptr[v + 1]]
-                e = e[alive[e]]
-                if e.size < 2:
-                    continue
-                t = w2[e] / w2[e].sum()
-                alive[e[(t > q[e.size]) & ~protected[e]]] = False
-        removed = before - int(alive.sum())
-        logger.debug("pruning pass %d removed %d edges", n_passes, removed)
-        if removed == 0:
-            break
-    else:
-        if max_passes is None:
-            logger.warning("edge pruning still changing after %d passes", cap)
-    return alive, n_passes
-
-
 def _sqdist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     D = (A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2.0 * (A @ B.T)
     return np.maximum(D, 0.0, out=D)
@@ -436,7 +347,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         full = sp.coo_matrix((w, (edges[:, 0], edges[:, 1])), shape=(n, n))
         mst = minimum_spanning_tree(full).tocoo()
         protected = np.zeros(len(codes), dtype=bool)
-        protected[_edge_ids(codes, mst.row, mst.col, n)] = True
+        protected[edge_ids(codes, mst.row, mst.col, n)] = True
         alive, n_passes = prune_edges(edges, w, protected, n, self.alpha, p, self.removal,
                                       self.max_passes)
         logger.info("LSDR graph: %d edges, %d removed in %d passes", len(w), (~alive).sum(),
@@ -456,7 +367,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
             return np.nonzero(np.linalg.norm(R, axis=1) / deg >= KNN_BOUNDARY_RESULTANT)[0]
         s_alive = np.ones(len(simplices), dtype=bool)
         for i, j in combinations(range(p + 1), 2):
-            s_alive &= alive[_edge_ids(codes, simplices[:, i], simplices[:, j], n)]
+            s_alive &= alive[edge_ids(codes, simplices[:, i], simplices[:, j], n)]
         # facets: each simplex without one vertex (rows stay sorted)
         facets = np.vstack([np.delete(simplices, v, axis=1) for v in range(p + 1)])
         owner_alive = np.tile(s_alive, p + 1)
@@ -465,7 +376,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         count = np.bincount(inv[owner_alive], minlength=len(uniq))
         f_alive = np.ones(len(uniq), dtype=bool)
         for i, j in combinations(range(p), 2):
-            f_alive &= alive[_edge_ids(codes, uniq[:, i], uniq[:, j], n)]
+            f_alive &= alive[edge_ids(codes, uniq[:, i], uniq[:, j], n)]
         return np.unique(uniq[f_alive & (count <= 1)])
 
     def _graph_knn(self, G: sp.csr_matrix, k: int) -> np.ndarray:
@@ -514,6 +425,28 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
             setattr(self, name, distinct[getattr(self, name)])  # rows of X
         return self
 
+    def _skeleton(self, G: sp.csr_matrix, d_b: np.ndarray, d: int, k: int) -> np.ndarray:
+        """The skeletal points: d_B's local maxima over the k graph-nearest neighbours, ties kept
+        (docs/decisions.md LSDR-F9); on few points a narrower test, with a warning, keeps more
+        than ``d`` of them, as n_landmarks is clamped to the samples."""
+        n = len(d_b)
+        if k >= n:
+            raise ValueError(f"n_skeleton_neighbors={k} must be below the {n} points")
+        k_used = k
+        skeleton = np.nonzero(d_b >= d_b[self._graph_knn(G, k)].max(1))[0]
+        while skeleton.size <= d and k_used > 1:
+            k_used -= 1
+            skeleton = np.nonzero(d_b >= d_b[self._graph_knn(G, k_used)].max(1))[0]
+        if skeleton.size <= d:
+            raise ValueError(f"the skeleton has {skeleton.size} points, too few for "
+                             f"n_components={d}; lower n_skeleton_neighbors or alpha")
+        if k_used < k:
+            warnings.warn(
+                f"n_skeleton_neighbors={k} leaves too few skeletal points for n_components={d} "
+                f"on these {n} points; LSDR uses n_skeleton_neighbors={k_used}", UserWarning,
+                stacklevel=4)
+        return skeleton
+
     def _fit(self, X: np.ndarray) -> LSDR:
         n = X.shape[0]
         d, k = int(self.n_components), int(self.n_skeleton_neighbors)
@@ -532,30 +465,8 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
                 d_b = np.zeros(n)
             else:
                 d_b = dijkstra(G, directed=False, indices=boundary, min_only=True)
-        # skeleton: d_B local maxima over the k graph-nearest neighbours, ties kept
-        # (docs/decisions.md LSDR-F9)
-        if k >= n:
-            raise ValueError(f"n_skeleton_neighbors={k} must be below the {n} points")
-        nbrs = self._graph_knn(G, k)
-        skeleton = np.nonzero(d_b >= d_b[nbrs].max(1))[0]
+        skeleton = self._skeleton(G, d_b, d, k)
         r = skeleton.size
-        if r <= d and k > 1:
-            # few points (a handful per boundary stretch): a narrower local-maximum test keeps
-            # enough skeletal points, with a warning, as n_landmarks is clamped to the samples
-            k_used = k
-            while r <= d and k_used > 1:
-                k_used -= 1
-                nbrs = self._graph_knn(G, k_used)
-                skeleton = np.nonzero(d_b >= d_b[nbrs].max(1))[0]
-                r = skeleton.size
-            if r > d:
-                warnings.warn(
-                    f"n_skeleton_neighbors={k} leaves too few skeletal points for "
-                    f"n_components={d} on these {n} points; LSDR uses "
-                    f"n_skeleton_neighbors={k_used}", UserWarning, stacklevel=3)
-        if r <= d:
-            raise ValueError(f"the skeleton has {r} points, too few for n_components={d}; "
-                             "lower n_skeleton_neighbors or alpha")
         logger.info("LSDR: %d boundary, %d skeletal of %d points", boundary.size, r, n)
         with timed(timings, "shortest_paths"):
             Q = np.empty((r, r))
