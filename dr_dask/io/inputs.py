@@ -339,6 +339,43 @@ def _current(loc: Location, path: str) -> zarr.Array:
         raise InputError(f"{loc}:{path} is not a readable Zarr array: {exc}") from exc
 
 
+def _group_variable(node: zarr.Group, loc: Location,
+                    variable: str | None) -> tuple[zarr.Array, np.ndarray | None, str]:
+    """A group's 2-D variable (``variable``, else its one 2-D array), its sample ids (the
+    coordinate named by its first dimension) and its name."""
+    if node.attrs.get("complete") is False:  # a dataset store whose `make` was killed
+        raise InputError(
+            f"{loc} is an incomplete dataset (its generation was interrupted); rerun "
+            "`dr-dask datasets make` to finish it"
+        )
+    names = sorted(node.array_keys())
+    if variable is None:
+        candidates = sorted(n for n, a in node.arrays() if a.ndim == 2)
+        if len(candidates) != 1:
+            raise InputError(
+                f"{loc} is a Zarr group; name the variable as {loc}:VAR (2-D arrays: "
+                f"{candidates})"
+            )
+        variable = candidates[0]
+    try:
+        found = node[variable]
+    except KeyError:
+        raise InputError(f"{loc} has no variable {variable!r}; it has {names}") from None
+    if not isinstance(found, zarr.Array):
+        raise InputError(f"{loc}:{variable} is a group, not an array")
+    # the group's consolidated metadata found the array; its shape comes from the array's own
+    # metadata: rows appended (zarr-python's append, xarray's append_dim) without
+    # re-consolidating are in the array, not in the root's snapshot
+    arr = _current(loc, variable)
+    sample_ids = None
+    dims = getattr(arr.metadata, "dimension_names", None)
+    if dims and dims[0] and dims[0] in names and dims[0] != variable:
+        coord = _current(loc, dims[0])
+        if coord.ndim == 1 and coord.shape[0] == arr.shape[0]:
+            sample_ids = np.asarray(coord[:])
+    return arr, sample_ids, variable
+
+
 def _open_zarr(
     loc: Location, variable: str | None
 ) -> tuple[Any, np.ndarray | None, str | None, dict]:
@@ -355,37 +392,8 @@ def _open_zarr(
         arr, array_loc, where = node, loc, str(loc)
         sample_ids = None
     else:
-        if node.attrs.get("complete") is False:  # a dataset store whose `make` was killed
-            raise InputError(
-                f"{loc} is an incomplete dataset (its generation was interrupted); rerun "
-                "`dr-dask datasets make` to finish it"
-            )
-        names = sorted(node.array_keys())
-        if variable is None:
-            candidates = sorted(n for n, a in node.arrays() if a.ndim == 2)
-            if len(candidates) != 1:
-                raise InputError(
-                    f"{loc} is a Zarr group; name the variable as {loc}:VAR (2-D arrays: "
-                    f"{candidates})"
-                )
-            variable = candidates[0]
-        try:
-            found = node[variable]
-        except KeyError:
-            raise InputError(f"{loc} has no variable {variable!r}; it has {names}") from None
-        if not isinstance(found, zarr.Array):
-            raise InputError(f"{loc}:{variable} is a group, not an array")
+        arr, sample_ids, variable = _group_variable(node, loc, variable)
         array_loc, where = loc.child(*variable.split("/")), f"{loc}:{variable}"
-        # the group's consolidated metadata found the array; its shape comes from the array's
-        # own metadata: rows appended (zarr-python's append, xarray's append_dim) without
-        # re-consolidating are in the array, not in the root's snapshot
-        arr = _current(loc, variable)
-        sample_ids = None
-        dims = getattr(arr.metadata, "dimension_names", None)
-        if dims and dims[0] and dims[0] in names and dims[0] != variable:
-            coord = _current(loc, dims[0])
-            if coord.ndim == 1 and coord.shape[0] == arr.shape[0]:
-                sample_ids = np.asarray(coord[:])
     listing = array_loc.find()  # one listing: the missing-chunk check and the fingerprint
     if arr.ndim == 2:
         _check_chunks(arr, where, listing)
@@ -409,6 +417,18 @@ def _open_xarray(obj: Any, variable: str | None, path: str | None) -> tuple[Any,
     dim0 = obj.dims[0] if obj.dims else None
     sample_ids = np.asarray(obj[dim0].values) if dim0 is not None and dim0 in obj.coords else None
     return obj.data, sample_ids, variable
+
+
+def _row_chunked(arr: Any) -> da.Array:
+    """``arr`` as a dask array of whole rows (rows are the unit of work: never split a sample),
+    chunked by ``input.chunk-bytes`` unless a dask array brings its own row chunks."""
+    if isinstance(arr, da.Array):
+        return arr if arr.numblocks[1] == 1 else arr.rechunk({0: arr.chunks[0][0], 1: -1})
+    native = arr.chunks[0] if isinstance(arr, (zarr.Array, _ZarrRows)) else None
+    rows = _row_chunks(arr.shape, np.dtype(arr.dtype).itemsize, native)
+    if isinstance(arr, np.ndarray):
+        return _memory_rows(arr, rows)
+    return da.from_array(arr, chunks=(rows, -1), asarray=True, inline_array=True)
 
 
 def open_dataset(
@@ -465,18 +485,9 @@ def open_dataset(
             arr, sample_ids, variable = _open_xarray(arr, variable, None)
     where = loc.url if loc else None
     _check_structure(arr, where, variable)
-    if isinstance(arr, da.Array):
-        data = arr
-        if data.numblocks[1] != 1:  # rows are the unit of work: never split a sample
-            data = data.rechunk({0: data.chunks[0][0], 1: -1})
-    else:
-        native = arr.chunks[0] if isinstance(arr, (zarr.Array, _ZarrRows)) else None
-        rows = _row_chunks(arr.shape, np.dtype(arr.dtype).itemsize, native)
-        if isinstance(arr, np.ndarray):
-            arr = np.ascontiguousarray(arr)
-            data = _memory_rows(arr, rows)
-        else:
-            data = da.from_array(arr, chunks=(rows, -1), asarray=True, inline_array=True)
+    if isinstance(arr, np.ndarray):
+        arr = np.ascontiguousarray(arr)
+    data = _row_chunked(arr)
     stored = cast(tuple[Location, dict] | None, content.pop("stored", None))
     identity = _identity(loc, variable, arr, content)
     if stored is not None and (tagged := listed_fingerprint(stored[1])) is not None:

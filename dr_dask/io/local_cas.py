@@ -82,3 +82,19 @@ def local_swap(path: str, data: bytes, version: str | None) -> str | None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def local_delete_if(path: str, version: str) -> bool:
+    """Delete ``path`` only if its content is still at ``version`` (under the directory's
+    lock, as :func:`local_swap`); False when it changed (left alone) or is gone."""
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        return False
+    with dir_lock(path):
+        try:
+            with open(path, "rb") as fh:
+                if digest(fh.read()) != version:
+                    return False
+        except FileNotFoundError:
+            return False
+        os.unlink(path)
+    return True

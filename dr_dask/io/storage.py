@@ -48,7 +48,7 @@ from dr_dask.io.errors import (  # the boundary's errors, imported from here by 
     raise_if_transient,
     scrub,
 )
-from dr_dask.io.local_cas import digest, dir_lock, local_swap
+from dr_dask.io.local_cas import digest, local_delete_if, local_swap
 from dr_dask.runtime import config, credentials
 
 logger = logging.getLogger(__name__)
@@ -299,17 +299,7 @@ class Location:
         """Delete the object only if it is still at ``version`` (compare-and-delete, as
         :meth:`swap_bytes`); False when it changed (left alone) or is gone."""
         if self.is_local:
-            if not os.path.isdir(os.path.dirname(self.url) or "."):
-                return False
-            with dir_lock(self.url):
-                try:
-                    with open(self.url, "rb") as fh:
-                        if digest(fh.read()) != version:
-                            return False
-                except FileNotFoundError:
-                    return False
-                os.unlink(self.url)
-            return True
+            return local_delete_if(self.url, version)
         if self.scheme in ("s3", "s3a"):
             bucket, key, _ = self.fs.split_path(self.path)
 
