@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from typing import Any
 
 import click
 import numpy as np
@@ -76,6 +77,42 @@ def _load_batch(path: str, storage_options: dict) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64)
 
 
+def _new_model(so: dict, client: Any, model_path: str | None, batch: str | None,
+               holdout: str | None, sigma_t: float | None, **fit: Any) -> Any:
+    """A new stream's model: loaded from --model or fitted on --batch, its threshold from
+    --sigma-t or calibrated on --holdout (each failure exit 2, naming the option)."""
+    from dr_dask.io.storage import location
+    from dr_dask.methods.gp_isomap import GPIsomap
+
+    if model_path:
+        from dr_dask.methods.gp_isomap_io import ModelFormatError, load_gp_isomap
+
+        try:
+            model, _ = load_gp_isomap(location(model_path, so))
+        except ModelFormatError as exc:
+            fail(str(exc))
+    else:
+        assert batch is not None  # the command refused a new stream with neither option
+        rows = _load_batch(batch, so)
+        try:
+            model = GPIsomap(
+                n_neighbors=fit["n_neighbors"], kernel=fit["kernel"],
+                length_scale=fit["length_scale"], noise_variance=fit["noise_variance"],
+                sigma_t=sigma_t, random_state=fit["seed"], client=client,
+            ).fit(rows)
+        except ValueError as exc:  # rejected rows or parameters (--kernel, ...)
+            fail(f"the model fitted on --batch {batch}: {exc}")
+    if holdout and sigma_t is None:
+        rows = _load_batch(holdout, so)
+        try:
+            model.calibrate_threshold(rows)
+        except ValueError as exc:
+            fail(f"--holdout {holdout}: {exc}")
+    elif sigma_t is not None:
+        model.sigma_t_, model.threshold_source_ = float(sigma_t), "manual"
+    return model
+
+
 @stream.command("run")
 @click.argument("source")
 @click.option("--out", required=True, help="Output store, path or URL (resumed if present).")
@@ -108,7 +145,6 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
     same command resumes.
     """
     from dr_dask.io.storage import location
-    from dr_dask.methods.gp_isomap import GPIsomap
     from dr_dask.stream.runner import StreamRunner
     from dr_dask.stream.store import StreamStore
 
@@ -123,33 +159,9 @@ def run(ctx, source, out, model_path, batch, holdout, sigma_t, n_s, chunk_size, 
         fail("a new stream needs --model or --batch")
     with contextlib.ExitStack() as stack:
         client = stack.enter_context(cluster(ctx))  # None with --scheduler threads
-        model = None
-        if not resuming:
-            if model_path:
-                from dr_dask.methods.gp_isomap_io import ModelFormatError, load_gp_isomap
-
-                try:
-                    model, _ = load_gp_isomap(location(model_path, so))
-                except ModelFormatError as exc:
-                    fail(str(exc))
-            else:
-                rows = _load_batch(batch, so)
-                try:
-                    model = GPIsomap(
-                        n_neighbors=n_neighbors, kernel=kernel, length_scale=length_scale,
-                        noise_variance=noise_variance, sigma_t=sigma_t, random_state=seed,
-                        client=client,
-                    ).fit(rows)
-                except ValueError as exc:  # rejected rows or parameters (--kernel, ...)
-                    fail(f"the model fitted on --batch {batch}: {exc}")
-            if holdout and sigma_t is None:
-                rows = _load_batch(holdout, so)
-                try:
-                    model.calibrate_threshold(rows)
-                except ValueError as exc:
-                    fail(f"--holdout {holdout}: {exc}")
-            elif sigma_t is not None:
-                model.sigma_t_, model.threshold_source_ = float(sigma_t), "manual"
+        model = None if resuming else _new_model(
+            so, client, model_path, batch, holdout, sigma_t, n_neighbors=n_neighbors,
+            kernel=kernel, length_scale=length_scale, noise_variance=noise_variance, seed=seed)
         runner = StreamRunner(
             out, source, model, n_s=n_s, chunk_size=chunk_size, strict_sequential=strict,
             max_in_flight=max_in_flight, follow=follow, poll_interval=poll, client=client,

@@ -181,7 +181,6 @@ def colour_values(color: Any, n_rows: int, input_record: Mapping[str, Any] | Non
     InputError
         An unknown variable or file, or values that are not one per row.
     """
-    import zarr
 
     if not isinstance(color, str):
         values, name = np.asarray(color), "colour"
@@ -191,32 +190,41 @@ def colour_values(color: Any, n_rows: int, input_record: Mapping[str, Any] | Non
             raise InputError(f"--color {color}: no such file")
         values, name = np.load(io.BytesIO(loc.read_bytes()), allow_pickle=False), color
     else:
-        spec = re.fullmatch(r"(?:(?P<store>.+):)?(?P<var>[^:\[]+)(?:\[(?P<col>\d+)\])?", color)
-        store = spec and (spec["store"] or (input_record or {}).get("path"))
-        if not spec or not store:
-            raise InputError(f"--color {color!r}: give VAR (of the run's input), STORE:VAR, "
-                             "VAR[j] or a .npy file")
-        group = zarr.open_group(store=location(store, storage_options).zarr_store(
-            read_only=True), mode="r")
-        if spec["var"] not in group:
-            raise InputError(f"--color {color!r}: {store} has no variable {spec['var']!r} "
-                             f"(it has {sorted(group.array_keys())})")
-        node = group[spec["var"]]
-        if not isinstance(node, zarr.Array):
-            raise InputError(f"--color {color!r}: {spec['var']} in {store} is a group, not an "
-                             "array")
-        values, name = np.asarray(node[...]), color
-        if spec["col"] is not None:
-            if values.ndim != 2 or int(spec["col"]) >= values.shape[1]:
-                raise InputError(f"--color {color!r}: {spec['var']} of shape {values.shape} "
-                                 f"has no column {spec['col']}")
-            values = values[:, int(spec["col"])]
+        values, name = _stored_colour(color, input_record, storage_options), color
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
     if values.shape != (n_rows,):
         raise InputError(f"--color {name}: {values.shape} values, not one per row of the "
                          f"embedding ({n_rows},); a 2-D variable takes a column: VAR[j]")
     return values, name
+
+
+def _stored_colour(color: str, input_record: Mapping[str, Any] | None,
+                   storage_options: dict | None) -> np.ndarray:
+    """The values of ``VAR``, ``STORE:VAR`` or ``VAR[j]`` (see :func:`colour_values`)."""
+    import zarr
+
+    spec = re.fullmatch(r"(?:(?P<store>.+):)?(?P<var>[^:\[]+)(?:\[(?P<col>\d+)\])?", color)
+    store = spec and (spec["store"] or (input_record or {}).get("path"))
+    if not spec or not store:
+        raise InputError(f"--color {color!r}: give VAR (of the run's input), STORE:VAR, "
+                         "VAR[j] or a .npy file")
+    group = zarr.open_group(store=location(store, storage_options).zarr_store(
+        read_only=True), mode="r")
+    if spec["var"] not in group:
+        raise InputError(f"--color {color!r}: {store} has no variable {spec['var']!r} "
+                         f"(it has {sorted(group.array_keys())})")
+    node = group[spec["var"]]
+    if not isinstance(node, zarr.Array):
+        raise InputError(f"--color {color!r}: {spec['var']} in {store} is a group, not an "
+                         "array")
+    values = np.asarray(node[...])
+    if spec["col"] is not None:
+        if values.ndim != 2 or int(spec["col"]) >= values.shape[1]:
+            raise InputError(f"--color {color!r}: {spec['var']} of shape {values.shape} "
+                             f"has no column {spec['col']}")
+        values = values[:, int(spec["col"])]
+    return values
 
 
 def _scatter(Y: np.ndarray, sample: np.ndarray, colour: np.ndarray, colour_name: str,
@@ -392,6 +400,75 @@ def _drift(history: list) -> Any:
 # the page
 
 
+def _stream_page(src: Location, color: Any, storage_options: dict | None, max_points: int,
+                 window: int, random_state: int) -> tuple[list, str, str, int, int]:
+    """A stream store's (or a job state's) plots, table, title, points drawn and rows."""
+    o = read_output(src)
+    history = src.child("drift_history.json").read_json() if src.child(
+        "drift_history.json").exists() else None
+    emb, man, status = o["embedding"], o["manifold"], o["status"]
+    ok = (status != STATUS["quarantined"]) & np.isfinite(emb).all(axis=1)
+    rows = np.flatnonzero(ok)
+    if color is None:
+        values, name = man, "manifold"
+    else:
+        values, name = colour_values(color, len(status), None, storage_options)
+    scatter, points = _scatter(emb[ok], rows, values[ok], name,
+                               f"embedding by {name}", max_points, random_state,
+                               categorical=_categorical(values))
+    ck = o["checkpoint"]
+    counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
+    table: dict[str, Any] = {
+        "rows": len(status), **{f"rows {k}": v for k, v in counts.items() if v},
+        "model version": ck.get("version"), "refits": len(ck["refits"]),
+        "threshold now": float(ck["sigma_t"][-1]),
+    }
+    if history:
+        last = history[-1]
+        table.update({"scheduled runs": len(history),
+                      "last run: drift statistic": last.get("drift_statistic"),
+                      "last run: refit": "yes" if last.get("refit") else "no"})
+    parts = [row(scatter, _manifolds(man[ok])) if ok.any() else scatter,
+             _variance(o, window, max_points, random_state)]
+    if history:
+        parts.append(_drift(history))
+    tables = _table(table, "job state" if history else "stream")
+    title = f"dr-dask report: {'job state' if history else 'stream'} {src.url}"
+    n_rows = len(status)
+    return parts, tables, title, points, n_rows
+
+
+def _run_page(src: Location, kind: str, color: Any, storage_options: dict | None,
+              max_points: int, random_state: int) -> tuple[list, str, str, int, int]:
+    """A run's (or a refit job's latest run's) plots, table, title, points drawn and rows."""
+    job = None
+    run_loc = src
+    if kind == "refit-job":
+        job = src.child("latest.json").read_json()
+        run_loc = src.child(job["run"])
+        _kind(run_loc)  # the run it names must be complete
+    d = _run_data(run_loc)
+    emb = d["embedding"]
+    if color is None:
+        values, name = np.arange(len(emb), dtype=float), "row"
+    else:
+        values, name = colour_values(color, len(emb), d["input"], storage_options)
+    scatter, points = _scatter(emb, d["sample"], values, name, d["title"], max_points,
+                               random_state, categorical=_categorical(values))
+    summary = d["summary"]
+    table = {k: v for k, v in summary.items() if k != "eigenvalues"}
+    if job:
+        table.update({f"metric: {k}": v for k, v in (job.get("metrics") or {}).items()})
+    plots: list = [scatter]
+    if summary.get("eigenvalues"):
+        plots.append(_spectrum(summary["eigenvalues"], emb.shape[1]))
+    parts = [row(*plots)]
+    tables = _table(table, "run")
+    title = f"dr-dask report: {d['title']}"
+    n_rows = len(emb)
+    return parts, tables, title, points, n_rows
+
+
 def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
                 max_points: int = MAX_POINTS, window: int = 50,
                 random_state: int = 0, color: Any = None,
@@ -437,67 +514,12 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
 
     src = location(source, storage_options)
     kind = _kind(src)
-    history = None
     if kind == "stream":
-
-        o = read_output(src)
-        history = src.child("drift_history.json").read_json() if src.child(
-            "drift_history.json").exists() else None
-        emb, man, status = o["embedding"], o["manifold"], o["status"]
-        ok = (status != STATUS["quarantined"]) & np.isfinite(emb).all(axis=1)
-        rows = np.flatnonzero(ok)
-        if color is None:
-            values, name = man, "manifold"
-        else:
-            values, name = colour_values(color, len(status), None, storage_options)
-        scatter, points = _scatter(emb[ok], rows, values[ok], name,
-                                   f"embedding by {name}", max_points, random_state,
-                                   categorical=_categorical(values))
-        ck = o["checkpoint"]
-        counts = {name: int(np.sum(status == code)) for name, code in STATUS.items()}
-        table: dict[str, Any] = {
-            "rows": len(status), **{f"rows {k}": v for k, v in counts.items() if v},
-            "model version": ck.get("version"), "refits": len(ck["refits"]),
-            "threshold now": float(ck["sigma_t"][-1]),
-        }
-        if history:
-            last = history[-1]
-            table.update({"scheduled runs": len(history),
-                          "last run: drift statistic": last.get("drift_statistic"),
-                          "last run: refit": "yes" if last.get("refit") else "no"})
-        parts = [row(scatter, _manifolds(man[ok])) if ok.any() else scatter,
-                 _variance(o, window, max_points, random_state)]
-        if history:
-            parts.append(_drift(history))
-        tables = _table(table, "job state" if history else "stream")
-        title = f"dr-dask report: {'job state' if history else 'stream'} {src.url}"
-        n_rows = len(status)
+        parts, tables, title, points, n_rows = _stream_page(
+            src, color, storage_options, max_points, window, random_state)
     else:
-        job = None
-        run_loc = src
-        if kind == "refit-job":
-            job = src.child("latest.json").read_json()
-            run_loc = src.child(job["run"])
-            _kind(run_loc)  # the run it names must be complete
-        d = _run_data(run_loc)
-        emb = d["embedding"]
-        if color is None:
-            values, name = np.arange(len(emb), dtype=float), "row"
-        else:
-            values, name = colour_values(color, len(emb), d["input"], storage_options)
-        scatter, points = _scatter(emb, d["sample"], values, name, d["title"], max_points,
-                                   random_state, categorical=_categorical(values))
-        summary = d["summary"]
-        table = {k: v for k, v in summary.items() if k != "eigenvalues"}
-        if job:
-            table.update({f"metric: {k}": v for k, v in (job.get("metrics") or {}).items()})
-        plots: list = [scatter]
-        if summary.get("eigenvalues"):
-            plots.append(_spectrum(summary["eigenvalues"], emb.shape[1]))
-        parts = [row(*plots)]
-        tables = _table(table, "run")
-        title = f"dr-dask report: {d['title']}"
-        n_rows = len(emb)
+        parts, tables, title, points, n_rows = _run_page(
+            src, kind, color, storage_options, max_points, random_state)
     doc = Document()
     doc.add_root(column(*parts))
     # the page says, once Bokeh has built it in the browser, how many points the scatter holds

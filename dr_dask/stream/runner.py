@@ -343,29 +343,13 @@ class StreamRunner:
         while True:
             if self.strict and self._due() and not self._stop.is_set():
                 self._refit_sync()  # Algorithm 1 checks the buffer before each point
-            while not self._stop.is_set() and len(in_flight) < self.max_in_flight:
-                ch = self.source.read(offset)
-                if ch is None:
-                    break
-                data, reason = self._validate(ch)
-                if data is not None and skip:
-                    data = data[skip:]
-                # a valid chunk with rows is mapped; an invalid one goes to quarantine at its
-                # turn, an empty one is consumed (recorded by the checkpoint), never mapped
-                fut = (self.exec.map(data) if data is not None and reason is None and len(data)
-                       else None)
-                in_flight.append(_InFlight(st["n_chunks"] + len(in_flight), ch, offset, skip,
-                                           data, reason, fut, st["version"]))
-                offset, skip = ch.offset, 0
+            offset, skip = self._read_ahead(in_flight, offset, skip)
             if not in_flight:
                 if self._stop.is_set() or self.source.exhausted(offset):
                     break
                 # idle while following: a finished refit lands now rather than at a chunk
                 # that may not come for hours (its publication is checkpointed like any other)
-                if self._refit is not None and self._refit.future.done():
-                    self._poll_refit(wait=True)
-                else:
-                    self._poll_refit(wait=False)
+                self._poll_refit(wait=self._refit is not None and self._refit.future.done())
                 self._stop.wait(self.poll_interval)
                 continue
             self._commit(in_flight.popleft())
@@ -381,6 +365,26 @@ class StreamRunner:
             self._start_refit()
         if self._refit is not None:
             self._poll_refit(wait=True)
+
+    def _read_ahead(self, in_flight: deque[_InFlight], offset: Any, skip: int) -> tuple:
+        """Read chunks from ``offset`` into ``in_flight`` up to ``max_in_flight``, each valid
+        one already mapping; returns the offset and skip after them."""
+        st = self.state
+        while not self._stop.is_set() and len(in_flight) < self.max_in_flight:
+            ch = self.source.read(offset)
+            if ch is None:
+                break
+            data, reason = self._validate(ch)
+            if data is not None and skip:
+                data = data[skip:]
+            # a valid chunk with rows is mapped; an invalid one goes to quarantine at its
+            # turn, an empty one is consumed (recorded by the checkpoint), never mapped
+            fut = (self.exec.map(data) if data is not None and reason is None and len(data)
+                   else None)
+            in_flight.append(_InFlight(st["n_chunks"] + len(in_flight), ch, offset, skip,
+                                       data, reason, fut, st["version"]))
+            offset, skip = ch.offset, 0
+        return offset, skip
 
     def source_done(self, offset: Any) -> bool:
         return self.source.exhausted(offset)
