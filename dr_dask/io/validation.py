@@ -53,6 +53,7 @@ __all__ = [
     "Options",
     "ParameterError",
     "check_array_like",
+    "checked_rows",
     "check_input",
     "check_params",
     "clamp_to_samples",
@@ -182,6 +183,17 @@ def output_dtype(X: Any) -> np.dtype:
     is float64. The work itself is float64."""
     return np.dtype(np.float32) if getattr(X, "dtype", None) == np.float32 else np.dtype(
         np.float64)
+
+
+def checked_rows(estimator: Any, X: Any, *, reset: bool, min_samples: int = 1) -> np.ndarray:
+    """An estimator's rows in memory, checked (:func:`check_input`) and as float64; on a fit
+    (``reset``) the estimator's outputs keep the input's float32 (``_out_dtype``)."""
+    values = check_input(estimator, X, reset=reset, in_memory=True, dtype=FLOAT_DTYPES,
+                         min_samples=min_samples).values
+    assert values is not None  # in_memory=True always holds the checked values
+    if reset:
+        estimator._out_dtype = output_dtype(values)
+    return values.astype(np.float64, copy=False)
 
 
 def check_array_like(a: Any, name: str, *, ensure_2d: bool = True, dtype: Any = np.float64,

@@ -26,15 +26,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.io.validation import (
-    FLOAT_DTYPES,
     Interval,
     Options,
     check_array_like,
     check_input,
     check_params,
+    checked_rows,
     first_equal_rows,
     non_negative,
-    output_dtype,
     positive,
     warn_duplicates,
 )
@@ -312,7 +311,7 @@ default="geodesic_se"
         self
         """
         check_params(self)
-        X = self._points(X, reset=True)
+        X = checked_rows(self, X, reset=True, min_samples=2)  # a point alone has no neighbour
         warn_duplicates(first_equal_rows(X))  # kept: twins get the same coordinates
         # a manifold needs n_neighbors + 2 points: a batch smaller than that fits with fewer
         # neighbours, with a warning (as n_landmarks is clamped to the samples)
@@ -452,16 +451,7 @@ default="geodesic_se"
             The manifold of least variance.
         """
         check_is_fitted(self, "manifolds_")
-        return self._map(self._points(X, reset=False))
-
-    def _points(self, X: Any, reset: bool) -> np.ndarray:
-        # two points at least: one has no neighbour to build a graph with
-        values = check_input(self, X, reset=reset, in_memory=True, dtype=FLOAT_DTYPES,
-                             min_samples=2 if reset else 1).values
-        assert values is not None  # in_memory=True always holds the checked values
-        if reset:
-            self._out_dtype = output_dtype(values)
-        return values.astype(np.float64, copy=False)
+        return self._map(checked_rows(self, X, reset=False))
 
     def transform(self, X: Any, return_variance: bool = False):
         """Global coordinates of new points (and their predictive variance).

@@ -54,15 +54,14 @@ from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.paths import shortest_paths
 from dr_dask.io.validation import (
-    FLOAT_DTYPES,
     Interval,
     Options,
     check_array_like,
     check_input,
     check_params,
+    checked_rows,
     first_equal_rows,
     non_negative,
-    output_dtype,
     positive,
     warn_duplicates,
 )
@@ -282,11 +281,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     def _training(self, X: Any) -> np.ndarray:
         """The checked training array: parameters, values, then what this data supports."""
         check_params(self)
-        values = check_input(self, X, reset=True, in_memory=True, dtype=FLOAT_DTYPES,
-                             min_samples=2).values
-        assert values is not None  # in_memory=True always holds the checked values
-        self._out_dtype = output_dtype(values)
-        X = values.astype(np.float64, copy=False)
+        X = checked_rows(self, X, reset=True, min_samples=2)
         n, p = X.shape
         if self.n_components > p:
             raise ValueError(f"n_components={self.n_components} is more than the data supports: "
