@@ -30,7 +30,6 @@ from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.storage import location
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.linalg.tiles import TileGrid, ZarrTile, strip_grid
 from dr_dask.runtime.cluster import thread_memory
@@ -472,7 +471,7 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path, monkey
     rows = GeodesicRows.compute(G, src, client=cluster_client, block_size=50,
                                 graph_store=str(store))
     np.testing.assert_array_equal(rows.gather(), shortest_paths(G, src))
-    opened = StoredGraph(location(str(store)), 1500).open()
+    opened = StoredGraph.at(str(store)).open()
     assert all(isinstance(getattr(opened, a), np.memmap) for a in ("indices", "weights"))
     # rows written to a store by the workers, with the columns their tasks keep
     kept = GeodesicRows.compute(G, src, client=cluster_client, block_size=50, dtype=np.float32,

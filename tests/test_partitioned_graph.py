@@ -106,14 +106,14 @@ def test_landmark_isomap_on_cluster_equals_threaded(small_blocks, cluster_client
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("stage", ["group_edges", "block_rows", "assemble"])
+@pytest.mark.parametrize("stage", ["group_edges", "block_rows"])
 def test_worker_killed_in_the_graph_build_leaves_the_result_unchanged(small_blocks, tmp_path,
                                                                       stage):
     from distributed import Client, LocalCluster
 
     X = noisy_curve(2000, 20, seed=3)
     expected = _landmark_isomap().fit(X).embedding_
-    fault = Fault(tmp_path / "fault", Task(2 if stage != "assemble" else 1, prefix=stage))
+    fault = Fault(tmp_path / "fault", Task(2, prefix=stage))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
@@ -170,11 +170,12 @@ def test_landmark_ikd_reads_a_stored_input_again_above_the_budget(small_blocks, 
     np.testing.assert_allclose(read_again.embedding_, held.embedding_, rtol=1e-6, atol=1e-9)
 
 
-def test_landmark_isomap_cli_from_s3_equals_local(small_blocks, s3_bucket, tmp_path,
+def test_landmark_isomap_cli_from_s3_equals_local(small_blocks, dr_config, s3_bucket, tmp_path,
                                                   monkeypatch):
     """`dr-dask embed isomap --landmarks --knn ivf` from s3:// (moto) to s3://: the workers'
-    lists and graph go next to the input in its bucket (no local temporary directory can be
-    made) and are deleted; the embedding equals the local run's."""
+    lists, graph and paths by blocks go next to the input in its bucket (no local temporary
+    directory can be made) and are deleted; the embedding equals the local run's."""
+    dr_config({"graph.paths-min-nodes": 1, "graph.paths-block-nodes": 256})
     import tempfile
 
     import zarr

@@ -88,6 +88,28 @@ def bench_dijkstra(max_T, workdir, json_path):
     click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))
 
 
+@bench.command("paths-memory")
+@click.option("--T", "T", type=click.IntRange(min=10_000), default=2_000_000, show_default=True,
+              help="Rows of the sinusoid (N=100).")
+@click.option("--landmarks", "n_landmarks", type=click.IntRange(min=1), default=128,
+              show_default=True, help="Sources of the shortest paths.")
+@click.option("--whole", is_flag=True, help="Also run the paths with whole-graph tasks.")
+@click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
+@json_option
+def bench_paths_memory(T, n_landmarks, whole, workdir, json_path):
+    """The partitioned graph's stages (k=10 on the sinusoid, N=100, from Zarr, on 2 worker
+    processes): bytes of task specs through the scheduler and store requests and bytes per
+    stage; then the landmark shortest paths by row blocks on LocalClusters of 1, 2 and 4
+    worker processes of one thread, which this command starts itself: the largest worker's
+    peak RSS above idle and its ratio to W=1 (target: about 1/W), rounds and bytes exchanged
+    per round."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.paths_memory import run_paths_memory
+
+    click.echo(write_report(run_paths_memory(T, n_landmarks=n_landmarks, whole=whole,
+                                             workdir=workdir), json_path))
+
+
 @bench.command("search-memory")
 @click.option("--T", "T", type=click.IntRange(min=10_000), default=2_000_000, show_default=True,
               help="Rows of the sinusoid (N=100).")

@@ -128,23 +128,44 @@ def _read_runs(arr: zarr.Array, spans: list[tuple[int, int]]) -> np.ndarray:
     return np.concatenate([np.asarray(arr[s:e]) for s, e in runs])
 
 
-def _gather_group(staging: tuple, lists: tuple, block_starts: np.ndarray,
-                  block_offsets: np.ndarray, first: int, last: int, dest: int) -> int:
-    """Copy lists ``[first, last)`` from every block's staging slice to the lists arrays at
-    ``dest`` (a chunk boundary: no other task writes these chunks), list after list.
+def _gather_groups(staging: tuple, lists: tuple, block_starts: np.ndarray,
+                   offsets: zarr.Array, groups: list[tuple[int, int]],
+                   dests: list[int]) -> int:
+    """Copy the consecutive ``groups`` (their lists ``[first, last)``) from every block's
+    staging slice to the lists arrays, group ``g`` at ``dests[g]`` (a chunk boundary: no other
+    task writes these chunks), list after list.
 
-    Each block's slice holds its rows of these lists one list after another: read block
-    after block (one read each), the rows are put in list order by a stable sort, so a list's
-    rows are contiguous (where :attr:`InvertedLists.list_start` says) and keep their block
-    order.
+    ``offsets`` (blocks, n_lists + 1) are the blocks' list offsets, in the store: the task
+    reads its lists' columns (in every task's spec they were 122 MB a task at T=10^8).
+    Each block's slice holds its rows of these lists one list after another: read block after
+    block (one read each, of the run of all the groups: a run spans chunks, so the reads decode
+    little beyond it), the rows are put in list order by a stable sort, so a list's rows are
+    contiguous (where :attr:`InvertedLists.list_start` says) and keep their block order.
     """
-    spans = [(int(b + o[first]), int(b + o[last])) for b, o in zip(block_starts, block_offsets)]
-    per_block = np.diff(block_offsets[:, first:last + 1], axis=1)  # (blocks, lists) rows
-    list_of = np.repeat(np.tile(np.arange(last - first), len(per_block)), per_block.ravel())
+    first = groups[0][0]
+    block_offsets = np.asarray(offsets[:, first:groups[-1][1] + 1])
+    spans = [(int(b + o[0]), int(b + o[-1])) for b, o in zip(block_starts, block_offsets)]
+    per_block = np.diff(block_offsets, axis=1)  # (blocks, lists) rows
+    n_lists = per_block.shape[1]
+    list_of = np.repeat(np.tile(np.arange(n_lists), len(per_block)), per_block.ravel())
     order = np.argsort(list_of, kind="stable")
+    # where each group's rows start among the sorted rows
+    cut = np.concatenate([[0], np.cumsum(per_block.sum(axis=0))])
     for src, dst in zip(staging, lists):
-        dst[dest:dest + len(order)] = _read_runs(src, spans)[order]
+        rows = _read_runs(src, spans)[order]
+        for (a, b), at in zip(groups, dests):
+            part = rows[cut[a - first]:cut[b - first]]
+            dst[at:at + len(part)] = part
     return len(order)
+
+
+def _runs_of_groups(group_rows: list[int], n_blocks: int, chunk: int,
+                    row_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive groups per list-building task (``[g0, g1)`` ranges): enough rows that each
+    block's span of them is about a staging chunk or more (the reads then decode at most about
+    twice what they use), up to ``knn.ivf-gather-bytes`` of rows."""
+    cap = max(1, config.get_bytes("knn.ivf-gather-bytes") // max(1, row_bytes))
+    return _groups(np.asarray(group_rows), min(n_blocks * chunk, cap))
 
 
 @dataclass(frozen=True)
@@ -298,9 +319,11 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
     staging = _zarr_pair(where, "staging", T, N, chunk)
     assign = dask.delayed(_assign_block, pure=True)
+    # sent to each worker once, not in every task's spec (4 MB at T=10^8, 1,526 tasks)
+    mean_key, cent_key = (dask.delayed(a, traverse=False) for a in (mean, cent32))
     with single_blas_thread():
         counts = np.array(compute(*[
-            assign(b, int(s), mean, cent32, *staging)
+            assign(b, int(s), mean_key, cent_key, *staging)
             for b, s in zip(X.to_delayed().ravel(), starts[:-1])], client=client))
     sizes = counts.sum(axis=0)
     block_offsets = np.concatenate([np.zeros((len(counts), 1), np.int64),
@@ -311,9 +334,16 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
     padded = [chunk * math.ceil(n / chunk) for n in group_rows]
     dest = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
     rows, ids = _zarr_pair(where, "lists", int(dest[-1]), N, chunk)
-    gather = dask.delayed(_gather_group, pure=True)
-    compute(*[gather(staging, (rows, ids), starts[:-1], block_offsets, a, b, int(dest[g]))
-              for g, (a, b) in enumerate(groups)], client=client)
+    gather = dask.delayed(_gather_groups, pure=True)
+    runs = _runs_of_groups(group_rows, len(starts) - 1, chunk, 4 * N + 8)
+    offsets = zarr.create_array(where.child("offsets").zarr_store(), shape=block_offsets.shape,
+                                chunks=(len(block_offsets), 64), dtype=np.int64,
+                                compressors=None)
+    offsets[...] = block_offsets
+    compute(*[gather(staging, (rows, ids), starts[:-1], offsets, groups[g0:g1],
+                     [int(d) for d in dest[g0:g1]])
+              for g0, g1 in runs], client=client)
+    where.child("offsets").delete()
     where.child("staging").delete()
     list_start = np.empty(n_lists, dtype=np.int64)
     for g, (a, b) in enumerate(groups):

@@ -9,18 +9,21 @@ Over the inverted lists of :mod:`dr_dask.graph._knn_ivf` (at the fit's scratch l
    chunks of a staging array. Only the counts per block come back.
 2. **Blocks** (one task per block): a block reads its edges from every group's slice (the
    shuffle, through the store), merges duplicate edges by their maximum weight (as
-   :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`) into CSR rows, writes them to
-   its own chunks, and returns a spanning forest of its edges (at most one edge per node it
-   touches).
-3. **Connectivity**: this process joins the forests (union-find over at most about T edges,
-   never the E edges). A disconnected graph is bridged as Borůvka's step does
+   :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`) into CSR rows, writes them as
+   its block of the stored graph (:class:`~dr_dask.graph.stored.StoredGraph`: int32 columns,
+   float32 weights, 8 bytes per directed edge, nodes numbered by label; its own chunks), and
+   its components over its own edges, with its boundary (the nodes with edges to other
+   blocks).
+3. **Connectivity**: this process joins the blocks' components through their boundaries
+   (union-find over the boundary nodes, never a node per row nor the E edges). A
+   disconnected graph is bridged as Borůvka's step does
    (:func:`~dr_dask.graph.components.connect_components`): every component but the largest
    gets its shortest edge to another component, found by one task per group over that
-   group's rows; repeated until one component remains.
-4. **Assembly** (one task): the blocks' rows and the bridges are written as one
-   :class:`~dr_dask.graph.stored.StoredGraph` (int32 columns, float32 weights: 8 bytes per
-   directed edge), nodes numbered by label, which the shortest-path tasks open where they
-   run (memory-mapped from a local disk).
+   group's rows; repeated until one component remains (only then does this process hold the
+   component of every row).
+4. **Assembly**: the blocks' table and the bridges are recorded beside the blocks; no task
+   ever holds the graph. The shortest-path tasks open it where they run, by blocks
+   (:mod:`dr_dask.graph.block_paths`) or whole.
 
 Every task writes only chunks no other task writes, and rewrites the same ones when it runs
 again after a worker is lost.
@@ -31,16 +34,14 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import dask
 import numba
 import numpy as np
-import scipy.sparse as sp
 import zarr
-from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask.graph._knn_ivf import InvertedLists, _read_runs, _search_group, build_lists
 from dr_dask.graph.components import describe_components
@@ -64,8 +65,6 @@ logger = logging.getLogger(__name__)
 
 #: The weight of a zero-length edge in float32 (an explicit zero vanishes in sparse arithmetic).
 ZERO_EDGE32 = np.finfo(np.float32).tiny
-#: Staging entries per chunk (of (first end, second end, weight bits) int32 triples).
-_EDGE_CHUNK = 1 << 15
 #: The modes of ``on_disconnected`` (as :func:`~dr_dask.graph.components.connect_components`).
 _MODES = ("bridge", "raise", "ignore")
 
@@ -173,12 +172,6 @@ def _union(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return joined
 
 
-def _forest(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The edges of a spanning forest of the edges (a, b) over nodes 0..n-1."""
-    joined = _union(np.arange(n), a, b)
-    return a[joined], b[joined]
-
-
 @numba.njit(cache=True, nogil=True)
 def _roots(parent: np.ndarray) -> np.ndarray:
     out = np.empty(len(parent), dtype=np.int64)
@@ -188,30 +181,71 @@ def _roots(parent: np.ndarray) -> np.ndarray:
 
 
 def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: int,
-                csr: zarr.Array, degrees: zarr.Array, at: int, deg_at: int) -> tuple:
-    """Block ``[lo, hi)``'s CSR rows from its spans of the staging array into its chunks of
-    ``csr`` (columns, weight bits) and ``degrees``; its entries and a spanning forest."""
+                graph: tuple[zarr.Array, ...], ptr_at: int, data_at: int, ids: zarr.Array,
+                id_spans: list[tuple[int, int]], roots: zarr.Array) -> tuple:
+    """Block ``[lo, hi)``'s CSR rows from its spans of the staging array, written as the stored
+    graph's block (:class:`~dr_dask.graph.stored.StoredGraph`: its pointers and its rows'
+    indices at ``ptr_at``, its edges at ``data_at``, chunks no other block writes); its entries
+    and its components (:func:`_local_components`)."""
+    indptr, row_ids, indices, weights = graph
     e = _read_runs(edges, spans)
     deg, col, wt = _csr_rows(e[:, 0], e[:, 1], e[:, 2].view(np.float32), lo, hi - lo)
-    csr[at:at + len(col)] = np.column_stack([col, wt.view(np.int32)])
-    degrees[deg_at:deg_at + len(deg)] = deg
-    # the forest over the nodes the block touches, numbered locally
-    nodes, local = np.unique(np.concatenate([np.arange(lo, hi), col]), return_inverse=True)
-    fa, fb = _forest(np.repeat(local[:hi - lo], deg), local[hi - lo:], len(nodes))
-    # int32, as the graph's columns: the client holds every block's forest (about T edges)
-    return len(col), nodes[fa].astype(np.int32), nodes[fb].astype(np.int32)
+    indices[data_at:data_at + len(col)] = col
+    weights[data_at:data_at + len(col)] = wt
+    indptr[ptr_at:ptr_at + len(deg) + 1] = np.concatenate([[0], np.cumsum(deg)])
+    row_ids[ptr_at:ptr_at + len(deg)] = _read_runs(ids, id_spans)
+    return (len(col), *_local_components(lo, hi, deg, col, roots, ptr_at))
+
+
+def _local_components(lo: int, hi: int, deg: np.ndarray, col: np.ndarray, roots: zarr.Array,
+                      at: int) -> tuple:
+    """The block's components over its own edges, written (each node's least joined label) to
+    ``roots[at:]``, and what connects them to the other blocks: the components' roots and
+    sizes, the boundary nodes (those with edges out) with their roots, and the edges out
+    (each once over the two blocks: from its smaller end)."""
+    m = hi - lo
+    src = np.repeat(np.arange(lo, hi), deg)
+    inside = (col >= lo) & (col < hi)
+    parent = np.arange(m)
+    _union(parent, src[inside] - lo, col[inside].astype(np.int64) - lo)
+    mine = _roots(parent) + lo
+    roots[at:at + m] = mine
+    comp, sizes = np.unique(mine, return_counts=True)
+    u, v = src[~inside], col[~inside].astype(np.int64)
+    boundary = np.unique(u)
+    up = u < v
+    return comp, sizes, boundary, mine[boundary - lo], u[up], v[up]
 
 
 # ---------------------------------------------------------------------------------------------
 # 3. connectivity
 
 
-def _components(forests: list[tuple[np.ndarray, np.ndarray]], T: int) -> np.ndarray:
-    """Component of every label: the least label joined to it."""
-    parent = np.arange(T)
-    for a, b in forests:  # one forest at a time: no concatenated copy of about T edges
-        _union(parent, a, b)
-    return _roots(parent)
+def _components(blocks: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The graph's components from the blocks' (:func:`_local_components`), by union-find
+    over the blocks' components and their boundary nodes only (never a node per row: the
+    boundaries are a small share of the rows when blocks follow the data's neighbourhoods).
+
+    Returns the blocks' component roots, the least label of the component each joins, and
+    their sizes.
+    """
+    comp = np.concatenate([b[1] for b in blocks])
+    sizes = np.concatenate([b[2] for b in blocks])
+    a = np.concatenate([comp] + [b[4] for b in blocks] + [b[5] for b in blocks])
+    z = np.concatenate([comp] + [b[3] for b in blocks] + [b[6] for b in blocks])
+    ids, inverse = np.unique(np.concatenate([a, z]), return_inverse=True)
+    parent = np.arange(len(ids))
+    _union(parent, inverse[:len(a)], inverse[len(a):])
+    final = ids[_roots(parent)]  # the least label: ids ascend, union keeps the least
+    return comp, final[np.searchsorted(ids, comp)], sizes
+
+
+def _row_components(roots: zarr.Array, regions: list[tuple[int, int]], comp: np.ndarray,
+                    joined: np.ndarray) -> np.ndarray:
+    """The component of every label (its least joined label), from the blocks' ``roots`` at
+    ``regions`` (start, rows): T labels, held only to bridge a disconnected graph."""
+    local = np.concatenate([np.asarray(roots[at:at + m]) for at, m in regions])
+    return joined[np.searchsorted(comp, local)]
 
 
 def _nearest_outside(lists: InvertedLists, g: int, queries: np.ndarray, q_comp: np.ndarray,
@@ -303,73 +337,6 @@ def _summary(lists: InvertedLists, comp: np.ndarray, roots: np.ndarray) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. assembly
-
-
-def _assemble(csr: zarr.Array, degrees: zarr.Array, regions: list[tuple[int, int, int, int]],
-              lists: InvertedLists, bridges: tuple, where: Location) -> StoredGraph:
-    """Write the blocks' rows, and the bridges both ways, as one :class:`StoredGraph`.
-
-    The task holds the edges twice, as read and as written (16 bytes per directed edge: 3 GB
-    at T=10^7, k=10), and nothing E-sized besides.
-    """
-    deg = np.concatenate([np.asarray(degrees[d0:d0 + m]) for _, _, d0, m in regions])
-    indptr = np.concatenate([[0], np.cumsum(deg)])
-    cols = np.empty(int(indptr[-1]), np.int32)
-    wts = np.empty(int(indptr[-1]), np.float32)
-    start = 0
-    for at, n, _, _ in regions:  # blocks in label order
-        part = np.asarray(csr[at:at + n])  # one block's rows: (column, weight bits) pairs
-        cols[start:start + n], wts[start:start + n] = part[:, 0], part[:, 1].view(np.float32)
-        start += n
-    n_nodes = len(deg)
-    # the bridges as a second CSR: a bridge joins two components, so never repeats an edge
-    a, b, w = bridges
-    first = np.concatenate([a, b]).astype(np.int64)
-    order = np.argsort(first, kind="stable")
-    extra_ptr = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=n_nodes))])
-    extra_cols = np.concatenate([b, a])[order].astype(np.int32)
-    extra_wts = np.concatenate([w, w])[order].astype(np.float32)
-    # renumbered in reverse Cuthill-McKee order, as the in-memory graph (_SearchGraph.of):
-    # list order keeps neighbours near, RCM nearer (Dijkstra 15% faster at T=10^6); any order
-    # is correct, so the few bridges are left out of it
-    if indptr[-1] < 2**31:  # scipy's reordering takes 32-bit indices only
-        perm = reverse_cuthill_mckee(sp.csr_matrix(
-            (wts, cols, indptr.astype(np.int32)), shape=(n_nodes, n_nodes)), symmetric_mode=True)
-    else:
-        perm = np.arange(n_nodes)
-    relabel = np.empty(n_nodes, np.int32)
-    relabel[perm] = np.arange(n_nodes, dtype=np.int32)
-    out_ptr = np.concatenate([[0], np.cumsum((deg + np.diff(extra_ptr))[perm])])
-    out_cols = np.empty(int(out_ptr[-1]), np.int32)
-    out_wts = np.empty(int(out_ptr[-1]), np.float32)
-    _permute(perm, relabel, indptr, cols, wts, extra_ptr, extra_cols, extra_wts, out_cols,
-             out_wts)
-    del cols, wts
-    ids = np.concatenate([lists.group_ids(gr) for gr in range(len(lists.groups))])
-    rank = np.empty(len(ids), dtype=np.int64)
-    rank[ids] = relabel  # row ids[label] is node relabel[label]
-    return StoredGraph.write_arrays(
-        {"indptr": out_ptr.astype(np.int64), "indices": out_cols, "weights": out_wts,
-         "rank": rank}, where)
-
-
-@numba.njit(cache=True, nogil=True)
-def _permute(perm: np.ndarray, relabel: np.ndarray, indptr: np.ndarray, cols: np.ndarray,
-             wts: np.ndarray, extra_ptr: np.ndarray, extra_cols: np.ndarray,
-             extra_wts: np.ndarray, out_cols: np.ndarray, out_wts: np.ndarray) -> None:
-    """Node ``perm[i]``'s edges, then its bridges, as node i's, columns relabelled."""
-    at = 0
-    for u in perm:
-        for p in range(indptr[u], indptr[u + 1]):
-            out_cols[at], out_wts[at] = relabel[cols[p]], wts[p]
-            at += 1
-        for p in range(extra_ptr[u], extra_ptr[u + 1]):
-            out_cols[at], out_wts[at] = relabel[extra_cols[p]], extra_wts[p]
-            at += 1
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -442,9 +409,10 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
 
     staging = where.child("edges").zarr_store()
     group_rows = np.diff(lists.label0)
-    at = _offsets(2 * k * group_rows, _EDGE_CHUNK)
+    edge_chunk = int(config.get("graph.edge-chunk"))
+    at = _offsets(2 * k * group_rows, edge_chunk)
     edges = zarr.create_array(staging, shape=(max(int(at[-1]), 1), 3), dtype=np.int32,
-                              chunks=(_EDGE_CHUNK, 3), compressors=None)
+                              chunks=(edge_chunk, 3), compressors=None)
     lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
     weight_key = dask.delayed(weight, traverse=False)
     task = dask.delayed(_group_edges, pure=True)
@@ -458,43 +426,49 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
     logger.info("partitioned graph: %d directed edges found in %d groups, %d blocks",
                 counts.sum(), len(found), B)
 
-    # 2. blocks: each reads its spans of every group's slice
+    # 2. blocks: each reads its spans of every group's slice and writes its block of the graph
     span = [[(int(at[g] + within[g, b]), int(at[g] + within[g, b + 1]))
              for g in range(len(found))] for b in range(B)]
-    out_at = _offsets(counts.sum(axis=0), _EDGE_CHUNK)
-    deg_at = _offsets(np.diff(block0), _EDGE_CHUNK)
-    csr = zarr.create_array(where.child("rows").zarr_store(), shape=(max(int(out_at[-1]), 1), 2),
-                            dtype=np.int32, chunks=(_EDGE_CHUNK, 2), compressors=None)
-    degrees = zarr.create_array(where.child("degrees").zarr_store(), dtype=np.int64,
-                                shape=(max(int(deg_at[-1]), 1),), chunks=(_EDGE_CHUNK,),
-                                compressors=None)
+    unit = int(config.get("graph.stored-chunk"))
+    data_at = _offsets(counts.sum(axis=0), unit)
+    ptr_at = _offsets(np.diff(block0) + 1, unit)
+    graph_loc = where.child("graph")
+    root = StoredGraph.create(graph_loc, int(ptr_at[-1]), int(data_at[-1]), np.int32,
+                              np.float32, unit)
+    arrays = tuple(root[name] for name in ("indptr", "ids", "indices", "weights"))
+    roots = zarr.create_array(where.child("roots").zarr_store(), shape=(int(ptr_at[-1]),),
+                              chunks=(unit,), dtype=np.int64, compressors=None)
+    cuts_end = [*cuts, len(lists.groups)]
+    id_spans = [[(int(lists.dest[g]), int(lists.dest[g] + group_rows[g]))
+                 for g in range(cuts_end[b], cuts_end[b + 1])] for b in range(B)]
     task = dask.delayed(_block_rows, pure=True)
     with timed(seconds, "blocks"):
-        blocks = compute(*[task(edges, span[b], int(block0[b]), int(block0[b + 1]), csr,
-                                degrees, int(out_at[b]), int(deg_at[b])) for b in range(B)],
-                         client=client)
+        blocks = compute(*[task(edges, span[b], int(block0[b]), int(block0[b + 1]), arrays,
+                                int(ptr_at[b]), int(data_at[b]), lists.ids, id_spans[b],
+                                roots)
+                           for b in range(B)], client=client)
     where.child("edges").delete()
-    n_directed = sum(int(n) for n, _, _ in blocks)
+    n_directed = sum(int(b[0]) for b in blocks)
 
-    # 3. connectivity, from the forests
+    # 3. connectivity, from the blocks' components
     with timed(seconds, "connectivity"):
-        comp = _components([(fa, fb) for _, fa, fb in blocks], T)
-        n_components = len(np.unique(comp))
+        local, joined, _ = _components(blocks)
+        del blocks
+        n_components = len(np.unique(joined))
         bridges: tuple = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.float32),)
         if n_components > 1 and on_disconnected != "ignore":
+            comp = _row_components(roots, [(int(ptr_at[b]), int(block0[b + 1] - block0[b]))
+                                           for b in range(B)], local, joined)
             bridges = _bridges(lists, comp, weight, client, on_disconnected)
-        del comp
+            del comp
+    where.child("roots").delete()
 
-    # 4. one graph
-    regions = [(int(out_at[b]), int(blocks[b][0]), int(deg_at[b]), int(block0[b + 1] - block0[b]))
-               for b in range(B)]
+    # 4. the graph is complete once its blocks and bridges are recorded: no task holds it
     with timed(seconds, "assembly"):
-        (graph,) = compute(dask.delayed(_assemble, pure=True)(
-            csr, degrees, regions, lists, bridges, where.child("graph")), client=client)
+        graph = StoredGraph.finish(graph_loc, block0, ptr_at[:-1], data_at[:-1], bridges)
     logger.info("partitioned graph: %d nodes, %d edges; seconds %s", T, n_directed // 2,
                 {key: round(v, 1) for key, v in seconds.items()})
-    for name in ("rows", "degrees", "lists"):
-        where.child(name).delete()
+    where.child("lists").delete()
     if zero:
         first = np.arange(T)
         for i, j in zero:

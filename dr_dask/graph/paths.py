@@ -23,6 +23,7 @@ import scipy.sparse as sp
 import zarr
 from distributed import Future
 
+from dr_dask.graph.block_paths import batch_width, block_paths, out_chunks
 from dr_dask.graph.sssp import (
     LANES,
     SearchGraph,
@@ -140,15 +141,27 @@ def _sources_per_task(T: int, per_node: int, client: Any, one_batch: bool) -> in
     return int(min(n, LANES) if one_batch else n)
 
 
-def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int, dtype: Any) -> zarr.Array:
+def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int,
+              columns_per_chunk: int, dtype: Any) -> zarr.Array:
     if isinstance(out, zarr.Array):
         if tuple(out.shape) != shape:
             raise ValueError(f"out has shape {out.shape}, expected {shape}")
         return out
     return zarr.create_array(  # NaN fill: a chunk never written is detected (read_stored)
         store=location(out).zarr_store(), shape=shape, dtype=dtype, overwrite=True,
-        chunks=(rows_per_chunk, min(shape[1], 1 << 16)), fill_value=np.nan,
+        chunks=(rows_per_chunk, min(shape[1], columns_per_chunk)), fill_value=np.nan,
     )
+
+
+def by_blocks(graph: Any, choice: bool | None = None) -> bool:
+    """Whether the paths over ``graph`` run by row blocks (:mod:`dr_dask.graph.block_paths`):
+    a stored graph of ``dr_dask.graph.paths-min-nodes`` nodes or more (or ``choice``). Below,
+    every task opening the whole graph is faster (one search per source, no rounds)."""
+    if not isinstance(graph, StoredGraph):
+        return False
+    if choice is not None:
+        return bool(choice)
+    return graph.n_nodes >= int(config.get("graph.paths-min-nodes"))
 
 
 class GeodesicRows:
@@ -156,7 +169,12 @@ class GeodesicRows:
 
     Build with :meth:`compute`. Attributes: ``shape`` (n_sources, T), ``bounds`` (block row
     offsets), ``blocks`` (futures, ndarrays or Zarr handles), ``client``, ``store`` (the Zarr
-    array or None), ``dtype``.
+    array or None), ``dtype``, ``report`` (the rounds of paths run by blocks).
+
+    Rows computed by blocks (:func:`by_blocks`) hold their columns in the stored graph's node
+    order (``order``: node ``i`` is column ``order[i]``): :meth:`columns`, :meth:`map_sum`
+    (whose terms are per column, first axis) and :meth:`gather` return them in node order;
+    :meth:`map`'s ``func`` and ``store`` see the stored order.
     """
 
     def __init__(self, shape: tuple[int, int], bounds: list[int], blocks: list, client: Any,
@@ -169,6 +187,13 @@ class GeodesicRows:
         self.store = store
         self._whole: np.ndarray | None = None  # the blocks' one array, when they are its views
         self._kept: tuple[np.ndarray, np.ndarray] | None = None  # columns, and their values
+        self.report: dict = {}
+        self._order: np.ndarray | None = None
+
+    @property
+    def order(self) -> np.ndarray | None:
+        """The column of each node (None: the columns are the nodes)."""
+        return self._order
 
     @classmethod
     def compute(
@@ -184,6 +209,7 @@ class GeodesicRows:
         wait: bool = True,
         graph_store: Any = None,
         columns: np.ndarray | None = None,
+        blocks: bool | None = None,
     ) -> GeodesicRows:
         """Run Dijkstra from every source, blockwise, on the cluster.
 
@@ -221,6 +247,11 @@ class GeodesicRows:
             Columns (nodes) that :meth:`columns` returns: taken by the tasks as they write
             ``out`` (the landmark columns: else read back from every stored chunk, the whole
             L x T array, 40 GB at T=10^7).
+        blocks : bool, optional
+            Partition the graph by row blocks (:func:`by_blocks`: by default for a stored
+            graph of ``dr_dask.graph.paths-min-nodes`` nodes or more): no task holds the
+            graph; the rows go to ``out``, else next to the stored graph, columns in its node
+            order (``order``).
         """
         if isinstance(graph, StoredGraph):
             stored, T = graph, graph.n_nodes
@@ -231,6 +262,8 @@ class GeodesicRows:
         if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
             raise ValueError(f"sources must be node indices in [0, {T})")
         client = active_client(client)
+        if stored is not None and by_blocks(stored, blocks):
+            return cls._by_blocks(stored, sources, client, dtype, square, out, columns)
         weights = stored.weights_dtype if stored is not None else np.float64
         per_node = (lanes_dtype(weights, dtype).itemsize  # the lanes, and the rows if held
                     + (np.dtype(dtype).itemsize if out is None else 0))
@@ -238,7 +271,7 @@ class GeodesicRows:
                                                            one_batch=out is not None)))
         store = None
         if out is not None:
-            store = _open_out(out, (len(sources), T), bs, dtype)
+            store = _open_out(out, (len(sources), T), bs, 1 << 16, dtype)
             c = store.chunks[0]
             bs = c * max(1, bs // c)
         # once here, not in every task (a stored graph is opened where the tasks run)
@@ -266,22 +299,40 @@ class GeodesicRows:
             g = (search if isinstance(search, StoredGraph)
                  else StoredGraph.write(search, graph_store) if graph_store is not None
                  else share(search, client))
-            blocks = [client.submit(fn, g, *args) for fn, *args in tasks]
+            futures = [client.submit(fn, g, *args) for fn, *args in tasks]
             if not wait and store is None:
-                return cls((len(sources), T), bounds, blocks, client, store, dtype)
+                return cls((len(sources), T), bounds, futures, client, store, dtype)
             # surface a disconnected graph (or any failure) now, not at first use; waits for all.
             # Row blocks held on the workers stay futures: recomputed from the graph if lost
-            wait_for(blocks, client)
-            for f in blocks:
+            wait_for(futures, client)
+            for f in futures:
                 if f.status == "error":
                     f.result()
             if store is None:
-                return cls((len(sources), T), bounds, blocks, client, store, dtype)
-            results = gather(blocks, client)
+                return cls((len(sources), T), bounds, futures, client, store, dtype)
+            results = gather(futures, client)
         # Zarr slice handles, read where the blocks are used, and the columns kept
         rows = cls((len(sources), T), bounds, [h for h, _ in results], client, store, dtype)
         if kept is not None:
             rows._kept = kept, np.vstack([c for _, c in results])
+        return rows
+
+    @classmethod
+    def _by_blocks(cls, graph: StoredGraph, sources: np.ndarray, client: Any, dtype: Any,
+                   square: bool, out: Any, columns: np.ndarray | None) -> GeodesicRows:
+        S, T = len(sources), graph.n_nodes
+        width = batch_width(S, lanes_dtype(graph.weights_dtype, dtype))
+        chunks = out_chunks(width, int(config.get("graph.paths-block-nodes")))
+        store = _open_out(graph.location.child("paths") if out is None else out, (S, T),
+                          *chunks, dtype)
+        kept, report, rank = block_paths(graph, sources, store, width, client=client,
+                                         square=square, columns=columns)
+        bounds = [*range(0, S, width), S]
+        rows = cls((S, T), bounds, [("zarr", store, s, e) for s, e in itertools.pairwise(bounds)],
+                   client, store, dtype)
+        rows._order, rows.report = rank, report
+        if kept is not None:
+            rows._kept = np.asarray(columns, np.int64), kept
         return rows
 
     def columns(self, columns: np.ndarray) -> np.ndarray:
@@ -290,7 +341,8 @@ class GeodesicRows:
         columns = np.asarray(columns, np.int64)
         if self._kept is not None and np.array_equal(self._kept[0], columns):
             return self._kept[1]
-        return np.vstack(self.map(_columns, columns))
+        order = self.order
+        return np.vstack(self.map(_columns, columns if order is None else order[columns]))
 
     def _submit(self, func: Callable, args: tuple, by_columns: bool = False) -> list:
         """Futures (or, without a client, values) of ``func(block, start, *args)`` per block."""
@@ -325,12 +377,15 @@ class GeodesicRows:
         """
         parts = self._submit(func, args, by_columns=True)
         if self.client is None:
-            return sum(parts[1:], parts[0])
-        while len(parts) > 1:
-            pairs = [self.client.submit(operator.add, a, b, pure=False)
-                     for a, b in zip(parts[0::2], parts[1::2])]
-            parts = pairs + parts[len(pairs) * 2:]
-        return gather(parts, self.client)[0]
+            total = sum(parts[1:], parts[0])
+        else:
+            while len(parts) > 1:
+                pairs = [self.client.submit(operator.add, a, b, pure=False)
+                         for a, b in zip(parts[0::2], parts[1::2])]
+                parts = pairs + parts[len(pairs) * 2:]
+            total = gather(parts, self.client)[0]
+        order = self.order
+        return total if order is None else total[order]
 
     def gather(self, dtype: Any = None, release: bool = False) -> np.ndarray:
         """All rows as one in-memory array (only for moderate sizes).
@@ -344,10 +399,12 @@ class GeodesicRows:
             out, self._whole, self.blocks = self._whole, None, []
             return out
         out = np.empty(self.shape, dtype=dtype or self.dtype)
+        order = self.order
         for n, (s, e) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
             b = self.blocks[n]
             # never waiting forever on a cluster that is gone
-            out[s:e] = _materialise(gather([b], self.client)[0] if isinstance(b, Future) else b)
+            block = _materialise(gather([b], self.client)[0] if isinstance(b, Future) else b)
+            out[s:e] = block if order is None else block[:, order]
             if release:
                 self.blocks[n] = None
         if release:

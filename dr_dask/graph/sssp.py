@@ -81,7 +81,29 @@ def _search(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, source
     are never reallocated here: growing them in this loop made it 2x slower)."""
     dist[:] = np.inf
     dist[source] = 0.0
-    keys[0], nodes[0], n, reached = 0.0, source, 1, 0
+    keys[0], nodes[0] = 0.0, source
+    return _drain(indptr, indices, weights, dist, keys, nodes, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _push(keys: np.ndarray, nodes: np.ndarray, n: int, key: float, v: int) -> None:
+    """Put ``(key, v)`` into the 4-ary heap of ``n`` entries (room for one more)."""
+    i = n
+    while i:
+        parent = (i - 1) >> 2
+        if keys[parent] <= key:
+            break
+        keys[i], nodes[i], i = keys[parent], nodes[parent], parent
+    keys[i], nodes[i] = key, v
+
+
+@numba.njit(cache=True, nogil=True)
+def _drain(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: np.ndarray,
+           keys: np.ndarray, nodes: np.ndarray, n: int) -> int:
+    """Dijkstra from the ``n`` entries of the heap (``dist`` holds upper bounds, the heap's
+    entries among them): pops until the heap is empty, relaxing edges. Returns the nodes
+    settled, or -1 when the heap is full."""
+    reached = 0
     while n:
         d, u = keys[0], nodes[0]
         n -= 1
@@ -108,15 +130,58 @@ def _search(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, source
                 if n == len(keys):
                     return -1
                 dist[v] = nd
-                i = n  # push, sifting up
+                _push(keys, nodes, n, nd, v)
                 n += 1
-                while i:
-                    parent = (i - 1) >> 2
-                    if keys[parent] <= nd:
-                        break
-                    keys[i], nodes[i], i = keys[parent], nodes[parent], parent
-                keys[i], nodes[i] = nd, v
     return reached
+
+
+@numba.njit(cache=True, nogil=True)
+def seeded_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
+                 lanes: np.ndarray, seeded: np.ndarray, moved: np.ndarray) -> int:
+    """Dijkstra in every lane of ``lanes`` (n, S) from the nodes ``seeded`` (n, S) there,
+    whose values were lowered since ``lanes`` was last closed under the edges (a closed lane
+    stays closed elsewhere): afterwards no edge shortens any lane. ``moved[u]`` is set where a
+    lane of ``u`` fell (the seeds included). Returns the nodes settled, over all lanes.
+
+    The searches of a partitioned graph's blocks (:mod:`dr_dask.graph.block_paths`): the
+    heap starts with the seeds only, so a round's work follows what changed in it.
+    """
+    n_nodes, S = lanes.shape
+    dist = np.empty(n_nodes, lanes.dtype)
+    before = np.empty(n_nodes, lanes.dtype)
+    size = n_nodes + 1
+    keys = np.empty(size, lanes.dtype)
+    nodes = np.empty(size, dtype=np.int64)
+    work = 0
+    for c in range(S):
+        n = 0
+        for u in range(n_nodes):
+            n += seeded[u, c]
+        if not n:
+            continue
+        for u in range(n_nodes):
+            before[u] = lanes[u, c]
+        while True:
+            if len(keys) < n + 1:
+                keys = np.empty(2 * (n + 1), lanes.dtype)
+                nodes = np.empty(2 * (n + 1), dtype=np.int64)
+            dist[:] = before
+            m = 0
+            for u in range(n_nodes):
+                if seeded[u, c]:
+                    _push(keys, nodes, m, dist[u], u)
+                    m += 1
+            settled = _drain(indptr, indices, weights, dist, keys, nodes, m)
+            if settled >= 0:
+                break
+            keys = np.empty(2 * len(keys), lanes.dtype)
+            nodes = np.empty(2 * len(nodes), dtype=np.int64)
+        work += settled
+        for u in range(n_nodes):
+            if seeded[u, c] or dist[u] < before[u]:
+                moved[u] = True
+            lanes[u, c] = dist[u]
+    return work
 
 
 @numba.njit(cache=True, nogil=True)
@@ -198,6 +263,28 @@ def _lanes_to_rows(lanes: np.ndarray, rank: np.ndarray, out: np.ndarray, square:
             out[r, i] = d * d if square else d
 
 
+def seeded_sweeps(graph: SearchGraph, lanes: np.ndarray, seeded: np.ndarray,
+                  moved: np.ndarray) -> int:
+    """:func:`seeded_lanes` by Gauss-Seidel sweeps over all lanes at once (as
+    :func:`_sweep_lanes`, from the seeds' current values rather than from sources): the nodes
+    next to a seed are recomputed first, then whatever changed spreads until a pair of passes
+    changes nothing. Returns the nodes recomputed."""
+    n = lanes.shape[0]
+    stamp = np.zeros(n, dtype=np.int64)
+    seen = np.zeros(n, dtype=np.int64)
+    stamp[seeded.any(axis=1)] = now = 1
+    work = 0
+    while True:
+        forward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
+                              now, False)
+        backward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
+                               now, True)
+        work += forward + backward
+        if not forward + backward:
+            moved |= stamp > 0
+            return work
+
+
 #: Sources one sweep search carries (at most): each node holds a row of up to LANES distances,
 #: read whole for each of its neighbours (fewer lanes pay the passes' fixed costs for less: at
 #: 16 they beat the heap on the sinusoid by 1.7x, at 8 they lose).
@@ -240,11 +327,16 @@ def _heap(graph: SearchGraph, sources: np.ndarray, labels: np.ndarray,
           lanes: np.ndarray) -> None:
     bad, missing = _heap_lanes(graph.indptr, graph.indices, graph.weights, labels, lanes)
     if bad >= 0:
-        raise ValueError(
-            f"the graph is disconnected: source node {int(sources[bad])} cannot reach "
-            f"{missing} of {graph.n_nodes} nodes. Repair it first "
-            "(dr_dask.graph.connect_components) or increase n_neighbors"
-        )
+        raise disconnected(int(sources[bad]), missing, graph.n_nodes)
+
+
+def disconnected(source: int, missing: int, n_nodes: int) -> ValueError:
+    """The error of a source that cannot reach ``missing`` of the ``n_nodes`` nodes."""
+    return ValueError(
+        f"the graph is disconnected: source node {source} cannot reach {missing} of "
+        f"{n_nodes} nodes. Repair it first (dr_dask.graph.connect_components) or increase "
+        "n_neighbors"
+    )
 
 
 def lane_batches(graph: SearchGraph, sources: np.ndarray,

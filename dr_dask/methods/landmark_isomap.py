@@ -290,10 +290,14 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
                                                    client=client)
 
             with timed(timings, "shortest_paths"):
+                # by blocks over a large stored graph (no worker holds it), unless the rows
+                # go to the user's store, which keeps the rows' own column order
                 rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
                                             block_size=self.block_size, dtype=np.float32,
                                             out=self.geodesic_store,
-                                            columns=self.landmarks_)
+                                            columns=self.landmarks_,
+                                            blocks=False if self.geodesic_store is not None
+                                            else None)
             del graph
 
             with timed(timings, "landmark_mds"):
@@ -309,7 +313,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
 
             with timed(timings, "gather"):
                 self.landmark_geodesics_ = (rows.store if rows.store is not None
-                                            else rows.gather())
+                                            and rows.order is None else rows.gather())
                 rows.release()
         self.landmark_embedding_ = mds.coords
         self.landmark_pinv_ = mds.pinv

@@ -1,0 +1,62 @@
+"""On a real multi-process cluster, the graph stages and the paths by blocks ship no arrays
+through the scheduler (task specs stay small, large inputs go once) and read from the store
+about the bytes they use."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from conftest import noisy_curve
+
+from dr_dask.bench.traffic import SpecBytes, count_reads, spec_bytes
+from dr_dask.graph.partitioned import partitioned_graph
+from dr_dask.graph.paths import GeodesicRows
+from dr_dask.io.storage import location
+
+
+@pytest.mark.cluster
+def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp_path):
+    T, N, k = 6000, 20, 8
+    # many blocks, groups, lists and chunks at small T (the stored graph's chunks small beside
+    # the path blocks, as at scale)
+    dr_config({"knn.ivf-task-rows": 300, "knn.ivf-chunk-rows": 64, "knn.ivf-block-rows": 512,
+               "graph.block-edges": 8000, "graph.stored-chunk": 256, "graph.edge-chunk": 256,
+               "graph.paths-block-nodes": 512, "graph.paths-min-nodes": 1})
+    X = noisy_curve(T, N, seed=7).astype(np.float32)
+    zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("X", data=X,
+                                                                       chunks=(500, N))
+    Xd = da.from_zarr(str(tmp_path / "in.zarr"), component="X")
+    cluster_client.register_plugin(SpecBytes())
+    spec_bytes(cluster_client)
+    with count_reads(cluster_client) as reads:
+        pg = partitioned_graph(Xd, k, location(str(tmp_path / "g")), client=cluster_client,
+                               n_lists=80, n_probe=4)
+        graph_specs = spec_bytes(cluster_client)
+        sources = np.arange(0, T, 200)
+        rows = GeodesicRows.compute(pg.graph, sources, client=cluster_client, dtype=np.float32)
+        paths_specs = spec_bytes(cluster_client)
+    assert rows.report["rounds"]  # by blocks
+    assert {"assign_block", "gather_groups", "group_edges", "block_rows"} <= set(graph_specs)
+    assert {"open_block", "round", "write"} <= set(paths_specs)
+    specs = {**graph_specs, **paths_specs}
+    shared = {"InvertedLists", "ndarray"}  # inputs sent once (delayed, traverse=False)
+    for prefix, (n, _, largest) in specs.items():
+        if prefix in shared:
+            assert n <= 2, (prefix, n)
+        else:  # no array inlined: a task's spec is its handles and a few numbers
+            assert largest < 6000, (prefix, largest)
+    # per task, what does not grow with T (all specs at T=10^6: docs/scaling.md)
+    tasks = sum(t[0] for t in specs.values())
+    assert sum(t[1] for t in specs.values()) < 1000 * tasks
+
+    # the lists stage reads the staging rows (and their row indices) about once
+    used = T * (4 * N + 8)
+    assert used <= reads["staging"][1] <= 2 * used, reads["staging"]
+    # the paths read every block of the graph about once (and the row indices once)
+    g = pg.graph
+    graph_bytes = 8 * (g.n_nodes + 1) + 8 * 2 * pg.n_edges + 8 * g.n_nodes
+    assert graph_bytes <= reads["graph"][1] <= 2 * graph_bytes, reads["graph"]
+    # the edges' shuffle reads each staged edge (both ways of every row's k) about once
+    assert reads["edges"][1] <= 2 * 12 * 2 * T * k, reads["edges"]
