@@ -55,7 +55,7 @@ from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.checkpoint import scratch
+from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location
 from dr_dask.io.validation import (
@@ -119,7 +119,7 @@ def _n_components(n_components: int, n_points: int, points: str) -> int:
     return int(n_components)
 
 
-def _neighbour_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: float | None,
+def _neighbour_graph(est: Any, X: Any, n_neighbors: int | None, radius: float | None,
                      client: Any, where: Location | None = None,
                      timings: dict | None = None) -> sp.csr_matrix | StoredGraph:
     """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule).
@@ -342,10 +342,12 @@ class Isomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
     knn : {"auto", "exact", "ivf"}, default="auto"
         Neighbour search of the k rule: exact, or the partitioned approximate IVF search
         (:func:`dr_dask.graph.knn.search_neighbours`; its lists go to a local temporary
-        directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows and keeps its
-        graph only when the estimated recall reaches 0.9, else searches exactly.
+        directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows (one search,
+        its estimated recall in ``knn_recall_``), else the exact search.
     n_probe : int or None, default=None
-        Lists (of about sqrt(T)) each row searches with IVF; ``None`` is 6.
+        Lists (of about sqrt(T)) each row searches with IVF; ``None``: adaptive, as many as
+        keep about 0.975 of the true neighbours (measured on the fit's own lists, at most
+        ``dr_dask.knn.max-probe``); at least the number of lists: exact.
 
     Attributes
     ----------
@@ -592,7 +594,10 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
     geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.io.storage.Location` carries storage
         options) for the L x T geodesics (float32); ``None`` keeps them in memory as
-        ``landmark_geodesics_``.
+        ``landmark_geodesics_`` up to ``dr_dask.tiles.memory-bytes``, above it in a Zarr
+        array at the fit's scratch location (``scratch``, else next to a remote input, else a
+        local temporary directory), which ``transform`` reads and which is deleted with the
+        estimator.
     block_size : int, default=256
         Landmark sources per Dijkstra task.
     progress : bool, default=False
@@ -701,8 +706,10 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
         # block lost with its worker is recomputed from the graph)
         with scratch("landmark_isomap_graph", None, self.scratch, inp) as where:
             with timed(timings, "graph"):
-                graph = _neighbour_graph(self, X, self.n_neighbors, None, client, where,
-                                         timings)
+                # on a cluster the workers read the rows where the input put them
+                # (validation.check_input), never from inside the task graph
+                graph = _neighbour_graph(self, X if inp.staged is None else inp.data,
+                                         self.n_neighbors, None, client, where, timings)
             self.graph_ = None if isinstance(graph, StoredGraph) else graph
 
             with timed(timings, "landmarks"):
@@ -710,11 +717,15 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
                                                    random_state=self.random_state,
                                                    client=client)
 
+            # above the in-memory budget the float32 rows go to a store that transform
+            # reads (the fit's scratch, kept while the estimator lives)
+            out, kept = self.geodesic_store, None
+            if out is None and 4 * L * T > config.get_bytes("tiles.memory-bytes"):
+                out = kept = kept_scratch("landmark_geodesics", None, self.scratch, inp)
             with timed(timings, "shortest_paths"):
                 rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
                                             block_size=self.block_size, dtype=np.float32,
-                                            out=self.geodesic_store,
-                                            columns=self.landmarks_)
+                                            out=out, columns=self.landmarks_)
             del graph
 
             with timed(timings, "landmark_mds"):
@@ -728,6 +739,8 @@ class LandmarkIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimato
                 self.landmark_geodesics_ = (rows.store if rows.store is not None
                                             else rows.gather())
                 rows.release()
+                if kept is not None:
+                    delete_with(self.landmark_geodesics_, kept)
         self.landmark_embedding_ = mds.coords
         self.landmark_pinv_ = mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean
