@@ -158,3 +158,30 @@ def test_bench_search_memory(tmp_path, monkeypatch):
     assert one["peak_ratio"] == 1 and two["target_ratio"] == 0.5
     assert two["peak_ratio"] == pytest.approx(
         two["largest_worker_peak_gb"] / one["largest_worker_peak_gb"])
+
+
+def test_bench_knn_reports_each_search_and_skips_a_missing_peer(tmp_path, monkeypatch):
+    from dr_dask.bench import knn
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # not importable: skipped, named
+    monkeypatch.setattr(knn, "QUERIES", 200)
+    report = knn.run_knn(None, sizes=(3000,), peers=("faiss-ivf",), workdir=str(tmp_path))
+    rows = {r["search"]: r for r in report["rows"]}
+    assert "not installed" in rows["faiss-ivf"]["skipped"]
+    adaptive, fixed = rows["dr_dask (adaptive probe)"], rows["dr_dask (n_probe=6)"]
+    assert 0.95 <= adaptive["recall"] <= 1 and 0 < fixed["recall"] <= 1
+    assert adaptive["seconds"] > 0 and len(adaptive["load_average"]) == 2
+
+
+def test_bench_knn_and_as_user_bad_input():
+    for args, name in ((["knn", "--k", "0"], "--k"), (["knn", "--T", "10"], "--T"),
+                       (["knn", "--peer", "annoy"], "--peer")):
+        result = CliRunner().invoke(main, ["bench", *args])
+        assert result.exit_code == 2 and name in result.output, result.output
+    result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--as-user",
+                                       "--quick"])
+    assert result.exit_code == 2 and "--as-user" in result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--as-user",
+                                       "--method", "isomap"])
+    assert result.exit_code == 2 and "--as-user runs" in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -480,8 +481,8 @@ def test_landmark_ikd_rows_in_the_run_store_from_s3_equal_local(
                            storage_options=opts)
     assert seen[-1][0] == f"{out}/r/landmark_geodesics" and seen[-1][1]
     assert np.isnan(seen[-1][2])  # a chunk never written reads as NaN: detected
-    assert "landmark_geodesics" not in remote.group  # dropped when the stage is done
-    assert not Location(out, opts).child("r", "landmark_geodesics").exists()
+    # kept in the run (a cache of it) for the out-of-sample map, which reads it there
+    assert "landmark_geodesics" in remote.group
     np.testing.assert_allclose(remote.read("embedding"), local.read("embedding"),
                                rtol=1e-6, atol=1e-8)
 
@@ -494,14 +495,22 @@ def test_scratch_location_without_a_run_is_used_and_emptied(s3_bucket, data, mon
     kw = {"solver": "geodesic", "n_neighbors": 8, "n_landmarks": 40, "random_state": 0}
     on_s3 = IKD(n_components=2, tile_cache="disk", scratch=scratch, **kw).fit(data)
     assert seen[-1][0].startswith(scratch + "/dr_dask_landmark_geodesics_") and seen[-1][1]
+    # the rows stay there for transform while the estimator lives, then go with it
+    kept = on_s3.transform(data[:5])
+    assert Location(scratch).find() != {}
+    embedding = on_s3.embedding_
+    del on_s3
+    gc.collect()
     assert Location(scratch).find() == {}
     # a remote input without run or scratch: next to the input, in the input's bucket
     _write_input(f"s3://{s3_bucket}/in.zarr", data)
     IKD(n_components=2, tile_cache="disk", **kw).fit(open_dataset(f"s3://{s3_bucket}/in.zarr:X"))
     assert seen[-1][0].startswith(f"s3://{s3_bucket}/dr_dask_landmark_geodesics_")
+    gc.collect()
     assert Location(f"s3://{s3_bucket}").listdir() == ["in.zarr"]
     in_memory = IKD(n_components=2, tile_cache="memory", **kw).fit(data)
-    np.testing.assert_allclose(on_s3.embedding_, in_memory.embedding_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(embedding, in_memory.embedding_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(kept, in_memory.transform(data[:5]), rtol=1e-6, atol=1e-8)
 
 
 def test_worker_written_chunk_missing_is_an_error(s3_bucket):

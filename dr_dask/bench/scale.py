@@ -309,3 +309,76 @@ def plot_scale(results: dict, path: str) -> str:
     return plot.report_page(path, panels, table, title=(
         f"{results['dataset']} N={results['N']}, k={results['n_neighbors']}, "
         f"{results['workers']} workers"))
+
+
+#: ``--as-user``: the calls of the scaling targets, each as a user makes it.
+AS_USER_METHODS = ("landmark_ikd", "landmark_isomap")
+AS_USER_PATHS = ("no_client", "local_cluster")
+
+
+def _as_user_call(method: str, path: str, T: int, n_landmarks: int, n_workers: int,
+                  workdir: str) -> dict:
+    """One user's call in the fresh process this runs in: the NumPy float32 rows of the
+    sinusoid (N=100), the estimator with its defaults and a seed, ``fit_transform``; with no
+    client, or on ``Client()`` over a LocalCluster of ``n_workers`` processes (the default
+    client: no ``client=``). Records dask's "large graph" warnings."""
+    import contextlib
+    import warnings
+
+    from dr_dask.bench._common import dataset_arrays
+    from dr_dask.metrics import r2_affine
+    from dr_dask.runtime.resources import PeakRSS
+
+    X, latent = dataset_arrays(workdir, "sinusoidal", T, N_FEATURES)
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    row: dict[str, Any] = {"method": method, "path": path, "T": T}
+    import dr_dask
+
+    with contextlib.ExitStack() as stack:
+        if path == "local_cluster":
+            from distributed import Client, LocalCluster
+
+            from dr_dask.runtime.cluster import local_cluster_kwargs
+
+            cluster = stack.enter_context(LocalCluster(**local_cluster_kwargs(n_workers)))
+            stack.enter_context(Client(cluster))
+        if method == "landmark_ikd":
+            est = dr_dask.IKD(n_components=1, solver="geodesic", n_landmarks=n_landmarks,
+                              random_state=0)
+        else:
+            est = dr_dask.LandmarkIsomap(n_components=1, n_landmarks=n_landmarks,
+                                         random_state=0)
+        with warnings.catch_warnings(record=True) as caught, PeakRSS() as mem, \
+                timed(row, "seconds"):
+            warnings.simplefilter("always")
+            Y = est.fit_transform(X)
+        row["peak_rss_gb_process_tree"] = mem.peak_gb
+    row.update(stage_seconds=est.timings_, r2_vs_latent=r2_affine(latent, Y),
+               knn_recall=getattr(est, "knn_recall_", None),
+               large_graph_warnings=[str(w.message)[:120] for w in caught
+                                     if "large graph" in str(w.message)])
+    return row
+
+
+def run_scale_as_user(client_workers: int = 2, *, sizes: tuple[int, ...] = (1_000_000,),
+                      n_landmarks: int = 1000, methods: tuple[str, ...] = AS_USER_METHODS,
+                      workdir: str | None = None) -> dict:
+    """The scaling targets' calls exactly as a user makes them (see :func:`_as_user_call`),
+    each in a fresh process: seconds, peak RSS of the process tree, R^2 to the latent, the
+    estimated recall and dask's large-graph warnings, with the load averages."""
+    from dr_dask.bench.geodesic import _in_fresh_process
+
+    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_as_user_")
+    rows = []
+    for T in sizes:
+        for method in methods:
+            for path in AS_USER_PATHS:
+                load = os.getloadavg()
+                row = _in_fresh_process(_as_user_call, method, path, T, n_landmarks,
+                                        client_workers, workdir)
+                row["load_average"] = [load, os.getloadavg()]
+                logger.info("as user: %s (%s) T=%d: %.1f s, recall %s, R^2 %.4f", method,
+                            path, T, row["seconds"], row["knn_recall"], row["r2_vs_latent"])
+                rows.append(row)
+    return {"mode": "as_user", "dataset": "sinusoidal", "N": N_FEATURES, "dtype": "float32",
+            "n_landmarks": n_landmarks, "workers": client_workers, "rows": rows}

@@ -110,10 +110,11 @@ knn_options = options(
     click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
                  show_default=True,
                  help="Neighbour search: exact, ivf (partitioned, approximate; its estimated "
-                 "recall is in the summary), or auto (ivf from 100,000 rows)."),
+                 "recall is in the summary), or auto (ivf from 100,000 rows; one search)."),
     click.option("--n-probe", type=POSITIVE, default=None,
-                 help="Lists each row searches with --knn ivf (of about sqrt(T); default 6; "
-                 "at least the number of lists: exact)."),
+                 help="Lists each row searches with the ivf search (of about sqrt(T); default: "
+                 "adaptive, as many as keep the recall near 0.975; at least the number of "
+                 "lists: exact)."),
 )
 
 

@@ -41,10 +41,15 @@ logger = logging.getLogger(__name__)
               help="Also time the kNN search alone at each size, with its recall on 1,000 rows "
                    "(off for the largest sizes: it costs as much as a fit's own search, and "
                    "every fit reports its estimated recall).")
+@click.option("--as-user", "as_user", is_flag=True,
+              help="Time instead exactly the users' calls of the scaling targets: landmark IKD "
+                   "and Landmark Isomap with their defaults on the NumPy float32 rows, with no "
+                   "client and on Client() (--workers processes), each in a fresh process, "
+                   "at --T (default 1,000,000).")
 @knn_options
 @click.pass_context
 def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, json_path,
-                png_path, peer, search_alone, knn, n_probe):
+                png_path, peer, search_alone, as_user, knn, n_probe):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
     at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
     R^2, trustworthiness on 5,000 sampled rows and the fitted slopes."""
@@ -57,6 +62,20 @@ def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, 
         except ImportError as exc:
             fail(f"--peer umap needs umap-learn, which is not installed ({exc}): "
                  "pip install 'dr-dask[umap]'")
+    if as_user:
+        from dr_dask.bench.scale import AS_USER_METHODS, run_scale_as_user
+
+        if quick or peer or min_T or max_T or knn != "auto" or n_probe is not None:
+            fail("--as-user times the defaults at --T: --quick, --peer, --min-T, --max-T, "
+                 "--knn and --n-probe do not apply")
+        bad = [m for m in methods if m not in AS_USER_METHODS]
+        if bad:
+            fail(f"--as-user runs {', '.join(AS_USER_METHODS)}, not {', '.join(bad)}")
+        workers = (ctx.find_root().obj or {}).get("workers") or 2
+        click.echo(write_report(run_scale_as_user(
+            workers, sizes=tuple(sizes) or (1_000_000,), n_landmarks=n_landmarks,
+            methods=tuple(methods) or AS_USER_METHODS, workdir=workdir), json_path))
+        return
     methods = tuple(methods) or METHODS
     if not any(size_ladder(m, quick, min_T, max_T, sizes) for m in methods):
         ladder = sorted(set().union(*(size_ladder(m, quick, None, None) for m in methods)))
@@ -125,3 +144,27 @@ def bench_search_memory(T, workdir, json_path):
     from dr_dask.bench.search_memory import run_search_memory
 
     click.echo(write_report(run_search_memory(T, workdir=workdir), json_path))
+
+
+@bench.command("knn")
+@click.option("--T", "sizes", type=click.IntRange(min=1000), multiple=True,
+              help="Sizes (repeatable; default 100,000 and 1,000,000).")
+@click.option("--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Neighbours per row.")
+@click.option("--peer", "peers", type=click.Choice(["pynndescent", "faiss-ivf", "faiss-hnsw"]),
+              multiple=True,
+              help="Peers to run (repeatable; default all; each one not installed is skipped).")
+@click.option("--workdir", default=None, help="Where the datasets go (default: a temp dir).")
+@json_option
+@click.pass_context
+def bench_knn(ctx, sizes, k, peers, workdir, json_path):
+    """Our neighbour search (adaptive probe, and n_probe=6) against pynndescent (as umap-learn
+    builds it) and faiss's IVF and HNSW on the same rows (sinusoid, N=100, float32): seconds
+    and recall on 1,000 rows against their exact neighbours, with the load average."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.knn import PEERS, SIZES, run_knn
+
+    with cluster(ctx) as client:
+        results = run_knn(client, sizes=tuple(sizes) or SIZES, k=k,
+                          peers=tuple(peers) or PEERS, workdir=workdir)
+    click.echo(write_report(results, json_path))

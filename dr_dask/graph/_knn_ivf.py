@@ -30,6 +30,7 @@ recall on sampled rows (:func:`dr_dask.graph.knn.estimate_recall`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -57,13 +58,20 @@ TRAIN_PER_LIST = 64
 TRAIN_BYTES = 128 << 20
 #: Lloyd iterations of the coarse quantizer (faiss's default is 10 or 20).
 KMEANS_ITER = 15
-#: ``n_probe`` when not given. The search costs about n_probe. On the noisy sinusoid (N=100,
-#: k=10, T=10^6, 1,000 lists) 6 probes find 0.62-0.65 of the true neighbours and 12 find 0.84,
-#: and landmark IKD's R^2 is the same (0.9727 with 6, 0.9713 with 12; search 27 s against 42 s
-#: on 2 workers): there the noise picks the true neighbours (docs/scaling.md, "The partitioned
-#: neighbour search"); on data whose manifold decides them a few probes find nearly all.
-#: Raise it (or ``knn="exact"``) where the recall warning matters.
-DEFAULT_N_PROBE = 6
+#: The adaptive search (``n_probe=None``): a row probes a list while its centroid gap (squared
+#: distance to the list's centroid beyond that to the row's nearest centroid) is below a share
+#: of the row's current k-th squared distance. The share is measured per fit
+#: (:func:`calibrated`): the ``PROBE_TARGET`` quantile of that ratio over the true neighbours
+#: of ``CALIBRATION_ROWS`` sampled rows, so that about that share of the true neighbours lies
+#: in the lists a row probes, whatever the data and however many lists there are. The exact
+#: bound (a list's rows lie beyond the bisector of the two centroids, at least
+#: gap / (2 ||c_u - c_1||) away) asks for ten times the lists on data whose neighbours noise
+#: decides (docs/scaling.md, "The adaptive probe"). ``PROBE_GAP`` serves without calibration.
+PROBE_GAP = 0.2
+PROBE_TARGET = 0.975
+CALIBRATION_ROWS = 200
+#: Lists the adaptive search's first round probes (each later round probes twice the last).
+MIN_PROBE = 4
 
 
 def default_n_lists(T: int) -> int:
@@ -188,7 +196,9 @@ class InvertedLists:
     groups: tuple[tuple[int, int], ...]
     dest: np.ndarray
     label0: np.ndarray
-    n_probe: int
+    n_probe: int | None
+    #: The adaptive probe's gap share (:func:`calibrated`); None: ``PROBE_GAP``.
+    probe_gap: float | None = None
 
     @property
     def n_rows(self) -> int:
@@ -206,10 +216,44 @@ class InvertedLists:
         return np.asarray(self.ids[s:s + int(self.label0[g + 1] - self.label0[g])])
 
 
+def _probe_order(q: np.ndarray, cent32: np.ndarray,
+                 n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(m, n) each row's n nearest lists, nearest first, and their centroid gaps: the squared
+    distance to the list's centroid minus that to the nearest centroid (float32 keys).
+
+    Rows at a time, all centroids' keys by one GEMM and a partial sort: the running top-n
+    kernel (:func:`~dr_dask.graph.topk.brute_knn`) inserts into sorted lists of n, which for
+    the adaptive search's long orders costs n times more than the sort.
+    """
+    n = min(n, len(cent32))
+    sq = np.einsum("ij,ij->i", cent32, cent32, dtype=np.float64).astype(np.float32)
+    gaps = np.empty((len(q), n), dtype=np.float32)
+    probes = np.empty((len(q), n), dtype=np.int64)
+    step = max(1, (16 << 20) // (4 * len(cent32)))  # 16 MB of keys at a time
+    for a in range(0, len(q), step):
+        keys = sq[None, :] - 2 * (q[a:a + step] @ cent32.T)
+        top = np.argpartition(keys, n - 1, axis=1)[:, :n] if n < len(cent32) else \
+            np.broadcast_to(np.arange(len(cent32)), keys.shape)
+        top_keys = np.take_along_axis(keys, top, 1)
+        order = np.argsort(top_keys, axis=1)
+        probes[a:a + step] = np.take_along_axis(top, order, 1)
+        ordered = np.take_along_axis(top_keys, order, 1)
+        gaps[a:a + step] = ordered - ordered[:, :1]
+    return gaps, probes
+
+
 def _search_group(lists: InvertedLists, g: int, k: int,
                   exclude_self: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The k nearest neighbours of the rows of group ``g``, each searched in its ``n_probe``
-    nearest lists.
+    """The k nearest neighbours of the rows of group ``g``, each searched in its nearest
+    lists: the ``n_probe`` nearest, or with ``n_probe=None`` as many as the adaptive rule
+    asks (``lists.probe_gap``, :func:`calibrated`).
+
+    The adaptive search runs in rounds of probes, each round twice the last (``MIN_PROBE``
+    lists, then as many again, ...): a row probes its next lists in centroid order while
+    their gap (the squared distance to the list's centroid beyond that to its nearest
+    centroid) is below the gap share times its current k-th squared distance; rows that stop
+    leave the rounds. Within a round the (list, row) pairs are grouped by list, so each
+    probed list meets the rows that probe it in one GEMM, as the fixed search does.
 
     Returns the group's row indices (m,), and per row the distances, the neighbours' labels
     (their positions in list order, :attr:`InvertedLists.label0`) and their row indices, each
@@ -218,40 +262,157 @@ def _search_group(lists: InvertedLists, g: int, k: int,
     first, last = lists.groups[g]
     list_start, list_size = lists.list_start, lists.sizes
     s, e = int(list_start[first]), int(list_start[last - 1] + list_size[last - 1])
-    q = np.asarray(lists.rows[s:e])
+    q = np.asarray(lists.rows[s:s + (e - s)])
     own = np.asarray(lists.ids[s:e])
-    m = len(q)
-    probes = _nearest_lists(q, lists.cent32, lists.n_probe)
-    # the rows of every probed list, read once: candidate c is cand[c], label labels[c]
-    probed = np.unique(probes)
-    spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in probed]
-    cand = _read_runs(lists.rows, spans)
-    cand_ids = _read_runs(lists.ids, spans)
-    labels = np.concatenate([np.arange(a, b) for a, b in spans]) + np.repeat(
-        lists.label_shift[probed], list_size[probed])  # ascending: lists are in label order
-    col0 = np.concatenate([[0], np.cumsum(list_size[probed])])
-    sq = np.einsum("ij,ij->i", cand, cand, dtype=np.float64)
+    m, n_lists = len(q), len(lists.cent32)
+    adaptive = lists.n_probe is None
+    share = PROBE_GAP if lists.probe_gap is None else lists.probe_gap
+    width = min(max_probe(n_lists) if lists.n_probe is None else int(lists.n_probe), n_lists)
+    gaps, probes = _probe_order(q, lists.cent32, width)
+    sq_q = np.einsum("ij,ij->i", q, q, dtype=np.float64)
     kk = min(k + exclude_self + EXTRA, lists.n_rows)
+    kth = min(k + exclude_self, kk) - 1  # the running list's k-th neighbour (self counted)
     best = np.full((m, kk), np.inf)
     idx = np.full((m, kk), -1, dtype=np.int64)
-    # (list, query) pairs grouped by list: each probed list meets the queries that probe it
-    pair_list = np.searchsorted(probed, probes.ravel())
-    pair_query = np.repeat(np.arange(m), probes.shape[1])
-    order = np.argsort(pair_list, kind="stable")
-    bounds = np.searchsorted(pair_list[order], np.arange(len(probed) + 1))
-    for j, (a, b) in enumerate(itertools.pairwise(bounds)):
-        rows = pair_query[order[a:b]]
-        c, f = int(col0[j]), int(col0[j + 1])
-        if not len(rows) or f == c:
-            continue
-        part_best, part_idx = best[rows], idx[rows]
-        fold_knn(q[rows], cand[c:f], sq[c:f], c, part_best, part_idx)
-        best[rows], idx[rows] = part_best, part_idx
+    # the probed lists' rows, read once each: candidate c of list u is col0[u] + its position
+    col0 = np.full(n_lists, -1, dtype=np.int64)
+    read: list[int] = []
+    parts: list[np.ndarray] = []
+    sqs: list[np.ndarray] = []
+    n_cand = 0
+    done = np.zeros(m, dtype=np.int64)  # positions of each row's order probed so far
+    active = np.arange(m)
+    step = min(MIN_PROBE, width) if adaptive else width
+    while len(active):
+        hi = np.minimum(done[active] + step, width)
+        if adaptive and done[active[0]] > 0:  # the first round probes unconditionally
+            kth_sq = best[active, kth] + sq_q[active]
+            allowed = (gaps[active] < share * kth_sq[:, None]).sum(axis=1)
+            hi = np.minimum(hi, np.maximum(allowed, done[active]))
+        lo = done[active]
+        n_pairs = hi - lo
+        pair_query = np.repeat(active, n_pairs)
+        pos = np.arange(int(n_pairs.sum())) - np.repeat(np.cumsum(n_pairs) - n_pairs, n_pairs)
+        pair_list = probes[pair_query, np.repeat(lo, n_pairs) + pos]
+        done[active] = hi
+        for u in np.unique(pair_list):
+            if col0[u] < 0:
+                a = int(list_start[u])
+                rows = np.asarray(lists.rows[a:a + int(list_size[u])])
+                col0[u] = n_cand
+                n_cand += len(rows)
+                read.append(int(u))
+                parts.append(rows)
+                sqs.append(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+        order = np.argsort(pair_list, kind="stable")
+        sorted_lists = pair_list[order]
+        bounds = np.flatnonzero(np.r_[True, sorted_lists[1:] != sorted_lists[:-1], True])
+        where = {u: j for j, u in enumerate(read)}
+        for lo_b, hi_b in itertools.pairwise(bounds):
+            u = int(sorted_lists[lo_b])
+            rows_q = pair_query[order[lo_b:hi_b]]
+            j = where[u]
+            if not len(parts[j]):
+                continue
+            part_best, part_idx = best[rows_q], idx[rows_q]
+            fold_knn(q[rows_q], parts[j], sqs[j], int(col0[u]), part_best, part_idx)
+            best[rows_q], idx[rows_q] = part_best, part_idx
+        if not adaptive:
+            break
+        more = done[active] < width
+        if more.any():  # a row goes on while its next list is within the gap
+            nxt = gaps[active[more], done[active[more]]]
+            kth_sq = best[active[more], kth] + sq_q[active[more]]
+            more[more] = nxt < share * kth_sq
+        active = active[more]
+        step *= 2
+    read_arr = np.array(read, dtype=np.int64)
+    cand = np.concatenate(parts) if parts else np.empty((0, q.shape[1]), np.float32)
+    spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in read_arr]
+    cand_ids = _read_runs(lists.ids, spans) if spans else np.empty(0, np.int64)
+    labels = np.concatenate([np.arange(a, b) for a, b in spans] + [np.empty(0, np.int64)]) + (
+        np.repeat(lists.label_shift[read_arr], list_size[read_arr]) if len(read_arr)
+        else np.empty(0, np.int64))
     own_labels = np.arange(lists.label0[g], lists.label0[g + 1])
     d, lab = rerank_labelled(q.astype(np.float64), cand, idx, k, labels,
                              own_labels if exclude_self else own_labels[:0])
-    ids = np.where(lab >= 0, cand_ids[np.searchsorted(labels, lab)], -1)
+    by_label = np.argsort(labels)
+    at = by_label[np.searchsorted(labels[by_label], np.maximum(lab, 0))] if len(labels) else lab
+    ids = np.where(lab >= 0, cand_ids[at] if len(cand_ids) else -1, -1)
+    logger.debug("IVF group %d: %d rows probed %.1f lists on average (%d read)", g, m,
+                 done.mean() if m else 0.0, len(read))
     return own, d, lab, ids
+
+
+def _rows_at(lists: InvertedLists, labels: np.ndarray) -> np.ndarray:
+    """The centred float32 rows of sorted labels (one read per row)."""
+    g = np.searchsorted(lists.label0, labels, side="right") - 1
+    pos = labels - lists.label0[g] + lists.dest[g]
+    return _read_runs(lists.rows, [(int(p), int(p) + 1) for p in pos])
+
+
+def _group_nearest(lists: InvertedLists, g: int, queries: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys (squared distance minus the query's squared norm) and labels (S, k) of each
+    query's k nearest rows of group ``g`` (padding: inf, -1)."""
+    s, n = int(lists.dest[g]), int(lists.label0[g + 1] - lists.label0[g])
+    keys, idx = brute_knn(queries, np.asarray(lists.rows[s:s + n]), min(k, n))
+    labels = np.where(idx >= 0, idx + lists.label0[g], -1)
+    pad = k - keys.shape[1]
+    return (np.pad(keys, ((0, 0), (0, pad)), constant_values=np.inf),
+            np.pad(labels, ((0, 0), (0, pad)), constant_values=-1))
+
+
+def calibrated(lists: InvertedLists, k: int, *, client: Any,
+               random_state: Any = 0) -> InvertedLists:
+    """``lists`` with the adaptive probe's gap share measured on them (unchanged with a fixed
+    ``n_probe``).
+
+    ``CALIBRATION_ROWS`` seeded rows are searched exactly (one task per group of lists over
+    that group's rows, the way the partitioned search reads them: no process holds more than a
+    group). For each true neighbour the ratio of its list's centroid gap to the row's k-th
+    squared distance is the share that finds it; the ``PROBE_TARGET`` quantile of the ratios
+    is the share the search uses. The search's running k-th distance is never below the final
+    one, so it probes at least those lists.
+    """
+    if lists.n_probe is not None:
+        return lists
+    from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
+
+    n = lists.n_rows
+    labels = np.sort(check_random_state(random_state).choice(
+        n, min(CALIBRATION_ROWS, n), replace=False))
+    kq = min(k + 1, n)  # the row itself is among its nearest
+    q = _rows_at(lists, labels)
+    task = dask.delayed(_group_nearest, pure=True)
+    shared = [dask.delayed(a, traverse=False) for a in (lists, q)]
+    parts = compute(*[task(shared[0], g, shared[1], kq) for g in range(len(lists.groups))],
+                    client=client)
+    keys = np.hstack([p[0] for p in parts])
+    found = np.hstack([p[1] for p in parts])
+    keys = np.where(found == labels[:, None], np.inf, keys)  # not its own neighbour
+    order = np.argsort(keys, axis=1, kind="stable")[:, :min(k, n - 1)]
+    nb_keys = np.take_along_axis(keys, order, 1)
+    nb = np.take_along_axis(found, order, 1)
+    sq = np.einsum("ij,ij->i", q, q, dtype=np.float64)
+    kth_sq = np.maximum(nb_keys[:, -1] + sq, np.finfo(np.float32).tiny)
+    # each neighbour's list, and its gap from the row's nearest centroid
+    starts = lists.list_start + lists.label_shift
+    nb_list = np.searchsorted(starts, nb, side="right") - 1
+    cent = lists.cent32
+    c_keys = (np.einsum("ij,ij->i", cent, cent, dtype=np.float64)[None, :]
+              - 2 * (q.astype(np.float64) @ cent.T.astype(np.float64)))
+    gaps = np.take_along_axis(c_keys, nb_list, 1) - c_keys.min(axis=1)[:, None]
+    ratio = (gaps / kth_sq[:, None])[nb >= 0]
+    share = float(np.quantile(ratio, PROBE_TARGET)) if len(ratio) else PROBE_GAP
+    logger.info("adaptive probe: gap share %.4g (the %.3f quantile over %d neighbours of %d "
+                "rows)", share, PROBE_TARGET, len(ratio), len(labels))
+    return dataclasses.replace(lists, probe_gap=share)
+
+
+def max_probe(n_lists: int) -> int:
+    """The adaptive search's cap on the lists a row probes (``dr_dask.knn.max-probe``)."""
+    return max(MIN_PROBE, min(n_lists, int(config.get("knn.max-probe"))))
 
 
 def _zarr_pair(loc: Location, name: str, T: int, N: int,
@@ -290,7 +451,7 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
     T, N = X.shape
     n_lists = min(int(n_lists or default_n_lists(T)), T)
-    n_probe = min(int(n_probe or DEFAULT_N_PROBE), n_lists)
+    n_probe = None if n_probe is None else min(int(n_probe), n_lists)  # None: adaptive
     rng = check_random_state(random_state)
     n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
                   max(n_lists, TRAIN_BYTES // (8 * N)))
@@ -348,7 +509,7 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
     list_start = np.empty(n_lists, dtype=np.int64)
     for g, (a, b) in enumerate(groups):
         list_start[a:b] = dest[g] + np.concatenate([[0], np.cumsum(sizes[a:b - 1])])
-    logger.info("IVF lists: T=%d in %d lists (%d to %d rows), %d probed, %d groups", T,
+    logger.info("IVF lists: T=%d in %d lists (%d to %d rows), %s probed, %d groups", T,
                 n_lists, sizes.min(), sizes.max(), n_probe, len(groups))
     return InvertedLists(rows, ids, cent32, list_start, sizes, tuple(groups), dest,
                          np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64),
@@ -371,7 +532,8 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     n_lists : int, optional
         Lists of the coarse quantizer (default :func:`default_n_lists`, about sqrt(T)).
     n_probe : int, optional
-        Lists each row searches (default ``DEFAULT_N_PROBE``); ``>= n_lists``: all, exact.
+        Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the
+        adaptive rule asks (:data:`PROBE_GAP`, at most ``dr_dask.knn.max-probe``).
     scratch : str or Location, optional
         Where the lists are written (every worker must reach it); default a local temporary
         directory. Deleted before returning.
@@ -391,6 +553,7 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     try:
         lists = build_lists(X, loc, client=client, n_lists=n_lists, n_probe=n_probe,
                             random_state=random_state)
+        lists = calibrated(lists, k, client=client, random_state=random_state)
         search = dask.delayed(_search_group, pure=True)
         lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
         with single_blas_thread():

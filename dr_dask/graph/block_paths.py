@@ -297,7 +297,7 @@ def block_paths(stored: StoredGraph, sources: np.ndarray, out: zarr.Array, width
     T, size = stored.n_nodes, int(config.get("graph.paths-block-nodes"))
     B = -(-T // size)
     one_chunk = out.chunks[1] >= T and B == 1  # a graph smaller than a block
-    if width % out.chunks[0] and len(sources) > width or size % out.chunks[1] and not one_chunk:
+    if (width % out.chunks[0] and len(sources) > width) or (size % out.chunks[1] and not one_chunk):
         raise ValueError(f"out's chunks {out.chunks} must divide the batches of {width} "
                          f"sources and the blocks of {size} nodes")
     dt = lanes_dtype(stored.weights_dtype, out.dtype)

@@ -37,9 +37,9 @@ logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("auto", "exact", "cells", "ivf")
 #: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
-#: picks), ``"ivf"`` (the partitioned approximate search) or ``"auto"`` (IVF from
-#: ``dr_dask.knn.ivf-min-rows`` rows above ``dr_dask.knn.kd-tree-max-dim`` features, kept only
-#: when its estimated recall reaches ``RECALL_WARN``, else the exact search).
+#: picks), ``"ivf"`` (the partitioned search) or ``"auto"`` (the IVF search with its adaptive
+#: probe from ``dr_dask.knn.ivf-min-rows`` rows above ``dr_dask.knn.kd-tree-max-dim``
+#: features, else the exact search; one search either way).
 KNN_MODES = ("auto", "exact", "ivf")
 #: The ``knn`` and ``n_probe`` parameters of every estimator that builds a neighbour graph
 #: (merged into its ``_parameter_constraints``).
@@ -426,7 +426,8 @@ def check_recall(recall: float, what: str) -> None:
     """Warn (and log) when an approximate search's estimated recall is below ``RECALL_WARN``."""
     if recall < RECALL_WARN:
         msg = (f"{what}: the approximate neighbour search found an estimated {recall:.3f} of "
-               f"the true neighbours (below {RECALL_WARN}); raise n_probe or use knn='exact'")
+               f"the true neighbours (below {RECALL_WARN}); leave n_probe unset (the adaptive "
+               "probe) or raise it, or use knn='exact'")
         logger.warning(msg)
         warnings.warn(msg, LowRecallWarning, stacklevel=3)
 
@@ -436,29 +437,27 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
                       random_state: Any = None,
                       metric: Metric | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """An estimator's neighbour search: :func:`kneighbors` of X among itself in the mode
-    ``knn`` (see ``KNN_MODES``), with its recall.
+    ``knn`` (see ``KNN_MODES``), with its recall. One search, run once.
 
     Returns
     -------
     distances, indices : ndarrays of shape (T, k)
     recall : float
         1.0 for the exact searches; for the IVF search the recall estimated on
-        ``RECALL_ROWS`` seeded rows (:func:`estimate_recall`), with a
-        :class:`~dr_dask.graph.LowRecallWarning` below ``RECALL_WARN``. ``knn="auto"`` never
-        settles for less: below ``RECALL_WARN`` it searches again exactly (where noise in every
-        feature, not the manifold, decides who is a neighbour, a partitioned search cannot find
-        them cheaply, and the default must not lose quality silently).
+        ``RECALL_ROWS`` seeded rows (:func:`estimate_recall`), logged, with a
+        :class:`~dr_dask.graph.LowRecallWarning` below ``RECALL_WARN``. ``knn="auto"`` takes
+        the IVF search with its adaptive probe (which holds the recall as T grows) and keeps
+        it: an exact search again would hold every row on every worker and cost T^2.
     """
     algorithm = knn_algorithm(knn, count_rows(X), int(X.shape[1]), metric)
     seed = search_seed(random_state)
     dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
                            n_probe=n_probe, scratch=scratch, random_state=seed, metric=metric)
     if algorithm != "ivf":
+        logger.info("knn=%r: exact search of %d rows", knn, count_rows(X))
         return dist, idx, 1.0
     recall = estimate_recall(X, idx, random_state=seed, client=client)
-    if not keeps_approximate(knn, recall):
-        dist, idx = kneighbors(X, n_neighbors, client=client, algorithm="auto")
-        return dist, idx, 1.0
+    report_recall(knn, n_probe, recall)
     return dist, idx, recall
 
 
@@ -470,18 +469,12 @@ def search_seed(random_state: Any) -> int:
     return int(check_random_state(random_state).randint(2**31 - 1))
 
 
-def keeps_approximate(knn: str, recall: float) -> bool:
-    """Whether a search in the mode ``knn`` keeps an approximate result of this estimated
-    recall: ``"auto"`` does not below ``RECALL_WARN`` (the caller searches exactly); ``"ivf"``
-    does, with :func:`check_recall`'s warning."""
-    logger.info("IVF kNN: estimated recall %.3f", recall)
-    if knn == "auto" and recall < RECALL_WARN:
-        logger.warning("knn='auto': the IVF search's estimated recall %.3f is below %s; "
-                       "searching exactly instead (knn='ivf' keeps the approximate graph)",
-                       recall, RECALL_WARN)
-        return False
+def report_recall(knn: str, n_probe: int | None, recall: float) -> None:
+    """Log the IVF search an estimator's mode ``knn`` took and its estimated recall, and warn
+    below ``RECALL_WARN`` (:func:`check_recall`)."""
+    logger.info("knn=%r: the IVF search (%s), estimated recall %.3f", knn,
+                "adaptive probe" if n_probe is None else f"n_probe={n_probe}", recall)
     check_recall(recall, "kNN")
-    return True
 
 
 def estimator_neighbours(X: Any, n_neighbors: int, search: dict | None, *, client: Any = None,

@@ -43,13 +43,19 @@ import numba
 import numpy as np
 import zarr
 
-from dr_dask.graph._knn_ivf import InvertedLists, _read_runs, _search_group, build_lists
+from dr_dask.graph._knn_ivf import (
+    InvertedLists,
+    _read_runs,
+    _search_group,
+    build_lists,
+    calibrated,
+)
 from dr_dask.graph.components import describe_components
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
 from dr_dask.graph.knn import (
     RECALL_ROWS,
-    keeps_approximate,
     knn_algorithm,
+    report_recall,
     sampled_recall,
     search_seed,
 )
@@ -397,6 +403,8 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
     with timed(seconds, "lists"):
         lists = build_lists(X, where.child("lists"), client=client, n_lists=n_lists,
                             n_probe=n_probe, random_state=rng)
+    with timed(seconds, "calibration"):
+        lists = calibrated(lists, k, client=client, random_state=rng)
     sample = np.sort(rng.choice(T, min(int(sample_rows), T), replace=False))
     # blocks: consecutive groups of about block-edges directed edges (both ways: 2k per row)
     rows_per_block = max(1, int(config.get("graph.block-edges")) // (2 * k))
@@ -489,9 +497,8 @@ def stored_neighbour_graph(X: Any, k: int, where: Location, *, knn: str,
     search (:func:`~dr_dask.graph.knn.knn_algorithm`); else None (the caller builds it in
     memory).
 
-    The recall is estimated on ``RECALL_ROWS`` seeded rows and warned below ``RECALL_WARN``;
-    ``knn="auto"`` returns None below it (the caller searches exactly), as
-    :func:`~dr_dask.graph.knn.search_neighbours` does.
+    One search: its recall, estimated on ``RECALL_ROWS`` seeded rows, is logged and warned
+    below ``RECALL_WARN`` (:func:`~dr_dask.graph.knn.report_recall`), in every mode.
     """
     if knn_algorithm(knn, int(X.shape[0]), int(X.shape[1])) != "ivf":
         return None
@@ -499,7 +506,5 @@ def stored_neighbour_graph(X: Any, k: int, where: Location, *, knn: str,
                            on_disconnected=on_disconnected, sample_rows=RECALL_ROWS,
                            random_state=search_seed(random_state))
     pg.recall = sampled_recall(X, pg.sample, pg.sample_neighbours, client=client)
-    if not keeps_approximate(knn, pg.recall):
-        pg.graph.location.delete()
-        return None
+    report_recall(knn, n_probe, pg.recall)
     return pg

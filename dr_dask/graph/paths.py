@@ -93,6 +93,39 @@ def read_stored(arr: zarr.Array, selection: Any) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class NodeOrdered:
+    """Stored rows whose columns are in the graph's order (the block paths'), read in node
+    order: ``view[:, nodes]`` reads columns ``order[nodes]`` (:attr:`GeodesicRows.order`), so
+    an out-of-sample map reads them as it reads a store in node order."""
+
+    store: zarr.Array
+    order: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.store.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.store.dtype
+
+    def get_orthogonal_selection(self, key: tuple) -> np.ndarray:
+        rows, nodes = key
+        return read_stored_orthogonal(self.store, (rows, self.order[nodes]))
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        return self.get_orthogonal_selection(key)
+
+
+def read_stored_orthogonal(arr: zarr.Array, selection: tuple) -> np.ndarray:
+    """``arr.get_orthogonal_selection(selection)``, checked as :func:`read_stored` checks."""
+    values = np.asarray(arr.get_orthogonal_selection(selection))
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        return read_stored(arr, selection)  # raises, naming the rows
+    return values
+
+
+@dataclass(frozen=True)
 class _StoredBlock:
     """Rows ``[start, stop)`` of a stored array, read a column slice at a time
     (``block[:, columns]``): a reduction over the block never holds all of it."""
@@ -194,6 +227,12 @@ class GeodesicRows:
     def order(self) -> np.ndarray | None:
         """The column of each node (None: the columns are the nodes)."""
         return self._order
+
+    def stored(self) -> zarr.Array | NodeOrdered:
+        """The rows' store, read in node order (a :class:`NodeOrdered` view of the block
+        paths' store)."""
+        assert self.store is not None  # rows computed into a store
+        return self.store if self._order is None else NodeOrdered(self.store, self._order)
 
     @classmethod
     def compute(

@@ -97,9 +97,10 @@ def _push(keys: np.ndarray, nodes: np.ndarray, n: int, key: float, v: int) -> No
     keys[i], nodes[i] = key, v
 
 
-@numba.njit(cache=True, nogil=True)
-def _drain(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: np.ndarray,
-           keys: np.ndarray, nodes: np.ndarray, n: int) -> int:
+@numba.njit(cache=True, nogil=True)  # one compiled loop on purpose
+def _drain(  # noqa: C901
+        indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: np.ndarray,
+        keys: np.ndarray, nodes: np.ndarray, n: int) -> int:
     """Dijkstra from the ``n`` entries of the heap (``dist`` holds upper bounds, the heap's
     entries among them): pops until the heap is empty, relaxing edges. Returns the nodes
     settled, or -1 when the heap is full."""
@@ -135,8 +136,8 @@ def _drain(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: n
     return reached
 
 
-@numba.njit(cache=True, nogil=True)
-def seeded_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
+@numba.njit(cache=True, nogil=True)  # one compiled loop on purpose
+def seeded_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,  # noqa: C901
                  lanes: np.ndarray, seeded: np.ndarray, moved: np.ndarray) -> int:
     """Dijkstra in every lane of ``lanes`` (n, S) from the nodes ``seeded`` (n, S) there,
     whose values were lowered since ``lanes`` was last closed under the edges (a closed lane

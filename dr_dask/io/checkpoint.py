@@ -12,6 +12,7 @@ import contextlib
 import logging
 import tempfile
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +63,43 @@ class Checkpoint(Protocol):
         ...
 
 
+def _scratch_location(name: str, run: Checkpoint | None, where: Any, inp: InputData | None,
+                      keep: bool) -> Location:
+    """Where :func:`scratch` and :func:`kept_scratch` put the array ``name``."""
+    unique = f"dr_dask_{name}_{uuid.uuid4().hex[:12]}"
+    if run is not None:
+        if keep:
+            run.note_cache(name)
+        return run.child(name)
+    if where is not None:
+        return location(where).child(unique)
+    if inp is not None and inp.location is not None and not inp.location.is_local:
+        parent = inp.location.url.rstrip("/").rsplit("/", 1)[0]
+        return location(parent, inp.location.storage_options).child(unique)
+    return location(tempfile.mkdtemp(prefix=f"{unique}_"))
+
+
+def kept_scratch(name: str, run: Checkpoint | None = None, where: Any = None,
+                 inp: InputData | None = None) -> Location:
+    """A location as :func:`scratch` picks it, for an array the fitted estimator keeps
+    reading (landmark geodesics above the in-memory budget, which ``transform`` needs).
+
+    In a run it is the run's array ``name`` (a cache of the run). Elsewhere it lives as long
+    as the object the caller ties it to with :func:`delete_with` (a copy of the estimator
+    unpickled elsewhere reads it while the original lives).
+    """
+    loc = _scratch_location(name, run, where, inp, keep=True)
+    logger.info("%s kept at %s for transform", name, loc)
+    return loc
+
+
+def delete_with(owner: Any, loc: Location, run: Checkpoint | None = None) -> None:
+    """Delete ``loc`` once ``owner`` is garbage-collected (not a run's array: the run keeps
+    it)."""
+    if run is None:
+        weakref.finalize(owner, loc.delete)
+
+
 @contextlib.contextmanager
 def scratch(name: str, run: Checkpoint | None = None, where: Any = None,
             inp: InputData | None = None, *, keep: bool = False) -> Iterator[Location]:
@@ -83,18 +121,7 @@ def scratch(name: str, run: Checkpoint | None = None, where: Any = None,
     keep : bool
         Keep the run's array after the stage, noted as a cache of the run.
     """
-    unique = f"dr_dask_{name}_{uuid.uuid4().hex[:12]}"
-    if run is not None:
-        loc = run.child(name)
-        if keep:
-            run.note_cache(name)
-    elif where is not None:
-        loc = location(where).child(unique)
-    elif inp is not None and inp.location is not None and not inp.location.is_local:
-        parent = inp.location.url.rstrip("/").rsplit("/", 1)[0]
-        loc = location(parent, inp.location.storage_options).child(unique)
-    else:
-        loc = location(tempfile.mkdtemp(prefix=f"{unique}_"))
+    loc = _scratch_location(name, run, where, inp, keep)
     logger.debug("scratch for %s: %s", name, loc)
     try:
         yield loc

@@ -74,6 +74,9 @@ class InputData:
     values: np.ndarray | None = None
     #: The stored objects (their prefix and listing) whose content is not hashed yet.
     stored: tuple[Location, dict[str, dict]] | None = field(default=None, repr=False)
+    #: Where an in-memory array's rows were written for a cluster's workers
+    #: (:func:`rows_for_workers`); ``data`` reads them there.
+    staged: Location | None = field(default=None, repr=False)
 
     def identify(self, client: Any = None) -> dict:
         """:attr:`identity` with its content ``fingerprint``, hashing the content now when
@@ -210,6 +213,41 @@ def _memory_rows(arr: np.ndarray, rows: int) -> da.Array:
     bounds = np.cumsum((0, *chunks[0]))
     graph = {(name, i, 0): arr[bounds[i]:bounds[i + 1]] for i in range(len(chunks[0]))}
     return da.Array(graph, name, chunks, dtype=arr.dtype)
+
+
+def rows_for_workers(inp: InputData, client: Any) -> InputData:
+    """``inp`` with an in-memory array's rows where a cluster's workers read them.
+
+    A NumPy input is part of the task graph (:func:`_memory_rows`): on a cluster the whole
+    array travels through the scheduler in the graph (dask's "Sending large graph" warning at
+    T=10^6, N=100 float32: 381 MiB), once per computation that needs it. Above
+    ``dr_dask.input.stage-bytes`` it is written instead to a local temporary Zarr store which
+    the workers read where they run (a lost worker's blocks are read again); the store goes
+    with ``inp``. Workers that cannot see this machine's disk (asked as for a stored input)
+    get the array in the graph as before.
+    """
+    import tempfile
+    import weakref
+
+    arr = inp.values
+    if (client is None or arr is None or inp.location is not None
+            or arr.nbytes <= config.get_bytes("input.stage-bytes")):
+        return inp
+    loc = location(tempfile.mkdtemp(prefix="dr_dask_input_"))
+    rows = inp.data.chunks[0][0]
+    z = zarr.create_array(loc.zarr_store(), shape=arr.shape, chunks=(rows, arr.shape[1]),
+                          dtype=arr.dtype, compressors=None)
+    for s in range(0, len(arr), rows):
+        z[s:s + rows] = arr[s:s + rows]
+    if any(client.run(_can_read, loc).values()):
+        logger.info("the workers do not share this disk: the input travels in the graph")
+        loc.delete()
+        return inp
+    staged = InputData(da.from_array(z, chunks=(rows, -1), asarray=True, inline_array=True),
+                       inp.sample_ids, inp.identity, None, arr, inp.stored, loc)
+    weakref.finalize(staged, loc.delete)
+    logger.info("input rows (%.0f MB) staged at %s for the workers", arr.nbytes / 1e6, loc)
+    return staged
 
 
 def _identity(loc: Location | None, variable: str | None, arr: Any, content: dict) -> dict:

@@ -37,9 +37,9 @@ import dask
 import numba
 import numpy as np
 
-from dr_dask.io.inputs import InputData, InputError, open_dataset
+from dr_dask.io.inputs import InputData, InputError, open_dataset, rows_for_workers
 from dr_dask.io.storage import Location
-from dr_dask.runtime.cluster import compute
+from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def check_input(
                        ensure_min_samples=min_samples, ensure_min_features=min_features)
     inp = open_dataset(values)
     inp.values = values
-    return inp
+    return rows_for_workers(inp, active_client(getattr(estimator, "client", None)))
 
 
 def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:

@@ -68,7 +68,7 @@ from dr_dask.graph.partitioned import stored_neighbour_graph
 from dr_dask.graph.paths import geodesic_tiles, read_stored
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.checkpoint import Checkpoint, scratch
+from dr_dask.io.checkpoint import Checkpoint, delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location
 from dr_dask.linalg.mds import double_centre
@@ -418,27 +418,31 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
                 del Xn  # the graph is all the rest needs: free the persisted rows
             T = graph.n_nodes if isinstance(graph, StoredGraph) else graph.shape[0]
             on_disk = cfg.on_disk(4 * L * T)
-            with scratch("landmark_geodesics", run, cfg.scratch, inp) as rows_loc:
-                with timed(seconds, "shortest_paths"):
-                    rows = GeodesicRows.compute(graph, landmarks, client=client,
-                                                dtype=np.float32,
-                                                out=rows_loc if on_disk else None,
-                                                graph_store=graph_loc.child("prepared"),
-                                                columns=landmarks)
-                    del graph  # the store holds it as long as the rows need it
-                kernel = GeodesicKernel(inverse, None)
-                with timed(seconds, "landmark_mds"):
-                    D_LL = kernel(rows.columns(landmarks))
-                    np.fill_diagonal(D_LL, 0.0)
-                    mds = landmark_mds(D_LL, M)
-                with timed(seconds, "triangulate"):
-                    embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv,
-                                             mds.sq_mean)
-                    # the out-of-sample map keeps the rows when they fit the in-memory budget
-                    paths = rows.gather() if not on_disk else None
-                    rows.release()
-                    oos = (triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
-                           if paths is not None else None)
+            # above the budget the rows stay in a store the out-of-sample map reads from
+            rows_loc = (kept_scratch("landmark_geodesics", run, cfg.scratch, inp) if on_disk
+                        else None)
+            with timed(seconds, "shortest_paths"):
+                rows = GeodesicRows.compute(graph, landmarks, client=client,
+                                            dtype=np.float32,
+                                            out=rows_loc if on_disk else None,
+                                            graph_store=graph_loc.child("prepared"),
+                                            columns=landmarks)
+                del graph  # the store holds it as long as the rows need it
+            kernel = GeodesicKernel(inverse, None)
+            with timed(seconds, "landmark_mds"):
+                D_LL = kernel(rows.columns(landmarks))
+                np.fill_diagonal(D_LL, 0.0)
+                mds = landmark_mds(D_LL, M)
+            with timed(seconds, "triangulate"):
+                embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv,
+                                         mds.sq_mean)
+                # the out-of-sample map keeps the rows: in memory within the budget,
+                # else the store they were written to
+                paths = rows.stored() if on_disk else rows.gather()
+                rows.release()
+                oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
+                if rows_loc is not None and oos is not None:
+                    delete_with(oos, rows_loc, run)
     else:
         with timed(seconds, "landmark_mds"):
             order = np.argsort(landmarks)

@@ -151,7 +151,7 @@ class TriangulationMap:
     n_neighbors: int
     threshold: float | None
     landmark_rows: np.ndarray  # (L, N) normalised landmark rows
-    paths: np.ndarray | None   # (L, T) float32 path lengths; None: direct similarities
+    paths: Any   # (L, T) float32 path lengths (ndarray or zarr.Array); None: direct similarities
     pinv: np.ndarray           # (M, L)
     sq_mean: np.ndarray        # (L,)
     centre: np.ndarray         # (M,)
@@ -294,10 +294,11 @@ def _paths_over_budget(L: int, T: int) -> bool:
 
 def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: np.ndarray,
                       landmarks: np.ndarray,
-                      paths: np.ndarray | None) -> TriangulationMap | None:
+                      paths: Any) -> TriangulationMap | None:
     """The triangulation map from the fit's landmarks and, for a graph map, their (L, T)
-    path lengths (None when they exceed the tile budget)."""
-    if paths is not None and _paths_over_budget(*paths.shape):
+    path lengths: in memory (None when they exceed the tile budget), or a Zarr array the map
+    reads the columns it needs from."""
+    if isinstance(paths, np.ndarray) and _paths_over_budget(*paths.shape):
         return None
 
     order = np.argsort(landmarks)

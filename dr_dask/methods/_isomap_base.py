@@ -93,7 +93,7 @@ def checked_components(n_components: int, n_points: int, points: str) -> int:
     return int(n_components)
 
 
-def fit_graph(est: Any, X: np.ndarray, n_neighbors: int | None, radius: float | None,
+def fit_graph(est: Any, X: Any, n_neighbors: int | None, radius: float | None,
                      client: Any, where: Location | None = None,
                      timings: dict | None = None) -> sp.csr_matrix | StoredGraph:
     """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule).

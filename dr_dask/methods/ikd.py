@@ -191,7 +191,8 @@ default="se"
         search, the partitioned approximate search (each row probing its ``n_probe`` nearest
         of about sqrt(T) lists), or ``"auto"`` (see :func:`dr_dask.graph.knn.search_neighbours`).
     n_probe : int or None, default=None
-        Lists each row probes with the IVF search; ``None`` is 6.
+        Lists each row probes with the IVF search; ``None``: adaptive (as
+        :class:`~dr_dask.methods.isomap.Isomap`'s).
 
     Attributes
     ----------

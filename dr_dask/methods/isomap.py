@@ -213,10 +213,12 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
     knn : {"auto", "exact", "ivf"}, default="auto"
         Neighbour search of the k rule: exact, or the partitioned approximate IVF search
         (:func:`dr_dask.graph.knn.search_neighbours`; its lists go to a local temporary
-        directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows and keeps its
-        graph only when the estimated recall reaches 0.9, else searches exactly.
+        directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows (one search,
+        its estimated recall in ``knn_recall_``), else the exact search.
     n_probe : int or None, default=None
-        Lists (of about sqrt(T)) each row searches with IVF; ``None`` is 6.
+        Lists (of about sqrt(T)) each row searches with IVF; ``None``: adaptive, as many as
+        keep about 0.975 of the true neighbours (measured on the fit's own lists, at most
+        ``dr_dask.knn.max-probe``); at least the number of lists: exact.
 
     Attributes
     ----------

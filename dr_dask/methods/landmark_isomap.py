@@ -28,7 +28,7 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.landmarks import triangulate_block
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.checkpoint import scratch
+from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
 from dr_dask.io.validation import (
     Options,
@@ -55,6 +55,7 @@ from dr_dask.methods._isomap_sklearn import (
     training_input,
 )
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.runtime import config
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
 from dr_dask.runtime.progress import shown_during
 from dr_dask.runtime.resources import timed
@@ -150,7 +151,10 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
     geodesic_store : str, Location, zarr.Array or None, default=None
         Zarr array (or local path / URL; a :class:`~dr_dask.io.storage.Location` carries storage
         options) for the L x T geodesics (float32); ``None`` keeps them in memory as
-        ``landmark_geodesics_``.
+        ``landmark_geodesics_`` up to ``dr_dask.tiles.memory-bytes``, above it in a Zarr
+        array at the fit's scratch location (``scratch``, else next to a remote input, else a
+        local temporary directory), which ``transform`` reads and which is deleted with the
+        estimator.
     block_size : int, default=256
         Landmark sources per Dijkstra task.
     progress : bool, default=False
@@ -277,8 +281,10 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
         # block lost with its worker is recomputed from the graph)
         with scratch("landmark_isomap_graph", None, self.scratch, inp) as where:
             with timed(timings, "graph"):
-                graph = fit_graph(self, X, self.n_neighbors, self.radius, client, where,
-                                         timings)
+                # on a cluster the workers read the rows where the input put them
+                # (validation.check_input), never from inside the task graph
+                graph = fit_graph(self, X if inp.staged is None else inp.data,
+                                  self.n_neighbors, self.radius, client, where, timings)
             self.graph_ = None if isinstance(graph, StoredGraph) else graph
 
             with timed(timings, "landmarks"):
@@ -289,13 +295,17 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
                                                    random_state=self.random_state,
                                                    client=client)
 
+            # above the in-memory budget the float32 rows go to a store that transform
+            # reads (the fit's scratch, kept while the estimator lives)
+            out, kept = self.geodesic_store, None
+            if out is None and config.get_bytes("tiles.memory-bytes") < 4 * L * T:
+                out = kept = kept_scratch("landmark_geodesics", None, self.scratch, inp)
             with timed(timings, "shortest_paths"):
                 # by blocks over a large stored graph (no worker holds it), unless the rows
                 # go to the user's store, which keeps the rows' own column order
                 rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
                                             block_size=self.block_size, dtype=np.float32,
-                                            out=self.geodesic_store,
-                                            columns=self.landmarks_,
+                                            out=out, columns=self.landmarks_,
                                             blocks=False if self.geodesic_store is not None
                                             else None)
             del graph
@@ -312,9 +322,11 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
                                                mds.sq_mean).astype(self._out_dtype, copy=False)
 
             with timed(timings, "gather"):
-                self.landmark_geodesics_ = (rows.store if rows.store is not None
-                                            and rows.order is None else rows.gather())
+                self.landmark_geodesics_ = (rows.stored() if rows.store is not None
+                                            else rows.gather())
                 rows.release()
+                if kept is not None:
+                    delete_with(self.landmark_geodesics_, kept)
         self.landmark_embedding_ = mds.coords
         self.landmark_pinv_ = mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean

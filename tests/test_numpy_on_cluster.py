@@ -1,0 +1,31 @@
+"""A NumPy input on a cluster reaches the workers outside the task graph (staged in a local
+Zarr store the workers read), and the fit equals the threaded one."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from conftest import noisy_curve
+
+
+@pytest.mark.cluster
+def test_numpy_input_on_a_cluster_travels_outside_the_graph(cluster_client, dr_config):
+    from dr_dask.io.validation import check_input
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
+
+    dr_config({"input.stage-bytes": 1 << 14})
+    X = noisy_curve(3000, 20, seed=9)
+    est = LandmarkIsomap(n_neighbors=8, n_components=1, n_landmarks=40, random_state=0,
+                         client=cluster_client)
+    inp = check_input(est, X, reset=True)
+    graph_bytes = len(pickle.dumps(dict(inp.data.__dask_graph__())))
+    assert inp.staged is not None
+    assert graph_bytes < X.nbytes / 20  # the rows are not in the graph
+    np.testing.assert_array_equal(inp.data.compute(), X)
+    on_cluster = est.fit(X)
+    threads = LandmarkIsomap(n_neighbors=8, n_components=1, n_landmarks=40,
+                             random_state=0).fit(X)
+    np.testing.assert_allclose(on_cluster.embedding_, threads.embedding_, rtol=1e-6,
+                               atol=1e-9)
