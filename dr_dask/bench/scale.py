@@ -153,6 +153,22 @@ def knn_recall(X: Any, k: int, n_queries: int, client: Any, knn: str = "exact",
             "algorithm": algorithm}
 
 
+def _ladders(methods: tuple[str, ...], peer: str | None, quick: bool, min_T: int | None,
+             max_T: int | None, sizes: Any) -> dict[str, list[int]]:
+    """Each method's sizes, the arguments checked (an unknown method or peer, or no size in
+    range, is a ValueError naming it)."""
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
+    if peer is not None and peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}; choose from {list(PEERS)}")
+    ladders = {m: size_ladder(m, quick, min_T, max_T, sizes) for m in methods}
+    if not set().union(*ladders.values()):
+        raise ValueError(f"no size of {sorted(set(SIZES) | set(EXACT_SIZES))} is in "
+                         f"[min_T={min_T}, max_T={max_T}]")
+    return ladders
+
+
 def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
               max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None, knn: str = "exact",
@@ -198,16 +214,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     from dr_dask.io.inputs import open_dataset
     from dr_dask.metrics import r2_affine
 
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
-    if peer is not None and peer not in PEERS:
-        raise ValueError(f"unknown peer {peer!r}; choose from {list(PEERS)}")
-    ladders = {m: size_ladder(m, quick, min_T, max_T, sizes) for m in methods}
+    ladders = _ladders(methods, peer, quick, min_T, max_T, sizes)
     all_sizes = sorted(set().union(*ladders.values()))
-    if not all_sizes:
-        raise ValueError(f"no size of {sorted(set(SIZES) | set(EXACT_SIZES))} is in "
-                         f"[min_T={min_T}, max_T={max_T}]")
     own_tmp = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
     os.makedirs(workdir, exist_ok=True)
@@ -256,14 +264,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     finally:
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)
-    slopes = {}
-    for method in (*methods, *([peer] if peer else [])):
-        mine = [r for r in rows if r["method"] == method]
-        Ts = [r["T"] for r in mine]
-        slopes[method] = {
-            "time": fitted_slope(Ts, [r["seconds"] for r in mine]),
-            "peak_rss": fitted_slope(Ts, [r["peak_rss_gb"] for r in mine]),
-        }
+    slopes = method_slopes(rows, (*methods, *([peer] if peer else [])))
     results = {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
         "workers": n_workers(client), "trust_rows": TRUST_ROWS,
@@ -275,6 +276,19 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         results["peer"] = peer
         results["peer_ratio"] = peer_ratios(rows, peer)
     return results
+
+
+def method_slopes(rows: list[dict], methods: tuple[str, ...]) -> dict:
+    """Per method, the fitted slopes of log time and of log peak RSS against log T."""
+    slopes = {}
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        Ts = [r["T"] for r in mine]
+        slopes[method] = {
+            "time": fitted_slope(Ts, [r["seconds"] for r in mine]),
+            "peak_rss": fitted_slope(Ts, [r["peak_rss_gb"] for r in mine]),
+        }
+    return slopes
 
 
 def peer_ratios(rows: list[dict], peer: str) -> dict:

@@ -259,6 +259,18 @@ def out_chunks(width: int, size: int) -> tuple[int, int]:
     return rows, _CHUNK_COLUMNS if size % _CHUNK_COLUMNS == 0 else size
 
 
+def _check_chunks(out: zarr.Array, width: int, size: int, n_sources: int) -> None:
+    """``out``'s chunks divide the batches of ``width`` sources and the blocks of ``size``
+    nodes (a graph smaller than a block may have one chunk of columns)."""
+    T = out.shape[1]
+    one_chunk = out.chunks[1] >= T and size >= T
+    batches = not width % out.chunks[0] or n_sources <= width
+    blocks = not size % out.chunks[1] or one_chunk
+    if not (batches and blocks):
+        raise ValueError(f"out's chunks {out.chunks} must divide the batches of {width} "
+                         f"sources and the blocks of {size} nodes")
+
+
 def block_paths(stored: StoredGraph, sources: np.ndarray, out: zarr.Array, width: int, *,
                 client: Any = None, square: bool = False,
                 columns: np.ndarray | None = None) -> tuple[np.ndarray | None, dict,
@@ -296,10 +308,7 @@ def block_paths(stored: StoredGraph, sources: np.ndarray, out: zarr.Array, width
     client = active_client(client)
     T, size = stored.n_nodes, int(config.get("graph.paths-block-nodes"))
     B = -(-T // size)
-    one_chunk = out.chunks[1] >= T and B == 1  # a graph smaller than a block
-    if (width % out.chunks[0] and len(sources) > width) or (size % out.chunks[1] and not one_chunk):
-        raise ValueError(f"out's chunks {out.chunks} must divide the batches of {width} "
-                         f"sources and the blocks of {size} nodes")
+    _check_chunks(out, width, size, len(sources))
     dt = lanes_dtype(stored.weights_dtype, out.dtype)
     # the node of every row index (T of them, read once here: the caller's results are put
     # back in row order with them)

@@ -55,6 +55,23 @@ def _closest_pair(A: Any, B: Any, metric: Metric) -> tuple[int, int, float]:
     return a, int(j[a, 0]), float(d[a, 0])
 
 
+def _bridging_points(X: Any, n_nodes: int, precomputed: bool, n_comp: int,
+                     summary: str) -> Any:
+    """The points (or, ``precomputed``, the dense distances) that bridges are measured on."""
+    if X is None:
+        raise ValueError(f"cannot bridge a disconnected graph without the points X: {summary}")
+    if not sp.issparse(X):
+        X = np.asarray(X, dtype=np.float64)
+    elif precomputed:
+        raise RuntimeError(
+            f"The number of connected components of the neighbors graph is {n_comp} > 1 "
+            f"({summary}): a sparse precomputed graph holds no distances to bridge them. "
+            "Increase the number of neighbors, or precompute the full distance matrix.")
+    if X.shape[0] != n_nodes:
+        raise ValueError(f"X has {X.shape[0]} rows but the graph has {n_nodes} nodes")
+    return X
+
+
 def connect_components(
     graph: sp.spmatrix,
     X: Any = None,
@@ -107,18 +124,8 @@ def connect_components(
     if on_disconnected == "ignore":
         logger.info("leaving disconnected graph as is: %s", summary)
         return graph
-    if X is None:
-        raise ValueError(f"cannot bridge a disconnected graph without the points X: {summary}")
     precomputed = isinstance(metric, str) and metric == "precomputed"
-    if not sp.issparse(X):
-        X = np.asarray(X, dtype=np.float64)
-    elif precomputed:
-        raise RuntimeError(
-            f"The number of connected components of the neighbors graph is {n_comp} > 1 "
-            f"({summary}): a sparse precomputed graph holds no distances to bridge them. "
-            "Increase the number of neighbors, or precompute the full distance matrix.")
-    if X.shape[0] != graph.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but the graph has {graph.shape[0]} nodes")
+    X = _bridging_points(X, graph.shape[0], precomputed, n_comp, summary)
     msg = (f"neighbour graph is disconnected (the number of connected components is {n_comp} "
            f"> 1: {summary}); adding shortest bridging edges")
     logger.warning(msg)

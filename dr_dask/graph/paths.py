@@ -109,6 +109,10 @@ class NodeOrdered:
     def dtype(self) -> np.dtype:
         return self.store.dtype
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.store.nbytes)
+
     def get_orthogonal_selection(self, key: tuple) -> np.ndarray:
         rows, nodes = key
         return read_stored_orthogonal(self.store, (rows, self.order[nodes]))
@@ -197,6 +201,28 @@ def by_blocks(graph: Any, choice: bool | None = None) -> bool:
     return graph.n_nodes >= int(config.get("graph.paths-min-nodes"))
 
 
+def _task_sources(T: int, weights: Any, dtype: Any, to_store: bool, block_size: int,
+                  client: Any) -> int:
+    """Sources per task: at most ``block_size``, and what :func:`_sources_per_task` allows for
+    the task's lanes and, unless they go to a store, its rows."""
+    per_node = (lanes_dtype(weights, dtype).itemsize
+                + (0 if to_store else np.dtype(dtype).itemsize))
+    return max(1, min(int(block_size), _sources_per_task(T, per_node, client,
+                                                         one_batch=to_store)))
+
+
+def _n_nodes(graph: sp.spmatrix | StoredGraph) -> int:
+    return graph.n_nodes if isinstance(graph, StoredGraph) else int(graph.shape[0])
+
+
+def _checked_sources(sources: np.ndarray | None, T: int) -> np.ndarray:
+    """The sources as int64 node indices (None: every node)."""
+    sources = np.arange(T) if sources is None else np.asarray(sources, dtype=np.int64)
+    if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
+        raise ValueError(f"sources must be node indices in [0, {T})")
+    return sources
+
+
 class GeodesicRows:
     """Row blocks of a shortest-path matrix, held on the workers, in memory, or in Zarr.
 
@@ -233,6 +259,21 @@ class GeodesicRows:
         paths' store)."""
         assert self.store is not None  # rows computed into a store
         return self.store if self._order is None else NodeOrdered(self.store, self._order)
+
+    @classmethod
+    def _in_memory(cls, search: SearchGraph | StoredGraph, sources: np.ndarray,
+                   bounds: list[int], square: bool, dtype: Any) -> GeodesicRows:
+        """The rows in this process: on dask's threads (Dijkstra releases the GIL), each block
+        written in place into one array, which ``gather(release=True)`` hands over without a
+        second T x S copy."""
+        T = search.n_nodes
+        whole = np.empty((len(sources), T), dtype=dtype)
+        map_local(lambda se: _rows(search, sources[se[0]:se[1]], square, dtype,
+                                   out=whole[se[0]:se[1]]), list(itertools.pairwise(bounds)))
+        rows = cls((len(sources), T), bounds,
+                   [whole[s:e] for s, e in itertools.pairwise(bounds)], None, None, dtype)
+        rows._whole = whole
+        return rows
 
     @classmethod
     def compute(
@@ -292,22 +333,15 @@ class GeodesicRows:
             graph; the rows go to ``out``, else next to the stored graph, columns in its node
             order (``order``).
         """
-        if isinstance(graph, StoredGraph):
-            stored, T = graph, graph.n_nodes
-        else:
-            stored, csr = None, as_csr(graph)
-            T = csr.shape[0]
-        sources = np.arange(T) if sources is None else np.asarray(sources, dtype=np.int64)
-        if sources.ndim != 1 or (sources.size and (sources.min() < 0 or sources.max() >= T)):
-            raise ValueError(f"sources must be node indices in [0, {T})")
+        stored = graph if isinstance(graph, StoredGraph) else None
+        csr = None if stored is not None else as_csr(graph)
+        T = _n_nodes(graph)
+        sources = _checked_sources(sources, T)
         client = active_client(client)
         if stored is not None and by_blocks(stored, blocks):
             return cls._by_blocks(stored, sources, client, dtype, square, out, columns)
         weights = stored.weights_dtype if stored is not None else np.float64
-        per_node = (lanes_dtype(weights, dtype).itemsize  # the lanes, and the rows if held
-                    + (np.dtype(dtype).itemsize if out is None else 0))
-        bs = max(1, min(int(block_size), _sources_per_task(T, per_node, client,
-                                                           one_batch=out is not None)))
+        bs = _task_sources(T, weights, dtype, out is not None, block_size, client)
         store = None
         if out is not None:
             store = _open_out(out, (len(sources), T), bs, 1 << 16, dtype)
@@ -323,15 +357,7 @@ class GeodesicRows:
                  (_rows_to_store, sources[s:e], square, dtype, store, s, kept)
                  for s, e in itertools.pairwise(bounds)]
         if client is None and store is None:
-            # dask's threads (Dijkstra releases the GIL), each block written in place into one
-            # array: gather(release=True) hands it over without a second T x S copy
-            whole = np.empty((len(sources), T), dtype=dtype)
-            map_local(lambda se: _rows(search, sources[se[0]:se[1]], square, dtype,
-                                       out=whole[se[0]:se[1]]), list(itertools.pairwise(bounds)))
-            rows = cls((len(sources), T), bounds,
-                       [whole[s:e] for s, e in itertools.pairwise(bounds)], None, None, dtype)
-            rows._whole = whole
-            return rows
+            return cls._in_memory(search, sources, bounds, square, dtype)
         if client is None:  # the rows to the store, on dask's threads
             results = map_local(lambda t: t[0](search, *t[1:]), tasks)
         else:

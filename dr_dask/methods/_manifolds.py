@@ -399,8 +399,8 @@ def ridge_stitch(
 
 
 def cluster_labels(clusterer: Any, X: np.ndarray, n_neighbors: int, n_components: int, *,
-                   tangent_threshold: float, density_persistence: float,
-                   min_cluster_size: int, client: Any, search: dict) -> np.ndarray:
+                   tangent_threshold: float, density_persistence: float | None,
+                   min_cluster_size: int | None, client: Any, search: dict) -> np.ndarray:
     """GP-Isomap's manifold of each batch row (``-1``: an outlier), from ``clusterer``:
     ``"single"`` (one manifold), ``"tangent"`` (:func:`tangent_clusters`, its search's recall
     stored in ``search``), a callable of X, or the labels themselves (relabelled 0..p-1)."""

@@ -283,7 +283,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
             with timed(timings, "graph"):
                 # on a cluster the workers read the rows where the input put them
                 # (validation.check_input), never from inside the task graph
-                graph = fit_graph(self, X if inp.staged is None else inp.data,
+                graph = fit_graph(self, X if inp is None or inp.staged is None else inp.data,
                                   self.n_neighbors, self.radius, client, where, timings)
             self.graph_ = None if isinstance(graph, StoredGraph) else graph
 
