@@ -251,7 +251,7 @@ def test_one_scale_for_batch_transform_stream_and_refit(tmp_path):
     import zarr
 
     from dr_dask.datasets import make_dataset
-    from dr_dask.stream.runner import refit_model, refit_params
+    from dr_dask.stream.models import refit_model, refit_params
 
     make_dataset("gp", str(tmp_path / "gp.zarr"), n_samples=360, n_features=60,
                  random_state=0)

@@ -55,7 +55,7 @@ def _map_threads(model, S: np.ndarray, chunk: int) -> np.ndarray:
 
 def _map_cluster(client, model_handle, S: np.ndarray, chunk: int) -> np.ndarray:
     from dr_dask.runtime.cluster import gather
-    from dr_dask.stream.runner import map_chunk
+    from dr_dask.stream.models import map_chunk
 
     futs = client.map(map_chunk, [model_handle] * ((len(S) + chunk - 1) // chunk),
                       [S[i : i + chunk] for i in range(0, len(S), chunk)], pure=False)
@@ -113,7 +113,7 @@ def bench_throughput(ambient_dim: int, n_stream: int, repeats: int, client,
 def bench_refit(repeats: int, n_batch: int = 2000, n_buffer: int = 1000) -> dict:
     from dr_dask.datasets.swiss_roll import shift_scenario
     from dr_dask.methods.gp_isomap import GPIsomap
-    from dr_dask.stream.runner import refit_model, refit_params
+    from dr_dask.stream.models import refit_model, refit_params
 
     sc = shift_scenario(n_batch // 3 + 1, random_state=5)
     Xb = sc.batch[:n_batch]

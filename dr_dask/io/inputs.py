@@ -250,7 +250,8 @@ def rows_for_workers(inp: InputData, client: Any) -> InputData:
     return staged
 
 
-def _identity(loc: Location | None, variable: str | None, arr: Any, content: dict) -> dict:
+def _input_identity(loc: Location | None, variable: str | None, arr: Any,
+                    content: dict) -> dict:
     """Where the input came from and what it holds: location (URL or absolute path, never
     credentials), variable, shape, chunks, dtype and a fingerprint of its stored bytes."""
     return {
@@ -527,7 +528,7 @@ def open_dataset(
         arr = np.ascontiguousarray(arr)
     data = _row_chunked(arr)
     stored = cast(tuple[Location, dict] | None, content.pop("stored", None))
-    identity = _identity(loc, variable, arr, content)
+    identity = _input_identity(loc, variable, arr, content)
     if stored is not None and (tagged := listed_fingerprint(stored[1])) is not None:
         identity["fingerprint"], stored = tagged, None  # the store keeps content tags
     return InputData(data, sample_ids, identity, loc, stored=stored)

@@ -65,9 +65,10 @@ from dr_dask.graph.landmarks import (
     triangulate_block,
 )
 from dr_dask.graph.partitioned import stored_neighbour_graph
-from dr_dask.graph.paths import geodesic_tiles, read_stored
+from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
+from dr_dask.graph.stored_rows import read_stored
 from dr_dask.io.checkpoint import Checkpoint, delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location

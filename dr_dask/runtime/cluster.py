@@ -155,7 +155,8 @@ def run_stage(name: str, fn: Callable[[], T], attempts: int | None = None) -> T:
         _STAGE.reset(token)
 
 
-def _identity(value: Any) -> Any:
+def _held(value: Any) -> Any:
+    """A task returning ``value``: its future holds it, recomputable from the graph."""
     return value
 
 
@@ -172,7 +173,7 @@ def share(value: Any, client: Client | None = None) -> Any:
         return value
     with warnings.catch_warnings():  # the value is in the graph on purpose, once
         warnings.filterwarnings("ignore", message=".*large graph", category=UserWarning)
-        return client.submit(_identity, value, pure=False)
+        return client.submit(_held, value, pure=False)
 
 
 def gather(futures: list, client: Client, progress: bool | None = None) -> list:

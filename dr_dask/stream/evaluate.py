@@ -15,7 +15,7 @@ import numpy as np
 from dr_dask.graph.knn import kneighbors_local
 from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.runtime.resources import timed
-from dr_dask.stream.runner import refit_model, refit_params
+from dr_dask.stream.models import refit_model, refit_params
 
 logger = logging.getLogger(__name__)
 

@@ -54,7 +54,6 @@ from typing import Any
 import numpy as np
 
 from dr_dask.io.inputs import InputError
-from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.methods.gp_isomap_io import check_model
 from dr_dask.runs.lease import Lease
 from dr_dask.runtime import config
@@ -67,52 +66,11 @@ from dr_dask.runtime.cluster import (
     gather,
     share,
 )
+from dr_dask.stream.models import batch_of, map_chunk, refit_model, refit_params
 from dr_dask.stream.sources import Chunk, DirectorySource, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------- worker tasks
-def map_chunk(model: Any, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Embedding, variance and manifold of a chunk (a worker task)."""
-    return model.map_points(np.asarray(X, dtype=np.float64))
-
-
-def refit_model(params: dict, batch: np.ndarray, reference: np.ndarray):
-    """Batch phase on ``batch`` (old batch first), aligned to ``reference`` (a worker task)."""
-
-    model = GPIsomap(**params).fit(batch)
-    model.align_to(reference)
-    return model
-
-
-def refit_params(model: Any) -> dict:
-    """Parameters for the next version: the same, except what only fitted the old batch."""
-    params = model.get_params()
-    # the refit runs as a task on any scheduler: a live client must not travel with it (it
-    # cannot be serialized), and on a worker the fit runs in-process
-    params["client"] = None
-    if not (isinstance(params["clusterer"], str) or callable(params["clusterer"])):
-        params["clusterer"] = "tangent"  # user labels cover the old batch only
-    if getattr(model, "threshold_source_", "manual") != "manual":
-        # a calibrated threshold does not survive new hyper-parameters: recalibrate by
-        # leave-one-out on the new batch at the same quantile
-        params["sigma_t"] = None
-        params["threshold_quantile"] = getattr(model, "threshold_quantile_",
-                                               model.threshold_quantile)
-    else:
-        params["sigma_t"] = model.sigma_t_
-    return params
-
-
-def batch_of(model: Any) -> np.ndarray:
-    """The batch a fitted GPIsomap was trained on, in its original row order."""
-    X = np.empty((len(model.labels_), model.n_features_in_))
-    for i, gp in enumerate(model.manifolds_):
-        X[model.labels_ == i] = gp.points
-    X[model.labels_ < 0] = model.outliers_
-    return X
 
 
 class _Executor:
