@@ -94,11 +94,9 @@ def train_quantizer(S: np.ndarray, n_lists: int, random_state: Any) -> np.ndarra
     """(n_lists, N) k-means centroids of the sample rows ``S`` (Lloyd, seeded)."""
     from sklearn.cluster import KMeans  # lazy: not on workers (__init__)
 
-    # k-means++ seeds (Arthur & Vassilvitskii 2007, with scikit-learn's greedy trials): from
-    # random seeds, 10% of the sinusoid's lists at T=10^7 ended up empty and the search, which
-    # costs the sum of the probed lists' sizes, paid 1.41 times what equal lists cost; from
-    # k-means++ seeds 1.15 (the fit of 3,162 lists to 202,368 rows: 100 s against 30 s; seeds
-    # with 1 or 3 trials: 1.39 and 1.23)
+    # k-means++ seeds (Arthur & Vassilvitskii 2007, with scikit-learn's greedy trials): random
+    # seeds leave lists empty and others large, and the search costs the sum of the probed
+    # lists' sizes (docs/scaling.md, "Measurements behind the code's thresholds")
     km = KMeans(n_clusters=n_lists, init="k-means++", n_init=1, max_iter=KMEANS_ITER,
                 random_state=random_state).fit(S)
     return np.asarray(km.cluster_centers_, dtype=np.float64)

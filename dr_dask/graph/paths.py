@@ -42,7 +42,7 @@ from dr_dask.runtime.cluster import active_client, gather, map_local, share, thr
 
 logger = logging.getLogger(__name__)
 #: Upper bound on one task's rows plus its sweeps' lanes, which bounds worker memory per task:
-#: 64 sources a task at T=10^6 in float32, the sweeps' best lane count. Past that T, see
+#: a full batch of sweep lanes (``LANES``) up to a million float32 nodes. Past that, see
 #: ``_sources_per_task``.
 _TASK_BYTES = 1 << 29
 

@@ -292,9 +292,9 @@ def seeded_sweeps(graph: SearchGraph, lanes: np.ndarray, seeded: np.ndarray,
 LANES = 64
 MIN_LANES = 16
 #: The sweeps are abandoned for the heap once they have cost as much as the heap searches they
-#: replace (then, for the rest of that graph's searches in this process). Not less: at T=10^7
-#: they take 0.6-0.8 of the heap's time, converging in 8 pairs of passes whose last four change
-#: almost nothing, and a budget of 0.75 stopped them a pass before the end.
+#: replace (then, for the rest of that graph's searches in this process). Not less: on large
+#: graphs they cost a large share of the heap's time and converge in passes whose last ones
+#: change almost nothing, so a smaller budget stops them just before the end.
 SWEEP_BUDGET = 1.0
 
 

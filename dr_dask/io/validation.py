@@ -462,7 +462,7 @@ def _fingerprints(bits: np.ndarray) -> np.ndarray:
 
 #: Rows per bucket of the duplicate search: the fingerprints are split into about T / this
 #: many buckets by value, each searched by one task, so that no process holds all T of them
-#: (at T=10^7 they and their sort had taken 0.6 GB in the client).
+#: and their sort.
 DUPLICATE_BUCKET_ROWS = 1 << 22
 
 

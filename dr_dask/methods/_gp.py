@@ -55,8 +55,7 @@ PSD_TOL = 0.1
 #: Objective value of inadmissible length scales (finite: the bounded search does arithmetic).
 INADMISSIBLE = 1e30
 #: Bytes of one (block, n_i) buffer in the mapping. The geodesic min-plus step is memory
-#: bound: measured on this machine, 128 x 500 blocks run 10x faster than 512 x 500 ones,
-#: whose buffers no longer stay in cache.
+#: bound: its buffers must stay in cache.
 QUERY_BLOCK_BYTES = 1 << 19
 
 

@@ -344,8 +344,8 @@ def global_frame(
     near, _ = support_pairs(X, labels, n_nearest, 0)
     gap = np.sqrt(((X[near[:, 0]] - X[near[:, 1]]) ** 2).sum(1))
     # bridge only the manifold pairs of a minimum spanning tree over closest-pair gaps: on a
-    # curved surface the chord between two far manifolds cuts across it (measured on the
-    # Euler roll: 0.57 for a geodesic 1.0), and MDS would fold the frame around it
+    # curved surface the chord between two far manifolds cuts across it, and MDS would fold
+    # the frame around it (docs/decisions.md, GP-Isomap's measurements)
     li, lj = labels[near[:, 0]], labels[near[:, 1]]
     p = int(labels.max()) + 1
     closest = np.zeros((p, p))

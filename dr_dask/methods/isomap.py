@@ -346,8 +346,8 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
             op: Any = _SquaredGeodesics(rows, D2)
         else:
             # the upper tiles straight from Dijkstra in worker memory, float32 (a quarter of
-            # the full float64 rows: 0.9 instead of 3.2 GB at T=20,000; rounding 6e-8, far
-            # below the embedding's accuracy), multiplied in float64 for the 1e-10 tolerance
+            # the full float64 rows; their rounding is far below the embedding's accuracy),
+            # multiplied in float64 for the 1e-10 tolerance
             grid = strip_grid(T, client)
             op, stats = geodesic_tiles(self.graph_, grid, _unchanged, stats_fn=tile_stats,
                                        square=True, dtype=np.float32, precision=np.float64,

@@ -284,7 +284,7 @@ def wait_for(futures: list, client: Client, progress: bool | None = None) -> Non
     if timed_out:
         # a timed-out wait leaves reference cycles (tracebacks in the event loop's thread)
         # that hold the futures: without a collection their results stay on the workers and
-        # in the scheduler after the caller drops them (120 MB at T=3x10^5 after the kNN)
+        # in the scheduler after the caller drops them
         gc.collect()
 
 
@@ -485,8 +485,7 @@ def compute(*collections: Any, client: Client | None = None,
     client = active_client(client)
     if client is None:
         # one BLAS thread per task, as on a LocalCluster's workers: the scheduler's threads
-        # already fill the cores (two BLAS threads per task made geodesic IKD's tile products
-        # 12-15x slower on a loaded 2-core machine)
+        # already fill the cores, and more BLAS threads per task only make them contend
         with single_blas_thread(), local_bar(progress), \
                 ThreadPoolExecutor(local_threads()) as pool:  # its exit waits for running tasks
             return dask.compute(*collections, scheduler="threads", pool=pool)
