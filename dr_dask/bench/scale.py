@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from dr_dask.bench._common import dataset_store, n_workers, timed_fits
-from dr_dask.runtime import config
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -54,8 +53,7 @@ TRUST_ROWS = 5000
 PEERS = ("umap",)
 
 
-def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdir: str,
-               search: dict) -> Any:
+def _estimator(method: str, n_landmarks: int | None, client: Any, search: dict) -> Any:
     """A fresh estimator of ``method`` (``n_landmarks``: None for the exact methods)."""
     from dr_dask.methods.ikd import IKD
     from dr_dask.methods.isomap import Isomap
@@ -75,15 +73,10 @@ def _estimator(method: str, T: int, n_landmarks: int | None, client: Any, workdi
                    n_neighbors=N_NEIGHBORS, dtype="float32", random_state=0, client=client,
                    **search)
     assert n_landmarks is not None  # run_scale gives the landmark methods their L
-    # the same budget for Landmark Isomap's float32 L x T rows (4 GB at T=10^6, L=1000)
-    store = (_geodesic_store(workdir, T)
-             if 4 * n_landmarks * T > config.get_bytes("tiles.memory-bytes") else None)
+    # as a user calls it: above the in-memory budget the L x T rows go to the fit's scratch
+    # (deleted with the estimator), as landmark IKD's do
     return LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=1, n_landmarks=n_landmarks,
-                          random_state=0, client=client, geodesic_store=store, **search)
-
-
-def _geodesic_store(workdir: str, T: int) -> str:
-    return os.path.join(workdir, f"landmark_geodesics_T{T}.zarr")
+                          random_state=0, client=client, **search)
 
 
 def _umap() -> Any:
@@ -240,7 +233,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
             fits: list[tuple[str, int | None, Callable[[], Any], Any]] = []
             for name in (m for m in methods if T in ladders[m]):
                 L = min(n_landmarks, T // 10) if name in LANDMARK_METHODS else None
-                fits.append((name, L, partial(_estimator, name, T, L, client, workdir,
+                fits.append((name, L, partial(_estimator, name, L, client,
                                               {} if name == "full_ikd" else search),
                              # the IKD solvers read the store themselves (chunks, identity)
                              inp if name.endswith("_ikd") else inp.data))
@@ -259,8 +252,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                     "knn_recall": getattr(est, "knn_recall_", None),
                     "stage_seconds": est.timings_,
                 })
-                # Landmark Isomap's L x T rows in the workdir (40 GB at T=10^7): not kept
-                shutil.rmtree(_geodesic_store(workdir, T), ignore_errors=True)
+                del est, m  # a landmark fit's rows in its scratch go with it
     finally:
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -69,6 +69,12 @@ class TileGrid:
         return int(np.diff(self.bounds).max())
 
 
+def over_memory_budget(nbytes: float) -> bool:
+    """Whether an array of ``nbytes`` is above ``dr_dask.tiles.memory-bytes``, the budget of
+    what a fit keeps in worker (or this process's) memory rather than in a store."""
+    return nbytes > config.get_bytes("tiles.memory-bytes")
+
+
 def tile_chunk_rows(block: int) -> int:
     """Rows per Zarr chunk for tiles of ``block`` rows: the largest divisor of ``block`` that is
     at most ``dr_dask.tiles.chunk-rows``, or ``block`` itself when that divisor is small (a chunk

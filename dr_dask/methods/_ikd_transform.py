@@ -65,6 +65,7 @@ from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.landmarks import select_landmarks, triangulate
 from dr_dask.graph.out_of_sample import geodesics_via_neighbors
 from dr_dask.io.inputs import InputData
+from dr_dask.linalg.tiles import over_memory_budget
 from dr_dask.methods.ikd_core import (
     GeodesicKernel,
     IKDConfig,
@@ -72,7 +73,6 @@ from dr_dask.methods.ikd_core import (
     edge_weight,
     normalise_rows,
 )
-from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ def _paths_over_budget(L: int, T: int) -> bool:
     """Whether (L, T) float32 landmark path lengths exceed the in-memory tile budget (then
     the fit has no map and ``transform`` says why)."""
     nbytes = 4 * L * T
-    if nbytes <= config.get_bytes("tiles.memory-bytes"):
+    if not over_memory_budget(nbytes):
         return False
     logger.warning("IKD.transform unavailable: the %d x %d landmark path lengths (%.1f GB) "
                    "exceed the in-memory budget (dr_dask.tiles.memory-bytes)", L, T, nbytes / 1e9)

@@ -30,7 +30,7 @@ from dr_dask.io.inputs import InputData
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.kernels import Kernel
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
-from dr_dask.linalg.tiles import rows_per_chunk
+from dr_dask.linalg.tiles import over_memory_budget, rows_per_chunk
 from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute
 
@@ -108,7 +108,7 @@ class IKDConfig:
     def on_disk(self, nbytes: float) -> bool:
         """Whether an array of ``nbytes`` goes to Zarr rather than worker memory."""
         return self.tile_cache == "disk" or (
-            self.tile_cache == "auto" and nbytes > config.get_bytes("tiles.memory-bytes"))
+            self.tile_cache == "auto" and over_memory_budget(nbytes))
 
 
 @dataclass

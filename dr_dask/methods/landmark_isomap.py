@@ -36,6 +36,7 @@ from dr_dask.io.validation import (
     is_stored,
     positive,
 )
+from dr_dask.linalg.tiles import over_memory_budget
 from dr_dask.methods._isomap_base import (
     COMMON_CONSTRAINTS,
     TOL_DEFAULT,
@@ -55,7 +56,6 @@ from dr_dask.methods._isomap_sklearn import (
     training_input,
 )
 from dr_dask.methods.labelled import LabelledOutput
-from dr_dask.runtime import config
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
 from dr_dask.runtime.progress import shown_during
 from dr_dask.runtime.resources import timed
@@ -298,7 +298,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
             # above the in-memory budget the float32 rows go to a store that transform
             # reads (the fit's scratch, kept while the estimator lives)
             out, kept = self.geodesic_store, None
-            if out is None and config.get_bytes("tiles.memory-bytes") < 4 * L * T:
+            if out is None and over_memory_budget(4 * L * T):
                 out = kept = kept_scratch("landmark_geodesics", None, self.scratch, inp)
             with timed(timings, "shortest_paths"):
                 # by blocks over a large stored graph (no worker holds it), unless the rows
