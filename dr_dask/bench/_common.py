@@ -11,7 +11,9 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Self
 
 import numpy as np
@@ -22,6 +24,21 @@ from dr_dask.io.storage import read_array
 from dr_dask.runtime.resources import Measurement, PeakRSS, measure
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def bench_workdir(workdir: str | None, name: str) -> Iterator[str]:
+    """Where a benchmark writes its datasets and stores: ``workdir`` (kept), else a temporary
+    directory removed when the benchmark ends, also on failure."""
+    if workdir is not None:
+        os.makedirs(workdir, exist_ok=True)
+        yield workdir
+        return
+    made = tempfile.mkdtemp(prefix=f"dr_dask_bench_{name}_")
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def n_workers(client: Any) -> int:

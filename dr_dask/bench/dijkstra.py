@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import dataset_arrays
+from dr_dask.bench._common import bench_workdir, dataset_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -49,41 +49,41 @@ def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbo
     dict
         ``rows``: one dict per T.
     """
-    import tempfile
 
     from dr_dask.graph.neighbour_graph import kneighbors_graph
     from dr_dask.graph.sssp import SearchGraph, _heap_lanes, search_rows
 
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_dijkstra_")
-    X, _ = dataset_arrays(workdir, "sinusoidal", max(sizes), 100)
-    rows: list[dict[str, Any]] = []
-    for T in sorted(sizes):
-        graph = SearchGraph.of(kneighbors_graph(X[:T], n_neighbors))
-        sources = np.linspace(0, T - 1, n_sources).astype(np.int64)
-        out = np.empty((n_sources, T))
-        search_rows(graph, sources[:1], False, np.float64, out=out[:1])  # compiled, pages touched
-        lanes = np.empty((T, n_sources))  # the heap's output, as the sweeps' (nodes x sources)
-        runs, heap_runs = [], []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            search_rows(graph, sources, False, np.float64, out=out)
-            runs.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            _heap_lanes(graph.indptr, graph.indices, graph.weights, graph.rank[sources], lanes)
-            heap_runs.append(time.perf_counter() - t0)
-        per_source = float(np.median(runs)) / n_sources
-        heap = float(np.median(heap_runs)) / n_sources
-        touched = (graph.indptr.nbytes + graph.indices.nbytes + graph.weights.nbytes
-                   + graph.rank.nbytes + 8 * T)  # + the float64 distances
-        row = {"T": T, "edges": int(graph.indices.size), "ms_per_source": 1e3 * per_source,
-               "heap_ms_per_source": 1e3 * heap, "ratio_to_heap": per_source / heap,
-               "sweeps_kept": not graph.hint.get("heap"),
-               "ns_per_T_log_T": 1e9 * per_source / (T * math.log(T)),
-               "bytes_touched_per_source_mb": touched / 1e6}
-        rows.append(row)
-        logger.info("T=%d: %.2f ms per source (heap %.2f)", T, row["ms_per_source"],
-                    row["heap_ms_per_source"])
-    base = rows[0]["ns_per_T_log_T"]
-    for row in rows:
-        row["ratio_to_smallest_T"] = row["ns_per_T_log_T"] / base
-    return {"n_sources": n_sources, "n_neighbors": n_neighbors, "threads": 1, "rows": rows}
+    with bench_workdir(workdir, "dijkstra") as workdir:
+        X, _ = dataset_arrays(workdir, "sinusoidal", max(sizes), 100)
+        rows: list[dict[str, Any]] = []
+        for T in sorted(sizes):
+            graph = SearchGraph.of(kneighbors_graph(X[:T], n_neighbors))
+            sources = np.linspace(0, T - 1, n_sources).astype(np.int64)
+            out = np.empty((n_sources, T))
+            # compiled, pages touched
+            search_rows(graph, sources[:1], False, np.float64, out=out[:1])
+            lanes = np.empty((T, n_sources))  # the heap's output, as the sweeps' (nodes x sources)
+            runs, heap_runs = [], []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                search_rows(graph, sources, False, np.float64, out=out)
+                runs.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                _heap_lanes(graph.indptr, graph.indices, graph.weights, graph.rank[sources], lanes)
+                heap_runs.append(time.perf_counter() - t0)
+            per_source = float(np.median(runs)) / n_sources
+            heap = float(np.median(heap_runs)) / n_sources
+            touched = (graph.indptr.nbytes + graph.indices.nbytes + graph.weights.nbytes
+                       + graph.rank.nbytes + 8 * T)  # + the float64 distances
+            row = {"T": T, "edges": int(graph.indices.size), "ms_per_source": 1e3 * per_source,
+                   "heap_ms_per_source": 1e3 * heap, "ratio_to_heap": per_source / heap,
+                   "sweeps_kept": not graph.hint.get("heap"),
+                   "ns_per_T_log_T": 1e9 * per_source / (T * math.log(T)),
+                   "bytes_touched_per_source_mb": touched / 1e6}
+            rows.append(row)
+            logger.info("T=%d: %.2f ms per source (heap %.2f)", T, row["ms_per_source"],
+                        row["heap_ms_per_source"])
+        base = rows[0]["ns_per_T_log_T"]
+        for row in rows:
+            row["ratio_to_smallest_T"] = row["ns_per_T_log_T"] / base
+        return {"n_sources": n_sources, "n_neighbors": n_neighbors, "threads": 1, "rows": rows}

@@ -32,7 +32,7 @@ import logging
 import os
 from typing import Any
 
-from dr_dask.bench._common import dataset_arrays, timed_fits
+from dr_dask.bench._common import bench_workdir, dataset_arrays, timed_fits
 from dr_dask.bench.isomap import _sklearn_in_child
 from dr_dask.runtime.resources import PeakRSS, timed, tree_rss
 
@@ -143,36 +143,35 @@ def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, 
     dict
         One entry per method, the settings, the targets and the machine's load averages.
     """
-    import tempfile
 
     from dr_dask.linalg.align import procrustes_disparity
 
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_geodesic_")
-    out: dict[str, Any] = {
-        "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats,
-        "workers": n_workers, "scheduler": "threads" if threads else "LocalCluster",
-        "load_average_before": os.getloadavg(), "targets": TARGETS,
-    }
-    kwargs = dict(N=N, n_neighbors=n_neighbors, repeats=repeats, workdir=workdir,
-                  n_workers=n_workers, threads=threads)
-    sk = sk_emb = None
-    if not skip_sklearn:
-        X, _ = dataset_arrays(workdir, "sinusoidal", T, N)
-        sk, sk_gb, sk_emb = _sklearn_in_child(X, n_neighbors, repeats, n_components=1)
-        del X
-        out["sklearn_isomap"] = {"seconds_median": sk, "peak_rss_gb_process_tree": sk_gb}
-    for method in ("isomap", "geodesic_ikd"):
-        row = out[method] = _fits_in_fresh_tree(method, T, **kwargs)
-        emb = row.pop("embedding")
-        if sk:
-            row["ratio_to_sklearn"] = row["seconds_median"] / sk
-        if method == "isomap" and sk_emb is not None:
-            row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, emb)
-    for size in full_sizes or (T, 2 * T):
-        row = out[f"full_ikd_T{size}"] = _fits_in_fresh_tree("full_ikd", size, **kwargs)
-        row.pop("embedding")
-    out["load_average_after"] = os.getloadavg()
-    return out
+    with bench_workdir(workdir, "geodesic") as workdir:
+        out: dict[str, Any] = {
+            "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats,
+            "workers": n_workers, "scheduler": "threads" if threads else "LocalCluster",
+            "load_average_before": os.getloadavg(), "targets": TARGETS,
+        }
+        kwargs = dict(N=N, n_neighbors=n_neighbors, repeats=repeats, workdir=workdir,
+                      n_workers=n_workers, threads=threads)
+        sk = sk_emb = None
+        if not skip_sklearn:
+            X, _ = dataset_arrays(workdir, "sinusoidal", T, N)
+            sk, sk_gb, sk_emb = _sklearn_in_child(X, n_neighbors, repeats, n_components=1)
+            del X
+            out["sklearn_isomap"] = {"seconds_median": sk, "peak_rss_gb_process_tree": sk_gb}
+        for method in ("isomap", "geodesic_ikd"):
+            row = out[method] = _fits_in_fresh_tree(method, T, **kwargs)
+            emb = row.pop("embedding")
+            if sk:
+                row["ratio_to_sklearn"] = row["seconds_median"] / sk
+            if method == "isomap" and sk_emb is not None:
+                row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, emb)
+        for size in full_sizes or (T, 2 * T):
+            row = out[f"full_ikd_T{size}"] = _fits_in_fresh_tree("full_ikd", size, **kwargs)
+            row.pop("embedding")
+        out["load_average_after"] = os.getloadavg()
+        return out
 
 
 def _as_user_call(method: str, path: str, T: int, N: int, n_neighbors: int, n_workers: int,
@@ -239,53 +238,52 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
         disparity to scikit-learn's embedding); the settings and the load averages.
     """
     import statistics
-    import tempfile
 
     from dr_dask.bench.isomap import _sklearn_isomap
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.metrics import r2_affine
 
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_as_user_")
-    X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
-    out: dict[str, Any] = {
-        "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats, "workers": n_workers,
-        "mode": "as_user", "load_average_before": os.getloadavg(),
-        "targets": {f"{m}_vs_sklearn": r for m, r in AS_USER_TARGETS.items()},
-    }
-    sk_times: list[float] = []
-    sk_peak, sk_emb = 0.0, None
-    runs: dict[tuple[str, str], list[dict]] = {
-        (m, p): [] for m in AS_USER_TARGETS for p in AS_USER_PATHS}
-    for rep in range(repeats):
-        sk_emb, seconds, peak = _in_fresh_process(_sklearn_isomap, X, n_neighbors, 1)
-        sk_times.append(seconds)
-        sk_peak = max(sk_peak, peak)
-        for (method, path), rows in runs.items():
-            rows.append(_in_fresh_process(_as_user_call, method, path, T, N, n_neighbors,
-                                          n_workers, workdir))
-            logger.info("as user, %s (%s) repeat %d: %.1f s", method, path, rep + 1,
-                        rows[-1]["seconds"])
-    assert sk_emb is not None  # repeats >= 1: scikit-learn ran at least once
-    sk = statistics.median(sk_times)
-    out["sklearn_isomap"] = {"seconds_median": sk, "seconds": sk_times,
-                             "peak_rss_gb_process_tree": sk_peak,
-                             "r2_vs_latent": r2_affine(latent, sk_emb)}
-    for (method, path), rows in runs.items():
-        last = rows[-1]
-        seconds = statistics.median(r["seconds"] for r in rows)
-        row = {
-            "seconds_median": seconds, "seconds": [r["seconds"] for r in rows],
-            "ratio_to_sklearn": seconds / sk, "target_ratio": AS_USER_TARGETS[method],
-            "peak_rss_gb_process_tree": max(r["peak_rss_gb_process_tree"] for r in rows),
-            "import_seconds_median": statistics.median(r["import_seconds"] for r in rows),
-            "stage_seconds": last["stage_seconds"], "r2_vs_latent": last["r2_vs_latent"],
+    with bench_workdir(workdir, "as_user") as workdir:
+        X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
+        out: dict[str, Any] = {
+            "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats, "workers": n_workers,
+            "mode": "as_user", "load_average_before": os.getloadavg(),
+            "targets": {f"{m}_vs_sklearn": r for m, r in AS_USER_TARGETS.items()},
         }
-        row["meets_target"] = row["ratio_to_sklearn"] <= row["target_ratio"]
-        if path == "local_cluster":
-            row["cluster_start_seconds_median"] = statistics.median(
-                r["cluster_start_seconds"] for r in rows)
-        if method == "isomap":
-            row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, last["embedding"])
-        out.setdefault(method, {})[path] = row
-    out["load_average_after"] = os.getloadavg()
-    return out
+        sk_times: list[float] = []
+        sk_peak, sk_emb = 0.0, None
+        runs: dict[tuple[str, str], list[dict]] = {
+            (m, p): [] for m in AS_USER_TARGETS for p in AS_USER_PATHS}
+        for rep in range(repeats):
+            sk_emb, seconds, peak = _in_fresh_process(_sklearn_isomap, X, n_neighbors, 1)
+            sk_times.append(seconds)
+            sk_peak = max(sk_peak, peak)
+            for (method, path), rows in runs.items():
+                rows.append(_in_fresh_process(_as_user_call, method, path, T, N, n_neighbors,
+                                              n_workers, workdir))
+                logger.info("as user, %s (%s) repeat %d: %.1f s", method, path, rep + 1,
+                            rows[-1]["seconds"])
+        assert sk_emb is not None  # repeats >= 1: scikit-learn ran at least once
+        sk = statistics.median(sk_times)
+        out["sklearn_isomap"] = {"seconds_median": sk, "seconds": sk_times,
+                                 "peak_rss_gb_process_tree": sk_peak,
+                                 "r2_vs_latent": r2_affine(latent, sk_emb)}
+        for (method, path), rows in runs.items():
+            last = rows[-1]
+            seconds = statistics.median(r["seconds"] for r in rows)
+            row = {
+                "seconds_median": seconds, "seconds": [r["seconds"] for r in rows],
+                "ratio_to_sklearn": seconds / sk, "target_ratio": AS_USER_TARGETS[method],
+                "peak_rss_gb_process_tree": max(r["peak_rss_gb_process_tree"] for r in rows),
+                "import_seconds_median": statistics.median(r["import_seconds"] for r in rows),
+                "stage_seconds": last["stage_seconds"], "r2_vs_latent": last["r2_vs_latent"],
+            }
+            row["meets_target"] = row["ratio_to_sklearn"] <= row["target_ratio"]
+            if path == "local_cluster":
+                row["cluster_start_seconds_median"] = statistics.median(
+                    r["cluster_start_seconds"] for r in rows)
+            if method == "isomap":
+                row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, last["embedding"])
+            out.setdefault(method, {})[path] = row
+        out["load_average_after"] = os.getloadavg()
+        return out

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import n_workers
+from dr_dask.bench._common import bench_workdir, n_workers
 from dr_dask.io.storage import read_array
 from dr_dask.jobs.quickstart import gp_dataset, read_latent
 from dr_dask.linalg.mds import scaled_vectors
@@ -183,13 +181,10 @@ CASES = ("similarity", "incore", "outofcore")
 
 
 def run_bench(client: Any, *, quick: bool, only: set, ooc_T: int, workdir: str | None) -> dict:
-    own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_")
-    os.makedirs(workdir, exist_ok=True)
-    cases = only or set(CASES)
-    N = QUICK["N"] if quick else 1000
-    results: dict[str, Any] = {"workers": n_workers(client), "quick": quick}
-    try:
+    with bench_workdir(workdir, "bench") as workdir:
+        cases = only or set(CASES)
+        N = QUICK["N"] if quick else 1000
+        results: dict[str, Any] = {"workers": n_workers(client), "quick": quick}
         if "similarity" in cases:
             T = QUICK["similarity_T"] if quick else 12_288
             for dtype in ("float32", "float64"):
@@ -201,7 +196,4 @@ def run_bench(client: Any, *, quick: bool, only: set, ooc_T: int, workdir: str |
         if "outofcore" in cases:
             results["outofcore"] = bench_outofcore(
                 client, QUICK["outofcore_T"] if quick else ooc_T, N, workdir)
-    finally:
-        if own_tmp:
-            shutil.rmtree(workdir, ignore_errors=True)
     return results

@@ -15,16 +15,13 @@ blockwise IKD cases of the same issue are meant to be added to it):
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import statistics
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import n_workers
+from dr_dask.bench._common import bench_workdir, n_workers
 from dr_dask.bench.ikd_solvers import CASES as IKD_SOLVER_CASES
 from dr_dask.datasets.toy import isometric_swiss_roll
 from dr_dask.runtime.resources import PeakRSS, measure, timed, tree_rss
@@ -145,23 +142,17 @@ CASES: dict[str, Callable[..., dict]] = {
 def run_bench(client: Any, *, quick: bool = False, only: set | None = None,
               workdir: str | None = None) -> dict:
     """Run the selected cases (default all) and return their results keyed by case name."""
-    own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_isomap_")
-    os.makedirs(workdir, exist_ok=True)
-    unknown = set(only or ()) - set(CASES)
-    if unknown:
-        raise ValueError(f"unknown benchmark cases {sorted(unknown)}; known: {sorted(CASES)}")
-    results: dict[str, Any] = {
-        "workers": n_workers(client),
-        "quick": quick,
-    }
-    try:
+    with bench_workdir(workdir, "isomap") as workdir:
+        unknown = set(only or ()) - set(CASES)
+        if unknown:
+            raise ValueError(f"unknown benchmark cases {sorted(unknown)}; known: {sorted(CASES)}")
+        results: dict[str, Any] = {
+            "workers": n_workers(client),
+            "quick": quick,
+        }
         for name, fn in CASES.items():
             if only and name not in only:
                 continue
             logger.info("benchmark case %s", name)
             results[name] = fn(client, quick, workdir)
-    finally:
-        if own_tmp:
-            shutil.rmtree(workdir, ignore_errors=True)
     return results

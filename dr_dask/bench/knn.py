@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import dataset_arrays, n_workers
+from dr_dask.bench._common import bench_workdir, dataset_arrays, n_workers
 
 logger = logging.getLogger(__name__)
 
@@ -112,36 +111,36 @@ def exact_sample(X: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
 def run_knn(client: Any, *, sizes: tuple[int, ...] = SIZES, k: int = N_NEIGHBORS,
             peers: tuple[str, ...] = PEERS, workdir: str | None = None) -> dict:
     """Recall and time of every search at every size (see the module)."""
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_knn_")
-    rows_out = []
-    for T in sizes:
-        X, _ = dataset_arrays(workdir, "sinusoidal", T, N_FEATURES)
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        sample = np.sort(np.random.RandomState(0).choice(T, min(QUERIES, T), replace=False))
-        truth = exact_sample(X, sample, k)
-        searches: list[tuple[str, Callable | None, str | None]] = [
-            ("dr_dask (adaptive probe)", _ours(None, client), None),
-            ("dr_dask (n_probe=6)", _ours(6, client), None),
-        ]
-        impl = {"pynndescent": _pynndescent, "faiss-ivf": _faiss_ivf, "faiss-hnsw": _faiss_hnsw}
-        searches += [(p, impl[p], _installed(p)) for p in peers]
-        for name, search, skipped in searches:
-            row: dict = {"T": T, "search": name, "k": k}
-            if skipped or search is None:
-                row["skipped"] = skipped
+    with bench_workdir(workdir, "knn") as workdir:
+        rows_out = []
+        for T in sizes:
+            X, _ = dataset_arrays(workdir, "sinusoidal", T, N_FEATURES)
+            X = np.ascontiguousarray(X, dtype=np.float32)
+            sample = np.sort(np.random.RandomState(0).choice(T, min(QUERIES, T), replace=False))
+            truth = exact_sample(X, sample, k)
+            searches: list[tuple[str, Callable | None, str | None]] = [
+                ("dr_dask (adaptive probe)", _ours(None, client), None),
+                ("dr_dask (n_probe=6)", _ours(6, client), None),
+            ]
+            impl = {"pynndescent": _pynndescent, "faiss-ivf": _faiss_ivf, "faiss-hnsw": _faiss_hnsw}
+            searches += [(p, impl[p], _installed(p)) for p in peers]
+            for name, search, skipped in searches:
+                row: dict = {"T": T, "search": name, "k": k}
+                if skipped or search is None:
+                    row["skipped"] = skipped
+                    rows_out.append(row)
+                    continue
+                search(X[:WARM_ROWS], k)  # compiles (numba) and loads what a later call reuses
+                load = os.getloadavg()
+                start = time.perf_counter()
+                idx = search(X, k)
+                row["seconds"] = time.perf_counter() - start
+                found = idx[sample]
+                row["recall"] = float(np.mean([len(set(a) & set(b)) / k
+                                               for a, b in zip(truth, found)]))
+                row["load_average"] = [load, os.getloadavg()]
+                logger.info("bench knn T=%d %s: %.1f s, recall %.3f", T, name, row["seconds"],
+                            row["recall"])
                 rows_out.append(row)
-                continue
-            search(X[:WARM_ROWS], k)  # compiles (numba) and loads what a later call reuses
-            load = os.getloadavg()
-            start = time.perf_counter()
-            idx = search(X, k)
-            row["seconds"] = time.perf_counter() - start
-            found = idx[sample]
-            row["recall"] = float(np.mean([len(set(a) & set(b)) / k
-                                           for a, b in zip(truth, found)]))
-            row["load_average"] = [load, os.getloadavg()]
-            logger.info("bench knn T=%d %s: %.1f s, recall %.3f", T, name, row["seconds"],
-                        row["recall"])
-            rows_out.append(row)
-    return {"dataset": "sinusoidal", "N": N_FEATURES, "k": k, "queries": QUERIES,
-            "workers": n_workers(client), "rows": rows_out}
+        return {"dataset": "sinusoidal", "N": N_FEATURES, "k": k, "queries": QUERIES,
+                "workers": n_workers(client), "rows": rows_out}

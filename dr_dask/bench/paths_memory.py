@@ -17,14 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from dr_dask.bench._common import PeakRSSEach, dataset_store, release_memory
+from dr_dask.bench._common import PeakRSSEach, bench_workdir, dataset_store, release_memory
 from dr_dask.bench.scale import N_FEATURES, N_NEIGHBORS
 from dr_dask.graph.sssp import SearchGraph
 from dr_dask.graph.stored import StoredGraph
@@ -134,11 +132,8 @@ def run_paths_memory(T: int = DEFAULT_T, workers: tuple[int, ...] | None = None,
     workdir : str, optional
         Where the dataset and the graph go; default a temporary directory (deleted).
     """
-    own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_paths_")
-    os.makedirs(workdir, exist_ok=True)
-    load_before = os.getloadavg()
-    try:
+    with bench_workdir(workdir, "paths") as workdir:
+        load_before = os.getloadavg()
         source, _ = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
         graph_dir = os.path.join(workdir, f"graph_T{T}")
         try:  # a graph built by an earlier run in this workdir is reused (not measured again)
@@ -155,9 +150,6 @@ def run_paths_memory(T: int = DEFAULT_T, workers: tuple[int, ...] | None = None,
                                      os.path.join(workdir, f"paths_{W}_{blocks}"), blocks))
                 with open(os.path.join(workdir, "paths_memory_partial.json"), "w") as f:
                     json.dump(rows, f, default=str)  # a long run's rows so far
-    finally:
-        if own_tmp:
-            shutil.rmtree(workdir, ignore_errors=True)
     for r in rows:
         ref = next(x for x in rows if x["blocks"] == r["blocks"])
         r["growth_ratio"] = r["largest_worker_growth_gb"] / ref["largest_worker_growth_gb"]

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import dataset_store, n_workers, timed_fits
+from dr_dask.bench._common import bench_workdir, dataset_store, n_workers, timed_fits
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -209,19 +207,17 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
 
     ladders = _ladders(methods, peer, quick, min_T, max_T, sizes)
     all_sizes = sorted(set().union(*ladders.values()))
-    own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_")
-    os.makedirs(workdir, exist_ok=True)
-    rows, knn_rows = [], []
-    search = {"knn": knn, "n_probe": n_probe}
-    load_before = os.getloadavg()
-    if peer is not None:
-        # its first fit in a process compiles its kernels for float32 rows (10-15 s; 30-45 s
-        # for its approximate neighbour search, which it uses from 4,096 rows): not part of
-        # any size's figures
-        for n in sorted({1000 if T < 4096 else 5000 for T in all_sizes}):
-            _umap().fit(np.random.default_rng(0).normal(size=(n, N_FEATURES)).astype(np.float32))
-    try:
+    with bench_workdir(workdir, "scale") as workdir:
+        rows, knn_rows = [], []
+        search = {"knn": knn, "n_probe": n_probe}
+        load_before = os.getloadavg()
+        if peer is not None:
+            # its first fit in a process compiles its kernels for float32 rows (10-15 s; 30-45 s
+            # for its approximate neighbour search, which it uses from 4,096 rows): not part of
+            # any size's figures
+            for n in sorted({1000 if T < 4096 else 5000 for T in all_sizes}):
+                rows_n = np.random.default_rng(0).normal(size=(n, N_FEATURES))
+                _umap().fit(rows_n.astype(np.float32))
         for T in all_sizes:
             src, Z = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
             inp = open_dataset(src)
@@ -253,9 +249,6 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                     "stage_seconds": est.timings_,
                 })
                 del est, m  # a landmark fit's rows in its scratch go with it
-    finally:
-        if own_tmp:
-            shutil.rmtree(workdir, ignore_errors=True)
     slopes = method_slopes(rows, (*methods, *([peer] if peer else [])))
     results = {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
@@ -374,17 +367,17 @@ def run_scale_as_user(client_workers: int = 2, *, sizes: tuple[int, ...] = (1_00
     estimated recall and dask's large-graph warnings, with the load averages."""
     from dr_dask.bench.geodesic import _in_fresh_process
 
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_scale_as_user_")
-    rows = []
-    for T in sizes:
-        for method in methods:
-            for path in AS_USER_PATHS:
-                load = os.getloadavg()
-                row = _in_fresh_process(_as_user_call, method, path, T, n_landmarks,
-                                        client_workers, workdir)
-                row["load_average"] = [load, os.getloadavg()]
-                logger.info("as user: %s (%s) T=%d: %.1f s, recall %s, R^2 %.4f", method,
-                            path, T, row["seconds"], row["knn_recall"], row["r2_vs_latent"])
-                rows.append(row)
-    return {"mode": "as_user", "dataset": "sinusoidal", "N": N_FEATURES, "dtype": "float32",
-            "n_landmarks": n_landmarks, "workers": client_workers, "rows": rows}
+    with bench_workdir(workdir, "scale_as_user") as workdir:
+        rows = []
+        for T in sizes:
+            for method in methods:
+                for path in AS_USER_PATHS:
+                    load = os.getloadavg()
+                    row = _in_fresh_process(_as_user_call, method, path, T, n_landmarks,
+                                            client_workers, workdir)
+                    row["load_average"] = [load, os.getloadavg()]
+                    logger.info("as user: %s (%s) T=%d: %.1f s, recall %s, R^2 %.4f", method,
+                                path, T, row["seconds"], row["knn_recall"], row["r2_vs_latent"])
+                    rows.append(row)
+        return {"mode": "as_user", "dataset": "sinusoidal", "N": N_FEATURES, "dtype": "float32",
+                "n_landmarks": n_landmarks, "workers": client_workers, "rows": rows}

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 
-from dr_dask.bench._common import PeakRSSEach, dataset_store, release_memory
+from dr_dask.bench._common import PeakRSSEach, bench_workdir, dataset_store, release_memory
 from dr_dask.bench.scale import N_FEATURES, N_NEIGHBORS
 from dr_dask.runtime.resources import timed
 
@@ -80,19 +78,13 @@ def run_search_memory(T: int = DEFAULT_T, workers: tuple[int, ...] | None = None
         ``rows`` (one per worker count: seconds, the largest worker's peak and idle RSS, every
         worker's peak, the client's peak and idle, the ratios) and the settings.
     """
-    own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_search_")
-    os.makedirs(workdir, exist_ok=True)
-    load_before = os.getloadavg()
-    try:
+    with bench_workdir(workdir, "search") as workdir:
+        load_before = os.getloadavg()
         source, _ = dataset_store(workdir, "sinusoidal", T, N_FEATURES)
         rows = []
         for W in workers or WORKERS:
             logger.info("search-memory: T=%d on %d workers", T, W)
             rows.append(search_at(source, W))
-    finally:
-        if own_tmp:
-            shutil.rmtree(workdir, ignore_errors=True)
     ref = rows[0]
 
     def growth(r: dict) -> float:

@@ -22,12 +22,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from dr_dask.bench._common import n_workers, write_report
+from dr_dask.bench._common import bench_workdir, n_workers, write_report
 from dr_dask.io.storage import read_array
 from dr_dask.runtime.resources import PeakRSS, measure, timed
 
@@ -218,12 +217,10 @@ def run_benchmarks(client: Any = None, quick: bool = False, out: str | None = No
     threads) skips the cluster case and runs the stream on local threads.
     """
     repeats = 1 if quick else 3
-    own_dir = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="dr_dask_bench_stream_")
-    results: dict = {"quick": quick, "cpu_count": os.cpu_count(),
-                     "workers": n_workers(client)}
-    try:
+    with bench_workdir(workdir, "stream") as workdir:
         q = QUICK if quick else FULL
+        results: dict = {"quick": quick, "cpu_count": os.cpu_count(),
+                         "workers": n_workers(client)}
         results["throughput"] = [bench_throughput(D, q["n_stream"], repeats, client,
                                                   q["batch_per_patch"]) for D in (3, 100)]
         results["layouts"] = bench_layouts(q["layout_batch"], q["layout_stream"],
@@ -231,7 +228,4 @@ def run_benchmarks(client: Any = None, quick: bool = False, out: str | None = No
         results["refit"] = bench_refit(repeats, q["refit_batch"], q["refit_buffer"])
         results["detection"] = bench_detection(q["detect_per_patch"], q["detect_n_s"], workdir,
                                                client)
-    finally:
-        if own_dir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return write_report(results, out)
+        return write_report(results, out)
