@@ -20,7 +20,7 @@ from dr_dask.graph.stored import StoredGraph
 def small_path_blocks(dr_config):
     # blocks of 64 nodes and 8 float64 lanes a batch: many blocks, rounds and batches
     dr_config({"graph.paths-block-nodes": 64, "graph.paths-batch-bytes": 64 * 8 * 8,
-               "graph.paths-min-nodes": 1})
+               "graph.paths-graph-share": 0})
 
 
 def _stored(graph: sp.spmatrix, tmp_path, name: str = "g") -> StoredGraph:
@@ -137,3 +137,19 @@ def test_1_and_4_workers_and_a_worker_killed_in_a_round(small_path_blocks, dr_co
             est = _landmark_isomap(client=client, scratch=str(tmp_path / f"s{n}")).fit(X)
             embeddings.append(est.embedding_)
     np.testing.assert_allclose(embeddings[0], embeddings[1], rtol=1e-6, atol=1e-9)
+
+
+def test_blocks_only_for_a_graph_a_task_could_not_hold(dr_config, tmp_path):
+    """The default: the whole graph while it and its search state fit the configured share of
+    a task's memory (faster, no rounds), by blocks past it; an explicit choice wins."""
+    from dr_dask.graph.paths import by_blocks
+    from dr_dask.runtime.cluster import thread_memory
+
+    g = _stored(_chain_with_shortcuts(2000), tmp_path)
+    whole = g.nbytes + 32 * g.n_nodes
+    assert 2000 * 8 < g.nbytes < 2000 * 200
+    assert not by_blocks(sp.eye(3, format="csr"))  # in memory: never by blocks
+    dr_config({"graph.paths-graph-share": 1.01 * whole / thread_memory()})
+    assert not by_blocks(g) and by_blocks(g, True)
+    dr_config({"graph.paths-graph-share": 0.99 * whole / thread_memory()})
+    assert by_blocks(g) and not by_blocks(g, False)

@@ -175,7 +175,7 @@ def test_landmark_isomap_cli_from_s3_equals_local(small_blocks, dr_config, s3_bu
     """`dr-dask embed isomap --landmarks --knn ivf` from s3:// (moto) to s3://: the workers'
     lists, graph and paths by blocks go next to the input in its bucket (no local temporary
     directory can be made) and are deleted; the embedding equals the local run's."""
-    dr_config({"graph.paths-min-nodes": 1, "graph.paths-block-nodes": 256})
+    dr_config({"graph.paths-graph-share": 0, "graph.paths-block-nodes": 256})
     import tempfile
 
     import zarr

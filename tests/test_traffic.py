@@ -23,7 +23,7 @@ def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp
     # the path blocks, as at scale)
     dr_config({"knn.ivf-task-rows": 300, "knn.ivf-chunk-rows": 64, "knn.ivf-block-rows": 512,
                "graph.block-edges": 8000, "graph.stored-chunk": 256, "graph.edge-chunk": 256,
-               "graph.paths-block-nodes": 512, "graph.paths-min-nodes": 1})
+               "graph.paths-block-nodes": 512, "graph.paths-graph-share": 0})
     X = noisy_curve(T, N, seed=7).astype(np.float32)
     zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("X", data=X,
                                                                        chunks=(500, N))

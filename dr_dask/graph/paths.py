@@ -118,15 +118,19 @@ def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int,
     )
 
 
-def by_blocks(graph: Any, choice: bool | None = None) -> bool:
+def by_blocks(graph: Any, choice: bool | None = None, client: Any = None) -> bool:
     """Whether the paths over ``graph`` run by row blocks (:mod:`dr_dask.graph.block_paths`):
-    a stored graph of ``dr_dask.graph.paths-min-nodes`` nodes or more (or ``choice``). Below,
-    every task opening the whole graph is faster (one search per source, no rounds)."""
+    a stored graph that a task opening it whole could not hold, that is whose arrays and
+    per-node search state (a heap and clocks, 32 bytes a node) pass
+    ``dr_dask.graph.paths-graph-share`` of the memory a task may count on
+    (:func:`~dr_dask.runtime.cluster.thread_memory`), or ``choice``. Below, a task opening
+    the whole graph is 2.5-4x faster (one search per source, no rounds)."""
     if not isinstance(graph, StoredGraph):
         return False
     if choice is not None:
         return bool(choice)
-    return graph.n_nodes >= int(config.get("graph.paths-min-nodes"))
+    whole = graph.nbytes + 32 * graph.n_nodes
+    return whole > float(config.get("graph.paths-graph-share")) * thread_memory(client)
 
 
 def _task_sources(T: int, weights: Any, dtype: Any, to_store: bool, block_size: int,
@@ -257,7 +261,7 @@ class GeodesicRows:
             L x T array, 40 GB at T=10^7).
         blocks : bool, optional
             Partition the graph by row blocks (:func:`by_blocks`: by default for a stored
-            graph of ``dr_dask.graph.paths-min-nodes`` nodes or more): no task holds the
+            graph larger than a share of a task's memory): no task holds the
             graph; the rows go to ``out``, else next to the stored graph, columns in its node
             order (``order``).
         """
@@ -266,7 +270,7 @@ class GeodesicRows:
         T = _n_nodes(graph)
         sources = _checked_sources(sources, T)
         client = active_client(client)
-        if stored is not None and by_blocks(stored, blocks):
+        if stored is not None and by_blocks(stored, blocks, client):
             return cls._by_blocks(stored, sources, client, dtype, square, out, columns)
         weights = stored.weights_dtype if stored is not None else np.float64
         bs = _task_sources(T, weights, dtype, out is not None, block_size, client)

@@ -105,6 +105,12 @@ class StoredGraph:
         return zarr.open_array(self.location.child(name).zarr_store(read_only=True), mode="r")
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the graph's arrays, from the store's metadata (nothing else is read)."""
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                   for a in map(self._array, (*_NODE_ARRAYS, *_EDGE_ARRAYS)))
+
+    @property
     def weights_dtype(self) -> np.dtype:
         """The weights' dtype, from the store's metadata (nothing else is read)."""
         return self._array("weights").dtype
