@@ -431,7 +431,8 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
                 del graph  # the store holds it as long as the rows need it
             kernel = GeodesicKernel(inverse, None)
             with timed(seconds, "landmark_mds"):
-                D_LL = kernel(rows.columns(landmarks))
+                P_LL = rows.columns(landmarks)
+                D_LL = kernel(P_LL)
                 np.fill_diagonal(D_LL, 0.0)
                 mds = landmark_mds(D_LL, M)
             with timed(seconds, "triangulate"):
@@ -441,7 +442,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
                 # else the store they were written to
                 paths = rows.stored() if on_disk else rows.gather()
                 rows.release()
-                oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths)
+                oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths, P_LL)
                 if rows_loc is not None and oos is not None:
                     delete_with(oos, rows_loc, run)
     else:

@@ -293,11 +293,13 @@ def _paths_over_budget(L: int, T: int) -> bool:
 
 
 def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: np.ndarray,
-                      landmarks: np.ndarray,
-                      paths: Any) -> TriangulationMap | None:
+                      landmarks: np.ndarray, paths: Any,
+                      landmark_paths: np.ndarray | None = None) -> TriangulationMap | None:
     """The triangulation map from the fit's landmarks and, for a graph map, their (L, T)
     path lengths: in memory (None when they exceed the tile budget), or a Zarr array the map
-    reads the columns it needs from."""
+    reads the columns it needs from. ``landmark_paths``, the (L, L) columns of the landmarks
+    when the caller has them: else read from ``paths`` (from a store, scattered columns read
+    every chunk: 4 GB at T=10^6)."""
     if isinstance(paths, np.ndarray) and _paths_over_budget(*paths.shape):
         return None
 
@@ -310,7 +312,9 @@ def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: 
     if paths is None:
         D_LL = inverse(S_LL, diagonal=True)
     else:
-        D_LL = GeodesicKernel(inverse, threshold)(paths[:, landmarks], S_LL)
+        if landmark_paths is None:
+            landmark_paths = paths[:, landmarks]
+        D_LL = GeodesicKernel(inverse, threshold)(landmark_paths, S_LL)
         D_LL = (D_LL + D_LL.T) / 2
         np.fill_diagonal(D_LL, 0.0)
     Y = embedding[landmarks]
