@@ -256,3 +256,22 @@ def test_every_graph_building_estimator_takes_the_search():
     np.testing.assert_array_equal(ivf.labels_, exact.labels_)
     np.testing.assert_allclose(ivf.embedding_, exact.embedding_, atol=1e-8)
     assert ivf.knn_recall_ == 1.0
+
+
+def test_lists_numbered_along_the_manifold():
+    """The lists' numbering walks the curve the centroids sample (in 60 dimensions, shuffled):
+    consecutive lists are near each other, so a block of consecutive lists is a compact
+    region whose boundary with the rest is short."""
+    from dr_dask.graph._knn_ivf import list_order
+
+    rng = np.random.default_rng(0)
+    t = rng.permutation(np.linspace(0, 4 * np.pi, 400))
+    basis = np.linalg.qr(rng.standard_normal((60, 3)))[0]
+    cent = np.column_stack([np.cos(t), np.sin(t), 0.3 * t]) @ basis.T
+    cent += 0.01 * rng.standard_normal(cent.shape)
+    order = list_order(cent)
+    assert np.array_equal(np.sort(order), np.arange(400))
+    steps = np.abs(np.diff(t[order]))
+    assert np.median(steps) < 1.5 * 4 * np.pi / 400  # a walk along t, not jumps across it
+    # blocks of 50 consecutive lists span short stretches of the curve
+    assert max(np.ptp(t[order[a:a + 50]]) for a in range(0, 400, 50)) < 0.35 * 4 * np.pi

@@ -47,8 +47,9 @@ TARGETS = {
     "full_ikd_peak_rss_gb_at_20000": 2.0,
 }
 
-#: Targets of ``--as-user``: each call's time as a ratio to scikit-learn's, on either path.
-AS_USER_TARGETS = {"isomap": 0.4, "geodesic_ikd": 0.5}
+#: Targets of ``--as-user``: each call's time as a ratio to scikit-learn's, on either path
+#: (on a cluster no slower than threads, relative to scikit-learn).
+AS_USER_TARGETS = {"isomap": 0.3, "geodesic_ikd": 0.35}
 #: The two paths of ``--as-user``: no client (dask's threads), and a LocalCluster.
 AS_USER_PATHS = ("threads", "local_cluster")
 
