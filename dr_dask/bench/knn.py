@@ -126,9 +126,7 @@ def run_knn(client: Any, *, sizes: tuple[int, ...] = SIZES, k: int = N_NEIGHBORS
                 start = time.perf_counter()
                 idx = search(X, k)
                 row["seconds"] = time.perf_counter() - start
-                # the fits' own estimate: an exact search with float64 distances (float32
-                # keys alone misorder near ties of the k-th neighbour, which on this data
-                # cost every search about 0.03 of its recall)
+                # measured as the fits estimate their own recall, so that the two compare
                 row["recall"] = sampled_recall(X, sample, idx[sample])
                 row["load_average"] = [load, os.getloadavg()]
                 logger.info("bench knn T=%d %s: %.1f s, recall %.3f", T, name, row["seconds"],

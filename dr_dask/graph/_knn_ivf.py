@@ -200,7 +200,7 @@ class InvertedLists:
     boundary ``dest[g]``; list ``u`` starts at ``list_start[u]`` with ``sizes[u]`` rows. A
     row's *label* is its rank in that order, padding left out: group ``g`` holds labels
     ``label0[g]`` to ``label0[g + 1]``. Neighbours in lists are near in label order (the lists
-    follow the centroids' kNN graph, :func:`list_order`), which is the order the stored graph keeps.
+    follow the centroids' kNN graph, :func:`list_order`), the order the stored graph keeps.
     """
 
     rows: zarr.Array
