@@ -166,7 +166,8 @@ def seeded_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,  
             if len(keys) < n + 1:
                 keys = np.empty(2 * (n + 1), lanes.dtype)
                 nodes = np.empty(2 * (n + 1), dtype=np.int64)
-            dist[:] = before
+            for u in range(n_nodes):  # element-wise: see _heap_lanes
+                dist[u] = before[u]
             m = 0
             for u in range(n_nodes):
                 if seeded[u, c]:
@@ -214,7 +215,10 @@ def _heap_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
             nodes = np.empty(2 * len(nodes), dtype=np.int64)
         if reached < T:
             return r, T - reached
-        lanes[:, r] = dist
+        # element-wise: an array assigned to a slice makes numba compile its shape check's
+        # error message (string formatting), a second or two on the first call after install
+        for v in range(T):
+            lanes[v, r] = dist[v]
     return -1, 0
 
 

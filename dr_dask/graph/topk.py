@@ -67,9 +67,9 @@ def rerank_labelled(query: np.ndarray, data: np.ndarray, cand: np.ndarray, k: in
             d[p] = v
             ix[p] = lab
             n += 1
-        n = min(n, k)
-        dist[i, :n] = d[:n]
-        idx[i, :n] = ix[:n]
+        for q in range(min(n, k)):  # element-wise: see sssp._heap_lanes
+            dist[i, q] = d[q]
+            idx[i, q] = ix[q]
     return dist, idx
 
 
