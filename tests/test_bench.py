@@ -155,6 +155,10 @@ def test_bench_geodesic_as_user(tmp_path):
             assert len(row["seconds"]) == 1 and isinstance(row["meets_target"], bool)
             assert set(row["stage_seconds"]) >= {"graph", "shortest_paths", "eigen"}
             assert ("cluster_start_seconds_median" in row) == (path == "local_cluster")
+            if path == "threads":
+                # the first call compiled the kernels into an empty cache: slower than the
+                # later ones, which load them (at T=600 the compilation is most of it)
+                assert row["first_call_ratio"] > 1.5 and row["first_call_target"] == 1.5
             if method == "isomap":
                 # scikit-learn's Isomap on the same graph: the same embedding up to a rigid map
                 assert row["disparity_vs_sklearn"] < 1e-8, path

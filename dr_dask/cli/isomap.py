@@ -117,7 +117,9 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
               help="Time exactly a user's calls instead: Isomap and geodesic IKD "
                    "fit_transform on a NumPy array, each in a fresh process, with no client "
                    "(dask's threads) and on a LocalCluster of --workers processes, against "
-                   "scikit-learn's Isomap (--full-T and --skip-sklearn do not apply).")
+                   "scikit-learn's Isomap, and each method's first call after install (an "
+                   "empty compiled-kernel cache) against its later ones (--full-T and "
+                   "--skip-sklearn do not apply).")
 @json_option
 @click.pass_context
 def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json_path):
