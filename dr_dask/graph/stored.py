@@ -107,8 +107,7 @@ class StoredGraph:
     @property
     def nbytes(self) -> int:
         """Bytes of the graph's arrays, from the store's metadata (nothing else is read)."""
-        return sum(int(np.prod(a.shape)) * a.dtype.itemsize
-                   for a in map(self._array, (*_NODE_ARRAYS, *_EDGE_ARRAYS)))
+        return sum(self._array(n).nbytes for n in (*_NODE_ARRAYS, *_EDGE_ARRAYS))
 
     @property
     def weights_dtype(self) -> np.dtype:
