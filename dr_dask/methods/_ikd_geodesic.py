@@ -425,7 +425,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
             with timed(seconds, "shortest_paths"):
                 rows = GeodesicRows.compute(graph, landmarks, client=client,
                                             dtype=np.float32,
-                                            out=rows_loc if on_disk else None,
+                                            out=rows_loc,
                                             graph_store=graph_loc.child("prepared"),
                                             columns=landmarks)
                 del graph  # the store holds it as long as the rows need it
