@@ -1,9 +1,11 @@
 """One validation module: scikit-learn's checks for in-memory input, the store boundary for
 stored input, declarative parameter constraints with scikit-learn's wording."""
 
+import os
 from numbers import Integral, Real
 from typing import ClassVar
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -132,6 +134,34 @@ def test_valid_parameters_pass():
     for params in ({}, {"mode": None}, {"alpha": 0.999}, {"k": np.int64(4)},
                    {"random_state": np.random.RandomState(0)}, {"client": object()}):
         check_params(_Est(**params))
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("graph.paths-graph-share", "lots", "a non-negative number"),
+    ("graph.paths-graph-share", float("nan"), "a non-negative number"),
+    ("knn.max-probe", 2.5, "a non-negative integer"),
+    ("knn.max-probe", -1, "a non-negative integer"),
+    ("tiles.memory-bytes", "much", "a size"),
+    ("cluster.settle-timeout", "soon", "a duration"),
+])
+def test_a_bad_knob_fails_the_fit_before_any_work_naming_it(key, value, expected):
+    from dr_dask import Isomap
+
+    with dask.config.set({f"dr_dask.{key}": value}):
+        with pytest.raises(ValueError, match=f"dr_dask.{key} = .*{expected}"):
+            Isomap(n_neighbors=3).fit(X)
+
+
+def test_a_bad_knob_from_the_environment_exits_2_naming_it(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DASK_DR_DASK__GRAPH__PATHS_GRAPH_SHARE": "lots"}
+    out = subprocess.run([sys.executable, "-m", "dr_dask.cli", "evaluate",
+                          str(tmp_path / "absent.zarr")], env=env, capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "dr_dask.graph.paths-graph-share = 'lots'" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_check_array_like_names_the_argument():

@@ -260,6 +260,12 @@ def main(
         credentials.reference(secret)  # known from now on: redacted from every log line
     if wait_workers is not None:
         set_worker_wait(wait_workers)
+    from dr_dask.runtime import config
+
+    try:
+        config.check()
+    except ValueError as exc:
+        fail(str(exc))
     tls = {"ca_file": tls_ca_file, "cert": tls_cert, "key": tls_key}
     ctx.obj = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers,
                "verbose": verbose, "tls": {k: v for k, v in tls.items() if v},

@@ -39,6 +39,7 @@ import numpy as np
 
 from dr_dask.io.inputs import InputData, InputError, open_dataset, rows_for_workers
 from dr_dask.io.storage import Location
+from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
@@ -128,10 +129,12 @@ def check_input(
     ------
     ValueError
         scikit-learn's messages for in-memory data (complex, NaN/inf, empty, wrong number of
-        features, 1-D); :class:`~dr_dask.io.inputs.InputError` (a ValueError) for stores.
+        features, 1-D); :class:`~dr_dask.io.inputs.InputError` (a ValueError) for stores; a
+        dr_dask knob of dask's configuration that is not a valid value, named.
     TypeError
         Sparse input (dense data is required).
     """
+    config.check()  # the knobs are read mid-fit: a bad one fails here, before any work
     if is_stored(X):
         inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
         if not in_memory:
