@@ -29,3 +29,31 @@ def test_numpy_input_on_a_cluster_travels_outside_the_graph(cluster_client, dr_c
                              random_state=0).fit(X)
     np.testing.assert_allclose(on_cluster.embedding_, threads.embedding_, rtol=1e-6,
                                atol=1e-9)
+
+
+@pytest.mark.cluster
+def test_the_neighbour_search_of_a_numpy_array_stages_it_too(cluster_client, dr_config,
+                                                               monkeypatch):
+    """``kneighbors`` of a NumPy array among itself on a cluster sends its rows outside the
+    graph, as a fit does, finds what the threads find, and leaves no staged store behind."""
+    import os
+    import tempfile
+
+    from dr_dask.graph import knn
+
+    dr_config({"input.stage-bytes": 1 << 14})
+    X = noisy_curve(3000, 20, seed=9)
+    made = []
+    real = knn._rows_for_workers
+    monkeypatch.setattr(knn, "_rows_for_workers",
+                        lambda *a: made.append(real(*a)) or made[-1])  # counted
+    for algorithm in ("exact", "ivf"):
+        d, i = knn.kneighbors(X, 6, client=cluster_client, algorithm=algorithm, n_probe=64)
+        d0, i0 = knn.kneighbors(X, 6, algorithm=algorithm, n_probe=64)
+        np.testing.assert_array_equal(i, i0)
+        np.testing.assert_allclose(d, d0, rtol=1e-12)
+    assert [m[1] is None for m in made] == [False, True, False, True]  # threads: as it is
+    staged = [m[1].staged.url for m in made if m[1] is not None]
+    del made[:]
+    assert not any(os.path.exists(p) for p in staged), staged
+    assert all(p.startswith(tempfile.gettempdir()) for p in staged)

@@ -339,6 +339,7 @@ def kneighbors(
         assert metric is not None  # other implies it
         metric.refuse(algorithm)
     client = active_client(client)
+    X, _staged = _rows_for_workers(X, client, exclude_self)  # held: its store goes with it
     if algorithm == "ivf":
         return ivf_kneighbors(X, k, exclude_self, client=client, n_lists=n_lists,
                               n_probe=n_probe, scratch=scratch, random_state=random_state)
@@ -368,6 +369,21 @@ def kneighbors(
     logger.debug("kneighbors: %d query x %d data blocks, k=%d", len(q_blocks), len(d_blocks), k)
     results = compute(*merged, client=client)
     return np.vstack([r[0] for r in results]), np.vstack([r[1] for r in results])
+
+
+def _rows_for_workers(X: Any, client: Any, among_itself: bool) -> tuple[Any, Any]:
+    """``X`` and None, or, for the search of a NumPy ``X`` among itself on a cluster, X
+    staged where the workers read it, as the estimators' inputs are
+    (:func:`dr_dask.io.inputs.rows_for_workers`), rather than sent in the search's task
+    graph, and the staged input, whose store lives as long as it does."""
+    from dr_dask.io.inputs import open_dataset, rows_for_workers
+
+    if client is None or not among_itself or not isinstance(X, np.ndarray):
+        return X, None
+    inp = open_dataset(X)
+    inp.values = X
+    staged = rows_for_workers(inp, client)
+    return (staged.data, staged) if staged.staged is not None else (X, None)
 
 
 def knn_algorithm(knn: str, n_rows: int, n_features: int,
