@@ -173,6 +173,24 @@ def test_bench_knn_reports_each_search_and_skips_a_missing_peer(tmp_path, monkey
     assert adaptive["seconds"] > 0 and len(adaptive["load_average"]) == 2
 
 
+def test_bench_knn_widens_pynndescent_until_it_reaches_our_recall(monkeypatch):
+    from dr_dask.bench import knn
+    from dr_dask.graph.knn import kneighbors
+
+    def widened(width):  # a graph that finds more true neighbours the wider it is built
+        def search(X, k):
+            idx = kneighbors(X, k, algorithm="exact")[1]
+            idx[:, 2 * (width - 1):] = (np.arange(len(X))[:, None] + 1) % len(X)
+            return idx
+        return search
+
+    monkeypatch.setattr(knn, "_pynndescent", widened)
+    X = np.random.RandomState(0).standard_normal((2500, 5)).astype(np.float32)
+    rows = knn._pynndescent_to(0.25, X, 10, np.arange(0, 2500, 25))
+    assert [r["search"] for r in rows] == ["pynndescent (2k wide)", "pynndescent (3k wide)"]
+    assert rows[0]["recall"] < 0.25 <= rows[1]["recall"] and rows[1]["seconds"] > 0
+
+
 def test_bench_knn_and_as_user_bad_input():
     for args, name in ((["knn", "--k", "0"], "--k"), (["knn", "--T", "10"], "--T"),
                        (["knn", "--peer", "annoy"], "--peer")):
