@@ -376,13 +376,11 @@ def _rows_for_workers(X: Any, client: Any, among_itself: bool) -> tuple[Any, Any
     staged where the workers read it, as the estimators' inputs are
     (:func:`dr_dask.io.inputs.rows_for_workers`), rather than sent in the search's task
     graph, and the staged input, whose store lives as long as it does."""
-    from dr_dask.io.inputs import open_dataset, rows_for_workers
+    from dr_dask.io.inputs import memory_input
 
     if client is None or not among_itself or not isinstance(X, np.ndarray):
         return X, None
-    inp = open_dataset(X)
-    inp.values = X
-    staged = rows_for_workers(inp, client)
+    staged = memory_input(X, client)
     return (staged.data, staged) if staged.staged is not None else (X, None)
 
 

@@ -215,6 +215,14 @@ def _memory_rows(arr: np.ndarray, rows: int) -> da.Array:
     return da.Array(graph, name, chunks, dtype=arr.dtype)
 
 
+def memory_input(values: np.ndarray, client: Any) -> InputData:
+    """An in-memory array as an input whose rows a cluster's workers can read
+    (:func:`rows_for_workers`); ``values`` kept as the checked array."""
+    inp = open_dataset(values)
+    inp.values = values
+    return rows_for_workers(inp, client)
+
+
 def rows_for_workers(inp: InputData, client: Any) -> InputData:
     """``inp`` with an in-memory array's rows where a cluster's workers read them.
 

@@ -37,7 +37,7 @@ import dask
 import numba
 import numpy as np
 
-from dr_dask.io.inputs import InputData, InputError, open_dataset, rows_for_workers
+from dr_dask.io.inputs import InputData, InputError, memory_input, open_dataset
 from dr_dask.io.storage import Location
 from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute
@@ -158,9 +158,7 @@ def check_input(
         return replace(inp, values=values)
     values = _validate(estimator, X, None, reset=reset, dtype=dtype,
                        ensure_min_samples=min_samples, ensure_min_features=min_features)
-    inp = open_dataset(values)
-    inp.values = values
-    return rows_for_workers(inp, active_client(getattr(estimator, "client", None)))
+    return memory_input(values, active_client(getattr(estimator, "client", None)))
 
 
 def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:
