@@ -246,7 +246,9 @@ def _probe_order(q: np.ndarray, cent32: np.ndarray,
     probes = np.empty((len(q), n), dtype=np.int64)
     step = max(1, (16 << 20) // (4 * len(cent32)))  # 16 MB of keys at a time
     for a in range(0, len(q), step):
-        keys = sq[None, :] - 2 * (q[a:a + step] @ cent32.T)
+        keys = np.matmul(q[a:a + step], cent32.T)
+        keys *= -2  # in place: one array of keys per step, not three
+        keys += sq
         top = np.argpartition(keys, n - 1, axis=1)[:, :n] if n < len(cent32) else \
             np.broadcast_to(np.arange(len(cent32)), keys.shape)
         top_keys = np.take_along_axis(keys, top, 1)
@@ -289,6 +291,7 @@ def _search_group(lists: InvertedLists, g: int, k: int,
     kth = min(k + exclude_self, kk) - 1  # the running list's k-th neighbour (self counted)
     best = np.full((m, kk), np.inf)
     idx = np.full((m, kk), -1, dtype=np.int64)
+    q_buf, best_buf, idx_buf = np.empty_like(q), np.empty_like(best), np.empty_like(idx)
     # the probed lists' rows, read once each: candidate c of list u is col0[u] + its position
     col0 = np.full(n_lists, -1, dtype=np.int64)
     read: list[int] = []
@@ -329,8 +332,14 @@ def _search_group(lists: InvertedLists, g: int, k: int,
             j = where[u]
             if not len(parts[j]):
                 continue
-            part_best, part_idx = best[rows_q], idx[rows_q]
-            fold_knn(q[rows_q], parts[j], sqs[j], int(col0[u]), part_best, part_idx)
+            # the list's queries and their lists gathered into buffers kept for the group:
+            # a fresh copy per list was a third of a worker's page faults ("clip": the indices
+            # are valid, and numpy buffers ``out`` under the default "raise")
+            n_q = len(rows_q)
+            part_q = np.take(q, rows_q, axis=0, out=q_buf[:n_q], mode="clip")
+            part_best = np.take(best, rows_q, axis=0, out=best_buf[:n_q], mode="clip")
+            part_idx = np.take(idx, rows_q, axis=0, out=idx_buf[:n_q], mode="clip")
+            fold_knn(part_q, parts[j], sqs[j], int(col0[u]), part_best, part_idx)
             best[rows_q], idx[rows_q] = part_best, part_idx
         if not adaptive:
             break

@@ -284,6 +284,7 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
             path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
             dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
             dimension_names=("sample", "sample_"),
+            config={"write_empty_chunks": True},  # no chunk of lengths is all NaN (paths.py)
         )
         GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
 

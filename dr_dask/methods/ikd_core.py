@@ -192,10 +192,11 @@ class InverseKernel:
 
     def __call__(self, S: np.ndarray, diagonal: bool = False) -> np.ndarray:
         """D of the similarities ``S`` (a new array of S's dtype; S is left alone)."""
-        return self.tile(S / np.asarray(self.sigma2, S.dtype), diagonal, scaled=True)[0]
+        return self.tile(S / np.asarray(self.sigma2, S.dtype), diagonal, scaled=True,
+                         stats=False)[0]
 
     def tile(self, S: np.ndarray, diagonal: bool = False, *, scaled: bool = False,
-             row0: int = 0) -> tuple:
+             row0: int = 0, stats: bool = True) -> tuple:
         """D computed over ``S`` in place, with the tile's :func:`~dr_dask.linalg.tiles.tile_stats`.
 
         One pass over row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: each
@@ -214,13 +215,16 @@ class InverseKernel:
             ``(r, row0 + r)`` are set to 0.
         row0 : int
             The tile row of S's first row (a band of a tile, see ``build_tiles``).
+        stats : bool
+            Compute the statistics (the triangulations, which only need D, skip them: they
+            were as much as the inverse kernel itself there).
 
         Returns
         -------
         D : ndarray of shape (n, m)
             ``S`` itself.
-        stats : tuple
-            As :func:`~dr_dask.linalg.tiles.tile_stats` of D.
+        stats : tuple or None
+            As :func:`~dr_dask.linalg.tiles.tile_stats` of D (None without ``stats``).
         """
         n, m = S.shape
         sigma2 = np.asarray(self.sigma2, S.dtype)
@@ -240,11 +244,13 @@ class InverseKernel:
             if diagonal:  # np.fill_diagonal's entries of the whole tile: (i, i), i < m
                 i = np.arange(row0 + a, min(row0 + b, m))
                 blk[i - row0 - a, i] = 0.0
+            if not stats:
+                continue
             rmax[a:b] = blk.max(axis=1)
             rsum[a:b] = blk.sum(axis=1, dtype=np.float64)
             np.maximum(cmax, blk.max(axis=0), out=cmax)
             csum += blk.sum(axis=0, dtype=np.float64)
-        return S, (rmax, cmax.astype(np.float64), rsum, csum)
+        return S, (rmax, cmax.astype(np.float64), rsum, csum) if stats else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +279,8 @@ class GeodesicKernel:
         if self.threshold is not None:
             s = np.asarray(S, dtype=np.float64) / self.inverse.sigma2
             k = np.where(s >= self.threshold, s, np.maximum(s, k))
-        return self.inverse.tile(k, diagonal, scaled=True)[0]  # k is already s / sigma^2
+        # k is already s / sigma^2
+        return self.inverse.tile(k, diagonal, scaled=True, stats=False)[0]
 
 
 # --------------------------------------------------------------------------------------------
