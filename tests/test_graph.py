@@ -277,6 +277,22 @@ def test_dijkstra_rows_equals_scipy_on_random_graphs(seed):
                                   (ref[src] ** 2).astype(np.float32))
 
 
+def test_dijkstra_rows_past_one_gathered_block_of_nodes():
+    """Rows are assembled from the lanes a block of nodes at a time: over several blocks and
+    a ragged last one, in the graph's relabelled order, plain and squared, they are scipy's."""
+    from dr_dask.graph.sssp import GATHER_NODES
+
+    rng = np.random.RandomState(3)
+    T = 2 * GATHER_NODES + 123
+    G = (_random_graph(rng, T, 3.0 / T, zero_frac=0.0, symmetric=True)
+         + sp.diags(rng.uniform(0.5, 1.5, T - 1), 1, shape=(T, T))).tocsr()
+    src = rng.choice(T, 5, replace=False)
+    ref = dijkstra(G, directed=False, indices=src)
+    np.testing.assert_array_equal(dijkstra_rows(G, src), ref)
+    np.testing.assert_array_equal(dijkstra_rows(G, src, square=True, dtype=np.float32),
+                                  (ref**2).astype(np.float32))
+
+
 def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     """Sources past the first run as Bellman-Ford sweeps, 64 at a time: bit for bit the
     heap's distances, in float64 and in float32 (a stored graph's float32 weights with float32
