@@ -106,8 +106,10 @@ def _sources_per_task(T: int, per_node: int, client: Any, one_batch: bool) -> in
     return int(min(n, LANES) if one_batch else n)
 
 
-def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int,
-              columns_per_chunk: int, dtype: Any) -> zarr.Array:
+def path_rows_array(out: Any, shape: tuple[int, int], rows_per_chunk: int,
+                    columns_per_chunk: int, dtype: Any) -> zarr.Array:
+    """The Zarr array of path rows at ``out`` (a location, made afresh), or ``out`` itself
+    (a zarr array of that shape)."""
     if isinstance(out, zarr.Array):
         if tuple(out.shape) != shape:
             raise ValueError(f"out has shape {out.shape}, expected {shape}")
@@ -120,6 +122,7 @@ def _open_out(out: Any, shape: tuple[int, int], rows_per_chunk: int,
         store=location(out).zarr_store(), shape=shape, dtype=dtype, overwrite=True,
         chunks=(rows_per_chunk, min(shape[1], columns_per_chunk)), fill_value=np.nan,
         compressors=None, config={"write_empty_chunks": True},
+        dimension_names=("sample", "sample_"),
     )
 
 
@@ -281,7 +284,7 @@ class GeodesicRows:
         bs = _task_sources(T, weights, dtype, out is not None, block_size, client)
         store = None
         if out is not None:
-            store = _open_out(out, (len(sources), T), bs, 1 << 16, dtype)
+            store = path_rows_array(out, (len(sources), T), bs, 1 << 16, dtype)
             c = store.chunks[0]
             bs = c * max(1, bs // c)
         # once here, not in every task (a stored graph is opened where the tasks run)
@@ -325,7 +328,7 @@ class GeodesicRows:
         S, T = len(sources), graph.n_nodes
         width = batch_width(S, lanes_dtype(graph.weights_dtype, dtype))
         chunks = out_chunks(width, int(config.get("graph.paths-block-nodes")))
-        store = _open_out(graph.location.child("paths") if out is None else out, (S, T),
+        store = path_rows_array(graph.location.child("paths") if out is None else out, (S, T),
                           *chunks, dtype)
         kept, report, rank = block_paths(graph, sources, store, width, client=client,
                                          square=square, columns=columns)

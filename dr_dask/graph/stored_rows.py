@@ -13,8 +13,9 @@ import zarr
 
 def read_stored(arr: zarr.Array, selection: Any) -> np.ndarray:
     """``arr[selection]`` of an array whose chunks the workers wrote (created with NaN fill by
-    :func:`_open_out`): a chunk that never reached the store reads as NaN and is an error,
-    never a silent fill value (a worker that wrote to a disk the reader cannot see)."""
+    :func:`~dr_dask.graph.paths.path_rows_array`): a chunk that never reached the store reads
+    as NaN and is an error, never a silent fill value (a worker that wrote to a disk the
+    reader cannot see)."""
     values = np.asarray(arr[selection])
     if values.dtype.kind == "f" and np.isnan(values).any():
         raise RuntimeError(

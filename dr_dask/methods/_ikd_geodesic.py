@@ -65,7 +65,7 @@ from dr_dask.graph.landmarks import (
     triangulate_block,
 )
 from dr_dask.graph.partitioned import stored_neighbour_graph
-from dr_dask.graph.paths import geodesic_tiles
+from dr_dask.graph.paths import geodesic_tiles, path_rows_array
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.graph.stored_rows import read_stored
@@ -280,12 +280,7 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
     tiles = arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
     with timed(seconds, "shortest_paths"):
         chunk = min(PATH_CHUNK, T)
-        paths = zarr.create_array(
-            path_loc.zarr_store(), shape=(T, T), chunks=(chunk, chunk),
-            dtype=dtype, compressors=None, overwrite=True, fill_value=np.nan,
-            dimension_names=("sample", "sample_"),
-            config={"write_empty_chunks": True},  # no chunk of lengths is all NaN (paths.py)
-        )
+        paths = path_rows_array(path_loc, (T, T), chunk, chunk, dtype)
         GeodesicRows.compute(graph, client=client, block_size=chunk, dtype=dtype, out=paths)
 
     with timed(seconds, "distance"):
