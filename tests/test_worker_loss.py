@@ -1,9 +1,10 @@
 """Worker loss: a fit survives a SIGKILLed worker with the same result as an undisturbed run.
 
-Each fit runs on its own 3-process LocalCluster, undisturbed twice (the reference result, then
-a count of its tasks), then once for each moment: the worker that starts the fit's task early,
-midway or late (10%, 50%, 90% of the counted tasks) SIGKILLs itself before running it
-(``_faults.Task``): the kill lands inside the fit whatever the machine's load.
+Each fit runs undisturbed twice on a 3-process LocalCluster (the reference result, then a count
+of its tasks), then once for each moment on a cluster of the same size: the worker that
+starts the fit's task early, midway or late (10%, 50%, 90% of the counted tasks) SIGKILLs
+itself before running it (``_faults.Task``): the kill lands inside the fit whatever the
+machine's load.
 """
 
 from __future__ import annotations
@@ -26,18 +27,37 @@ MOMENTS = (0.1, 0.5, 0.9)
 
 
 @pytest.fixture
-def client():
-    """A fresh 3-process cluster per test: the kills of one test never leave the next one
-    short of workers (a nanny can take many seconds to restart a SIGKILLed worker)."""
+def clusters():
+    """``clusters()``: a client of a 3-process cluster with all its workers up. The same
+    cluster as the last call once its nanny has brought back the worker a kill took; a fresh
+    one if that takes over a minute (on a loaded machine a restart can take minutes, or fail
+    and leave every later moment short of a worker)."""
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                           dashboard_address=None, memory_limit="2GB")
-    c = Client(cluster, set_as_default=False)
-    c.wait_for_workers(3, timeout=120)
-    yield c
-    c.close()
-    cluster.close()
+    opened: list = []
+
+    def close() -> None:
+        for c in opened:
+            c.close()
+            c.cluster.close()
+        opened.clear()
+
+    def ready() -> Client:
+        if opened:
+            try:
+                opened[0].wait_for_workers(3, timeout=60)
+                return opened[0]
+            except TimeoutError:
+                close()
+        cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                               dashboard_address=None, memory_limit="2GB")
+        c = Client(cluster, set_as_default=False)
+        c.wait_for_workers(3, timeout=300)
+        opened.append(c)
+        return c
+
+    yield ready
+    close()
 
 
 @pytest.fixture(scope="module")
@@ -50,27 +70,28 @@ def data():
     return roll, lift
 
 
-def _survives(client, fit, atol: float, tmp_path) -> None:
-    """``fit()`` with a worker killed at each moment returns the undisturbed result.
+def _survives(clusters, fit, atol: float, tmp_path) -> None:
+    """``fit(client)`` with a worker killed at each moment returns the undisturbed result.
 
-    Each moment waits for the nanny to bring back the worker the previous one killed: a fit's
-    tasks depend on its workers (the geodesic strips are sized per worker thread), so the
-    counted positions hold only on a cluster of the same size."""
-    expected = np.asarray(fit())
+    Each moment runs on a cluster of the counting run's size: a fit's tasks depend on its
+    workers (the geodesic strips are sized per worker thread), so the counted positions hold
+    only on a cluster of the same size."""
+    client = clusters()
+    expected = np.asarray(fit(client))
     # the tasks of a fit like the ones below (a first fit may run more: results that later
     # fits find still held, e.g. shared inputs); n=0 counts them and kills nothing
     counter = Fault(tmp_path / "count", Task(0))
     counter.register(client)
-    np.testing.assert_allclose(np.asarray(fit()), expected, atol=atol, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(fit(client)), expected, atol=atol, rtol=1e-6)
     total = counter.count
     assert total >= 1
     # early, midway, late: the same task when a fit has only a few (LSDR's and GP-Isomap's
     # fits are one or two tasks on the cluster)
     for n in sorted({max(1, round(moment * total)) for moment in MOMENTS}):
-        client.wait_for_workers(3, timeout=300)
+        client = clusters()
         fault = Fault(tmp_path / f"kill-{n}", Task(n))
         fault.register(client)
-        got = np.asarray(fit())
+        got = np.asarray(fit(client))
         fired = fault.fired
         assert fired is not None, f"no worker started task {fault.mark.n} of {total}"
         assert not _alive(fired["pid"]), "the worker that started the task still runs"
@@ -86,65 +107,70 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("solver", ["full", "geodesic", "blockwise", "landmark"])
-def test_ikd_survives_worker_loss(client, data, solver, tmp_path):
+def test_ikd_survives_worker_loss(clusters, data, solver, tmp_path):
     from dr_dask.methods.ikd import IKD
 
     _, X = data
     kw = {"n_landmarks": 40, "solver": "geodesic"} if solver == "landmark" else {"solver": solver}
     if solver == "full":
         kw["tile_size"] = 80  # 6 tiles: a kill lands between and inside tile tasks
-    _survives(client,
-              lambda: IKD(n_components=2, random_state=0, client=client, **kw).fit(X).embedding_,
+    _survives(clusters,
+              lambda client: IKD(n_components=2, random_state=0, client=client,
+                                 **kw).fit(X).embedding_,
               atol=1e-8, tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("landmarks", [False, True])
-def test_isomap_survives_worker_loss(client, data, landmarks, tmp_path):
+def test_isomap_survives_worker_loss(clusters, data, landmarks, tmp_path):
     from dr_dask.methods.isomap import Isomap
     from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     roll, _ = data
-    if landmarks:
-        est = LandmarkIsomap(n_neighbors=10, n_landmarks=40, random_state=0, client=client,
-                             block_size=10)
-    else:
-        est = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0, client=client,
-                     block_size=30)
-    _survives(client, lambda: est.fit(roll).embedding_, atol=1e-8, tmp_path=tmp_path)
+
+    def fit(client):
+        if landmarks:
+            est = LandmarkIsomap(n_neighbors=10, n_landmarks=40, random_state=0, client=client,
+                                 block_size=10)
+        else:
+            est = Isomap(n_neighbors=10, eigen_solver="lanczos", random_state=0, client=client,
+                         block_size=30)
+        return est.fit(roll).embedding_
+
+    _survives(clusters, fit, atol=1e-8, tmp_path=tmp_path)
 
 
-def test_lsdr_survives_worker_loss(client, data, tmp_path):
+def test_lsdr_survives_worker_loss(clusters, data, tmp_path):
     from dr_dask.methods.lsdr import LSDR
 
     roll, _ = data
-    _survives(client, lambda: LSDR(n_components=2, random_state=0,
-                                   client=client).fit(roll).embedding_,
+    _survives(clusters, lambda client: LSDR(n_components=2, random_state=0,
+                                            client=client).fit(roll).embedding_,
               atol=1e-8, tmp_path=tmp_path)
 
 
-def test_metrics_survive_worker_loss(client, data, tmp_path):
+def test_metrics_survive_worker_loss(clusters, data, tmp_path):
     from dr_dask.metrics import neighbourhood_scores
 
     roll, X = data
 
-    def scores():
+    def scores(client):
         out = neighbourhood_scores(X, roll[:, :2], 7, block_rows=30, client=client)
         return [out[k] for k in sorted(out)]
 
-    _survives(client, scores, atol=1e-12, tmp_path=tmp_path)
+    _survives(clusters, scores, atol=1e-12, tmp_path=tmp_path)
 
 
-def test_gp_isomap_survives_worker_loss(client, data, tmp_path):
+def test_gp_isomap_survives_worker_loss(clusters, data, tmp_path):
     from dr_dask.methods.gp_isomap import GPIsomap
 
     roll, _ = data
 
-    def fit():
+    def fit(client):
         gp = GPIsomap(n_neighbors=10, random_state=0, client=client).fit(roll)
         mean, variance, _ = gp.map_points(roll[::4])
         return np.concatenate([gp.embedding_.ravel(), mean.ravel(), variance])
 
-    _survives(client, fit, atol=1e-8, tmp_path=tmp_path)
+    _survives(clusters, fit, atol=1e-8, tmp_path=tmp_path)
 
 
 def test_gone_cluster_stops_with_the_stage_to_resume(data, dr_config):
