@@ -139,6 +139,26 @@ def test_1_and_4_workers_and_a_worker_killed_in_a_round(small_path_blocks, dr_co
     np.testing.assert_allclose(embeddings[0], embeddings[1], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.cluster
+def test_each_block_stays_on_one_worker_and_counts_its_bytes(cluster_client, tmp_path):
+    """A worker holds its share of the blocks, not more: the blocks are dealt to the workers
+    in turn and each block's tasks run where it is, and dask counts a block at its size (as
+    a few hundred bytes, the scheduler moved rounds and their blocks freely)."""
+    from dask.sizeof import sizeof
+
+    from dr_dask.graph.block_paths import _open_block, _Runner
+
+    stored = _stored(_chain_with_shortcuts(600), tmp_path)
+    block = _open_block(stored, 0, 300, 300)
+    assert sizeof(block) >= block.nbytes > 0
+    run = _Runner(cluster_client)
+    assert len(run.homes) == 2
+    where = run.map(lambda b: __import__("distributed").get_worker().address,
+                    [(b,) for b in range(6)] * 3, list(range(6)) * 3)
+    got = run.values(where)
+    assert got == [run.homes[b % 2] for b in range(6)] * 3
+
+
 def test_blocks_only_for_a_graph_a_task_could_not_hold(dr_config, tmp_path):
     """The default: the whole graph while it and its search state fit the configured share of
     a task's memory (faster, no rounds), by blocks past it; an explicit choice wins."""

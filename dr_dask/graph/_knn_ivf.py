@@ -46,7 +46,7 @@ import zarr
 
 from dr_dask.graph._knn_cells import _centred
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, fold_knn, rerank_labelled
-from dr_dask.io.storage import Location, location
+from dr_dask.io.storage import Location, location, read_spans
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
 from dr_dask.runtime.cluster import compute
@@ -136,21 +136,6 @@ def _assign_block(block: np.ndarray, start: int, mean: np.ndarray, cent32: np.nd
     return np.bincount(lists, minlength=len(cent32))
 
 
-def _read_runs(arr: zarr.Array, spans: list[tuple[int, int]]) -> np.ndarray:
-    """``arr``'s rows of the spans, in order, adjacent spans read at once."""
-    runs: list[list[int]] = []
-    for s, e in spans:
-        if e <= s:
-            continue
-        if runs and runs[-1][1] == s:
-            runs[-1][1] = e
-        else:
-            runs.append([s, e])
-    if not runs:
-        return np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
-    return np.concatenate([np.asarray(arr[s:e]) for s, e in runs])
-
-
 def _gather_groups(staging: tuple, lists: tuple, block_starts: np.ndarray,
                    offsets: zarr.Array, groups: list[tuple[int, int]],
                    dests: list[int]) -> int:
@@ -175,7 +160,7 @@ def _gather_groups(staging: tuple, lists: tuple, block_starts: np.ndarray,
     # where each group's rows start among the sorted rows
     cut = np.concatenate([[0], np.cumsum(per_block.sum(axis=0))])
     for src, dst in zip(staging, lists):
-        rows = _read_runs(src, spans)[order]
+        rows = read_spans(src, spans)[order]
         for (a, b), at in zip(groups, dests):
             part = rows[cut[a - first]:cut[b - first]]
             dst[at:at + len(part)] = part
@@ -353,7 +338,7 @@ def _search_group(lists: InvertedLists, g: int, k: int,
     read_arr = np.array(read, dtype=np.int64)
     cand = np.concatenate(parts) if parts else np.empty((0, q.shape[1]), np.float32)
     spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in read_arr]
-    cand_ids = _read_runs(lists.ids, spans) if spans else np.empty(0, np.int64)
+    cand_ids = read_spans(lists.ids, spans) if spans else np.empty(0, np.int64)
     labels = np.concatenate([np.arange(a, b) for a, b in spans] + [np.empty(0, np.int64)]) + (
         np.repeat(lists.label_shift[read_arr], list_size[read_arr]) if len(read_arr)
         else np.empty(0, np.int64))
@@ -372,7 +357,7 @@ def _rows_at(lists: InvertedLists, labels: np.ndarray) -> np.ndarray:
     """The centred float32 rows of sorted labels (one read per row)."""
     g = np.searchsorted(lists.label0, labels, side="right") - 1
     pos = labels - lists.label0[g] + lists.dest[g]
-    return _read_runs(lists.rows, [(int(p), int(p) + 1) for p in pos])
+    return read_spans(lists.rows, [(int(p), int(p) + 1) for p in pos])
 
 
 def _group_nearest(lists: InvertedLists, g: int, queries: np.ndarray,

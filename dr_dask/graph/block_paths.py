@@ -85,21 +85,38 @@ class Block:
         return sum(a.nbytes for a in (g.indptr, g.indices, g.weights, g.rank, self.cross_to,
                                       self.cross_from, self.cross_w, self.send))
 
+    def __sizeof__(self) -> int:
+        # what dask's sizeof reads: without it a block counted as an object of a few hundred
+        # bytes, so the scheduler moved rounds to the other worker at no cost it could see,
+        # and with each move the block, until every worker held most of them
+        return object.__sizeof__(self) + self.nbytes
+
 
 def _open_block(stored: StoredGraph, lo: int, hi: int, size: int) -> Block:
-    """Block ``[lo, hi)`` of ``stored`` (blocks of ``size`` nodes), read from the store."""
+    """Block ``[lo, hi)`` of ``stored`` (blocks of ``size`` nodes), read from the store.
+
+    The rows' arrays are turned into the block's graph without a per-edge int64 temporary:
+    this task's peak is a worker's cost whatever the number of workers (it held six times
+    the block, 282 MB for 45 MB at 262,144 nodes, before)."""
     ptr, cols, w = stored.rows(lo, hi)
     n = hi - lo
-    row = np.repeat(np.arange(n), np.diff(ptr))
-    cols = cols.astype(np.int64)
     inside = (cols >= lo) & (cols < hi)
-    r_in = row[inside]  # rows ascending: the CSR keeps them in order
-    local = sp.csr_matrix(
-        (w[inside], (cols[inside] - lo).astype(np.int32),
-         np.concatenate([[0], np.cumsum(np.bincount(r_in, minlength=n))])), shape=(n, n))
-    graph = SearchGraph.of(local)
-    out = ~inside
-    u, v, wv = row[out], cols[out], w[out]
+    # the inner edges keep the CSR's row order: a row's pointer counts the inside edges before
+    ends = np.cumsum(inside, dtype=np.int32 if len(cols) < 2**31 else np.int64)
+    inner_ptr = np.zeros(n + 1, ends.dtype)
+    if len(cols):
+        inner_ptr[1:] = ends[ptr[1:] - 1]
+    del ends
+    inner_cols = cols[inside]
+    inner_cols -= lo
+    inner = sp.csr_matrix((w[inside], inner_cols, inner_ptr), shape=(n, n))
+    del inner_cols
+    out = np.flatnonzero(~inside)  # few: the edges that leave the block
+    u = np.searchsorted(ptr, out, side="right") - 1
+    v, wv = cols[out].astype(np.int64), w[out]
+    del cols, w, inside
+    graph = SearchGraph.of(inner, symmetric=True)  # a stored graph holds every edge both ways
+    del inner
     order = np.lexsort((u, v))  # by outer end: by its block, then within it
     u, v, wv = u[order], v[order], wv[order]
     halo, cross_from = np.unique(v, return_inverse=True)
@@ -131,6 +148,23 @@ def _lower(lanes: np.ndarray, seeded: np.ndarray, to: np.ndarray, frm: np.ndarra
             if d < lanes[u, c]:
                 lanes[u, c] = d
                 seeded[u, c] = True
+
+
+@numba.njit(cache=True, nogil=True)
+def _lowers(lanes: np.ndarray, moved: np.ndarray, to: np.ndarray, frm: np.ndarray,
+            w: np.ndarray, values: np.ndarray) -> bool:
+    """Whether a node that fell, ``lanes[to[e]]``, lowers across an edge what the neighbour
+    sent (``values[frm[e]]``; inf: it sent nothing there). Looped: as array expressions the
+    test held four (crossing edges x lanes) temporaries, up to 100 MB a round."""
+    for e in range(len(to)):
+        u = to[e]
+        if not moved[u]:
+            continue
+        for c in range(lanes.shape[1]):
+            got = values[frm[e], c]
+            if np.isinf(got) or lanes[u, c] + w[e] < got:
+                return True
+    return False
 
 
 def _round(block: Block, lanes: np.ndarray | None, seeds: np.ndarray | None,
@@ -174,10 +208,8 @@ def _round(block: Block, lanes: np.ndarray | None, seeds: np.ndarray | None,
             continue
         if int(c) in heard:  # nothing to send where it would not lower what c just sent
             a, z = _cross(block, int(c))
-            to, frm = block.cross_to[a:z], block.cross_from[a:z]
-            got = heard[int(c)][frm]
-            if not (moved[to][:, None] & ((lanes[to] + block.cross_w[a:z, None] < got)
-                                          | np.isinf(got))).any():
+            if not _lowers(lanes, moved, block.cross_to[a:z], block.cross_from[a:z],
+                           block.cross_w[a:z], heard[int(c)]):
                 continue
         boxes[int(c)] = fell.astype(np.int32), lanes[nodes[fell]]
     sent = sum(i.nbytes + v.nbytes for i, v in boxes.values())
@@ -213,15 +245,26 @@ def _write(block: Block, lanes: np.ndarray | None, out: zarr.Array, start: int,
 
 
 class _Runner:
-    """Tasks on a client as futures, or on dask's threads as values (no client)."""
+    """Tasks on a client as futures, or on dask's threads as values (no client).
+
+    On a client, block ``b``'s tasks are placed on one worker, the workers taking the blocks
+    in turn (loosely: another worker runs them if that one is gone). Left to the scheduler,
+    the blocks were opened unevenly (up to 7 of 8 on one of two workers) and rounds moved
+    to idle workers with their blocks, so that memory per worker barely fell with W."""
 
     def __init__(self, client: Any):
         self.client = client
+        self.homes = sorted(client.scheduler_info()["workers"]) if client is not None else []
 
-    def map(self, fn: Callable, calls: list[tuple]) -> list:
+    def map(self, fn: Callable, calls: list[tuple], blocks: list[int] | None = None) -> list:
+        """``fn(*call)`` for each call; ``blocks``: the block each call works on."""
         if self.client is None:
             return _map_local(lambda args: fn(*args), calls)
-        return [self.client.submit(fn, *args, pure=False) for args in calls]
+        if blocks is None or not self.homes:
+            return [self.client.submit(fn, *args, pure=False) for args in calls]
+        return [self.client.submit(fn, *args, pure=False, allow_other_workers=True,
+                                   workers=[self.homes[b % len(self.homes)]])
+                for b, args in zip(blocks, calls)]
 
     def pick(self, items: list, *key: Any) -> list:
         if self.client is None:
@@ -317,7 +360,7 @@ def block_paths(stored: StoredGraph, sources: np.ndarray, out: zarr.Array, width
     kept = None if columns is None else rank[np.asarray(columns, np.int64)]
     run = _Runner(client)
     blocks = run.map(_open_block, [(stored, b * size, min(T, (b + 1) * size), size)
-                                   for b in range(B)])
+                                   for b in range(B)], list(range(B)))
     report: dict[str, Any] = {"blocks": B, "width": width, "rounds": [], "bytes": [],
                               "settled": []}
     kept_rows = None if kept is None else np.empty((len(sources), len(kept)))
@@ -333,7 +376,7 @@ def block_paths(stored: StoredGraph, sources: np.ndarray, out: zarr.Array, width
         while inbox:
             active = sorted(inbox)
             res = run.map(_round, [(blocks[b], lanes[b], seed_arr.get(b) if not rounds else None,
-                                    inbox[b], width, dt) for b in active])
+                                    inbox[b], width, dt) for b in active], active)
             for b, lane in zip(active, run.pick(res, 0)):
                 lanes[b] = lane
             stats = run.values(run.pick(res, 2))
@@ -350,7 +393,7 @@ def block_paths(stored: StoredGraph, sources: np.ndarray, out: zarr.Array, width
         kcols = (np.empty(0, np.int64),) * B if kept is None else tuple(
             kept[(kept >= b * size) & (kept < (b + 1) * size)] for b in range(B))
         done = run.values(run.map(_write, [(blocks[b], lanes[b], out, s0, width, square,
-                                            kcols[b]) for b in range(B)]))
+                                            kcols[b]) for b in range(B)], list(range(B))))
         del lanes
         missing = np.sum([d[0] for d in done], axis=0)[:m]
         if missing.any():

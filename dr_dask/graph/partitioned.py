@@ -45,7 +45,6 @@ import zarr
 
 from dr_dask.graph._knn_ivf import (
     InvertedLists,
-    _read_runs,
     _search_group,
     build_lists,
     calibrated,
@@ -60,7 +59,7 @@ from dr_dask.graph.knn import (
     search_seed,
 )
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.storage import Location
+from dr_dask.io.storage import Location, read_spans
 from dr_dask.io.validation import warn_duplicates
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
@@ -194,12 +193,12 @@ def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: in
     indices at ``ptr_at``, its edges at ``data_at``, chunks no other block writes); its entries
     and its components (:func:`_local_components`)."""
     indptr, row_ids, indices, weights = graph
-    e = _read_runs(edges, spans)
+    e = read_spans(edges, spans)
     deg, col, wt = _csr_rows(e[:, 0], e[:, 1], e[:, 2].view(np.float32), lo, hi - lo)
     indices[data_at:data_at + len(col)] = col
     weights[data_at:data_at + len(col)] = wt
     indptr[ptr_at:ptr_at + len(deg) + 1] = np.concatenate([[0], np.cumsum(deg)])
-    row_ids[ptr_at:ptr_at + len(deg)] = _read_runs(ids, id_spans)
+    row_ids[ptr_at:ptr_at + len(deg)] = read_spans(ids, id_spans)
     return (len(col), *_local_components(lo, hi, deg, col, roots, ptr_at))
 
 
@@ -333,7 +332,7 @@ def _rows_of(lists: InvertedLists, labels: np.ndarray) -> tuple[np.ndarray, np.n
     g = np.searchsorted(lists.label0, labels, side="right") - 1
     pos = labels - lists.label0[g] + lists.dest[g]
     spans = [(int(p), int(p) + 1) for p in pos]
-    return (_read_runs(lists.rows, spans).astype(np.float64), _read_runs(lists.ids, spans))
+    return (read_spans(lists.rows, spans).astype(np.float64), read_spans(lists.ids, spans))
 
 
 def _summary(lists: InvertedLists, comp: np.ndarray, roots: np.ndarray) -> str:

@@ -44,9 +44,11 @@ class SearchGraph:
         return len(self.rank)
 
     @classmethod
-    def of(cls, graph: sp.csr_matrix) -> SearchGraph:
-        diff = graph - graph.T  # blind to explicit zeros, whose mirror may be missing
-        if (diff.nnz and np.abs(diff.data).max()) or not graph.data.all():
+    def of(cls, graph: sp.csr_matrix, symmetric: bool = False) -> SearchGraph:
+        """``graph``'s search arrays; ``symmetric``: the caller knows that every edge is in
+        it both ways with one weight (a stored graph's rows), so the check, which holds the
+        graph four times over, is skipped."""
+        if not symmetric and not _symmetric(graph):
             # every edge in both directions; duplicate (i, j) entries are kept, not summed
             # (built directly: the csr constructor would sum them), and Dijkstra relaxes both,
             # which is the undirected minimum
@@ -68,9 +70,15 @@ class SearchGraph:
         rank = np.empty_like(perm, dtype=np.int64)
         rank[perm] = np.arange(len(perm))
         g = graph[perm]  # row slicing keeps duplicate entries and explicit zeros
-        return cls(g.indptr, rank[g.indices].astype(g.indices.dtype), g.data, rank)
+        # relabelled in place ("clip": each entry is read before it is written, no buffer)
+        np.take(rank.astype(g.indices.dtype), g.indices, out=g.indices, mode="clip")
+        return cls(g.indptr, g.indices, g.data, rank)
 
 
+def _symmetric(graph: sp.csr_matrix) -> bool:
+    """Every edge of ``graph`` is in it both ways, with one weight, and none is zero."""
+    diff = graph - graph.T  # blind to explicit zeros, whose mirror may be missing
+    return not (diff.nnz and np.abs(diff.data).max()) and bool(graph.data.all())
 
 
 @numba.njit(cache=True, nogil=True)

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import zarr
 
 from dr_dask.graph.sssp import SearchGraph
-from dr_dask.io.storage import Location, location
+from dr_dask.io.storage import Location, location, read_spans
 
 #: Per node (``indptr`` has one more per block), and per edge.
 _NODE_ARRAYS = ("indptr", "ids")
@@ -137,17 +137,14 @@ class StoredGraph:
         """Rows ``lo`` to ``hi`` (node numbers), bridges joined: their pointers from 0
         (hi - lo + 1), columns and weights, read from the store (about their own chunks)."""
         indptr, indices, weights = (self._array(n) for n in ("indptr", "indices", "weights"))
-        ptrs, cols, wts = [np.zeros(1, np.int64)], [], []
+        ptrs, spans = [np.zeros(1, np.int64)], []
         for b, s, e in self._spans(lo, hi):
             p0 = self.ptr_at[b] + s - self.node0[b]
             ptr = np.asarray(indptr[p0:p0 + e - s + 1], np.int64)
-            a, z = self.data_at[b] + int(ptr[0]), self.data_at[b] + int(ptr[-1])
+            spans.append((self.data_at[b] + int(ptr[0]), self.data_at[b] + int(ptr[-1])))
             ptrs.append(ptr[1:] - ptr[0] + ptrs[-1][-1])
-            cols.append(np.asarray(indices[a:z]))
-            wts.append(np.asarray(weights[a:z]))
         ptr = np.concatenate(ptrs)
-        col = np.concatenate(cols) if cols else np.empty(0, indices.dtype)
-        wt = np.concatenate(wts) if wts else np.empty(0, weights.dtype)
+        col, wt = read_spans(indices, spans), read_spans(weights, spans)
         return _with_bridges(ptr, col, wt, lo, self.bridges())
 
     def labels(self, nodes: np.ndarray | None = None) -> np.ndarray:
