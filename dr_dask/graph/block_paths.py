@@ -254,7 +254,7 @@ class _Runner:
 
     def __init__(self, client: Any):
         self.client = client
-        self.homes = sorted(client.scheduler_info()["workers"]) if client is not None else []
+        self.homes = sorted(client.nthreads()) if client is not None else []
 
     def map(self, fn: Callable, calls: list[tuple], blocks: list[int] | None = None) -> list:
         """``fn(*call)`` for each call; ``blocks``: the block each call works on."""

@@ -46,8 +46,8 @@ class SearchGraph:
     @classmethod
     def of(cls, graph: sp.csr_matrix, symmetric: bool = False) -> SearchGraph:
         """``graph``'s search arrays; ``symmetric``: the caller knows that every edge is in
-        it both ways with one weight (a stored graph's rows), so the check, which holds the
-        graph four times over, is skipped."""
+        it both ways with one weight (a stored graph's rows), so the check, which builds the
+        transpose and the difference, is skipped."""
         if not symmetric and not _symmetric(graph):
             # every edge in both directions; duplicate (i, j) entries are kept, not summed
             # (built directly: the csr constructor would sum them), and Dijkstra relaxes both,

@@ -39,8 +39,8 @@ from typing import Any
 import fsspec
 import numpy as np
 import zarr
-from zarr.core.buffer import default_buffer_prototype
 from fsspec.asyn import sync
+from zarr.core.buffer import default_buffer_prototype
 
 from dr_dask.io.errors import (  # the boundary's errors, imported from here by its callers
     StorageError,
