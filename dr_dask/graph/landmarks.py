@@ -183,7 +183,8 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int, *, method: str = "dense",
                        res.n_passes)
 
 
-def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.ndarray:
+def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray, *,
+                overwrite: bool = False) -> np.ndarray:
     """de Silva–Tenenbaum distance-based triangulation ``x = -1/2 L# (delta_x - delta_mean)``.
 
     Parameters
@@ -194,6 +195,8 @@ def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.
         Squared distances from the landmarks to n points (any float dtype).
     D2_mean : ndarray of shape (L,)
         ``delta_mean`` from :func:`landmark_mds` (or the matching slice).
+    overwrite : bool
+        A float64 ``D2_LX`` may be overwritten (no temporary of its size).
 
     Returns
     -------
@@ -203,8 +206,10 @@ def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray) -> np.
     if D2_LX.shape[0] != pinv.shape[1] or D2_mean.shape != (pinv.shape[1],):
         raise ValueError(f"shapes disagree: pinv {pinv.shape}, D2_LX {D2_LX.shape}, "
                          f"D2_mean {D2_mean.shape}")
+    centred = D2_LX.astype(np.float64, copy=not overwrite)
     # pinv @ 1 = 0 in exact arithmetic; subtracting the mean keeps it exact in floating point
-    return (-0.5 * (pinv @ (D2_LX.astype(np.float64, copy=False) - D2_mean[:, None]))).T
+    centred -= D2_mean[:, None]
+    return (-0.5 * (pinv @ centred)).T
 
 
 #: Columns per slice when a block of landmark rows is triangulated, which bounds its float64
@@ -226,15 +231,22 @@ def triangulate_block(pinv: np.ndarray, rows: Any, D2_mean: np.ndarray,
         object with that ``shape`` whose ``rows[:, columns]`` reads them (a stored block).
     D2_mean : ndarray of shape (L_b,)
     squared : callable
-        Squared distances, as float64, of a slice of ``rows`` of shape (L_b, m).
+        Squared distances of a slice of ``rows`` given as float64 (L_b, m), which it may
+        overwrite and return.
 
     Returns
     -------
     ndarray of shape (n, d)
         The block's share of the embedding (triangulation is linear in the landmark rows).
     """
-    out = np.empty((rows.shape[1], pinv.shape[0]))
-    for c in range(0, rows.shape[1], TRIANGULATE_COLUMNS):
-        part = slice(c, c + TRIANGULATE_COLUMNS)
-        out[part] = triangulate(pinv, squared(rows[:, part]), D2_mean)
+    n, width = rows.shape[1], min(rows.shape[1], TRIANGULATE_COLUMNS)
+    out = np.empty((n, pinv.shape[0]))
+    # one float64 buffer for every slice: fresh pages for each were most of this task's
+    # system time on a cluster's workers (distributed sets MALLOC_TRIM_THRESHOLD_)
+    buf = np.empty(rows.shape[0] * width)
+    for c in range(0, n, width):
+        m = min(width, n - c)
+        part = buf[:rows.shape[0] * m].reshape(rows.shape[0], m)
+        np.copyto(part, rows[:, c:c + m])
+        out[c:c + m] = triangulate(pinv, squared(part), D2_mean, overwrite=True)
     return out

@@ -366,7 +366,8 @@ def _landmark_triangulate(block: np.ndarray, start: int, kernel: GeodesicKernel,
                           pinv: np.ndarray, sq_mean: np.ndarray) -> np.ndarray:
     # triangulation is linear in the landmark rows: each block of landmarks adds its share
     stop = start + block.shape[0]
-    return triangulate_block(pinv[:, start:stop], block, sq_mean[start:stop], kernel)
+    return triangulate_block(pinv[:, start:stop], block, sq_mean[start:stop],
+                             functools.partial(kernel, overwrite=True))
 
 
 def _similarity_triangulate(block: np.ndarray, XL: np.ndarray, inverse: InverseKernel,

@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 
 
 def _squared(paths: np.ndarray) -> np.ndarray:
-    D2 = paths.astype(np.float64)
-    return np.multiply(D2, D2, out=D2)
+    """The squares of float64 path lengths, in place."""
+    return np.multiply(paths, paths, out=paths)
 
 
 def _block_triangulate(block: np.ndarray, start: int, pinv: np.ndarray,
