@@ -338,7 +338,7 @@ def _search_group(lists: InvertedLists, g: int, k: int,
     read_arr = np.array(read, dtype=np.int64)
     cand = np.concatenate(parts) if parts else np.empty((0, q.shape[1]), np.float32)
     spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in read_arr]
-    cand_ids = read_spans(lists.ids, spans) if spans else np.empty(0, np.int64)
+    cand_ids = read_spans(lists.ids, spans)
     labels = np.concatenate([np.arange(a, b) for a, b in spans] + [np.empty(0, np.int64)]) + (
         np.repeat(lists.label_shift[read_arr], list_size[read_arr]) if len(read_arr)
         else np.empty(0, np.int64))

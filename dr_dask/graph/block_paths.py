@@ -110,7 +110,6 @@ def _open_block(stored: StoredGraph, lo: int, hi: int, size: int) -> Block:
     inner_cols = cols[inside]
     inner_cols -= lo
     inner = sp.csr_matrix((w[inside], inner_cols, inner_ptr), shape=(n, n))
-    del inner_cols
     out = np.flatnonzero(~inside)  # few: the edges that leave the block
     u = np.searchsorted(ptr, out, side="right") - 1
     v, wv = cols[out].astype(np.int64), w[out]
@@ -256,11 +255,11 @@ class _Runner:
         self.client = client
         self.homes = sorted(client.nthreads()) if client is not None else []
 
-    def map(self, fn: Callable, calls: list[tuple], blocks: list[int] | None = None) -> list:
+    def map(self, fn: Callable, calls: list[tuple], blocks: list[int]) -> list:
         """``fn(*call)`` for each call; ``blocks``: the block each call works on."""
         if self.client is None:
             return _map_local(lambda args: fn(*args), calls)
-        if blocks is None or not self.homes:
+        if not self.homes:  # no worker yet (a cluster scaling up): the scheduler places them
             return [self.client.submit(fn, *args, pure=False) for args in calls]
         return [self.client.submit(fn, *args, pure=False, allow_other_workers=True,
                                    workers=[self.homes[b % len(self.homes)]])
