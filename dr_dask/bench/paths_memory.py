@@ -19,6 +19,7 @@ import logging
 import os
 from typing import Any
 
+import dask
 import numpy as np
 import scipy.sparse as sp
 
@@ -81,11 +82,14 @@ def paths_at(graph: Any, landmarks: np.ndarray, n_workers: int, out: str,
     try:
         client.register_plugin(SpecBytes())
         # warm-up on a small chain (imports, the compiled kernels' caches in every worker),
-        # so that the measured run starts without the graph in any worker
-        chain = sp.diags([np.ones(999)], [1], shape=(1000, 1000), format="csr")
+        # so that the measured run starts without the graph in any worker: float32 weights
+        # and blocks that exchange distances, as in the measured run, else its first tasks
+        # load (or compile) kernels for those types: 65 MB of a worker's peak at W = 4
+        chain = sp.diags([np.ones(999, np.float32)], [1], shape=(1000, 1000), format="csr")
         warm = StoredGraph.write(SearchGraph.of(chain), out + "_warm_graph")
-        GeodesicRows.compute(warm, np.arange(20), client=client, dtype=np.float32,
-                             out=out + "_warm", blocks=blocks)
+        with dask.config.set({"dr_dask.graph.paths-block-nodes": 250}):
+            GeodesicRows.compute(warm, np.arange(0, 1000, 50), client=client,
+                                 dtype=np.float32, out=out + "_warm", blocks=blocks)
         release_memory(client)
         spec_bytes(client)
         workers = client.run(os.getpid)

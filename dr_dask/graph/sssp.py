@@ -70,8 +70,11 @@ class SearchGraph:
         rank = np.empty_like(perm, dtype=np.int64)
         rank[perm] = np.arange(len(perm))
         g = graph[perm]  # row slicing keeps duplicate entries and explicit zeros
-        # relabelled in place ("clip": each entry is read before it is written, no buffer)
-        np.take(rank.astype(g.indices.dtype), g.indices, out=g.indices, mode="clip")
+        # relabelled in place, a slice at a time: take buffers an output that overlaps its
+        # input, and a whole-array buffer was a copy of every edge's column at the peak
+        labels, step = rank.astype(g.indices.dtype), 1 << 20
+        for a in range(0, len(g.indices), step):
+            np.take(labels, g.indices[a:a + step], out=g.indices[a:a + step], mode="clip")
         return cls(g.indptr, g.indices, g.data, rank)
 
 
