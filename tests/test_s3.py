@@ -591,7 +591,7 @@ def test_quickstart_out_on_s3(s3_bucket, moto_endpoint, monkeypatch):
     out = f"s3://{s3_bucket}/qs"
     res = CliRunner().invoke(main, ["--scheduler", "threads", "--storage-option",
                                     f"endpoint_url={moto_endpoint}", "quickstart", "--out", out,
-                                    "-T", "120", "-N", "40"])
+                                    "-T", "120", "-N", "40", "--no-warm"])
     assert res.exit_code == 0, res.output
     loc = Location(out, {"endpoint_url": moto_endpoint})
     assert {"data.zarr", "runs.zarr", "metrics.json", "embedding.png"} <= set(loc.listdir())

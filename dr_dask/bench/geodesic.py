@@ -26,7 +26,8 @@ notebook) and once beside a LocalCluster of ``n_workers`` processes started in t
 same way in each repeat, so every ratio compares runs under the same load. Before the
 repeats, each method's first call after install is timed (no client): a fresh process whose
 ``NUMBA_CACHE_DIR`` is empty compiles the kernels, as on a new machine, against the later
-calls' median.
+calls' median; and once more after the README's set-up command, whose last step
+(:func:`~dr_dask.jobs.quickstart.warm_kernels`) compiles them into a cache of its own.
 """
 
 from __future__ import annotations
@@ -189,6 +190,8 @@ def _as_user_call(method: str, path: str, T: int, N: int, n_neighbors: int, n_wo
     exactly as a user builds it (no client, no seed), ``fit_transform`` on the NumPy rows."""
     import contextlib
 
+    from numba.core.event import install_recorder
+
     from dr_dask.metrics import r2_affine
 
     X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
@@ -210,9 +213,13 @@ def _as_user_call(method: str, path: str, T: int, N: int, n_neighbors: int, n_wo
             est = make(n_neighbors=n_neighbors, n_components=1)
         else:
             est = make(n_components=1, solver="geodesic", n_neighbors=n_neighbors)
-        with PeakRSS() as mem, timed(row, "seconds"):
+        # numba's compilations in this process (not its workers'): none when the kernels
+        # come from the cache
+        with PeakRSS() as mem, timed(row, "seconds"), install_recorder(
+                "numba:compile") as compiled:
             Y = est.fit_transform(X)
         row["peak_rss_gb_process_tree"] = mem.peak_gb
+        row["kernels_compiled"] = sum(e.is_end for _, e in compiled.buffer)
     row.update(stage_seconds=est.timings_, r2_vs_latent=r2_affine(latent, Y), embedding=Y)
     return row
 
@@ -244,11 +251,14 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
         ``sklearn_isomap`` and, per method and path, the median seconds, every repeat's,
         the ratio to scikit-learn's median and its target, peak RSS of the process tree,
         the last call's stage seconds and its R^2 to the latent (Isomap: its Procrustes
-        disparity to scikit-learn's embedding); the settings and the load averages.
+        disparity to scikit-learn's embedding), the first call's seconds and ratio to the
+        later ones' (from an empty cache and after the set-up's warm step, whose seconds are
+        ``setup_warm_seconds``); the settings and the load averages.
     """
     import statistics
 
     from dr_dask.bench.isomap import _sklearn_isomap
+    from dr_dask.jobs.quickstart import warm_kernels
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.metrics import r2_affine
 
@@ -271,6 +281,15 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
                     mock.patch.dict(os.environ, {"NUMBA_CACHE_DIR": cache}):
                 first[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
                                                   n_neighbors, n_workers, workdir)
+        # and after the README's set-up command, whose last step (the quickstart's
+        # warm_kernels) compiles the kernels of such calls into the cache
+        after_setup: dict[str, dict] = {}
+        with tempfile.TemporaryDirectory() as cache, \
+                mock.patch.dict(os.environ, {"NUMBA_CACHE_DIR": cache}):
+            out["setup_warm_seconds"] = _in_fresh_process(warm_kernels)
+            for method in AS_USER_TARGETS:
+                after_setup[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
+                                                        n_neighbors, n_workers, workdir)
         for rep in range(repeats):
             sk_emb, seconds, peak = _in_fresh_process(_sklearn_isomap, X, n_neighbors, 1)
             sk_times.append(seconds)
@@ -300,9 +319,12 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
                 row["cluster_start_seconds_median"] = statistics.median(
                     r["cluster_start_seconds"] for r in rows)
             else:
-                once = first[method]["seconds"] + first[method]["import_seconds"]
-                row["first_call_seconds"] = once
-                row["first_call_ratio"] = once / (seconds + row["import_seconds_median"])
+                later = seconds + row["import_seconds_median"]
+                for name, call in (("first_call", first), ("first_call_after_setup",
+                                                           after_setup)):
+                    once = call[method]["seconds"] + call[method]["import_seconds"]
+                    row[f"{name}_seconds"], row[f"{name}_ratio"] = once, once / later
+                    row[f"{name}_kernels_compiled"] = call[method]["kernels_compiled"]
                 row["first_call_target"] = FIRST_CALL_TARGET
             if method == "isomap":
                 row["disparity_vs_sklearn"] = procrustes_disparity(sk_emb, last["embedding"])
