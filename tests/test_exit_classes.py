@@ -370,3 +370,57 @@ def test_no_worker_exits_1_naming_the_scheduler(command, files, tmp_path, caplog
     assert f"no worker on the scheduler {address}: waiting up to 2 s" in caplog.text  # progress
     assert "Traceback" not in res.output and not os.path.exists(state)
     assert took < 60
+
+
+def _pool_race_error() -> RuntimeError:
+    """The RuntimeError distributed's connection pool raises when a connection it is making
+    is removed twice (the scheduler going away): real pool, a real server that never answers."""
+    import asyncio
+
+    from distributed.core import ConnectionPool
+
+    async def race() -> RuntimeError:
+        async def silent(reader: Any, writer: Any) -> None:
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        addr = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        pool = ConnectionPool()
+        await pool.start()
+        connecting = asyncio.ensure_future(pool.connect(addr, timeout=10))
+        await asyncio.sleep(0.5)
+        pool.remove(addr)
+        await asyncio.sleep(0)  # the first removal's timeout fires: the scope is expiring
+        try:
+            pool.remove(addr)
+        except RuntimeError as exc:
+            return exc
+        finally:
+            await asyncio.gather(connecting, return_exceptions=True)
+            await pool.close()
+            server.close()
+        raise AssertionError("the second removal did not raise")
+
+    return asyncio.run(race())
+
+
+def test_connection_pool_race_is_a_lost_cluster_not_a_bug():
+    """The scheduler killed as a command joins it can surface as distributed's "Cannot change
+    state of expiring Timeout": exit 1 saying the cluster was lost, never "internal error"."""
+    from dr_dask.runtime.cluster import cluster_gone
+
+    exc = _pool_race_error()
+    assert "expiring" in str(exc) and cluster_gone(exc)
+    assert not cluster_gone(RuntimeError("Cannot change state of expiring Timeout"))
+
+    @click.group(cls=App)
+    def app() -> None:
+        pass
+
+    @app.command()
+    def fit() -> None:
+        raise exc
+
+    res = CliRunner().invoke(app, ["fit"])
+    assert res.exit_code == 1
+    assert "the Dask cluster was lost" in res.output and "internal error" not in res.output

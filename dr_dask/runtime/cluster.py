@@ -106,15 +106,22 @@ def memory_killed(exc: KilledWorker, client: Client | None) -> WorkerOutOfMemory
 
 def cluster_gone(exc: BaseException) -> bool:
     """``exc`` says the cluster (scheduler or workers) went away, not that the work is wrong:
-    a lost-worker error, or a connection error raised by distributed's comm layer."""
+    a lost-worker error, a connection error raised by distributed's comm layer, or the
+    RuntimeError of distributed's connection pool cancelling a connection twice as the
+    scheduler goes (its cancel scope is already expiring when the second removal comes)."""
     if isinstance(exc, _lost_worker_errors()):
         return True
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    if isinstance(exc, RuntimeError):
+        return any(name == "cancel_timeout_cb" and f"{os.sep}distributed{os.sep}" in file
+                   for file, name in frames)
     if not isinstance(exc, (OSError, TimeoutError)):
         return False
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    where = frames[-1][0] if frames else ""
     return f"{os.sep}distributed{os.sep}" in where or f"{os.sep}tornado{os.sep}" in where
 
 
