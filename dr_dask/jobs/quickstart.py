@@ -12,7 +12,7 @@ import numpy as np
 import zarr
 from sklearn.decomposition import PCA
 
-from dr_dask.datasets import make_dataset
+from dr_dask.datasets import Sinusoidal, make_dataset
 from dr_dask.io.inputs import open_dataset
 from dr_dask.io.jsonio import write_json
 from dr_dask.io.storage import location, read_array
@@ -112,10 +112,10 @@ def warm_kernels(seed: int = 0) -> float:
     such call after install otherwise compiles them: about 5 of the 8 seconds of an Isomap
     of 10,000 rows. Worker processes on this machine read the same cache. Returns the
     seconds taken."""
-    rng = np.random.default_rng(seed)
-    T, N = min(int(config.get("knn.cells-min-rows")), 20_000) + 1_000, 50
-    X = np.sin(rng.normal(0.0, 2.0, (T, 1)) * rng.uniform(-1.0, 1.0, N)
-               + rng.uniform(-np.pi, np.pi, N)) + rng.normal(0.0, 0.1, (T, N))
+    T = min(int(config.get("knn.cells-min-rows")), 20_000) + 1_000
+    gen = Sinusoidal(T, 50, seed)
+    latent = gen.latents()
+    X = gen.block(gen.mapping(latent), latent, 0)
     with timed() as took, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a small graph's repairs are not the user's concern
         # below the cell search's rows (the exact search) and above

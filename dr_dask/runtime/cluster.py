@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
@@ -111,11 +112,8 @@ def cluster_gone(exc: BaseException) -> bool:
     scheduler goes (its cancel scope is already expiring when the second removal comes)."""
     if isinstance(exc, _lost_worker_errors()):
         return True
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
+    frames = [(f.f_code.co_filename, f.f_code.co_name)
+              for f, _ in traceback.walk_tb(exc.__traceback__)]
     if isinstance(exc, RuntimeError):
         return any(name == "cancel_timeout_cb" and f"{os.sep}distributed{os.sep}" in file
                    for file, name in frames)
