@@ -315,7 +315,7 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
                            search.rank)
     lanes = np.empty((len(roll), len(src)), np.float32)
     assert sssp._heap_lanes(g32.indptr, g32.indices, g32.weights, g32.rank[src],
-                             lanes) == (-1, 0)
+                             lanes, 0) == (-1, 0)
     heap32 = lanes[g32.rank].T
     np.testing.assert_array_equal(sssp.search_rows(g32, src, False, np.float32), heap32)
     np.testing.assert_allclose(heap32, ref[src], rtol=1e-5)  # summed in float32
@@ -328,6 +328,10 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
     monkeypatch.setattr(sssp, "SWEEP_BUDGET", 0.0)  # the first pair of passes is over budget
     np.testing.assert_array_equal(sssp.search_rows(search, src, True, np.float64), ref[src] ** 2)
     assert search.hint == {"heap": True}
+    # the heap that takes over writes into the whole batch, as the first source's does: one
+    # kernel per dtype, whichever way the sweeps' race against the clock went (a column slice
+    # would be typed by its contiguity, and compile again on a machine where they lost)
+    assert all(sig[4].layout == "C" for sig in sssp._heap_lanes.signatures)
     assert dijkstra_rows(G, np.array([], dtype=int)).shape == (0, len(roll))
 
 

@@ -199,9 +199,11 @@ def seeded_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,  
 
 @numba.njit(cache=True, nogil=True)
 def _heap_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
-                labels: np.ndarray, lanes: np.ndarray) -> tuple:
-    """Dijkstra from each source (by its label) into its column of ``lanes`` (T, S), nodes in
-    label order, summed in ``lanes``' dtype.
+                labels: np.ndarray, lanes: np.ndarray, first_lane: int) -> tuple:
+    """Dijkstra from each source (by its label) into its column of ``lanes`` (T, S) from
+    ``first_lane`` on, nodes in label order, summed in ``lanes``' dtype. ``lanes`` is a whole
+    batch, never a column slice of one: a slice is typed by whether it happens to be
+    contiguous, and each layout is a kernel of its own to compile.
 
     A 4-ary heap (half the depth of a binary one, and its children share a cache line: 1.4x
     faster than binary here) with lazy deletion (a node is pushed again when its distance
@@ -229,7 +231,7 @@ def _heap_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
         # element-wise: an array assigned to a slice makes numba compile its shape check's
         # error message (string formatting), a second or two on the first call after install
         for v in range(T):
-            lanes[v, r] = dist[v]
+            lanes[v, first_lane + r] = dist[v]
     return -1, 0
 
 
@@ -351,8 +353,9 @@ def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, firs
 
 
 def _heap(graph: SearchGraph, sources: np.ndarray, labels: np.ndarray,
-          lanes: np.ndarray) -> None:
-    bad, missing = _heap_lanes(graph.indptr, graph.indices, graph.weights, labels, lanes)
+          lanes: np.ndarray, first_lane: int) -> None:
+    bad, missing = _heap_lanes(graph.indptr, graph.indices, graph.weights, labels, lanes,
+                               first_lane)
     if bad >= 0:
         raise disconnected(int(sources[bad]), missing, graph.n_nodes)
 
@@ -394,7 +397,7 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray,
         done = 0
         if first:
             started = time.perf_counter()
-            _heap(graph, sources[:1], batch[:1], lanes[:, :1])
+            _heap(graph, sources[:1], batch[:1], lanes, 0)
             per_source, done = time.perf_counter() - started, 1
         if sweeps:
             # the padding lanes repeat the last source
@@ -406,7 +409,7 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray,
                 graph.hint["heap"] = True
                 logger.info("shortest paths: the sweeps lost to the heap on this graph")
         if done < m:
-            _heap(graph, sources[a + done:a + m], batch[done:], lanes[:, done:m])
+            _heap(graph, sources[a + done:a + m], batch[done:], lanes, done)
         yield a, lanes[:, :m]
 
 
