@@ -208,6 +208,35 @@ def test_double_centring_dense_tiles_new_rows_and_operator_agree():
     V = rng.normal(size=(30, 4))
     np.testing.assert_allclose(CentredOperator(D2).matmat(V), B @ V, atol=1e-10)
     np.testing.assert_allclose(CentredOperator(D2).to_dense(), B, atol=1e-12)
+    # into a buffer (float32 tiles widened on the way): the very same values
+    for tile in (D2[5:12, 20:], D2[5:12, 20:].astype(np.float32)):
+        out = np.full(tile.shape, np.nan)
+        assert double_centre(tile, r[5:12], r[20:], r.mean(), out=out) is out
+        np.testing.assert_array_equal(out, double_centre(tile, r[5:12], r[20:], r.mean()))
+
+
+def test_thread_buffers_are_kept_per_thread_and_capped():
+    """A hot loop's temporaries come from one kept buffer per thread and name (fresh pages for
+    each were most of a worker's time in the eigensolver's passes); a buffer larger than
+    KEEP_BYTES is not kept, so it never holds memory into later stages."""
+    import threading
+
+    from dr_dask.runtime.buffers import KEEP_BYTES, thread_buffer
+
+    a = thread_buffer("test", (100, 3), np.float64)
+    b = thread_buffer("test", (50, 2), np.float64)
+    assert a.shape == (100, 3) and b.shape == (50, 2) and np.shares_memory(a, b)
+    assert not np.shares_memory(a, thread_buffer("other", (100, 3), np.float64))
+    assert thread_buffer("test", (10,), np.float32).dtype == np.float32
+    elsewhere = []
+    other = threading.Thread(target=lambda: elsewhere.append(
+        thread_buffer("test", (10,), np.float32)))
+    other.start()
+    other.join()
+    assert not np.shares_memory(elsewhere[0], thread_buffer("test", (10,), np.float32))
+    big = (KEEP_BYTES // 8 + 1,)
+    assert not np.shares_memory(thread_buffer("test", big, np.float64),
+                                thread_buffer("test", big, np.float64))
 
 
 class _ProductsOnly:

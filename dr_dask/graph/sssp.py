@@ -21,6 +21,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dr_dask.linalg.tiles import even_width
+from dr_dask.runtime.buffers import thread_buffer
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +286,11 @@ def _lanes_to_rows(lanes: np.ndarray, rank: np.ndarray, out: np.ndarray, square:
     against 0.76 s a batch), whose random reads waited on memory one at a time.
     """
     for a in range(0, len(rank), GATHER_NODES):
-        block = np.take(lanes, rank[a:a + GATHER_NODES], axis=0)
+        nodes = rank[a:a + GATHER_NODES]
+        # mode="clip" (the labels are in range): with the default "raise" numpy buffers ``out``
+        block = np.take(lanes, nodes, axis=0, mode="clip",
+                        out=thread_buffer("gathered_lanes", (len(nodes), lanes.shape[1]),
+                                          lanes.dtype))
         if square:
             block = block.astype(np.float64)
             np.multiply(block, block, out=block)
@@ -369,11 +374,13 @@ def disconnected(source: int, missing: int, n_nodes: int) -> ValueError:
     )
 
 
-def lane_batches(graph: SearchGraph, sources: np.ndarray,
-                  dtype: Any) -> Iterator[tuple[int, np.ndarray]]:
+def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
+                 kept: bool = False) -> Iterator[tuple[int, np.ndarray]]:
     """Shortest paths from ``sources``, in batches of up to ``LANES`` of equal width: yields
     ``(offset, lanes)``, the distances from ``sources[offset:offset + n]`` as ``lanes`` (T, n),
-    nodes in label order.
+    nodes in label order. With ``kept``, every batch's lanes are this thread's kept buffer
+    (:mod:`dr_dask.runtime.buffers`), valid until the next batch: for a caller that is done
+    with a batch before it takes the next.
 
     The first source runs Dijkstra's heap search, which also proves the graph connected and
     times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
@@ -393,7 +400,7 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray,
         m = len(batch)
         first = int(a == 0)  # the first source runs the heap
         sweeps = m - first >= MIN_LANES and not graph.hint.get("heap")
-        lanes = _lanes(graph.n_nodes, m, dtype, whole_lines=sweeps)
+        lanes = _lanes(graph.n_nodes, m, dtype, whole_lines=sweeps, kept=kept)
         done = 0
         if first:
             started = time.perf_counter()
@@ -413,16 +420,20 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray,
         yield a, lanes[:, :m]
 
 
-def _lanes(T: int, m: int, dtype: Any, whole_lines: bool) -> np.ndarray:
-    """An uninitialised (T, m) lanes array; with ``whole_lines``, m padded to whole 64-byte
-    cache lines and each node's lanes starting on one. A sweep reads a neighbour's lanes for
-    every edge, from memory once T is large: 31 float32 lanes (124 bytes, from anywhere in a
-    line) span 2.9 lines on average, 32 lanes from a line's start span 2."""
+def _lanes(T: int, m: int, dtype: Any, whole_lines: bool, kept: bool = False) -> np.ndarray:
+    """An uninitialised (T, m) lanes array (in this thread's kept buffer if ``kept``); with
+    ``whole_lines``, m padded to whole 64-byte cache lines and each node's lanes starting on
+    one. A sweep reads a neighbour's lanes for every edge, from memory once T is large: 31
+    float32 lanes (124 bytes, from anywhere in a line) span 2.9 lines on average, 32 lanes
+    from a line's start span 2."""
+    def empty(size: int) -> np.ndarray:
+        return thread_buffer("lanes", (size,), dtype) if kept else np.empty(size, dtype)
+
     if not whole_lines:
-        return np.empty((T, m), dtype=dtype)
+        return empty(T * m).reshape(T, m)
     per_line = 64 // np.dtype(dtype).itemsize
     width = -(-m // per_line) * per_line
-    buf = np.empty(T * width + per_line, dtype=dtype)
+    buf = empty(T * width + per_line)
     skip = (-buf.ctypes.data // buf.itemsize) % per_line  # buffers are itemsize-aligned
     return buf[skip:skip + T * width].reshape(T, width)
 
@@ -478,7 +489,7 @@ def search_rows(graph: SearchGraph, sources: np.ndarray, square: bool, dtype: An
     if out is None:
         out = np.empty((len(sources), graph.n_nodes), dtype=dtype)
     batches = lane_batches(graph, np.asarray(sources, dtype=np.int64),
-                            lanes_dtype(graph.weights.dtype, out.dtype))
+                           lanes_dtype(graph.weights.dtype, out.dtype), kept=True)
     return batches_to_rows(batches, graph.rank, out, square)
 
 

@@ -3,12 +3,11 @@ inner products, and the exact float64 re-rank of float32 candidates."""
 
 from __future__ import annotations
 
-import threading
-
 import numba
 import numpy as np
 
 from dr_dask.linalg.tiles import even_width
+from dr_dask.runtime.buffers import thread_buffer
 
 #: Float32 candidates kept beyond k for the float64 re-rank (float32 misorders near-ties);
 #: shared by the brute-force and the cell search.
@@ -111,20 +110,6 @@ def select_k(inner: np.ndarray, sq: np.ndarray, col0: int, best: np.ndarray,
                 worst = b[k - 1]
 
 
-_buffers = threading.local()
-
-
-def _tile_buffer(size: int, dtype: np.dtype) -> np.ndarray:
-    """This thread's buffer for tiles of inner products, kept from call to call: a search
-    folds thousands of lists, and a fresh buffer each time is fresh pages each time where glibc
-    hands large blocks back to the system at once (distributed's workers set
-    ``MALLOC_TRIM_THRESHOLD_``)."""
-    buf = getattr(_buffers, "tile", None)
-    if buf is None or buf.dtype != dtype or buf.size < size:
-        buf = _buffers.tile = np.empty(max(size, BRUTE_TILE[0] * BRUTE_TILE[1]), dtype)
-    return buf[:size]
-
-
 def fold_knn(query: np.ndarray, data: np.ndarray, sq: np.ndarray, col0: int, best: np.ndarray,
              idx: np.ndarray, tile: tuple[int, int] = BRUTE_TILE) -> None:
     """Fold every (query, data) inner product into the running top-k lists ``best``, ``idx``
@@ -140,7 +125,7 @@ def fold_knn(query: np.ndarray, data: np.ndarray, sq: np.ndarray, col0: int, bes
     if not m or not n:
         return
     rows, cols = even_width(m, tile[0]), even_width(n, tile[1])  # a thin tile: a slow GEMM
-    buf = _tile_buffer(rows * cols, np.result_type(query.dtype, data.dtype))
+    buf = thread_buffer("inner_products", (rows * cols,), np.result_type(query.dtype, data.dtype))
     for s in range(0, m, rows):
         e = min(s + rows, m)
         for c in range(0, n, cols):

@@ -36,6 +36,7 @@ def double_centre(
     row_mean: np.ndarray | None = None,
     col_mean: np.ndarray | None = None,
     total: float | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``-1/2 (A - r 1^T - 1 c^T + t)``, which is ``-1/2 H A H`` with A's own means.
 
@@ -48,16 +49,25 @@ def double_centre(
         tiles, or the training means to centre the distance rows of new points.
     total : float, optional
         Grand mean; default A's own.
+    out : ndarray of shape (n, m), float64, optional
+        Where to write the result (it may be A itself): no temporaries, the same values.
 
     Returns
     -------
     ndarray of shape (n, m), float64
     """
-    A = np.asarray(A, dtype=np.float64)
-    r = A.mean(axis=1) if row_mean is None else np.asarray(row_mean, dtype=np.float64)
-    c = A.mean(axis=0) if col_mean is None else np.asarray(col_mean, dtype=np.float64)
-    t = float(A.mean()) if total is None else float(total)
-    return -0.5 * (A - r[:, None] - c[None, :] + t)
+    # into ``out`` a float32 A is widened element by element, not copied whole first
+    A = np.asarray(A, dtype=None if out is not None else np.float64)
+    r = A.mean(axis=1, dtype=np.float64) if row_mean is None else np.asarray(row_mean, np.float64)
+    c = A.mean(axis=0, dtype=np.float64) if col_mean is None else np.asarray(col_mean, np.float64)
+    t = float(A.mean(dtype=np.float64)) if total is None else float(total)
+    if out is None:
+        return -0.5 * (A - r[:, None] - c[None, :] + t)
+    np.subtract(A, r[:, None], out=out)  # the expression's operations, in its order
+    out -= c[None, :]
+    out += t
+    out *= -0.5
+    return out
 
 
 def centred_product(matmat: Any, V: np.ndarray) -> np.ndarray:

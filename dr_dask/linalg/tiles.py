@@ -24,6 +24,7 @@ import zarr
 
 from dr_dask.io.storage import Location, location, raise_if_transient
 from dr_dask.runtime import config
+from dr_dask.runtime.buffers import thread_buffer
 from dr_dask.runtime.cluster import active_client, compute, gather, local_threads, map_local, share
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,10 @@ def _tile_matmat(tile: Any, V: np.ndarray, rows: slice, cols: slice, diag: bool,
             # A^T V_i sums over the chunks: accumulated in float64 whatever the tile's dtype
             low = None if diag else np.zeros((Vc.shape[0], V.shape[1]))
         n = A.shape[0]
-        Ac = A.astype(dt, copy=False)
+        Ac = A
+        if A.dtype != dt:  # cast into a kept buffer (see dr_dask.runtime.buffers)
+            Ac = thread_buffer("tile_rows", A.shape, dt)
+            np.copyto(Ac, A)
         np.matmul(Ac, Vc, out=top[a:a + n])
         if low is not None:
             low += Ac.T @ Vr[a:a + n]

@@ -32,6 +32,7 @@ from dr_dask.linalg.kernels import Kernel
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
 from dr_dask.linalg.tiles import over_memory_budget, rows_per_chunk
 from dr_dask.runtime import config
+from dr_dask.runtime.buffers import thread_buffer
 from dr_dask.runtime.cluster import active_client, compute
 
 logger = logging.getLogger(__name__)
@@ -353,19 +354,22 @@ def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
 def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
     """||g(D)_ij||_F^2 of one tile (x2 off the diagonal, for the lower mirror).
 
-    By row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: g of a chunk is a cache-sized float64
-    temporary, not two or three tile-sized ones per task (at 4096^2, 128 MB each beside the tile).
+    By row chunks of ``dr_dask.tiles.kernel-chunk-bytes``: g of a chunk is computed in place
+    in one cache-sized float64 buffer (:mod:`dr_dask.runtime.buffers`), not in two or three
+    tile-sized temporaries per task (at 4096^2, 128 MB each beside the tile).
     """
     rm, cm = row_mean[rows], row_mean[cols]
     total = 0.0
-    # the float64 chunk of g
     step = rows_per_chunk(D.shape[1], 8, config.get_bytes("tiles.kernel-chunk-bytes"))
     for a in range(0, D.shape[0], step):
-        blk = D[a:a + step].astype(np.float64, copy=False)
+        blk = D[a:a + step]
+        G = thread_buffer("gram_rows", blk.shape, np.float64)
         if d_ref is None:
-            G = double_centre(blk, rm[a:a + step], cm, total_mean)
-        else:
-            G = 0.5 * (d_ref[rows][a:a + step, None] + d_ref[None, cols] - blk)
+            double_centre(blk, rm[a:a + step], cm, total_mean, out=G)
+        else:  # 0.5 (d_r 1^T + 1 d_c^T - D)
+            np.add(d_ref[rows][a:a + step, None], d_ref[None, cols], out=G)
+            G -= blk
+            G *= 0.5
         total += float(np.einsum("ij,ij->", G, G))
     return total * (1.0 if diagonal else 2.0)
 
