@@ -293,11 +293,11 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
             for method in AS_USER_TARGETS:
                 after_setup[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
                                                         n_neighbors, n_workers, workdir)
-        # "later" calls come after one that put the kernels into this machine's cache (on a
-        # new install the first timed repeat would otherwise compile them): one untimed call
-        # of each
-        for method, path in runs:
-            _in_fresh_process(_as_user_call, method, path, T, N, n_neighbors, n_workers,
+        # "later" calls come after one that put the kernels into this machine's cache, which
+        # the LocalCluster's workers read too (on a new install the first timed repeat would
+        # otherwise compile them): one untimed call of each method
+        for method in AS_USER_TARGETS:
+            _in_fresh_process(_as_user_call, method, "threads", T, N, n_neighbors, n_workers,
                               workdir)
         for rep in range(repeats):
             sk_emb, seconds, peak = _in_fresh_process(_sklearn_isomap, X, n_neighbors, 1)
