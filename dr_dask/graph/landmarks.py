@@ -22,6 +22,7 @@ from scipy.sparse.csgraph import dijkstra
 
 from dr_dask.linalg.mds import classical_mds
 from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.buffers import thread_buffer
 from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
@@ -241,9 +242,9 @@ def triangulate_block(pinv: np.ndarray, rows: Any, D2_mean: np.ndarray,
     """
     n, width = rows.shape[1], min(rows.shape[1], TRIANGULATE_COLUMNS)
     out = np.empty((n, pinv.shape[0]))
-    # one float64 buffer for every slice: fresh pages for each were most of this task's
-    # system time on a cluster's workers (distributed sets MALLOC_TRIM_THRESHOLD_)
-    buf = np.empty(rows.shape[0] * width)
+    # one float64 buffer for every slice (see dr_dask.runtime.buffers): fresh pages for each
+    # were most of this task's system time on a cluster's workers
+    buf = thread_buffer("triangulation_slices", (rows.shape[0] * width,), np.float64)
     for c in range(0, n, width):
         m = min(width, n - c)
         part = buf[:rows.shape[0] * m].reshape(rows.shape[0], m)
