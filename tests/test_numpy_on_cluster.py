@@ -19,7 +19,7 @@ def test_numpy_input_on_a_cluster_travels_outside_the_graph(cluster_client, dr_c
     X = noisy_curve(3000, 20, seed=9)
     est = LandmarkIsomap(n_neighbors=8, n_components=1, n_landmarks=40, random_state=0,
                          client=cluster_client)
-    inp = check_input(est, X, reset=True)
+    inp = check_input(est, X, reset=True, stage=True)
     graph_bytes = len(pickle.dumps(dict(inp.data.__dask_graph__())))
     assert inp.staged is not None
     assert graph_bytes < X.nbytes / 20  # the rows are not in the graph
@@ -57,3 +57,26 @@ def test_the_neighbour_search_of_a_numpy_array_stages_it_too(cluster_client, dr_
     del made[:]
     assert not any(os.path.exists(p) for p in staged), staged
     assert all(p.startswith(tempfile.gettempdir()) for p in staged)
+
+
+@pytest.mark.cluster
+def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, dr_config,
+                                                         monkeypatch):
+    """Isomap hands its rows to the workers only through its neighbour search (which stages
+    them), geodesic IKD through its staged input: either fit of a NumPy array on a cluster
+    writes the rows once, not once for the input check and again for the search."""
+    from dr_dask import IKD, Isomap
+    from dr_dask.io import inputs
+
+    dr_config({"input.stage-bytes": 1 << 14})
+    X = noisy_curve(3000, 20, seed=9)
+    made = []
+    real = inputs.rows_for_workers
+    monkeypatch.setattr(inputs, "rows_for_workers",
+                        lambda inp, client: made.append(real(inp, client)) or made[-1])
+    for est in (Isomap(n_neighbors=8, n_components=1, client=cluster_client),
+                IKD(n_components=1, solver="geodesic", n_neighbors=8, random_state=0,
+                    client=cluster_client)):
+        made.clear()
+        est.fit(X)
+        assert sum(m.staged is not None for m in made) == 1, type(est).__name__

@@ -56,13 +56,15 @@ def metric_of(est: Any) -> Metric:
     return Metric(est.metric, est.p, est.metric_params, est.neighbors_algorithm)
 
 
-def training_input(est: Any, X: Any, *, in_memory: bool = True) -> tuple[Any, Any, np.dtype]:
+def training_input(est: Any, X: Any, *, in_memory: bool = True,
+                   stage: bool = False) -> tuple[Any, Any, np.dtype]:
     """The checked training input of an Isomap estimator: ``(values, inp, dtype)``.
 
     ``values`` is a float64 array, a float64 CSR matrix (sparse features or a sparse
     precomputed graph), or (``in_memory=False`` and a stored input) None, with ``inp`` the
     :class:`~dr_dask.io.inputs.InputData` (None for sparse input); ``dtype`` is the outputs'.
-    A precomputed input must be square (T, T).
+    A precomputed input must be square (T, T). ``stage``: as
+    :func:`~dr_dask.io.validation.check_input`'s.
     """
     check_params(est)
     if sp.issparse(X):
@@ -72,7 +74,7 @@ def training_input(est: Any, X: Any, *, in_memory: bool = True) -> tuple[Any, An
         values, inp = sp.csr_matrix(values, dtype=np.float64), None
     else:
         inp = check_input(est, X, reset=True, in_memory=in_memory, dtype=FLOAT_DTYPES,
-                          min_samples=2)
+                          min_samples=2, stage=stage)
         values = inp.values
         dtype = output_dtype(values if values is not None else inp.data)
         if values is not None:

@@ -424,7 +424,7 @@ default="se"
         check_params(self)
         # a correlation needs 2 features; Algorithm 1 needs M + 2 samples
         inp = check_input(self, X, reset=True, min_samples=int(self.n_components) + 2,
-                          min_features=2)
+                          min_features=2, stage=True)
         T, N = (int(n) for n in inp.data.shape)
         cfg = self._config(T, N)
         run_stage("validate", lambda: check_values(

@@ -264,7 +264,8 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
         A stored or dask input stays where it is: the workers read its rows (its values are
         checked block by block as they are read), and this process never holds them.
         """
-        values, inp, self._out_dtype = training_input(self, X, in_memory=not is_stored(X))
+        values, inp, self._out_dtype = training_input(self, X, in_memory=not is_stored(X),
+                                                      stage=True)
         self._nbrs: NearestNeighbors | None = None
         X = values if values is not None else inp.data
         T = X.shape[0]
