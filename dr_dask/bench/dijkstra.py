@@ -69,8 +69,8 @@ def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbo
                 search_rows(graph, sources, False, np.float64, out=out)
                 runs.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                _heap_lanes(graph.indptr, graph.indices, graph.weights, graph.rank[sources], lanes,
-                            0)
+                _heap_lanes(graph.indptr, graph.indices, graph.weights, graph.rank[sources],
+                            lanes, 0)
                 heap_runs.append(time.perf_counter() - t0)
             per_source = float(np.median(runs)) / n_sources
             heap = float(np.median(heap_runs)) / n_sources
