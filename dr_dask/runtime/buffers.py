@@ -6,6 +6,10 @@ fresh pages from the system, zeroed on first touch and handed back when freed. A
 makes one per chunk spends its time in page faults (the eigensolver's passes over in-memory
 tiles ran 3.4x slower on a LocalCluster's workers than on dask's threads, the Dijkstra strips
 about 2x). Hot loops over chunks take a buffer of their thread's instead.
+
+What a thread keeps is bounded by :data:`KEEP_BYTES` per name (a handful of names, most far
+smaller: a row chunk, a tile of inner products); threads that end take theirs with them, as
+the pool of each computation on dask's threads does.
 """
 
 from __future__ import annotations
