@@ -119,17 +119,12 @@ def list_order(cent: np.ndarray, k: int = 10) -> np.ndarray:
     return np.asarray(reverse_cuthill_mckee((g + g.T).tocsr(), symmetric_mode=True), np.int64)
 
 
-def _nearest_lists(rows32: np.ndarray, cent32: np.ndarray, n: int) -> np.ndarray:
-    """(m, n) the n nearest centroids of each row (ties to the smaller list)."""
-    return brute_knn(rows32, cent32, min(n, len(cent32)))[1]
-
-
 def _assign_block(block: np.ndarray, start: int, mean: np.ndarray, cent32: np.ndarray,
                   rows_arr: zarr.Array, ids_arr: zarr.Array) -> np.ndarray:
     """Sort one row block by list into its rows of the staging arrays; its counts per list."""
     check_finite(np.asarray(block), start, "X")
     x = _centred(block, mean)
-    lists = _nearest_lists(x, cent32, 1)[:, 0]
+    lists = _probe_order(x, cent32, 1)[1][:, 0]  # each row's nearest list
     order = np.argsort(lists, kind="stable")
     rows_arr[start:start + len(x)] = x[order]
     ids_arr[start:start + len(x)] = order + start
@@ -219,7 +214,8 @@ class InvertedLists:
 def _probe_order(q: np.ndarray, cent32: np.ndarray,
                  n: int) -> tuple[np.ndarray, np.ndarray]:
     """(m, n) each row's n nearest lists, nearest first, and their centroid gaps: the squared
-    distance to the list's centroid minus that to the nearest centroid (float32).
+    distance to the list's centroid minus that to the nearest centroid (float32). Ties go to
+    the smaller list.
 
     By :func:`~dr_dask.graph.topk.brute_knn`, whose GEMM tiles live in a buffer its thread
     keeps. A GEMM of all the centroids' keys and a partial sort took 12 fresh bytes per row

@@ -348,7 +348,20 @@ def gram_dense(D: np.ndarray, d_ref_index: int | None) -> np.ndarray:
     if d_ref_index is None:
         return double_centre(D)
     d = D[:, d_ref_index]
-    return 0.5 * (d[:, None] + d[None, :] - D)
+    return reference_gram(D, d, d)
+
+
+def reference_gram(D: Any, d_rows: np.ndarray, d_cols: np.ndarray,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """g of a block of D against the reference point r: ``1/2 (d_r 1^T + 1 d_c^T - D)``,
+    where ``d_rows``, ``d_cols`` are the reference row's entries of the block's rows and
+    columns; into ``out`` (float64, the same values) without temporaries."""
+    if out is None:
+        return 0.5 * (d_rows[:, None] + d_cols[None, :] - D)
+    np.add(d_rows[:, None], d_cols[None, :], out=out)  # the expression's operations, in order
+    out -= D
+    out *= 0.5
+    return out
 
 
 def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
@@ -366,10 +379,8 @@ def _gram_frobenius_tile(D, rows, cols, diagonal, d_ref, row_mean, total_mean):
         G = thread_buffer("gram_rows", blk.shape, np.float64)
         if d_ref is None:
             double_centre(blk, rm[a:a + step], cm, total_mean, out=G)
-        else:  # 0.5 (d_r 1^T + 1 d_c^T - D)
-            np.add(d_ref[rows][a:a + step, None], d_ref[None, cols], out=G)
-            G -= blk
-            G *= 0.5
+        else:
+            reference_gram(blk, d_ref[rows][a:a + step], d_ref[cols], out=G)
         total += float(np.einsum("ij,ij->", G, G))
     return total * (1.0 if diagonal else 2.0)
 

@@ -112,13 +112,13 @@ def cluster_gone(exc: BaseException) -> bool:
     scheduler goes (its cancel scope is already expiring when the second removal comes)."""
     if isinstance(exc, _lost_worker_errors()):
         return True
+    if not isinstance(exc, (RuntimeError, OSError, TimeoutError)):
+        return False
     frames = [(f.f_code.co_filename, f.f_code.co_name)
               for f, _ in traceback.walk_tb(exc.__traceback__)]
     if isinstance(exc, RuntimeError):
         return any(name == "cancel_timeout_cb" and f"{os.sep}distributed{os.sep}" in file
                    for file, name in frames)
-    if not isinstance(exc, (OSError, TimeoutError)):
-        return False
     where = frames[-1][0] if frames else ""
     return f"{os.sep}distributed{os.sep}" in where or f"{os.sep}tornado{os.sep}" in where
 
