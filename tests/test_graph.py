@@ -473,6 +473,16 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points(monkeypatch):
 
 
 @pytest.mark.cluster
+def test_a_tasks_memory_comes_from_the_workers_whatever_the_clients_cache(cluster_client,
+                                                                          monkeypatch):
+    """The client's periodic refresh can leave it holding distributed's cluster-wide summary,
+    which lists no worker; what a task may hold still comes from the workers' limits (under
+    load a path task was once sized to the container's memory instead)."""
+    monkeypatch.setattr(cluster_client, "scheduler_info", lambda *a, **k: {"workers": {}})
+    assert thread_memory(cluster_client) == 4 * 10**9
+
+
+@pytest.mark.cluster
 def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path, monkeypatch):
     from dr_dask.graph import paths
 

@@ -351,7 +351,13 @@ def thread_memory(client: Client | None = None) -> int:
     else this process's container memory over :func:`local_threads`."""
     if client is None:
         return int(MEMORY_LIMIT // local_threads())
-    workers = client.scheduler_info()["workers"].values()
+    # asked of the scheduler here, not through Client.scheduler_info(): the client's periodic
+    # refresh swaps its cached identity for one that lists no worker, and a call can return
+    # that one (seen under load: a task sized to the container's memory, not the worker's)
+    scheduler = client.scheduler
+    identity = (client.sync(scheduler.identity) if scheduler is not None
+                else client.scheduler_info())  # a closed client: its last word
+    workers = identity["workers"].values()
     return int(min(((w.get("memory_limit") or MEMORY_LIMIT) // max(1, w["nthreads"])
                     for w in workers), default=MEMORY_LIMIT // CPU_COUNT))
 
