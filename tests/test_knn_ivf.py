@@ -92,6 +92,44 @@ def test_adaptive_probe_keeps_the_recall_where_noise_decides(small_lists, T):
     assert recall(few) < 0.9
 
 
+def test_the_bounded_probe_order_searches_what_the_whole_order_does(small_lists, tmp_path,
+                                                                    monkeypatch):
+    """After its first round the adaptive search selects only the lists within a row's gap
+    bound (its k-th distance only falls): the same neighbours, to the bit, as selecting
+    every row's 64 nearest lists up front; a bounded selection keeps exactly the rows below
+    the bound, nearest first."""
+    import dr_dask.graph._knn_ivf as ivf
+    from dr_dask.graph.topk import brute_knn
+    from dr_dask.io.storage import location
+
+    X = noisy_curve(4000, 30, seed=5) + 0.3 * np.random.RandomState(6).normal(size=(4000, 30))
+    lists = ivf.build_lists(X, location(str(tmp_path)), client=None)
+    lists = ivf.calibrated(lists, 10, client=None, random_state=0)
+    q, cent = np.asarray(lists.rows[:50]), lists.cent32
+    keys, idx = brute_knn(q, cent, len(cent))
+    bound = keys[:, 7] + 1e-9 * np.abs(keys[:, 7])  # the 8 nearest lists, no more
+    bk, bi = brute_knn(q, cent, 20, bound=bound)
+    np.testing.assert_array_equal(bi[:, :8], idx[:, :8])
+    assert (bi[:, 8:] == -1).all() and (bk[:, 8:] == bound[:, None]).all()
+    # where rounding reorders a near-tie, the first round's lists still lead, none twice
+    gaps, probes, nearest = ivf._probe_order(q, cent, 4)
+    swap = [1, 0, 2, 3]
+    _, wide = ivf._wider_order(q, cent, nearest, gaps[:, swap], probes[:, swap],
+                               np.arange(len(q)), np.full(len(q), np.inf), 12)
+    np.testing.assert_array_equal(wide[:, :4], probes[:, swap])
+    np.testing.assert_array_equal(wide[:, 4:], idx[:, 4:12])
+    got = [ivf._search_group(lists, g, 10, True) for g in range(len(lists.groups))]
+
+    def whole_order(q, cent32, nearest, gaps, probes, rows, within, width):
+        return ivf._probe_order(q, cent32, width)[:2]
+
+    monkeypatch.setattr(ivf, "_wider_order", whole_order)
+    for g, mine in enumerate(got):
+        ref = ivf._search_group(lists, g, 10, True)
+        for a, b in zip(mine, ref):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_auto_makes_one_search_and_reports_its_recall(small_lists, dr_config, monkeypatch):
     """knn="auto" above dr_dask.knn.ivf-min-rows builds the lists once, searches once (no
     exact search of every row after it) and stores the estimated recall."""

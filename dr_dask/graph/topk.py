@@ -136,17 +136,23 @@ def fold_knn(query: np.ndarray, data: np.ndarray, sq: np.ndarray, col0: int, bes
 
 
 def brute_knn(
-    query: np.ndarray, data: np.ndarray, k: int, sq: np.ndarray | None = None
+    query: np.ndarray, data: np.ndarray, k: int, sq: np.ndarray | None = None,
+    bound: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Keys and indices (Q, k) of the k nearest data rows: GEMM tiles folded into top-k lists
     (:func:`fold_knn`).
 
     The key is the squared distance minus ``||query[i]||^2``; the GEMMs run in the rows'
     dtype (float32 or float64), ``sq`` (``||data[j]||^2`` in float64) may be precomputed.
+    With ``bound`` (Q,) only rows whose key is below ``bound[i]`` are kept (padding:
+    ``bound[i]``, -1): the lists start full of it, so every other row costs one comparison
+    where a wide k would otherwise insert many.
     """
     if sq is None:
         sq = np.einsum("ij,ij->i", data, data, dtype=np.float64)
     best = np.full((query.shape[0], k), np.inf)
+    if bound is not None:
+        best[:] = bound[:, None]
     idx = np.full((query.shape[0], k), -1, dtype=np.int64)
     fold_knn(query, data, sq, 0, best, idx)
     return best, idx
