@@ -55,6 +55,24 @@ def test_each_list_holds_the_rows_nearest_its_centroid(small_lists, tmp_path):
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(len(X)))
 
 
+def test_kmeans_plusplus_seeds_one_centroid_per_cluster():
+    """The quantizer's seeds are sample rows drawn by D² sampling: on well separated clusters
+    of unequal size each cluster gets one seed (a uniform draw would most likely miss the
+    smallest), the same for the same seed."""
+    from dr_dask.graph._knn_ivf import kmeans_plusplus
+
+    rng = np.random.RandomState(0)
+    centres = rng.uniform(-50, 50, (6, 8))
+    sizes = [2000, 1000, 500, 200, 50, 10]
+    raw = np.vstack([c + rng.normal(size=(n, 8)) for c, n in zip(centres, sizes)])
+    S = (raw - raw.mean(axis=0)).astype(np.float32)
+    seeds = kmeans_plusplus(S, 6, np.random.RandomState(1))
+    assert all((S == s).all(axis=1).any() for s in seeds)
+    owner = np.argmin(((seeds[:, None] - (centres - raw.mean(axis=0))[None]) ** 2).sum(-1), 1)
+    assert sorted(owner) == list(range(6))
+    np.testing.assert_array_equal(seeds, kmeans_plusplus(S, 6, np.random.RandomState(1)))
+
+
 def test_few_probes_are_approximate_and_warned(small_lists):
     from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
