@@ -65,12 +65,12 @@ def test_kmeans_plusplus_seeds_one_centroid_per_cluster():
     centres = rng.uniform(-50, 50, (6, 8))
     sizes = [2000, 1000, 500, 200, 50, 10]
     raw = np.vstack([c + rng.normal(size=(n, 8)) for c, n in zip(centres, sizes)])
-    S = (raw - raw.mean(axis=0)).astype(np.float32)
-    seeds = kmeans_plusplus(S, 6, np.random.RandomState(1))
-    assert all((S == s).all(axis=1).any() for s in seeds)
+    rows = (raw - raw.mean(axis=0)).astype(np.float32)
+    seeds = kmeans_plusplus(rows, 6, np.random.RandomState(1))
+    assert all((rows == seed).all(axis=1).any() for seed in seeds)
     owner = np.argmin(((seeds[:, None] - (centres - raw.mean(axis=0))[None]) ** 2).sum(-1), 1)
     assert sorted(owner) == list(range(6))
-    np.testing.assert_array_equal(seeds, kmeans_plusplus(S, 6, np.random.RandomState(1)))
+    np.testing.assert_array_equal(seeds, kmeans_plusplus(rows, 6, np.random.RandomState(1)))
 
 
 def test_few_probes_are_approximate_and_warned(small_lists):
