@@ -92,6 +92,20 @@ def test_few_probes_are_approximate_and_warned(small_lists):
     assert exact.knn_recall_ == 1.0
 
 
+def test_the_recall_is_not_measured_on_the_quantizers_training_rows():
+    """The search and its recall sample share a seed, but the sample is not the rows the
+    quantizer trained on (drawn first from that seed): a training row sits nearer its own
+    centroid and is found less well, so such a sample understated the recall."""
+    from dr_dask.graph.knn import recall_rows
+
+    T, n_train = 100_000, 20_000
+    training = np.random.RandomState(7).choice(T, n_train, replace=False)
+    rows = recall_rows(T, 200, 7)
+    assert len(np.unique(rows)) == 200
+    assert len(np.intersect1d(rows, training)) < 2 * 200 * n_train / T  # chance: 40
+    np.testing.assert_array_equal(rows, recall_rows(T, 200, 7))
+
+
 @pytest.mark.parametrize("T", [1500, 4000])
 def test_adaptive_probe_keeps_the_recall_where_noise_decides(small_lists, T):
     """Without n_probe each row probes lists until their centroid gap passes a share of its

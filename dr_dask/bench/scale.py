@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from dr_dask.bench._common import bench_workdir, dataset_store, n_workers, timed_fits
+from dr_dask.bench.knn import QUERIES
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ N_NEIGHBORS = 10
 LANDMARK_METHODS = ("landmark_ikd", "landmark_isomap")
 EXACT_METHODS = ("full_ikd", "geodesic_ikd", "isomap")
 METHODS = LANDMARK_METHODS + EXACT_METHODS
-#: Rows whose neighbours are checked against brute force for the recall.
-KNN_QUERIES = 1000
 #: Rows of the seeded sample the trustworthiness is computed on (scikit-learn's is T^2).
 TRUST_ROWS = 5000
 #: Embeddings fitted beside ours for comparison (``peer=``; each an optional extra).
@@ -223,7 +222,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
             inp = open_dataset(src)
             if search_alone:
                 knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS,
-                                                      min(T, KNN_QUERIES), client, knn, n_probe)})
+                                                      min(T, QUERIES), client, knn, n_probe)})
             idx, X_sample = trust_sample(inp.data, T)
             # (method, L, a fresh estimator, what it fits)
             fits: list[tuple[str, int | None, Callable[[], Any], Any]] = []

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
               help="Also fit umap-learn (the [umap] extra) at every size, timed the same way, "
                    "and report each method's time as a ratio to it.")
 @click.option("--search-alone/--no-search-alone", default=True, show_default=True,
-              help="Also time the kNN search alone at each size, with its recall on 1,000 rows "
+              help="Also time the kNN search alone at each size, with its recall on 5,000 rows "
                    "(off for the largest sizes: it costs as much as a fit's own search, and "
                    "every fit reports its estimated recall).")
 @click.option("--as-user", "as_user", is_flag=True,
@@ -160,7 +160,7 @@ def bench_search_memory(T, workdir, json_path):
 def bench_knn(ctx, sizes, k, peers, workdir, json_path):
     """Our neighbour search (adaptive probe, and n_probe=6) against pynndescent (as umap-learn
     builds it) and faiss's IVF and HNSW on the same rows (sinusoid, N=100, float32): seconds
-    and recall on 1,000 rows against their exact neighbours, with the load average."""
+    and recall on 5,000 rows against their exact neighbours, with the load average."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.knn import PEERS, SIZES, run_knn
 

@@ -411,12 +411,21 @@ def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
     (``algorithm="exact"``: n_rows x T distances, rows read block by block) and compared as
     sets. Exact duplicates make the comparison ambiguous only at equal distances.
     """
+    rows = recall_rows(count_rows(X), n_rows, random_state)
+    return sampled_recall(X, rows, indices[rows], client=client)
+
+
+def recall_rows(T: int, n_rows: int, random_state: Any = 0) -> np.ndarray:
+    """(min(n_rows, T),) sorted rows on which a search's recall is measured, seeded by the
+    search's own ``random_state`` but not its first draws: with that stream itself the sample
+    began with the quantizer's training rows (:mod:`dr_dask.graph._knn_ivf` draws them
+    first), and a training row sits nearer its own centroid (it pulled it by a 64th of its
+    noise), so its neighbours in other lists are found less often: on the sinusoid at
+    T = 10^6, 0.955 of them against 0.979 over all rows, and the estimate understated."""
     from sklearn.utils import check_random_state  # lazy: not on workers (__init__)
 
-    T = count_rows(X)
-    rows = np.sort(check_random_state(random_state).choice(T, min(int(n_rows), T),
-                                                           replace=False))
-    return sampled_recall(X, rows, indices[rows], client=client)
+    rng = np.random.RandomState(check_random_state(random_state).randint(2**31 - 1))
+    return np.sort(rng.choice(T, min(int(n_rows), T), replace=False))
 
 
 def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
