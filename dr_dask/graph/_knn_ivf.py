@@ -286,7 +286,8 @@ def _wider_order(q: np.ndarray, cent32: np.ndarray, nearest: np.ndarray, gaps: n
     # a little wider than asked: a GEMM over other rows may round a key the other way
     slack = 1e-5 * (np.abs(near) + within)
     keys, wide = brute_knn(q[rows], cent32, width, bound=near + within + slack)
-    wide_gaps[rows, first:] = np.where(wide >= 0, keys - near[:, None], np.inf)[:, first:]
+    wide_gaps[rows, first:] = np.where(wide[:, first:] >= 0, keys[:, first:] - near[:, None],
+                                       np.inf)
     wide_probes[rows, first:] = wide[:, first:]
     # the first round's lists lead; where rounding reordered a near-tie, the rest follow them
     for i in np.flatnonzero((wide[:, :first] != probes[rows]).any(axis=1)):

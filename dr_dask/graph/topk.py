@@ -150,9 +150,8 @@ def brute_knn(
     """
     if sq is None:
         sq = np.einsum("ij,ij->i", data, data, dtype=np.float64)
-    best = np.full((query.shape[0], k), np.inf)
-    if bound is not None:
-        best[:] = bound[:, None]
+    best = np.empty((query.shape[0], k))
+    best[:] = np.inf if bound is None else bound[:, None]
     idx = np.full((query.shape[0], k), -1, dtype=np.int64)
     fold_knn(query, data, sq, 0, best, idx)
     return best, idx
