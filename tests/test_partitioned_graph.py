@@ -14,7 +14,7 @@ from scipy.sparse.csgraph import dijkstra
 
 from dr_dask.graph import DisconnectedGraphWarning, graph_from_neighbors, kneighbors
 from dr_dask.graph.components import connect_components
-from dr_dask.graph.partitioned import partitioned_graph
+from dr_dask.graph.partitioned import block_spans, partitioned_graph
 from dr_dask.graph.paths import GeodesicRows
 from dr_dask.io.storage import location
 
@@ -54,6 +54,26 @@ def test_every_list_probed_gives_the_exact_graph(small_blocks, tmp_path):
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["graph"]
 
 
+def test_a_block_reads_only_the_groups_that_sent_it_edges():
+    # group g's edges, sorted by block, from at[g]; each block gets one span per group that
+    # has edges for it, in group order, and the dense table of groups x blocks is never made
+    rng = np.random.default_rng(3)
+    B, G = 40, 25
+    dense = rng.integers(1, 50, size=(G, B)) * (rng.random((G, B)) < 0.1)
+    at = np.concatenate([[0], np.cumsum(dense.sum(axis=1) + 7)])  # slices with padding
+    sent = [(np.flatnonzero(row), row[row > 0]) for row in dense]
+    spans, per_block = block_spans(sent, at, B)
+    within = np.concatenate([np.zeros((G, 1), np.int64), np.cumsum(dense, axis=1)], axis=1)
+    for b in range(B):
+        expected = [(at[g] + within[g, b], at[g] + within[g, b + 1]) for g in range(G)
+                    if dense[g, b]]
+        assert spans[b] == expected
+    np.testing.assert_array_equal(per_block, dense.sum(axis=0))
+    assert sum(map(len, spans)) == np.count_nonzero(dense)
+    spans, per_block = block_spans([], at, 3)
+    assert spans == [[], [], []] and per_block.tolist() == [0, 0, 0]
+
+
 def _clusters(seed=0):
     rng = np.random.default_rng(seed)
     X = np.vstack([rng.normal(size=(800, 20)), rng.normal(size=(300, 20)) + 30,
@@ -85,6 +105,31 @@ def test_disconnected_graph_refused_naming_rows(small_blocks, tmp_path):
         warnings.simplefilter("error", DisconnectedGraphWarning)
         pg = _build(X, 5, tmp_path / "ignored", n_lists=20, n_probe=20, on_disconnected="ignore")
     assert pg.n_components == 3
+
+
+@pytest.mark.cluster
+def test_many_components_bridged_on_a_cluster_as_in_memory(small_blocks, cluster_client,
+                                                            dr_config, tmp_path):
+    # five clusters on a line, Borůvka over several rounds; the components are read from the
+    # blocks' roots on the workers (the client holds no label per row)
+    rng = np.random.default_rng(4)
+    X = np.vstack([rng.normal(size=(n, 20)) + 12 * c
+                   for c, n in enumerate((700, 60, 300, 25, 150))])
+    X = X[rng.permutation(len(X))]
+    d, i = kneighbors(X, 5, algorithm="exact")
+    with pytest.warns(DisconnectedGraphWarning, match="5 connected components"):
+        expected = connect_components(graph_from_neighbors(i, d, len(X)), X)
+    with pytest.warns(DisconnectedGraphWarning, match=r"5 connected components of sizes "
+                      r"\[700, 300, 150, 60, 25\]; the smallest contains rows \[(\d+, ){4}"):
+        pg = _build(X, 5, tmp_path, client=cluster_client, n_lists=20, n_probe=20)
+    assert pg.n_components == 5 and pg.n_edges == expected.nnz // 2
+    np.testing.assert_allclose(pg.graph.to_csr().toarray(), expected.toarray(), rtol=1e-5)
+    # more rows outside the largest component than may be bridged: refused, counted
+    dr_config({"graph.bridge-max-rows": 534})
+    with pytest.raises(ValueError, match=r"other than the largest hold 535 rows, more than "
+                       r"dr_dask.graph.bridge-max-rows=534"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DisconnectedGraphWarning)
+        _build(X, 5, tmp_path / "refused", client=cluster_client, n_lists=20, n_probe=20)
 
 
 def _landmark_isomap(**kw):

@@ -31,15 +31,25 @@ def describe_components(labels: np.ndarray, n_components: int,
     """Human-readable summary: number, sizes, and some rows of the smallest components
     (``rows`` maps node numbers to the row indices to name, when they differ)."""
     sizes = np.bincount(labels, minlength=n_components)
+    nodes = np.flatnonzero(labels == smallest_component(sizes))[:5]
+    return component_summary(sizes, rows(nodes) if rows is not None else nodes)
+
+
+def smallest_component(sizes: np.ndarray) -> int:
+    """The component :func:`component_summary` names rows of."""
+    return int(np.argsort(sizes)[0])
+
+
+def component_summary(sizes: np.ndarray, named: np.ndarray) -> str:
+    """:func:`describe_components` from the components' sizes and the first rows of the
+    smallest (:func:`smallest_component`)."""
     order = np.argsort(sizes)[::-1]
     shown = ", ".join(str(int(s)) for s in sizes[order[:10]])
-    more = ", ..." if n_components > 10 else ""
-    smallest = order[-1]
-    nodes = np.flatnonzero(labels == smallest)[:5]
-    named = (rows(nodes) if rows is not None else nodes).tolist()
+    more = ", ..." if len(sizes) > 10 else ""
     return (
-        f"{n_components} connected components of sizes [{shown}{more}]; "
-        f"the smallest contains rows {named}{' ...' if sizes[smallest] > 5 else ''}"
+        f"{len(sizes)} connected components of sizes [{shown}{more}]; "
+        f"the smallest contains rows {np.asarray(named).tolist()}"
+        f"{' ...' if sizes[smallest_component(sizes)] > 5 else ''}"
     )
 
 

@@ -31,6 +31,8 @@ again after a worker is lost.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import math
 import warnings
@@ -49,7 +51,7 @@ from dr_dask.graph._knn_ivf import (
     build_lists,
     calibrated,
 )
-from dr_dask.graph.components import describe_components
+from dr_dask.graph.components import component_summary, smallest_component
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
 from dr_dask.graph.knn import (
     RECALL_ROWS,
@@ -98,8 +100,10 @@ def _group_edges(lists: InvertedLists, g: int, k: int, weight: Callable,
                  sample: np.ndarray) -> tuple:
     """Group ``g``'s directed edges, both ways, into ``edges[start:]`` sorted by block.
 
-    Returns the counts per block, the neighbours (row indices) of the group's rows among
-    ``sample``, and the pairs of row indices at distance zero (duplicates).
+    Returns the blocks the edges go to with their counts (only those with edges: a group's
+    rows have neighbours in a few blocks, and a dense table of every group against every
+    block grows as T², 5 x 10⁸ entries at T = 10⁹), the neighbours (row indices) of the
+    group's rows among ``sample``, and the pairs of row indices at distance zero (duplicates).
     """
     own, d, lab, ids = _search_group(lists, g, k, True)
     src = np.repeat(np.arange(lists.label0[g], lists.label0[g + 1]), k)
@@ -114,8 +118,29 @@ def _group_edges(lists: InvertedLists, g: int, k: int, weight: Callable,
     edges[start:start + len(order)] = triples[order].astype(np.int32)
     hit = np.isin(own, sample)
     zero = (d == 0) & (lab >= 0)
-    return (np.bincount(block, minlength=len(block0) - 1), (own[hit], ids[hit]),
-            (np.repeat(own, k)[zero.ravel()], ids[zero]))
+    to, n = np.unique(block, return_counts=True)
+    return ((to, n), (own[hit], ids[hit]), (np.repeat(own, k)[zero.ravel()], ids[zero]))
+
+
+def block_spans(sent: Sequence[tuple[np.ndarray, np.ndarray]], at: np.ndarray,
+                B: int) -> tuple[list[list[tuple[int, int]]], np.ndarray]:
+    """Each block's spans of the staged edges, and its edge count.
+
+    ``sent[g]`` are the blocks group ``g``'s edges go to (ascending) and their counts; the
+    group wrote them from ``at[g]``, sorted by block. A block's spans are those of the groups
+    that sent it edges, in group order: O(blocks + spans) in this process and in the blocks'
+    task specs, where one span per group and block was quadratic in T.
+    """
+    none = [np.empty(0, np.int64)]
+    to = np.concatenate([t for t, _ in sent] + none).astype(np.int64)
+    n = np.concatenate([c for _, c in sent] + none).astype(np.int64)
+    # a group's spans follow one another from its slice's start, in block order
+    start = np.concatenate([int(a) + np.cumsum(c) - c for a, (_, c) in zip(at, sent)] + none)
+    order = np.argsort(to, kind="stable")  # by block, each block's spans in group order
+    cuts = np.searchsorted(to[order], np.arange(B + 1))
+    s, e = start[order].tolist(), (start + n)[order].tolist()
+    spans = [list(zip(s[a:b], e[a:b])) for a, b in itertools.pairwise(cuts.tolist())]
+    return spans, np.bincount(to, weights=n, minlength=B).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,44 +270,100 @@ def _components(blocks: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray, np.nda
     return comp, final[np.searchsorted(ids, comp)], sizes
 
 
-def _row_components(roots: zarr.Array, regions: list[tuple[int, int]], comp: np.ndarray,
-                    joined: np.ndarray) -> np.ndarray:
-    """The component of every label (its least joined label), from the blocks' ``roots`` at
-    ``regions`` (start, rows): T labels, held only to bridge a disconnected graph."""
-    local = np.concatenate([np.asarray(roots[at:at + m]) for at, m in regions])
-    return joined[np.searchsorted(comp, local)]
+@dataclass(frozen=True)
+class Components:
+    """The component of every label, read where it is needed: never a table of T labels.
+
+    The blocks' own components (their roots ``local``, ascending, and ``sizes``) and the
+    component each has joined (``joined``: the least label in it); each label's block-local
+    root is stored in ``roots``, block ``b``'s labels from ``block0[b]`` at ``ptr_at[b]``.
+    A connected block is one entry, so this holds about a number per block.
+    """
+
+    roots: zarr.Array
+    block0: np.ndarray
+    ptr_at: np.ndarray
+    local: np.ndarray
+    joined: np.ndarray
+    sizes: np.ndarray
+
+    def of(self, lo: int, hi: int) -> np.ndarray:
+        """The components of the labels ``[lo, hi)``, which lie in one block (a group's)."""
+        b = int(np.searchsorted(self.block0, lo, side="right")) - 1
+        at = int(self.ptr_at[b]) + lo - int(self.block0[b])
+        return self.joined[np.searchsorted(self.local, np.asarray(self.roots[at:at + hi - lo]))]
+
+    def block_labels(self, b: int, comps: np.ndarray, inside: bool,
+                     limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Block ``b``'s labels whose component is (``inside``) or is not among ``comps``, the
+        first ``limit`` of them, and their components."""
+        lo, hi = int(self.block0[b]), int(self.block0[b + 1])
+        comp = self.of(lo, hi)
+        keep = np.flatnonzero(np.isin(comp, comps) == inside)[:limit]
+        return keep + lo, comp[keep]
+
+    def merged(self, a: np.ndarray, b: np.ndarray) -> Components:
+        """These components after joining the components ``a[e]`` and ``b[e]``."""
+        ids = np.unique(self.joined)
+        parent = np.arange(len(ids))
+        _union(parent, np.searchsorted(ids, a), np.searchsorted(ids, b))
+        root = ids[_roots(parent)]  # the least label: ids ascend, union keeps the least
+        return dataclasses.replace(self, joined=root[np.searchsorted(ids, self.joined)])
 
 
 def _nearest_outside(lists: InvertedLists, g: int, queries: np.ndarray, q_comp: np.ndarray,
-                     comp: np.ndarray) -> tuple:
+                     comps: Components) -> tuple:
     """For each query row, its nearest row of group ``g`` in another component: distances,
-    labels and row indices (inf, -1, -1 when the group has none)."""
+    labels, row indices and components (inf, -1, -1, -1 when the group has none)."""
     s, n = int(lists.dest[g]), int(lists.label0[g + 1] - lists.label0[g])
     rows = np.asarray(lists.rows[s:s + n]).astype(np.float64)
     labels = np.arange(lists.label0[g], lists.label0[g + 1])
+    comp = comps.of(int(lists.label0[g]), int(lists.label0[g + 1]))
     d2 = (np.einsum("ij,ij->i", queries, queries)[:, None] - 2 * queries @ rows.T
           + np.einsum("ij,ij->i", rows, rows)[None, :])
-    d2[q_comp[:, None] == comp[labels][None, :]] = np.inf
+    d2[q_comp[:, None] == comp[None, :]] = np.inf
     j = np.argmin(d2, axis=1)
     best = d2[np.arange(len(queries)), j]
     found = np.isfinite(best)
     ids = np.asarray(lists.ids[s:s + n])
     return (np.where(found, np.sqrt(np.maximum(best, 0)), np.inf),
-            np.where(found, labels[j], -1), np.where(found, ids[j], -1))
+            np.where(found, labels[j], -1), np.where(found, ids[j], -1),
+            np.where(found, comp[j], -1))
 
 
-def _bridges(lists: InvertedLists, comp: np.ndarray, weight: Callable, client: Any,
+def _labels_of(comps: Components, wanted: np.ndarray, inside: bool, client: Any,
+               limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The labels (ascending) whose component is (or is not) among ``wanted``, the first
+    ``limit`` of them, and their components: one task per block reads its roots."""
+    task = dask.delayed(Components.block_labels, pure=True)
+    shared = dask.delayed(comps, traverse=False)
+    parts = compute(*[task(shared, b, wanted, inside, limit)
+                      for b in range(len(comps.block0) - 1)], client=client)
+    labels = np.concatenate([p[0] for p in parts])[:limit]
+    return labels, np.concatenate([p[1] for p in parts])[:limit]
+
+
+def _bridges(lists: InvertedLists, comps: Components, weight: Callable, client: Any,
              on_disconnected: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Borůvka's bridging edges (labels a, b and weights) that connect every component."""
+    """Borůvka's bridging edges (labels a, b and weights) that connect every component.
+
+    This process holds the components' table (:class:`Components`) and the rows outside the
+    largest component (at most ``dr_dask.graph.bridge-max-rows``), never a label per row.
+    """
     a_all: list[np.ndarray] = []
     b_all: list[np.ndarray] = []
     w_all: list[np.ndarray] = []
     while True:
-        roots, sizes = np.unique(comp, return_counts=True)
-        if len(roots) == 1:
+        ids, at = np.unique(comps.joined, return_inverse=True)
+        sizes = np.bincount(at, weights=comps.sizes, minlength=len(ids)).astype(np.int64)
+        if len(ids) == 1:
             break
-        outside = np.flatnonzero(comp != roots[np.argmax(sizes)])
-        summary = _summary(lists, comp, roots)
+        largest = ids[np.argmax(sizes)]
+        limit = int(config.get("graph.bridge-max-rows"))
+        n_outside = int(sizes.sum() - sizes.max())
+        if not a_all or n_outside > limit:  # name the components
+            named, _ = _labels_of(comps, ids[[smallest_component(sizes)]], True, client, 5)
+            summary = component_summary(sizes, np.sort(_rows_of(lists, named)[1]))
         if on_disconnected == "raise":
             raise ValueError(f"the neighbour graph is disconnected: {summary}. Increase "
                              "n_neighbors or n_probe, or use on_disconnected='bridge'")
@@ -291,38 +372,40 @@ def _bridges(lists: InvertedLists, comp: np.ndarray, weight: Callable, client: A
                    "edges")
             logger.warning(msg)
             warnings.warn(msg, DisconnectedGraphWarning, stacklevel=4)
-        limit = int(config.get("graph.bridge-max-rows"))
-        if len(outside) > limit:
+        if n_outside > limit:
             raise ValueError(
                 f"the neighbour graph is disconnected ({summary}) and its components other "
-                f"than the largest hold {len(outside)} rows, more than "
+                f"than the largest hold {n_outside} rows, more than "
                 f"dr_dask.graph.bridge-max-rows={limit} to bridge: increase n_neighbors or "
                 "n_probe")
+        outside, q_comp = _labels_of(comps, np.array([largest]), False, client)
         queries, q_ids = _rows_of(lists, outside)
-        q_comp = comp[outside]
         task = dask.delayed(_nearest_outside, pure=True)
         # sent once per worker, not per task
-        shared = [dask.delayed(a, traverse=False) for a in (lists, queries, q_comp, comp)]
+        shared = [dask.delayed(a, traverse=False) for a in (lists, queries, q_comp, comps)]
         parts = compute(*[task(shared[0], g, *shared[1:])
                           for g in range(len(lists.groups))], client=client)
         dist = np.stack([p[0] for p in parts])
         best = np.argmin(dist, axis=0)
         pick = np.arange(len(outside))
-        d, lab, ids = (np.stack([p[n] for p in parts])[best, pick] for n in range(3))
+        d, lab, ids_found, to = (np.stack([p[n] for p in parts])[best, pick]
+                                 for n in range(4))
         # each component's shortest edge to another one
         order = np.lexsort((d, q_comp))
         first = order[np.r_[True, q_comp[order][1:] != q_comp[order][:-1]]]
-        a, b = outside[first], lab[first]
-        w = np.asarray(weight(d[first], q_ids[first], ids[first]), dtype=np.float64)
-        a_all.append(a)
-        b_all.append(b)
+        w = np.asarray(weight(d[first], q_ids[first], ids_found[first]), dtype=np.float64)
+        a_all.append(outside[first])
+        b_all.append(lab[first])
         w_all.append(np.maximum(w, ZERO_EDGE32).astype(np.float32))
-        parent = comp.copy()
-        _union(parent, a.astype(np.int64), b.astype(np.int64))
-        comp = _roots(parent)
+        comps = comps.merged(q_comp[first], to[first])
     if not a_all:
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
     a, b, w = np.concatenate(a_all), np.concatenate(b_all), np.concatenate(w_all)
+    # two components whose shortest edges are each other's found it twice
+    _, once = np.unique(np.column_stack([np.minimum(a, b), np.maximum(a, b)]), axis=0,
+                        return_index=True)
+    once = np.sort(once)
+    a, b, w = a[once], b[once], w[once]
     logger.info("added %d bridging edges (longest weight %.4g)", len(a), w.max())
     return a, b, w
 
@@ -333,12 +416,6 @@ def _rows_of(lists: InvertedLists, labels: np.ndarray) -> tuple[np.ndarray, np.n
     pos = labels - lists.label0[g] + lists.dest[g]
     spans = [(int(p), int(p) + 1) for p in pos]
     return (read_spans(lists.rows, spans).astype(np.float64), read_spans(lists.ids, spans))
-
-
-def _summary(lists: InvertedLists, comp: np.ndarray, roots: np.ndarray) -> str:
-    """:func:`describe_components` naming row indices, not labels."""
-    return describe_components(np.searchsorted(roots, comp), len(roots),
-                               rows=lambda labels: np.sort(_rows_of(lists, labels)[1]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,18 +503,15 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
     with single_blas_thread(), timed(seconds, "search"):
         found = compute(*[task(lists_key, g, k, weight_key, block0, edges, int(at[g]), sample)
                           for g in range(len(lists.groups))], client=client)
-    counts = np.array([f[0] for f in found])  # (groups, blocks)
-    within = np.concatenate([np.zeros((len(found), 1), np.int64), np.cumsum(counts, 1)], 1)
+    span, per_block = block_spans([f[0] for f in found], at, B)
     hits = sorted((int(i), n) for f in found for i, n in zip(*f[1]))
     zero = [f[2] for f in found if len(f[2][0])]
     logger.info("partitioned graph: %d directed edges found in %d groups, %d blocks",
-                counts.sum(), len(found), B)
+                per_block.sum(), len(found), B)
 
-    # 2. blocks: each reads its spans of every group's slice and writes its block of the graph
-    span = [[(int(at[g] + within[g, b]), int(at[g] + within[g, b + 1]))
-             for g in range(len(found))] for b in range(B)]
+    # 2. blocks: each reads its spans of the groups' slices and writes its block of the graph
     unit = int(config.get("graph.stored-chunk"))
-    data_at = _offsets(counts.sum(axis=0), unit)
+    data_at = _offsets(per_block, unit)
     ptr_at = _offsets(np.diff(block0) + 1, unit)
     graph_loc = where.child("graph")
     root = StoredGraph.create(graph_loc, int(ptr_at[-1]), int(data_at[-1]), np.int32,
@@ -459,15 +533,13 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
 
     # 3. connectivity, from the blocks' components
     with timed(seconds, "connectivity"):
-        local, joined, _ = _components(blocks)
+        local, joined, local_sizes = _components(blocks)
         del blocks
         n_components = len(np.unique(joined))
         bridges: tuple = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.float32),)
         if n_components > 1 and on_disconnected != "ignore":
-            comp = _row_components(roots, [(int(ptr_at[b]), int(block0[b + 1] - block0[b]))
-                                           for b in range(B)], local, joined)
-            bridges = _bridges(lists, comp, weight, client, on_disconnected)
-            del comp
+            comps = Components(roots, block0, ptr_at[:-1], local, joined, local_sizes)
+            bridges = _bridges(lists, comps, weight, client, on_disconnected)
     where.child("roots").delete()
 
     # 4. the graph is complete once its blocks and bridges are recorded: no task holds it
