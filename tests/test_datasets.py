@@ -126,9 +126,17 @@ def test_bad_names_and_options_rejected(tmp_path):
 
 @pytest.mark.cluster
 def test_cluster_writes_same_store(tmp_path, cluster_client):
+    from dr_dask.bench.traffic import SpecBytes, spec_bytes
+
     kwargs = dict(n_samples=7000, n_features=16, chunk_size=1000, random_state=9,
                   n_features_rff=200)
+    cluster_client.register_plugin(SpecBytes())
+    spec_bytes(cluster_client)
     dist = make_dataset("gp", tmp_path / "d.zarr", client=cluster_client, **kwargs)
+    # each task reads its chunk's latent values from the store: its spec does not carry them
+    # (8 kB a chunk here; at T = 10^7 they were a 76 MB graph)
+    n, _, largest = spec_bytes(cluster_client)["write_block"]
+    assert n == 7 and largest < 2000, (n, largest)
     local = make_dataset("gp", tmp_path / "l.zarr", **kwargs)
     a, b = xr.open_zarr(dist), xr.open_zarr(local)
     assert a.attrs["params"]["method"] == "rff"

@@ -60,3 +60,33 @@ def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp
     assert graph_bytes <= reads["graph"][1] <= 2 * graph_bytes, reads["graph"]
     # the edges' shuffle reads each staged edge (both ways of every row's k) about once
     assert reads["edges"][1] <= 2 * 12 * 2 * T * k, reads["edges"]
+
+
+def hold_bytes(n_bytes, seconds):
+    import time
+
+    a = np.ones(n_bytes // 8)  # written, so resident
+    time.sleep(seconds)
+    return float(a[-1])
+
+
+def return_one():
+    return 1.0
+
+
+@pytest.mark.cluster
+def test_task_memory_is_each_tasks_own_rise(cluster_client):
+    # what `bench scale` reports as a stage's largest task: a task holding 300 MB is seen at
+    # about that, one holding nothing near zero, and a second read starts from nothing
+    import dask
+
+    from dr_dask.bench.task_memory import take_task_memory
+
+    take_task_memory(cluster_client)
+    hold = dask.delayed(hold_bytes, pure=False)
+    small = dask.delayed(return_one, pure=False)
+    dask.compute(hold(300 << 20, 0.3), small(), small(), scheduler=cluster_client)
+    seen = take_task_memory(cluster_client)
+    assert 0.9 * (300 << 20) < seen["hold_bytes"] < 1.3 * (300 << 20), seen
+    assert seen["return_one"] < 20 << 20, seen
+    assert take_task_memory(cluster_client) == {}

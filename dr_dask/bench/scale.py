@@ -31,6 +31,7 @@ import numpy as np
 
 from dr_dask.bench._common import bench_workdir, dataset_store, n_workers, timed_fits
 from dr_dask.bench.knn import QUERIES
+from dr_dask.bench.task_memory import take_task_memory
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -236,8 +237,11 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                 fits.append((peer, None, lambda: _FromStore(_umap()), src))
             for method, L, make, data in fits:
                 logger.info("scale: %s at T=%d, L=%s", method, T, L)
+                if client is not None:
+                    take_task_memory(client)  # from here on, this fit's tasks
                 m = timed_fits(make, data, 1, client)
                 est, emb = m.result, np.asarray(m.result.embedding_)
+                tasks = take_task_memory(client) if client is not None else {}
                 rows.append({
                     "method": method, "T": T, "n_landmarks": L, "seconds": m.seconds,
                     "peak_rss_gb": m.peak_rss_gb, "client_peak_gb": m.client_peak_gb,
@@ -246,6 +250,9 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                                                              n_neighbors=N_NEIGHBORS)),
                     "knn_recall": getattr(est, "knn_recall_", None),
                     "stage_seconds": est.timings_,
+                    # the largest rise of a worker's RSS during one task, per task prefix
+                    "largest_task_gb": {p: round(n / 1e9, 3) for p, n in sorted(
+                        tasks.items(), key=lambda t: -t[1])},
                 })
                 del est, m  # a landmark fit's rows in its scratch go with it
     slopes = method_slopes(rows, (*methods, *([peer] if peer else [])))

@@ -247,9 +247,15 @@ def _to_memory(gen: Generator, chunk_size: int, dtype: str) -> xr.Dataset:
 
 
 def _write_block(
-    gen: Generator, mapping: dict, latent: np.ndarray, start: int, array: Location, dtype: str
+    gen: Generator, mapping: dict, latent: np.ndarray | Location, start: int, array: Location,
+    dtype: str, rows: int = 0,
 ) -> int:
-    """Generate rows ``start ..`` of X and write them into the Zarr array at ``array``."""
+    """Generate rows ``start ..`` of X and write them into the Zarr array at ``array``, from
+    their ``latent`` values, or the ``rows`` of them read from the store's latent array at
+    that location (on a cluster: each task reads its own, none travels in a task's spec)."""
+    if isinstance(latent, Location):
+        latent = np.asarray(zarr.open_array(store=latent.zarr_store(), mode="r")[
+            start : start + rows])
     block = gen.block(mapping, latent, start).astype(dtype, copy=False)
     zarr.open_array(store=array.zarr_store(), mode="r+")[start : start + len(block)] = block
     return len(block)
@@ -319,10 +325,11 @@ def _write_store(gen: Generator, store: Location, chunk_size: int, dtype: str, c
             _write_block,
             [gen] * len(starts),
             [mapping_future] * len(starts),
-            [latent[a : a + chunk_size] for a in starts],
+            [store.child("latent")] * len(starts),
             starts,
             [array_path] * len(starts),
             [dtype] * len(starts),
+            [min(chunk_size, T - a) for a in starts],
             pure=False,
         )
         written = sum(gather(futures, client))
