@@ -34,6 +34,7 @@ def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp
         pg = partitioned_graph(Xd, k, location(str(tmp_path / "g")), client=cluster_client,
                                n_lists=80, n_probe=4)
         graph_specs = spec_bytes(cluster_client)
+    with count_reads(cluster_client) as path_reads:
         sources = np.arange(0, T, 200)
         rows = GeodesicRows.compute(pg.graph, sources, client=cluster_client, dtype=np.float32)
         paths_specs = spec_bytes(cluster_client)
@@ -41,10 +42,12 @@ def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp
     assert {"assign_block", "gather_groups", "group_edges", "block_rows"} <= set(graph_specs)
     assert {"open_block", "round", "write"} <= set(paths_specs)
     specs = {**graph_specs, **paths_specs}
-    shared = {"InvertedLists", "ndarray"}  # inputs sent once (delayed, traverse=False)
+    # inputs sent once (delayed, traverse=False): the lists' handle; the mean and centroids
+    # (assignment), the blocks' label and pointer tables (connectivity)
+    shared = {"InvertedLists": 2, "ndarray": 4}
     for prefix, (n, _, largest) in specs.items():
         if prefix in shared:
-            assert n <= 2, (prefix, n)
+            assert n <= shared[prefix], (prefix, n)
         else:  # no array inlined: a task's spec is its handles and a few numbers
             assert largest < 6000, (prefix, largest)
     # per task, what does not grow with T (all specs at T=10^6: docs/scaling.md)
@@ -57,7 +60,12 @@ def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp
     # the paths read every block of the graph about once (and the row indices once)
     g = pg.graph
     graph_bytes = 8 * (g.n_nodes + 1) + 8 * 2 * pg.n_edges + 8 * g.n_nodes
-    assert graph_bytes <= reads["graph"][1] <= 2 * graph_bytes, reads["graph"]
+    assert graph_bytes <= path_reads["graph"][1] <= 2 * graph_bytes, path_reads["graph"]
+    # the connectivity reads the blocks' pointers and columns once, and each block its own
+    # nodes' components and those of the ranges of later blocks its edges reach
+    links_bytes = 8 * g.n_nodes + 4 * 2 * pg.n_edges
+    assert links_bytes <= reads["graph"][1] <= 2 * links_bytes, reads["graph"]
+    assert 8 * T <= reads["roots"][1] <= 2 * 8 * T, reads["roots"]
     # the edges' shuffle reads each staged edge (both ways of every row's k) about once
     assert reads["edges"][1] <= 2 * 12 * 2 * T * k, reads["edges"]
 

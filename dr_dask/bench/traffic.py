@@ -29,7 +29,7 @@ from distributed.utils import key_split
 logger = logging.getLogger(__name__)
 
 #: Array names counted apart (the last of these in a chunk's path names it).
-ARRAYS = ("staging", "offsets", "lists", "edges", "graph", "paths", "X")
+ARRAYS = ("staging", "offsets", "lists", "edges", "roots", "graph", "paths", "X")
 
 
 class SpecBytes(SchedulerPlugin):
