@@ -32,7 +32,6 @@ again after a worker is lost.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 import warnings
@@ -123,8 +122,8 @@ def _group_edges(lists: InvertedLists, g: int, k: int, weight: Callable,
 
 
 def block_spans(sent: Sequence[tuple[np.ndarray, np.ndarray]], at: np.ndarray,
-                B: int) -> tuple[list[list[tuple[int, int]]], np.ndarray]:
-    """Each block's spans of the staged edges, and its edge count.
+                B: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each block's spans of the staged edges ((n, 2) starts and ends), and its edge count.
 
     ``sent[g]`` are the blocks group ``g``'s edges go to (ascending) and their counts; the
     group wrote them from ``at[g]``, sorted by block. A block's spans are those of the groups
@@ -137,9 +136,9 @@ def block_spans(sent: Sequence[tuple[np.ndarray, np.ndarray]], at: np.ndarray,
     # a group's spans follow one another from its slice's start, in block order
     start = np.concatenate([int(a) + np.cumsum(c) - c for a, (_, c) in zip(at, sent)] + none)
     order = np.argsort(to, kind="stable")  # by block, each block's spans in group order
-    cuts = np.searchsorted(to[order], np.arange(B + 1))
-    s, e = start[order].tolist(), (start + n)[order].tolist()
-    spans = [list(zip(s[a:b], e[a:b])) for a, b in itertools.pairwise(cuts.tolist())]
+    cuts = np.searchsorted(to[order], np.arange(1, B))
+    # arrays, not tuples of ints: 16 bytes a span (14.6 million spans at T = 10^9)
+    spans = np.split(np.column_stack([start, start + n])[order], cuts)
     return spans, np.bincount(to, weights=n, minlength=B).astype(np.int64)
 
 
@@ -210,7 +209,7 @@ def _roots(parent: np.ndarray) -> np.ndarray:
     return out
 
 
-def _block_rows(edges: zarr.Array, spans: list[tuple[int, int]], lo: int, hi: int,
+def _block_rows(edges: zarr.Array, spans: np.ndarray, lo: int, hi: int,
                 graph: tuple[zarr.Array, ...], ptr_at: int, data_at: int, ids: zarr.Array,
                 id_spans: list[tuple[int, int]], roots: zarr.Array) -> tuple:
     """Block ``[lo, hi)``'s CSR rows from its spans of the staging array, written as the stored

@@ -34,6 +34,7 @@ import os
 import posixpath
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
@@ -400,7 +401,8 @@ def read_array(group: zarr.Group, name: str) -> np.ndarray:
     return np.asarray(node[...])
 
 
-def read_spans(arr: zarr.Array, spans: list[tuple[int, int]]) -> np.ndarray:
+def read_spans(arr: zarr.Array,
+               spans: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
     """``arr``'s rows of the spans, in order, in one array: adjacent spans read at once, each
     run decoded straight into its place (joining runs read apart held everything twice)."""
     runs: list[list[int]] = []
