@@ -14,13 +14,16 @@ Over the inverted lists of :mod:`dr_dask.graph._knn_ivf` (at the fit's scratch l
    float32 weights, 8 bytes per directed edge, nodes numbered by label; its own chunks), and
    its components over its own edges, with its boundary (the nodes with edges to other
    blocks).
-3. **Connectivity**: this process joins the blocks' components through their boundaries
-   (union-find over the boundary nodes, never a node per row nor the E edges). A
-   disconnected graph is bridged as Borůvka's step does
-   (:func:`~dr_dask.graph.components.connect_components`): every component but the largest
-   gets its shortest edge to another component, found by one task per group over that
-   group's rows; repeated until one component remains (only then does this process hold the
-   component of every row).
+3. **Connectivity** (one task per block, then this process): each block reads its stored
+   rows and the components of the later blocks its edges reach, and returns the pairs of
+   components its edges join; this process joins them (union-find over the blocks'
+   components, never a node per row nor the E edges). A disconnected graph is bridged by
+   Borůvka's steps: every component but the largest gets its shortest edge to another
+   component, found by one task per group over that group's rows for the rows outside the
+   largest, each task reading its rows' components from the blocks' (:class:`Components`);
+   repeated until one component remains. Each such edge is the shortest across a cut, so
+   the bridges are the minimum spanning tree over the components, the edges
+   :func:`~dr_dask.graph.components.connect_components` adds (distinct lengths).
 4. **Assembly**: the blocks' table and the bridges are recorded beside the blocks; no task
    ever holds the graph. The shortest-path tasks open it where they run, by blocks
    (:mod:`dr_dask.graph.block_paths`) or whole.
