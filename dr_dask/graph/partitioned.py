@@ -6,14 +6,13 @@ Over the inverted lists of :mod:`dr_dask.graph._knn_ivf` (at the fit's scratch l
    neighbours (:func:`~dr_dask.graph._knn_ivf._search_group`); each edge is kept in both
    directions, weighted, sorted by the *block* of its first end (blocks: consecutive label
    ranges of about ``dr_dask.graph.block-edges`` edges), and written to the group's own
-   chunks of a staging array. Only the counts per block come back.
-2. **Blocks** (one task per block): a block reads its edges from every group's slice (the
-   shuffle, through the store), merges duplicate edges by their maximum weight (as
+   chunks of a staging array. Only the blocks they go to and their counts come back.
+2. **Blocks** (one task per block): a block reads its edges from the slices of the groups
+   that sent it some (the shuffle, through the store), merges duplicate edges by their maximum weight (as
    :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`) into CSR rows, writes them as
    its block of the stored graph (:class:`~dr_dask.graph.stored.StoredGraph`: int32 columns,
    float32 weights, 8 bytes per directed edge, nodes numbered by label; its own chunks), and
-   its components over its own edges, with its boundary (the nodes with edges to other
-   blocks).
+   its components over its own edges (each node's root, to the store).
 3. **Connectivity** (one task per block, then this process): each block reads its stored
    rows and the components of the later blocks its edges reach, and returns the pairs of
    components its edges join; this process joins them (union-find over the blocks'
@@ -140,7 +139,7 @@ def block_spans(sent: Sequence[tuple[np.ndarray, np.ndarray]], at: np.ndarray,
     start = np.concatenate([int(a) + np.cumsum(c) - c for a, (_, c) in zip(at, sent)] + none)
     order = np.argsort(to, kind="stable")  # by block, each block's spans in group order
     cuts = np.searchsorted(to[order], np.arange(1, B))
-    # arrays, not tuples of ints: 16 bytes a span (14.6 million spans at T = 10^9)
+    # arrays, not tuples of ints: 16 bytes a span (about 2 million spans at T = 10^9)
     spans = np.split(np.column_stack([start, start + n])[order], cuts)
     return spans, np.bincount(to, weights=n, minlength=B).astype(np.int64)
 
@@ -257,7 +256,7 @@ def _block_links(indptr: zarr.Array, indices: zarr.Array, roots: zarr.Array, b: 
     components are known only once every block has run, hence a pass of its own). A block
     connected inside joins each block it reaches once: a few pairs per block, where its edges
     out, which the client took before, are most of its edges on data whose neighbourhoods are
-    wider than a block (14 GB at T = 10^8 on the noisy sinusoid).
+    wider than a block (13 GB at T = 10^8 on the noisy sinusoid).
     """
     lo, hi, at = int(block0[b]), int(block0[b + 1]), int(ptr_at[b])
     ptr = np.asarray(indptr[at:at + hi - lo + 1], np.int64)
