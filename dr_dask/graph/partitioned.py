@@ -8,11 +8,12 @@ Over the inverted lists of :mod:`dr_dask.graph._knn_ivf` (at the fit's scratch l
    ranges of about ``dr_dask.graph.block-edges`` edges), and written to the group's own
    chunks of a staging array. Only the blocks they go to and their counts come back.
 2. **Blocks** (one task per block): a block reads its edges from the slices of the groups
-   that sent it some (the shuffle, through the store), merges duplicate edges by their maximum weight (as
-   :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`) into CSR rows, writes them as
-   its block of the stored graph (:class:`~dr_dask.graph.stored.StoredGraph`: int32 columns,
-   float32 weights, 8 bytes per directed edge, nodes numbered by label; its own chunks), and
-   its components over its own edges (each node's root, to the store).
+   that sent it some (the shuffle, through the store), merges duplicate edges by their
+   maximum weight (as :func:`~dr_dask.graph.neighbour_graph.graph_from_neighbors`) into CSR
+   rows, writes them as its block of the stored graph
+   (:class:`~dr_dask.graph.stored.StoredGraph`: int32 columns, float32 weights, 8 bytes per
+   directed edge, nodes numbered by label; its own chunks), and its components over its own
+   edges (each node's root, to the store).
 3. **Connectivity** (one task per block, then this process): each block reads its stored
    rows and the components of the later blocks its edges reach, and returns the pairs of
    components its edges join; this process joins them (union-find over the blocks'
