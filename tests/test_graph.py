@@ -310,6 +310,11 @@ def test_sweeps_equal_the_heap_and_give_way_to_it(roll, monkeypatch, tmp_path):
         assert lanes.shape == (len(roll), width) and lanes.ctypes.data % 64 == 0
     search = sssp.SearchGraph.of(sssp.as_csr(G))
     monkeypatch.setattr(sssp, "SWEEP_BUDGET", np.inf)  # the sweeps run whatever they cost
+    # each batch comes whole (padding included, C-contiguous), its width beside it: a view of
+    # its first lanes was copied whole by np.take at every gather of the rows
+    batches = [(a, m, lanes.shape, lanes.flags.c_contiguous)
+               for a, m, lanes in sssp.lane_batches(search, src, np.float64)]
+    assert batches == [(0, 50, (len(roll), 56), True), (50, 50, (len(roll), 56), True)]
     np.testing.assert_array_equal(sssp.search_rows(search, src, False, np.float64), ref[src])
     g32 = sssp.SearchGraph(search.indptr, search.indices, search.weights.astype(np.float32),
                            search.rank)

@@ -277,20 +277,25 @@ def _sweep(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: n
 GATHER_NODES = 4096
 
 
-def _lanes_to_rows(lanes: np.ndarray, rank: np.ndarray, out: np.ndarray, square: bool) -> None:
-    """``out[r, i]`` = lane r of node ``rank[i]`` (squared in float64 if ``square``).
+def _lanes_to_rows(lanes: np.ndarray, m: int, rank: np.ndarray, out: np.ndarray,
+                   square: bool) -> None:
+    """``out[r, i]`` = lane r < m of node ``rank[i]`` (squared in float64 if ``square``).
 
     The nodes' lanes are gathered a block at a time (``np.take`` copies each node's lanes
     with many reads in flight) and the block transposed into ``out``: 7-10x faster than a
     compiled loop reading one node's lanes after another (T=10^6, 64 float32 lanes: 0.08
-    against 0.76 s a batch), whose random reads waited on memory one at a time.
+    against 0.76 s a batch), whose random reads waited on memory one at a time. ``lanes``
+    must be C-contiguous (all its padded lanes, of which the first m count): ``np.take``
+    copies a strided array whole before each gather, 2.5 GB a call at T = 10^7 with 63 of 64
+    lanes, which made writing a task's rows take half an hour instead of seconds.
     """
+    assert lanes.flags.c_contiguous  # else np.take copies it whole at every call
     for a in range(0, len(rank), GATHER_NODES):
         nodes = rank[a:a + GATHER_NODES]
         # mode="clip" (the labels are in range): with the default "raise" numpy buffers ``out``
         block = np.take(lanes, nodes, axis=0, mode="clip",
                         out=thread_buffer("gathered_lanes", (len(nodes), lanes.shape[1]),
-                                          lanes.dtype))
+                                          lanes.dtype))[:, :m]
         if square:
             block = block.astype(np.float64)
             np.multiply(block, block, out=block)
@@ -377,8 +382,9 @@ def disconnected(source: int, missing: int, n_nodes: int) -> ValueError:
 def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
                  kept: bool = False) -> Iterator[tuple[int, np.ndarray]]:
     """Shortest paths from ``sources``, in batches of up to ``LANES`` of equal width: yields
-    ``(offset, lanes)``, the distances from ``sources[offset:offset + n]`` as ``lanes`` (T, n),
-    nodes in label order. With ``kept``, every batch's lanes are this thread's kept buffer
+    ``(offset, n, lanes)``, the distances from ``sources[offset:offset + n]`` as the first n
+    columns of ``lanes`` (T, n or more: padded to whole cache lines, C-contiguous), nodes in
+    label order. With ``kept``, every batch's lanes are this thread's kept buffer
     (:mod:`dr_dask.runtime.buffers`), valid until the next batch: for a caller that is done
     with a batch before it takes the next.
 
@@ -417,7 +423,7 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
                 logger.info("shortest paths: the sweeps lost to the heap on this graph")
         if done < m:
             _heap(graph, sources[a + done:a + m], batch[done:], lanes, done)
-        yield a, lanes[:, :m]
+        yield a, m, lanes
 
 
 def _lanes(T: int, m: int, dtype: Any, whole_lines: bool, kept: bool = False) -> np.ndarray:
@@ -493,12 +499,12 @@ def search_rows(graph: SearchGraph, sources: np.ndarray, square: bool, dtype: An
     return batches_to_rows(batches, graph.rank, out, square)
 
 
-def batches_to_rows(batches: Iterable[tuple[int, np.ndarray]], rank: np.ndarray,
+def batches_to_rows(batches: Iterable[tuple[int, int, np.ndarray]], rank: np.ndarray,
                      out: np.ndarray, square: bool) -> np.ndarray:
     """``out`` (S, len(rank)): the distances of :func:`lane_batches`' ``batches`` to the nodes
     of label ``rank``, in that order."""
-    for a, lanes in batches:
-        _lanes_to_rows(lanes, rank, out[a:a + lanes.shape[1]], square)
+    for a, m, lanes in batches:
+        _lanes_to_rows(lanes, m, rank, out[a:a + m], square)
     return out
 
 
