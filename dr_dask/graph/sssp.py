@@ -380,7 +380,7 @@ def disconnected(source: int, missing: int, n_nodes: int) -> ValueError:
 
 
 def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
-                 kept: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+                 kept: bool = False) -> Iterator[tuple[int, int, np.ndarray]]:
     """Shortest paths from ``sources``, in batches of up to ``LANES`` of equal width: yields
     ``(offset, n, lanes)``, the distances from ``sources[offset:offset + n]`` as the first n
     columns of ``lanes`` (T, n or more: padded to whole cache lines, C-contiguous), nodes in
