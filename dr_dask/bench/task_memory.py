@@ -65,21 +65,22 @@ class TaskMemory(WorkerPlugin):
 
 
 def take_task_memory(client: Any) -> dict[str, int]:
-    """The largest task's rise per prefix over ``client``'s workers since the last call (the
-    plugin registered on them first, if it is not yet), reset."""
+    """The largest task's rise per prefix over ``client``'s workers since the last call,
+    reset (the plugin is registered on the workers that lack it, which had nothing to
+    report)."""
 
-    def take(dask_worker: Any) -> dict[str, int]:
+    def take(dask_worker: Any) -> dict[str, int] | None:
         plugin = dask_worker.plugins.get(TaskMemory.name)
         if plugin is None:
-            return {}
+            return None
         out, plugin.largest = plugin.largest, {}
         return out
 
-    if not all(TaskMemory.name in w for w in client.run(lambda dask_worker: list(
-            dask_worker.plugins)).values()):
+    parts = list(client.run(take).values())
+    if any(p is None for p in parts):
         client.register_plugin(TaskMemory())
     out: dict[str, int] = {}
-    for part in client.run(take).values():
-        for prefix, n in part.items():
+    for part in parts:
+        for prefix, n in (part or {}).items():
             out[prefix] = max(out.get(prefix, 0), n)
     return out

@@ -278,13 +278,13 @@ def _block_links(indptr: zarr.Array, indices: zarr.Array, roots: zarr.Array, b: 
     return np.unique(np.column_stack([own, other]), axis=0)
 
 
-def _components(comp: np.ndarray, links: np.ndarray) -> np.ndarray:
-    """The component (its least label) that each of the blocks' components ``comp`` (their
-    roots, ascending) joins through the ``links`` between them (:func:`_block_links`): a
-    union-find over the blocks' components, never a node per row nor the edges."""
-    parent = np.arange(len(comp))
-    _union(parent, np.searchsorted(comp, links[:, 0]), np.searchsorted(comp, links[:, 1]))
-    return comp[_roots(parent)]  # the least label: comp ascends, union keeps the least
+def _joined(ids: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each of the components ``ids`` (their least labels, ascending), the least label of
+    the component it is in once ``a[e]`` and ``b[e]`` are joined: a union-find over the
+    components, never a node per row nor the edges."""
+    parent = np.arange(len(ids))
+    _union(parent, np.searchsorted(ids, a), np.searchsorted(ids, b))
+    return ids[_roots(parent)]  # the least label: ids ascend, union keeps the least
 
 
 @dataclass(frozen=True)
@@ -322,9 +322,7 @@ class Components:
     def merged(self, a: np.ndarray, b: np.ndarray) -> Components:
         """These components after joining the components ``a[e]`` and ``b[e]``."""
         ids = np.unique(self.joined)
-        parent = np.arange(len(ids))
-        _union(parent, np.searchsorted(ids, a), np.searchsorted(ids, b))
-        root = ids[_roots(parent)]  # the least label: ids ascend, union keeps the least
+        root = _joined(ids, a, b)
         return dataclasses.replace(self, joined=root[np.searchsorted(ids, self.joined)])
 
 
@@ -557,7 +555,8 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
         tables = [dask.delayed(a, traverse=False) for a in (block0, ptr_at)]  # once a worker
         links = compute(*[task(arrays[0], arrays[2], roots, b, *tables, int(data_at[b]))
                           for b in range(B)], client=client)
-        joined = _components(local, np.concatenate([*links, np.empty((0, 2), np.int64)]))
+        pairs = np.concatenate([*links, np.empty((0, 2), np.int64)])
+        joined = _joined(local, pairs[:, 0], pairs[:, 1])
         del links
         n_components = len(np.unique(joined))
         bridges: tuple = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.float32),)
