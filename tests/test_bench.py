@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import idle_rss_gb, plausible_peak
+from conftest import idle_rss_gb, noisy_curve, plausible_peak
 
 from dr_dask.cli import main
 from dr_dask.runtime.blas import single_blas_thread
@@ -179,7 +180,28 @@ def test_bench_dijkstra(tmp_path):
     assert row["ratio_to_smallest_T"] == 1.0 and isinstance(row["sweeps_kept"], bool)
 
 
+def test_bench_dijkstra_over_a_stored_graph_times_each_pass(tmp_path):
+    from dr_dask.graph.neighbour_graph import kneighbors_graph
+    from dr_dask.graph.sssp import SearchGraph
+    from dr_dask.graph.stored import StoredGraph
+
+    X = noisy_curve(3000, 10)
+    graph = kneighbors_graph(X, 10).astype(np.float32)
+    StoredGraph.write(SearchGraph.of(graph), str(tmp_path / "graph"))
+    r = bench("dijkstra", "--graph", str(tmp_path / "graph"), "--sources", "40")
+    assert r["nodes"] == 3000 and r["edges"] >= 3000 * 10
+    (batch,) = r["batches"]  # 40 sources: one batch of lanes, the first by the heap
+    assert batch["sources"] == 40 and batch["heap_seconds"] > 0
+    passes = batch["passes"]
+    # forward and backward pairs; the first recomputes nodes, the last pair changes nothing
+    assert len(passes) % 2 == 0 and len(passes) >= 4
+    assert passes[0][0] > 0 and passes[-1][0] == passes[-2][0] == 0
+    assert sum(s for _, s in passes) <= batch["seconds"] <= r["seconds"]
+    assert finite_positive(r["open_seconds"], r["seconds_per_source"], r["peak_rss_gb"])
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    (["bench", "dijkstra", "--graph", "no/such/graph"], "no/such/graph"),
     (["--scheduler", "tcp://127.0.0.1:1", "bench", "geodesic", "--T", "600"],
      "size it with --workers, not --scheduler"),
     (["bench", "dijkstra", "--max-T", "10"], "--max-T"),

@@ -10,12 +10,18 @@ baseline of the same run). Reported per T: ms per source for both and their rati
 the sweeps kept the graph, ns per ``T ln T`` (flat while the search runs at one speed), that
 figure as a ratio to the smallest T's, and the bytes the heap touches for every source: the
 CSR graph (indptr, int32 indices, float64 weights), the distance array and the relabelling.
+
+:func:`run_stored` times instead one whole-graph path task over a stored graph (as a fit's
+scratch holds it): its opening, its heap search, each sweep pass (nodes recomputed, seconds)
+and its peak memory. A pass's seconds on one graph compare machines, and commits on one
+machine, where a fit's time alone cannot tell a slower memory system from more passes.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import resource
 import time
 from typing import Any
 
@@ -88,3 +94,44 @@ def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbo
         for row in rows:
             row["ratio_to_smallest_T"] = row["ns_per_T_log_T"] / base
         return {"n_sources": n_sources, "n_neighbors": n_neighbors, "threads": 1, "rows": rows}
+
+
+def run_stored(where: str, n_sources: int = 63, seed: int = 0) -> dict:
+    """One whole-graph shortest-path task over the stored graph at ``where``, on one thread.
+
+    As a fit's path task runs it (:func:`dr_dask.graph.sssp.lane_batches` over the graph
+    opened whole, float32 lanes, no rows written): ``n_sources`` seeded random sources in
+    batches of up to 64 lanes, the first source by the heap.
+
+    Returns
+    -------
+    dict
+        ``open_seconds`` (reading and reordering the graph), per batch its ``sources``,
+        ``heap_seconds`` (first batch), ``passes`` ([nodes recomputed, seconds] per sweep)
+        and ``seconds``; ``seconds_per_source``, and ``peak_rss_gb`` of this process.
+    """
+    from dr_dask.graph.sssp import lane_batches, lanes_dtype
+    from dr_dask.graph.stored import StoredGraph
+
+    stored = StoredGraph.at(where)
+    started = time.perf_counter()
+    graph = stored.open()
+    opened = time.perf_counter() - started
+    sources = np.random.RandomState(seed).choice(graph.n_nodes, min(n_sources, graph.n_nodes),
+                                                 replace=False)
+    dtype = lanes_dtype(graph.weights.dtype, np.float32)
+    batches: list[dict[str, Any]] = []
+    started = last = time.perf_counter()
+    for _, m, _lanes in lane_batches(graph, sources, dtype):
+        now = time.perf_counter()
+        batches.append({"sources": m, "seconds": now - last,
+                        "heap_seconds": graph.hint.pop("heap_seconds", None),
+                        "passes": [list(p) for p in graph.hint.pop("passes", [])]})
+        last = now
+        logger.info("%d sources in %.1f s, %d sweep passes", m, batches[-1]["seconds"],
+                    len(batches[-1]["passes"]))
+    total = time.perf_counter() - started
+    return {"graph": where, "nodes": graph.n_nodes, "edges": int(graph.indices.size),
+            "open_seconds": opened, "batches": batches, "seconds": total,
+            "seconds_per_source": total / max(len(sources), 1),
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}

@@ -95,14 +95,29 @@ def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, 
 @click.option("--max-T", "max_T", type=click.IntRange(min=1000), default=None,
               help="Skip the sizes above this T (default: up to 100,000).")
 @click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
+@click.option("--graph", "graph", default=None, metavar="STORE",
+              help="Instead, time one whole-graph path task over this stored graph (a fit's "
+                   "scratch graph/): its opening, heap, and each sweep pass.")
+@click.option("--sources", type=click.IntRange(min=1), default=63, show_default=True,
+              help="Sources of the --graph task.")
 @json_option
-def bench_dijkstra(max_T, workdir, json_path):
+def bench_dijkstra(max_T, workdir, graph, sources, json_path):
     """Shortest paths' cost per source against T on one thread (kNN graphs of the sinusoid,
     k=10): ms per source with the sweeps and with the heap alone, their ratio, ns per T log T
-    and the bytes each search touches."""
+    and the bytes each search touches. With --graph, one path task over a stored graph."""
     from dr_dask.bench._common import write_report
-    from dr_dask.bench.dijkstra import SIZES, run_dijkstra
+    from dr_dask.bench.dijkstra import SIZES, run_dijkstra, run_stored
 
+    if graph is not None:
+        from dr_dask.graph.stored import StoredGraph
+
+        try:  # the store is read, never written
+            StoredGraph.at(graph)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(f"no stored graph at {graph}: {exc}",
+                                     param_hint="--graph") from None
+        click.echo(write_report(run_stored(graph, sources), json_path))
+        return
     sizes = tuple(T for T in SIZES if max_T is None or max_T >= T) or (max_T,)
     click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))
 

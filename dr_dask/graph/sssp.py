@@ -344,19 +344,24 @@ def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, firs
     nodes in their reverse Cuthill-McKee order until a pair of passes changes nothing. Exact,
     and bit for bit Dijkstra's distances (both give the least rounded path sum). Lanes before
     ``first`` hold final distances already. Returns False, with ``lanes`` incomplete, when
-    past ``deadline`` (``time.perf_counter``)."""
+    past ``deadline`` (``time.perf_counter``). Each pass's nodes recomputed and seconds are
+    left in ``graph.hint["passes"]`` (this call's only): what separates a slower machine from
+    more passes (``dr-dask bench dijkstra --graph``)."""
     T = graph.n_nodes
     lanes[:, first:] = np.inf
     lanes[labels[first:], np.arange(first, len(labels))] = 0.0
     stamp = np.zeros(T, dtype=np.int64)  # when a node's distances last fell
     seen = np.zeros(T, dtype=np.int64)  # when a node was last recomputed
     stamp[labels[first:]] = now = 1
+    passes: list[tuple[int, float]] = []
+    graph.hint["passes"] = passes
     while True:
-        forward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
-                              now, False)
-        backward, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
-                               now, True)
-        if not forward + backward:
+        for backward in (False, True):
+            started = time.perf_counter()
+            work, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
+                               now, backward)
+            passes.append((int(work), time.perf_counter() - started))
+        if not passes[-1][0] + passes[-2][0]:
             return True
         if time.perf_counter() > deadline:
             return False
@@ -412,6 +417,7 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
             started = time.perf_counter()
             _heap(graph, sources[:1], batch[:1], lanes, 0)
             per_source, done = time.perf_counter() - started, 1
+            graph.hint["heap_seconds"] = per_source
         if sweeps:
             # the padding lanes repeat the last source
             padded = np.concatenate([batch, np.repeat(batch[-1], lanes.shape[1] - m)])
