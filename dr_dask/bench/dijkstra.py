@@ -122,12 +122,9 @@ def run_stored(where: str, n_sources: int = 63, seed: int = 0) -> dict:
     dtype = lanes_dtype(graph.weights.dtype, np.float32)
     batches: list[dict[str, Any]] = []
     started = last = time.perf_counter()
-    for _, m, _lanes in lane_batches(graph, sources, dtype):
+    for _, m, _lanes in lane_batches(graph, sources, dtype, record=batches):
         now = time.perf_counter()
-        batches.append({"sources": m, "seconds": now - last,
-                        "heap_seconds": graph.hint.pop("heap_seconds", None),
-                        "passes": [list(p) for p in graph.hint.pop("passes", [])]})
-        last = now
+        batches[-1]["seconds"], last = now - last, now
         logger.info("%d sources in %.1f s, %d sweep passes", m, batches[-1]["seconds"],
                     len(batches[-1]["passes"]))
     total = time.perf_counter() - started

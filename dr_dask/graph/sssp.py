@@ -338,30 +338,30 @@ SWEEP_BUDGET = 1.0
 
 
 def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, first: int,
-                 deadline: float) -> bool:
+                 deadline: float, passes: list[tuple[int, float]]) -> bool:
     """Shortest paths from every source at once by Gauss-Seidel Bellman-Ford sweeps
     (Bertsekas 1998, "Network Optimization", Section 2.3): forward and backward passes over the
     nodes in their reverse Cuthill-McKee order until a pair of passes changes nothing. Exact,
     and bit for bit Dijkstra's distances (both give the least rounded path sum). Lanes before
     ``first`` hold final distances already. Returns False, with ``lanes`` incomplete, when
-    past ``deadline`` (``time.perf_counter``). Each pass's nodes recomputed and seconds are
-    left in ``graph.hint["passes"]`` (this call's only): what separates a slower machine from
-    more passes (``dr-dask bench dijkstra --graph``)."""
+    past ``deadline`` (``time.perf_counter``). Appends each pass's nodes recomputed and
+    seconds to ``passes``: what tells a slower machine from more passes
+    (``dr-dask bench dijkstra --graph``)."""
     T = graph.n_nodes
     lanes[:, first:] = np.inf
     lanes[labels[first:], np.arange(first, len(labels))] = 0.0
     stamp = np.zeros(T, dtype=np.int64)  # when a node's distances last fell
     seen = np.zeros(T, dtype=np.int64)  # when a node was last recomputed
     stamp[labels[first:]] = now = 1
-    passes: list[tuple[int, float]] = []
-    graph.hint["passes"] = passes
     while True:
+        work = 0
         for backward in (False, True):
             started = time.perf_counter()
-            work, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
-                               now, backward)
-            passes.append((int(work), time.perf_counter() - started))
-        if not passes[-1][0] + passes[-2][0]:
+            nodes, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
+                                now, backward)
+            work += nodes
+            passes.append((int(nodes), time.perf_counter() - started))
+        if not work:
             return True
         if time.perf_counter() > deadline:
             return False
@@ -384,14 +384,16 @@ def disconnected(source: int, missing: int, n_nodes: int) -> ValueError:
     )
 
 
-def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
-                 kept: bool = False) -> Iterator[tuple[int, int, np.ndarray]]:
+def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any, kept: bool = False,
+                 record: list | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
     """Shortest paths from ``sources``, in batches of up to ``LANES`` of equal width: yields
     ``(offset, n, lanes)``, the distances from ``sources[offset:offset + n]`` as the first n
     columns of ``lanes`` (T, n or more: padded to whole cache lines, C-contiguous), nodes in
     label order. With ``kept``, every batch's lanes are this thread's kept buffer
     (:mod:`dr_dask.runtime.buffers`), valid until the next batch: for a caller that is done
-    with a batch before it takes the next.
+    with a batch before it takes the next. With ``record``, each batch appends what it cost:
+    ``{"sources", "heap_seconds" (the first source's, None after), "passes"}`` (each sweep
+    pass's nodes recomputed and seconds).
 
     The first source runs Dijkstra's heap search, which also proves the graph connected and
     times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
@@ -413,16 +415,19 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any,
         sweeps = m - first >= MIN_LANES and not graph.hint.get("heap")
         lanes = _lanes(graph.n_nodes, m, dtype, whole_lines=sweeps, kept=kept)
         done = 0
+        passes: list[tuple[int, float]] = []
         if first:
             started = time.perf_counter()
             _heap(graph, sources[:1], batch[:1], lanes, 0)
             per_source, done = time.perf_counter() - started, 1
-            graph.hint["heap_seconds"] = per_source
+        if record is not None:
+            record.append({"sources": m, "heap_seconds": per_source if first else None,
+                           "passes": passes})
         if sweeps:
             # the padding lanes repeat the last source
             padded = np.concatenate([batch, np.repeat(batch[-1], lanes.shape[1] - m)])
             deadline = time.perf_counter() + SWEEP_BUDGET * per_source * (m - done)
-            if _sweep_lanes(graph, padded, lanes, done, deadline):
+            if _sweep_lanes(graph, padded, lanes, done, deadline, passes):
                 done = m
             else:
                 graph.hint["heap"] = True
