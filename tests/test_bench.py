@@ -180,15 +180,22 @@ def test_bench_dijkstra(tmp_path):
     assert row["ratio_to_smallest_T"] == 1.0 and isinstance(row["sweeps_kept"], bool)
 
 
-def test_bench_dijkstra_over_a_stored_graph_times_each_pass(tmp_path):
+def test_bench_dijkstra_over_a_stored_graph_times_each_pass(tmp_path, s3_bucket):
     from dr_dask.graph.neighbour_graph import kneighbors_graph
     from dr_dask.graph.sssp import SearchGraph
     from dr_dask.graph.stored import StoredGraph
 
     X = noisy_curve(3000, 10)
-    graph = kneighbors_graph(X, 10).astype(np.float32)
-    StoredGraph.write(SearchGraph.of(graph), str(tmp_path / "graph"))
+    graph = SearchGraph.of(kneighbors_graph(X, 10).astype(np.float32))
+    StoredGraph.write(graph, str(tmp_path / "graph"))
     r = bench("dijkstra", "--graph", str(tmp_path / "graph"), "--sources", "40")
+    # the same graph from an object store (read and reordered there, where a local one-block
+    # store is memory-mapped as stored): the same nodes and edges, the sweeps converged
+    StoredGraph.write(graph, f"s3://{s3_bucket}/graph")
+    remote = bench("dijkstra", "--graph", f"s3://{s3_bucket}/graph", "--sources", "40")
+    assert (remote["nodes"], remote["edges"]) == (3000, r["edges"])
+    assert remote["graph"] == f"s3://{s3_bucket}/graph"
+    assert remote["batches"][0]["passes"][-1][0] == 0
     assert r["nodes"] == 3000 and r["edges"] >= 3000 * 10
     (batch,) = r["batches"]  # 40 sources: one batch of lanes, the first by the heap
     assert batch["sources"] == 40 and batch["heap_seconds"] > 0

@@ -23,11 +23,14 @@ import logging
 import math
 import resource
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dr_dask.bench._common import bench_workdir, dataset_arrays
+
+if TYPE_CHECKING:
+    from dr_dask.graph.stored import StoredGraph
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +99,8 @@ def run_dijkstra(sizes: tuple[int, ...] = SIZES, n_sources: int = 150, n_neighbo
         return {"n_sources": n_sources, "n_neighbors": n_neighbors, "threads": 1, "rows": rows}
 
 
-def run_stored(where: str, n_sources: int = 63, seed: int = 0) -> dict:
-    """One whole-graph shortest-path task over the stored graph at ``where``, on one thread.
+def run_stored(stored: StoredGraph, n_sources: int = 63, seed: int = 0) -> dict:
+    """One whole-graph shortest-path task over ``stored``, on one thread.
 
     As a fit's path task runs it (:func:`dr_dask.graph.sssp.lane_batches` over the graph
     opened whole, float32 lanes, no rows written): ``n_sources`` seeded random sources in
@@ -111,9 +114,7 @@ def run_stored(where: str, n_sources: int = 63, seed: int = 0) -> dict:
         and ``seconds``; ``seconds_per_source``, and ``peak_rss_gb`` of this process.
     """
     from dr_dask.graph.sssp import lane_batches, lanes_dtype
-    from dr_dask.graph.stored import StoredGraph
 
-    stored = StoredGraph.at(where)
     started = time.perf_counter()
     graph = stored.open()
     opened = time.perf_counter() - started
@@ -128,7 +129,7 @@ def run_stored(where: str, n_sources: int = 63, seed: int = 0) -> dict:
         logger.info("%d sources in %.1f s, %d sweep passes", m, batches[-1]["seconds"],
                     len(batches[-1]["passes"]))
     total = time.perf_counter() - started
-    return {"graph": where, "nodes": graph.n_nodes, "edges": int(graph.indices.size),
+    return {"graph": stored.location.url, "nodes": graph.n_nodes, "edges": int(graph.indices.size),
             "open_seconds": opened, "batches": batches, "seconds": total,
             "seconds_per_source": total / max(len(sources), 1),
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}

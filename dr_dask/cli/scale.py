@@ -112,11 +112,11 @@ def bench_dijkstra(max_T, workdir, graph, sources, json_path):
         from dr_dask.graph.stored import StoredGraph
 
         try:  # the store is read, never written
-            StoredGraph.at(graph)
+            stored = StoredGraph.at(graph)
         except (OSError, ValueError) as exc:
             raise click.BadParameter(f"no stored graph at {graph}: {exc}",
                                      param_hint="--graph") from None
-        click.echo(write_report(run_stored(graph, sources), json_path))
+        click.echo(write_report(run_stored(stored, sources), json_path))
         return
     sizes = tuple(T for T in SIZES if max_T is None or max_T >= T) or (max_T,)
     click.echo(write_report(run_dijkstra(sizes, workdir=workdir), json_path))
