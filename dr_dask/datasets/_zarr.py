@@ -126,7 +126,7 @@ class Generator:
         raise NotImplementedError
 
     def block(self, mapping: dict[str, np.ndarray], latent: np.ndarray, start: int) -> np.ndarray:
-        """Rows ``start .. start + len(latent)`` of X, shape (len(latent), n_features), float64."""
+        """The rows ``X[start:start + len(latent)]``, shape (len(latent), n_features), float64."""
         raise NotImplementedError
 
 
