@@ -41,7 +41,7 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
         assert r["seconds"] > 0 and plausible_peak(r["peak_rss_gb"], idle)
         assert r["stage_seconds"]
         # the geodesic methods recover the 1-D sinusoidal latent at every size; full IKD only
-        # in part on these weakly correlated data (README: what to expect from it; 0.47-0.49
+        # in part on these weakly correlated data (docs/guide.md: what to expect from it; 0.47-0.49
         # here), far above a chance embedding's ~0 (in-sample R^2 lies in [0, 1])
         assert (0.3 if r["method"] == "full_ikd" else 0.9) < r["r2"] <= 1
         # on 5,000 sampled rows (all of them here): the geodesic embeddings keep the rows'
