@@ -38,6 +38,7 @@ from dr_dask.io.validation import (
     warn_duplicates,
 )
 from dr_dask.linalg.align import procrustes_fit
+from dr_dask.linalg.tiles import memory_of, quadratic_cost
 from dr_dask.methods._gp import KERNELS
 from dr_dask.methods._manifolds import cluster_labels, fit_manifold, stitch_frames
 from dr_dask.methods.labelled import LabelledOutput
@@ -346,6 +347,14 @@ default="geodesic_se"
             "stream_neighbors": int(self.stream_neighbors or self.n_neighbors_),
             "hyper_max_points": int(self.hyper_max_points),
         }
+        # each manifold's fit holds about five n_i x n_i float64 matrices at once (squared
+        # geodesics, geodesics, kernel, its Cholesky factor, the likelihood's eigenvectors)
+        quadratic_cost(
+            f"GP-Isomap batch ({p} manifold{'s' * (p > 1)})", int(sizes.max()),
+            [(5 * 8.0 * float(np.sum(sizes.astype(np.float64) ** 2)), memory_of(client))],
+            way_out="fit on a smaller batch (a subsample of a few thousand points) and map "
+                    "the rest with transform, or use LandmarkIsomap(n_landmarks=L) for an "
+                    "embedding without the GP's variance")
         seeds = rng.randint(0, 2**31 - 1, size=p)
         parts = [X[labels == i] for i in range(p)]
         with timed(timings, "manifolds"):
