@@ -477,7 +477,7 @@ def fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarra
     coords = np.asarray(iso.embedding_, dtype=np.float64)
     G = np.asarray(iso.dist_matrix_, dtype=np.float64)
     gp = ManifoldGP.fit(
-        points, G, coords,
+        points, iso.graph_, G, coords,
         kernel=params["kernel"],
         length_scale=params["length_scale"],
         noise_variance=params["noise_variance"],

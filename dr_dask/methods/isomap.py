@@ -63,6 +63,7 @@ from dr_dask.methods._isomap_sklearn import (
     training_input,
 )
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
@@ -139,8 +140,8 @@ class _IsomapProjector:
         )
 
 
-class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
-             BaseEstimator):
+class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
+             TransformerMixin, BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
     A drop-in for :class:`sklearn.manifold.Isomap`: its parameters with their meaning (its
