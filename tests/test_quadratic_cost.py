@@ -121,7 +121,7 @@ def test_object_store_space_is_not_checked(caplog):
     with caplog.at_level(logging.INFO, logger="dr_dask.linalg.tiles"), \
             pytest.warns(QuadraticCostWarning, match="use fewer rows"):
         quadratic_cost("a stage", 10**6, [(4e12, location("s3://bucket/scratch"))],
-                       way_out="use fewer rows")
+                       way_out="fewer rows")
     assert any("not checked" in r.getMessage() for r in caplog.records)
 
 

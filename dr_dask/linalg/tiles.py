@@ -170,7 +170,7 @@ def quadratic_cost(what: str, T: int, parts: Sequence[tuple[float, Any]], *, way
         :class:`~dr_dask.io.storage.Location` (scratch, a run's store) or a string naming
         a memory ("worker memory", "this process's memory").
     way_out : str
-        What to use instead, for the warning.
+        What to use instead (a noun phrase: "use ..." is put before it).
     stacklevel : int
         Of the warning, counted from the caller.
 
@@ -200,14 +200,14 @@ def quadratic_cost(what: str, T: int, parts: Sequence[tuple[float, Any]], *, way
             raise ScratchSpaceError(
                 f"{what}: T={T:,} rows need {_size(nbytes - written)} "
                 f"({int(nbytes - written):,} bytes) of scratch at {where.url}, which has "
-                f"{_size(free)} ({free:,} bytes) free; nothing was written. Give a scratch "
-                f"location with room (the estimator's scratch parameter or --scratch), or "
-                f"{way_out}")
+                f"{_size(free)} ({free:,} bytes) free; nothing was written. Give a location "
+                f"with room (the estimator's scratch parameter; a run's own arrays go in its "
+                f"output store) or use {way_out}")
     logger.info("%s%s", message, f" (free space of {', '.join(unchecked)} not checked: an "
                 "object store's is not known)" if unchecked else "")
     if total > config.get_bytes("quadratic.warn-bytes"):
         warnings.warn(f"{message}, above dr_dask.quadratic.warn-bytes. It grows with T^2: "
-                      f"{way_out}", QuadraticCostWarning, stacklevel=stacklevel + 1)
+                      f"use {way_out}", QuadraticCostWarning, stacklevel=stacklevel + 1)
 
 
 def tile_chunk_rows(block: int) -> int:

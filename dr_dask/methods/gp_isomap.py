@@ -354,9 +354,9 @@ default="geodesic_se"
         quadratic_cost(
             f"GP-Isomap batch ({p} manifold{'s' * (p > 1)})", int(sizes.max()),
             [(5 * 8.0 * float(np.sum(sizes.astype(np.float64) ** 2)), memory_of(client))],
-            way_out="fit on a smaller batch (a subsample of a few thousand points) and map "
-                    "the rest with transform, or use LandmarkIsomap(n_landmarks=L) for an "
-                    "embedding without the GP's variance")
+            way_out="a smaller batch (a subsample of a few thousand points; transform maps "
+                    "the rest), or LandmarkIsomap(n_landmarks=L) for an embedding without the "
+                    "GP's variance")
         seeds = rng.randint(0, 2**31 - 1, size=p)
         parts = [X[labels == i] for i in range(p)]
         with timed(timings, "manifolds"):

@@ -136,7 +136,9 @@ class SavedModel:
 
         One object at any location (a local path, ``s3://…``): a versioned header, then the
         estimator pickled without its client. ``transform`` of the loaded model equals this
-        one's bit for bit. A model whose ``transform`` reads landmark rows from a temporary
+        one's bit for bit. A model fitted on a stored input keeps reading that store's rows
+        where ``transform`` needs the training rows: it stays valid while the store does. A
+        model whose ``transform`` reads landmark rows from a temporary
         scratch store (landmark geodesics above ``dr_dask.tiles.memory-bytes``, fitted outside
         a run without ``geodesic_store``) refers to that store, which is deleted with this
         estimator: give ``geodesic_store`` (or fit in a run) to save such a model.
