@@ -30,6 +30,10 @@ _PUBLIC = {
     "GPIsomap": "dr_dask.methods.gp_isomap",
     "LSDR": "dr_dask.methods.lsdr",
     "open_dataset": "dr_dask.io.inputs",
+    "load": "dr_dask.methods.persistence",
+    "ModelFormatError": "dr_dask.methods.persistence",
+    "QuadraticCostWarning": "dr_dask.linalg.tiles",
+    "ScratchSpaceError": "dr_dask.linalg.tiles",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

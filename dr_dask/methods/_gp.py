@@ -33,10 +33,12 @@ import numba
 import numpy as np
 import scipy.linalg
 import scipy.optimize
+import scipy.sparse as sp
 import scipy.sparse.linalg
 
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.out_of_sample import geodesics_via_neighbors
+from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.linalg.mds import classical_mds, double_centre
 
 logger = logging.getLogger(__name__)
@@ -281,11 +283,18 @@ class ManifoldGP:
     points cannot lower it). The leave-one-out variances that calibrate the threshold are
     computed the same way.
 
+    The model keeps the manifold's neighbour graph (O(n k)), not its n x n geodesics: a new
+    point's geodesics go through rows of that matrix, which :attr:`geodesics` recomputes from
+    the graph on the first mapping (one all-pairs Dijkstra, as the batch's Isomap ran) and
+    holds while this object lives. Pickles and saved models leave it out, so a model ships and
+    stores in O(n k + n d); the same kernel recomputes the same lengths bit for bit.
+
     Attributes
     ----------
     points : ndarray of shape (n, D)
         The manifold's batch points (neighbour search for new points).
-    geodesics : ndarray of shape (n, n)
+    graph : scipy.sparse.csr_matrix of shape (n, n)
+        The manifold's Isomap neighbour graph (edge lengths), connected.
     spec : KernelSpec
     length_scale, noise_variance : float
         ``noise_variance`` includes any jitter the PD check of the mean's kernel had to add.
@@ -302,7 +311,7 @@ class ManifoldGP:
     """
 
     points: np.ndarray
-    geodesics: np.ndarray
+    graph: sp.csr_matrix
     spec: KernelSpec
     length_scale: float
     noise_variance: float
@@ -317,6 +326,7 @@ class ManifoldGP:
     def fit(
         cls,
         points: np.ndarray,
+        graph: sp.csr_matrix,
         geodesics: np.ndarray,
         coords: np.ndarray,
         *,
@@ -343,9 +353,10 @@ class ManifoldGP:
         link_scale = float(np.median(dist[:, 1:].mean(1)))
         ell_v = float(novelty_length_scale or NOVELTY_SCALE * np.median(dist[:, -1]))
         gp = cls(
-            np.ascontiguousarray(points, dtype=np.float64), geodesics, spec, ell, noise + jitter,
-            jitter, beta, ell_v, float(noise), link_scale, ks,
+            np.ascontiguousarray(points, dtype=np.float64), sp.csr_matrix(graph), spec, ell,
+            noise + jitter, jitter, beta, ell_v, float(noise), link_scale, ks,
         )
+        gp.__dict__["geodesics"] = geodesics  # the fit's own, while the batch phase maps
         # The predictive mean shrinks each axis toward the prior's 0 by its own factor
         # (Mahapatra & Chandola 2020, Theorem 6.1: a per-dimension scale alpha/(1 + alpha c_k)
         # that the theorem's Procrustes removes; docs/decisions.md GPI-SCALE): each axis of
@@ -359,6 +370,23 @@ class ManifoldGP:
     @property
     def n_points(self) -> int:
         return self.points.shape[0]
+
+    @functools.cached_property
+    def geodesics(self) -> np.ndarray:
+        """Geodesic distances among the manifold's points, (n, n), from :attr:`graph`."""
+        return dijkstra_rows(self.graph, np.arange(self.n_points))
+
+    def release(self) -> None:
+        """Drop what :attr:`geodesics` and :attr:`index` hold (rebuilt when next needed)."""
+        self.__dict__.pop("geodesics", None)
+        self.__dict__.pop("index", None)
+
+    def __getstate__(self) -> dict:
+        # the n x n geodesics and the search index are rebuilt from the graph and the points
+        state = dict(self.__dict__)
+        state.pop("geodesics", None)
+        state.pop("index", None)
+        return state
 
     @functools.cached_property
     def index(self) -> NeighbourIndex:

@@ -47,8 +47,10 @@ from dr_dask.io.checkpoint import Checkpoint
 from dr_dask.io.inputs import InputData
 from dr_dask.linalg.align import procrustes_fit
 from dr_dask.linalg.eigen import top_eigh
+from dr_dask.linalg.tiles import memory_of, quadratic_cost
 from dr_dask.methods._ikd_transform import local_map
 from dr_dask.methods.ikd_core import (
+    LANDMARK_WAY_OUT,
     IKDConfig,
     IKDResult,
     InverseKernel,
@@ -453,7 +455,10 @@ def fit_blockwise(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
     seconds: dict[str, float] = {}
     with timed(seconds, "similarity"):
         Xn, sigma2 = prepared_rows(cfg, inp)
-        N = Xn.shape[1]
+        T, N = Xn.shape
+        # S is formed whole in this process (the cliques are searched over it)
+        quadratic_cost("blockwise IKD similarities", T, [(8.0 * T * T, memory_of(None))],
+                       way_out=LANDMARK_WAY_OUT)
         (S,) = compute(Xn @ Xn.T, client=client)
         S = np.asarray(S, dtype=np.float64)
 

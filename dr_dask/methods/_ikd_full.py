@@ -19,11 +19,14 @@ from dr_dask.linalg.tiles import (
     TileGrid,
     band_stats,
     build_tiles,
+    memory_of,
+    quadratic_cost,
     row_stats,
     stored_tiles,
 )
 from dr_dask.methods._ikd_transform import nystrom_map
 from dr_dask.methods.ikd_core import (
+    LANDMARK_WAY_OUT,
     GramOperator,
     IKDConfig,
     IKDResult,
@@ -58,9 +61,13 @@ def fit_full(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDResul
     T = Xn.shape[0]
     grid = TileGrid.from_chunks(Xn.chunks[0])
     blocks = list(Xn.to_delayed().ravel())
-    on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * cfg.dtype.itemsize)
+    tile_bytes = T * (T + grid.max_block) / 2 * cfg.dtype.itemsize
+    on_disk = cfg.on_disk(tile_bytes)
     with scratch("distance", run, cfg.scratch, inp, keep=True) as tiles:
         store = tiles if on_disk else None
+        if not (run is not None and store is not None and run.is_done("distance")):
+            quadratic_cost("full IKD distance tiles", T,
+                           [(tile_bytes, store or memory_of(client))], way_out=LANDMARK_WAY_OUT)
         timings: dict[str, float] = {}
         with timed(timings, "distance"):
             D, rowmax, rowsum = run_stage(

@@ -73,9 +73,18 @@ from dr_dask.io.checkpoint import Checkpoint, delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location
 from dr_dask.linalg.mds import double_centre
-from dr_dask.linalg.tiles import TileGrid, build_tiles, row_stats, strip_grid, tile_stats
+from dr_dask.linalg.tiles import (
+    TileGrid,
+    build_tiles,
+    memory_of,
+    quadratic_cost,
+    row_stats,
+    strip_grid,
+    tile_stats,
+)
 from dr_dask.methods._ikd_transform import DeferredTriangulation, triangulation_map
 from dr_dask.methods.ikd_core import (
+    LANDMARK_WAY_OUT,
     GeodesicKernel,
     GramOperator,
     IKDConfig,
@@ -266,18 +275,14 @@ def _tiles_from_dijkstra(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicK
     return D, stats, d_ref_row
 
 
-def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
-                         graph: sp.csr_matrix, kernel: GeodesicKernel, Xn: Any, grid: TileGrid,
-                         on_disk: bool, client: Any, seconds: dict,
-                         arrays: contextlib.ExitStack) -> tuple:
-    """Path lengths into a Zarr array (the run's, else scratch), then tiles of D from its
-    chunks and the rows' similarities, in memory or on disk (resumable tile by tile): the
-    threshold rule. The arrays live as long as ``arrays``; both are kept in a run, else
-    temporary."""
+def _tiles_through_paths(cfg: IKDConfig, graph: sp.csr_matrix, kernel: GeodesicKernel,
+                         Xn: Any, grid: TileGrid, client: Any, seconds: dict,
+                         path_loc: Location, tiles: Location | None) -> tuple:
+    """Path lengths into a Zarr array (the run's, else scratch: ``path_loc``), then tiles of D
+    from its chunks and the rows' similarities, in memory or on disk at ``tiles`` (resumable
+    tile by tile): the threshold rule."""
     dtype = cfg.dtype
     T = grid.size
-    path_loc = arrays.enter_context(scratch("geodesic_paths", run, cfg.scratch, inp, keep=True))
-    tiles = arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
     with timed(seconds, "shortest_paths"):
         chunk = min(PATH_CHUNK, T)
         paths = path_rows_array(path_loc, (T, T), chunk, chunk, dtype)
@@ -286,9 +291,8 @@ def _tiles_through_paths(cfg: IKDConfig, inp: InputData, run: Checkpoint | None,
     with timed(seconds, "distance"):
         xb = Xn.to_delayed().ravel()
         blocks = [dask.delayed(_tagged)(grid.block(i), xb[i]) for i in range(grid.n_blocks)]
-        store = tiles if on_disk else None
         D, stats = build_tiles(grid, blocks, geodesic_tile, fn_args=(paths, kernel, dtype),
-                               store=store, dtype=dtype, client=client, progress=cfg.progress)
+                               store=tiles, dtype=dtype, client=client, progress=cfg.progress)
 
     def d_ref_row(r: int) -> np.ndarray:
         return np.asarray(paths[r : r + 1, :])
@@ -307,8 +311,6 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
     seconds: dict[str, float] = {}
     Xn, sigma2 = prepared_rows(cfg, inp)  # persisted on a cluster
     T = Xn.shape[0]
-    with timed(seconds, "graph"):
-        graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
     threshold = None
     if cfg.geodesic_rule == "threshold":
         assert cfg.threshold is not None  # IKD refuses geodesic_rule="threshold" without it
@@ -318,20 +320,31 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
     # the kNN rule's tiles are float32 whatever dtype (_tiles_from_dijkstra): they fit the
     # budget to a larger T than dtype's tiles would
     itemsize = 4 if kernel.threshold is None else dtype.itemsize
-    on_disk = cfg.on_disk(T * (T + grid.max_block) / 2 * itemsize)
+    tile_bytes = T * (T + grid.max_block) / 2 * itemsize
+    on_disk = cfg.on_disk(tile_bytes)
     # the Zarr arrays live until the eigen stage has read their tiles
     with contextlib.ExitStack() as arrays:
-        if kernel.threshold is None:
+        # placed (and their cost said, their space checked) before the graph is built
+        tiles = (arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
+                 if on_disk else None)
+        parts: list[tuple[float, Any]] = [(tile_bytes, tiles or memory_of(client))]
+        path_loc = None
+        if kernel.threshold is not None:
+            path_loc = arrays.enter_context(scratch("geodesic_paths", run, cfg.scratch, inp,
+                                                    keep=True))
+            parts.insert(0, (T * T * dtype.itemsize, path_loc))
+        quadratic_cost("geodesic IKD", T, parts, way_out=LANDMARK_WAY_OUT)
+        with timed(seconds, "graph"):
+            graph, info = neighbour_graph(cfg, Xn, sigma2, client, inp)
+        if path_loc is None:
             # the kNN rule needs the rows no further: free them on the workers (and the
             # input chunks the scheduler keeps to recompute them) before D's tiles arrive
             del Xn
-            store = (arrays.enter_context(scratch("distance", run, cfg.scratch, inp, keep=True))
-                     if on_disk else None)
             D, stats, d_ref_row = _tiles_from_dijkstra(cfg, graph, kernel, T, client, seconds,
-                                                       store)
+                                                       tiles)
         else:
-            D, stats, d_ref_row = _tiles_through_paths(cfg, inp, run, graph, kernel, Xn, grid,
-                                                       on_disk, client, seconds, arrays)
+            D, stats, d_ref_row = _tiles_through_paths(cfg, graph, kernel, Xn, grid, client,
+                                                       seconds, path_loc, tiles)
         with timed() as reference:
             rowmax, rowsum = row_stats(D.grid, stats)
             r = reference_index(rowmax, rowsum, cfg.reference)

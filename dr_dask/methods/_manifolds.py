@@ -56,6 +56,7 @@ from dr_dask.graph.landmarks import landmark_mds, triangulate
 from dr_dask.io.validation import duplicates_reported
 from dr_dask.linalg import mds
 from dr_dask.linalg.align import procrustes_fit
+from dr_dask.linalg.tiles import quadratic_announced
 from dr_dask.methods._gp import ManifoldGP
 from dr_dask.methods.isomap import Isomap
 from dr_dask.runtime.blas import single_blas_thread
@@ -470,12 +471,13 @@ def fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarra
     """Isomap then the GP of one manifold (a worker task: module-level, picklable inputs)."""
 
     iso = Isomap(n_neighbors=params["n_neighbors"], n_components=params["n_components"])
-    with duplicates_reported():  # GPIsomap.fit warned for the batch, in the caller's process
+    # GPIsomap.fit warned for the batch (duplicates, the T x T cost), in the caller's process
+    with duplicates_reported(), quadratic_announced():
         iso.fit(points)
     coords = np.asarray(iso.embedding_, dtype=np.float64)
     G = np.asarray(iso.dist_matrix_, dtype=np.float64)
     gp = ManifoldGP.fit(
-        points, G, coords,
+        points, iso.graph_, G, coords,
         kernel=params["kernel"],
         length_scale=params["length_scale"],
         noise_variance=params["noise_variance"],

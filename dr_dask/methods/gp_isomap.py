@@ -38,9 +38,11 @@ from dr_dask.io.validation import (
     warn_duplicates,
 )
 from dr_dask.linalg.align import procrustes_fit
+from dr_dask.linalg.tiles import memory_of, quadratic_cost
 from dr_dask.methods._gp import KERNELS
 from dr_dask.methods._manifolds import cluster_labels, fit_manifold, stitch_frames
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime.blas import single_blas_thread
 from dr_dask.runtime.cluster import ClientParam, active_client, gather
 from dr_dask.runtime.progress import shown_during
@@ -49,7 +51,7 @@ from dr_dask.runtime.resources import timed
 logger = logging.getLogger(__name__)
 
 
-class GPIsomap(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
+class GPIsomap(ClientParam, SavedModel, LabelledOutput, TransformerMixin, BaseEstimator):
     """GP-Isomap: multi-manifold streaming Isomap with predictive variance.
 
     Input (``fit``, ``transform``, ``map_points``): an array-like, a dask, zarr or xarray
@@ -144,7 +146,8 @@ default="geodesic_se"
         Batch points in no manifold (kept so that refits see the whole batch).
     n_manifolds_ : int
     manifolds_ : list of ManifoldGP
-        Per manifold: points, geodesics, hyper-parameters, beta, Cholesky factor.
+        Per manifold: points, neighbour graph, hyper-parameters, beta (the n_i x n_i
+        geodesics are recomputed from the graph by the first mapping, not kept).
     local_embedding_ : list of ndarray of shape (n_i, n_components)
         Each manifold's Isomap coordinates.
     stitch_rotation_ : ndarray of shape (p, global_dim, n_components)
@@ -346,6 +349,14 @@ default="geodesic_se"
             "stream_neighbors": int(self.stream_neighbors or self.n_neighbors_),
             "hyper_max_points": int(self.hyper_max_points),
         }
+        # each manifold's fit holds about five n_i x n_i float64 matrices at once (squared
+        # geodesics, geodesics, kernel, its Cholesky factor, the likelihood's eigenvectors)
+        quadratic_cost(
+            f"GP-Isomap batch ({p} manifold{'s' * (p > 1)})", int(sizes.max()),
+            [(5 * 8.0 * float(np.sum(sizes.astype(np.float64) ** 2)), memory_of(client))],
+            way_out="a smaller batch (a subsample of a few thousand points; transform maps "
+                    "the rest), or LandmarkIsomap(n_landmarks=L) for an embedding without the "
+                    "GP's variance")
         seeds = rng.randint(0, 2**31 - 1, size=p)
         parts = [X[labels == i] for i in range(p)]
         with timed(timings, "manifolds"):
@@ -385,6 +396,11 @@ default="geodesic_se"
             self.threshold_source_ = "loo"
         self.timings_ = timings
         self.embedding_ = self.embedding_.astype(self._out_dtype, copy=False)
+        for gp in self.manifolds_:
+            # the batch's n_i x n_i geodesics are not kept (the graph recomputes them on the
+            # first mapping): a fitted model holds O(n k), and maps the same before and
+            # after a save
+            gp.release()
         return self
 
     def _stitch(self, X: np.ndarray, labels: np.ndarray, rng) -> None:

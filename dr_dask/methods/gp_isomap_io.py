@@ -1,7 +1,7 @@
 """A safe, versioned file format for fitted :class:`~dr_dask.methods.gp_isomap.GPIsomap` models.
 
-A model is a Zarr group: every array (batch points, geodesics, GP weights, stitch) is a Zarr
-array of a numeric dtype, everything else (parameters, scalars) is JSON in the group's
+A model is a Zarr group: every array (batch points, neighbour graphs, GP weights, stitch) is a
+Zarr array of a numeric dtype, everything else (parameters, scalars) is JSON in the group's
 attributes. Reading one runs no code from the file, unlike pickle, so a model found on a
 shared store is safe to load. The group carries ``format`` and ``format_version``; a model
 written by another format version is refused with a clear error instead of being misread.
@@ -12,8 +12,11 @@ Layout::
     attrs   format, format_version, params (JSON), fitted (JSON scalars), has_batch
     labels, outliers, embedding, stitch_rotation, stitch_translation, support, [batch]
     manifold_{i}/   attrs: scalars of the GP and its kernel
-                    points, geodesics, beta, local_embedding, [eigvals, eigvecs,
-                    row_means]
+                    points, graph_data, graph_indices, graph_indptr (the neighbour graph,
+                    CSR), beta, local_embedding, [eigvals, eigvecs, row_means]
+
+Version 2 keeps each manifold's neighbour graph where version 1 kept its n x n geodesics
+(recomputed from the graph by the first mapping): a model of n points is O(n k), not O(n^2).
 
 ``save_gp_isomap``/``load_gp_isomap`` take a Zarr group (any store: local, s3, memory) or a
 path/URL that ``zarr.open_group`` accepts.
@@ -25,6 +28,7 @@ import logging
 from typing import Any, Literal
 
 import numpy as np
+import scipy.sparse as sp
 import zarr
 from sklearn.utils.validation import check_is_fitted
 from zarr.core.metadata import ArrayV3Metadata
@@ -33,24 +37,22 @@ from dr_dask.io.storage import Location
 from dr_dask.io.validation import ParameterError, check_params
 from dr_dask.methods._gp import KERNELS, KernelSpec, ManifoldGP
 from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.methods.persistence import ModelFormatError
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "dr_dask.GPIsomap"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 _ARRAYS = ("labels_", "outliers_", "embedding_", "stitch_rotation_", "stitch_translation_",
            "support_")
 _SCALARS = ("n_manifolds_", "n_features_in_", "sigma_t_", "threshold_source_",
             "threshold_quantile_")
-_GP_ARRAYS = ("points", "geodesics", "beta")
+_GP_ARRAYS = ("points", "beta")
+_GRAPH_ARRAYS = ("data", "indices", "indptr")
 _GP_SCALARS = ("length_scale", "noise_variance", "jitter", "novelty_length_scale",
                "novelty_noise", "link_scale", "n_neighbors")
 _SPEC_ARRAYS = ("eigvals", "eigvecs", "row_means")
-
-
-class ModelFormatError(ValueError):
-    """The group does not hold a model this version of dr_dask can read."""
 
 
 def _group(where: Any, mode: Literal["r", "a"]) -> zarr.Group:
@@ -121,20 +123,25 @@ def save_gp_isomap(model: Any, where: Any, batch: np.ndarray | None = None) -> z
     if batch is not None:
         put(g, "batch", np.asarray(batch, dtype=np.float64))
     for i, gp in enumerate(model.manifolds_):
-        m = g.create_group(f"manifold_{i}")
-        for name in _GP_ARRAYS:
-            put(m, name, getattr(gp, name))
-        put(m, "local_embedding", model.local_embedding_[i])
-        for name in _SPEC_ARRAYS:
-            if getattr(gp.spec, name) is not None:
-                put(m, name, getattr(gp.spec, name))
-        m.attrs.update({**{k: _plain(getattr(gp, k)) for k in _GP_SCALARS},
-                        "kind": gp.spec.kind, "cailliez": float(gp.spec.cailliez),
-                        "grand_mean": float(gp.spec.grand_mean)})
+        _put_manifold(g.create_group(f"manifold_{i}"), gp, model.local_embedding_[i])
     fitted = {k: _plain(getattr(model, k)) for k in _SCALARS if hasattr(model, k)}
     g.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, "params": params,
                     "fitted": fitted, "has_batch": batch is not None})
     return g
+
+
+def _put_manifold(m: zarr.Group, gp: Any, local_embedding: np.ndarray) -> None:
+    """One manifold's GP into its group ``m``."""
+    arrays = {**{name: getattr(gp, name) for name in _GP_ARRAYS},
+              **{f"graph_{name}": getattr(gp.graph, name) for name in _GRAPH_ARRAYS},
+              "local_embedding": local_embedding,
+              **{name: getattr(gp.spec, name) for name in _SPEC_ARRAYS
+                 if getattr(gp.spec, name) is not None}}
+    for name, arr in arrays.items():
+        m.create_array(name, data=np.ascontiguousarray(arr))
+    m.attrs.update({**{k: _plain(getattr(gp, k)) for k in _GP_SCALARS},
+                    "kind": gp.spec.kind, "cailliez": float(gp.spec.cailliez),
+                    "grand_mean": float(gp.spec.grand_mean)})
 
 
 #: Codecs a model array may use: byte layout, compression and checksums only, so that no
@@ -265,12 +272,20 @@ def _check_manifold(model: Any, i: int, gp: Any, where: str) -> None:
         raise ModelFormatError(f"{where}: {field} kind must be one of {list(KERNELS)}, "
                                f"got {gp.spec.kind!r}")
     n = len(gp.points)
-    if gp.points.shape != (n, D) or gp.geodesics.shape != (n, n) or len(gp.beta) != n \
+    if gp.points.shape != (n, D) or gp.graph.shape != (n, n) or len(gp.beta) != n \
             or model.local_embedding_[i].shape != (n, d):
         raise ModelFormatError(f"{where}: {field} arrays have inconsistent shapes (points "
-                               f"{gp.points.shape}, geodesics {gp.geodesics.shape}, beta "
+                               f"{gp.points.shape}, graph {gp.graph.shape}, beta "
                                f"{gp.beta.shape}, local_embedding "
                                f"{model.local_embedding_[i].shape}) for {D} features")
+    _finite(gp.graph.data, where, f"{field}/graph_data")
+    try:
+        gp.graph.check_format(full_check=True)  # indices in range, indptr monotone
+    except ValueError as exc:
+        raise ModelFormatError(f"{where}: {field} graph is not a valid CSR matrix: "
+                               f"{exc}") from None
+    if gp.graph.nnz and gp.graph.data.min() < 0:
+        raise ModelFormatError(f"{where}: {field} graph has negative edge lengths")
 
 
 def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):
@@ -293,8 +308,11 @@ def _read(g: zarr.Group, attrs: dict, GPIsomap, KernelSpec, ManifoldGP):
         a = dict(m.attrs)
         spec = KernelSpec(a["kind"], cailliez=a["cailliez"], grand_mean=a["grand_mean"],
                           **{k: _array(m, k) for k in _SPEC_ARRAYS if k in m})
+        n = len(_array(m, "points"))
+        graph = sp.csr_matrix(tuple(_array(m, f"graph_{k}") for k in _GRAPH_ARRAYS),
+                              shape=(n, n))
         model.manifolds_.append(ManifoldGP(
-            spec=spec, **{k: _array(m, k) for k in _GP_ARRAYS},
+            spec=spec, graph=graph, **{k: _array(m, k) for k in _GP_ARRAYS},
             **{k: a[k] for k in _GP_SCALARS}))
         model.local_embedding_.append(_array(m, "local_embedding"))
     batch = _array(g, "batch") if attrs.get("has_batch") else None

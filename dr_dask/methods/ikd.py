@@ -68,6 +68,7 @@ from dr_dask.methods._ikd_transform import DeferredTriangulation
 from dr_dask.methods._isomap_base import map_new_rows
 from dr_dask.methods.ikd_core import IKDConfig
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
 from dr_dask.runtime.progress import shown_during
 
@@ -76,7 +77,7 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("full", "geodesic", "blockwise")
 
 
-class IKD(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
+class IKD(ClientParam, SavedModel, LabelledOutput, TransformerMixin, BaseEstimator):
     """Inverse Kernel Decomposition.
 
     Fits the latent of data that are a smooth (Gaussian-process-like) map of it, from the

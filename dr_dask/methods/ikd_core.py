@@ -112,6 +112,12 @@ class IKDConfig:
             self.tile_cache == "auto" and over_memory_budget(nbytes))
 
 
+#: The way out of IKD's T x T stages, named by their cost warning.
+LANDMARK_WAY_OUT = ("landmark IKD: IKD(n_landmarks=L), an L x T matrix instead of T x T "
+                    "(e.g. n_landmarks=1000), or LandmarkIsomap(n_landmarks=L) for Isomap's "
+                    "geodesics")
+
+
 @dataclass
 class IKDResult:
     """What every solver returns; ``IKD.fit`` sets each field as the attribute ``<name>_``.

@@ -38,8 +38,9 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
+from dr_dask.io.storage import Location, location
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
-from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
+from dr_dask.linalg.tiles import memory_of, quadratic_cost, row_stats, strip_grid, tile_stats
 from dr_dask.methods._isomap_base import (
     _CHUNK_BYTES,
     COMMON_CONSTRAINTS,
@@ -62,6 +63,7 @@ from dr_dask.methods._isomap_sklearn import (
     training_input,
 )
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
@@ -100,6 +102,10 @@ def _block_matmul(block: np.ndarray, start: int, V: np.ndarray) -> np.ndarray:
 def _block_row_means(block: np.ndarray, start: int) -> np.ndarray:
     return block.mean(axis=1, dtype=np.float64)
 
+#: The way out of exact Isomap's T x T geodesics, named by their cost warning.
+ISOMAP_WAY_OUT = ("LandmarkIsomap(n_landmarks=L), L x T geodesics instead of T x T (e.g. "
+                  "n_landmarks=1000); Isomap itself stays exact")
+
 
 @dataclass
 class _IsomapProjector:
@@ -134,8 +140,8 @@ class _IsomapProjector:
         )
 
 
-class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
-             BaseEstimator):
+class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
+             TransformerMixin, BaseEstimator):
     """Isomap with distributed shortest paths and a matrix-free eigensolver.
 
     A drop-in for :class:`sklearn.manifold.Isomap`: its parameters with their meaning (its
@@ -326,6 +332,18 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
         (``geodesic_store``, else None) and the squares' row means."""
         D2, store = None, None
         dist_max = config.get("isomap.dist-matrix-max")
+        # Isomap stays exact (scikit-learn's drop-in): its cost is said, never cut
+        parts: list[tuple[float, Any]] = []
+        if self.geodesic_store is not None:
+            where = self.geodesic_store
+            parts.append((8.0 * T * T, location(where) if isinstance(where, (str, Location))
+                          else f"the zarr array {where}"))
+        if dist_max >= T:
+            parts.append((8.0 * T * T, memory_of(None)))
+        elif self.geodesic_store is None:
+            parts.append((T * (T + min(T, int(config.get("tiles.strip-max-rows")))) / 2 * 4,
+                          memory_of(client)))
+        quadratic_cost("exact Isomap geodesics", T, parts, way_out=ISOMAP_WAY_OUT)
         if self.geodesic_store is not None or dist_max >= T:
             # the workers write the rows to the store, or (wait=False) this process copies
             # them as they finish: the copies overlap the later blocks' Dijkstra and the

@@ -56,6 +56,7 @@ from dr_dask.methods._isomap_sklearn import (
     training_input,
 )
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime.cluster import ClientParam, active_client, run_stage
 from dr_dask.runtime.progress import shown_during
 from dr_dask.runtime.resources import timed
@@ -100,8 +101,8 @@ class _LandmarkProjector:
                                  len(self.sq_mean), client=client, local=local)
 
 
-class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
-                     BaseEstimator):
+class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
+                     TransformerMixin, BaseEstimator):
     """Landmark Isomap (de Silva & Tenenbaum): L x T geodesics instead of T x T.
 
     Input (CSR, float32 and ``metric="precomputed"`` included), duplicate rows, and

@@ -69,6 +69,7 @@ from dr_dask.linalg.eigen import DenseOperator
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
 from dr_dask.methods._lsdr_prune import edge_ids, prune_edges
 from dr_dask.methods.labelled import LabelledOutput
+from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime.cluster import ClientParam, run_stage
 from dr_dask.runtime.progress import shown_during
 from dr_dask.runtime.resources import timed
@@ -112,7 +113,7 @@ def _checked_block(Xb: np.ndarray, block: Any, *args: Any) -> np.ndarray:
     return block(check_array_like(Xb, "X"), *args)
 
 
-class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
+class LSDR(ClientParam, SavedModel, LabelledOutput, TransformerMixin, BaseEstimator):
     """Localized Skeletonization and Dimensionality Reduction (Roy 2021).
 
     Input (``fit``, ``transform``): an array-like, a dask, zarr or xarray array, or a path /

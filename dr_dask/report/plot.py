@@ -71,7 +71,8 @@ def _axes(ax: Any, title: str, xlabel: str, ylabel: str, size: tuple = PANEL) ->
     return ax
 
 
-def _values(x: Any) -> np.ndarray:
+def values_of(x: Any) -> np.ndarray:
+    """NumPy values of an array-like (a dask array or DataArray computed)."""
     return np.asarray(x.compute() if hasattr(x, "compute") else x)
 
 
@@ -83,7 +84,7 @@ def colour_values(color: Any, n: int) -> tuple[np.ndarray | None, list | None]:
     """
     if color is None:
         return None, None
-    c = _values(color)
+    c = values_of(color)
     if c.shape[0] != n:
         raise ValueError(f"colour values have {c.shape[0]} rows but the embedding has {n}")
     if c.ndim > 1:
@@ -121,7 +122,7 @@ def embedding(
     -------
     matplotlib.axes.Axes
     """
-    Y = np.asarray(_values(Y), dtype=float)
+    Y = np.asarray(values_of(Y), dtype=float)
     Y = Y[:, None] if Y.ndim == 1 else Y
     c, categories = colour_values(color, Y.shape[0])
     idx = np.arange(Y.shape[0])
