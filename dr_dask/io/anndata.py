@@ -41,6 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dask
@@ -110,22 +112,21 @@ class _Stored:
 
     def __init__(self, loc: Location, path: str, h5: bool):
         self.loc, self.path, self.h5 = loc, path, h5
-        self._file: Any = None
 
-    def __getstate__(self) -> dict:
-        return {"loc": self.loc, "path": self.path, "h5": self.h5}
+    @contextmanager
+    def arrays(self) -> Iterator[Any]:
+        """``get(part)``: the HDF5 dataset or Zarr array ``part`` of the element (``""``: the
+        element itself). A ``.h5ad`` file is open only inside: HDF5 refuses to open a file
+        for writing (:func:`write_obsm`) in a process that holds it open for reading."""
+        if not self.h5:
+            store = self.loc.zarr_store(read_only=True)
+            yield lambda part="": zarr.open_array(store=store, path=self._path(part), mode="r")
+            return
+        with _open_h5(self.loc) as f:
+            yield lambda part="": f[self._path(part)]
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["loc"], state["path"], state["h5"])  # type: ignore[misc]
-
-    def array(self, part: str = "") -> Any:
-        """The HDF5 dataset or Zarr array ``part`` of the element (``""``: the element)."""
-        path = f"{self.path}/{part}" if part else self.path
-        if self.h5:
-            if self._file is None:
-                self._file = _open_h5(self.loc)
-            return self._file[path]
-        return zarr.open_array(store=self.loc.zarr_store(read_only=True), path=path, mode="r")
+    def _path(self, part: str) -> str:
+        return f"{self.path}/{part}" if part else self.path
 
 
 def _open_h5(loc: Location, mode: str = "r") -> Any:
@@ -156,11 +157,9 @@ class _Rows:
         key = key if isinstance(key, tuple) else (key, slice(None))
         start, stop, step = key[0].indices(self.shape[0])
         try:
-            if self.sparse is None:
-                block = np.asarray(self.stored.array()[start:stop])
-            else:
-                block = _dense_rows(self.stored, self.sparse, start, stop, self.shape[1],
-                                    self.dtype)
+            with self.stored.arrays() as get:
+                block = (np.asarray(get()[start:stop]) if self.sparse is None else
+                         _dense_rows(get, self.sparse, start, stop, self.shape[1], self.dtype))
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001  (h5py and the codecs raise many types)
@@ -170,25 +169,26 @@ class _Rows:
         return block[::step][(slice(None), *key[1:])]
 
 
-def _dense_rows(stored: _Stored | _Memory, kind: str, start: int, stop: int, n_cols: int,
+def _dense_rows(get: Any, kind: str, start: int, stop: int, n_cols: int,
                 dtype: np.dtype) -> np.ndarray:
-    """Rows ``start:stop`` of a stored CSR or CSC matrix as a dense array."""
+    """Rows ``start:stop`` of a CSR or CSC matrix (its arrays ``get("data")``, ...) as a
+    dense array."""
     out = np.zeros((stop - start, n_cols), dtype=dtype)
     if stop <= start:
         return out
     if kind == "csr":  # this block's slice of indptr, then only its rows' entries
-        indptr = np.asarray(stored.array("indptr")[start:stop + 1], dtype=np.int64)
+        indptr = np.asarray(get("indptr")[start:stop + 1], dtype=np.int64)
         a, b = int(indptr[0]), int(indptr[-1])
-        cols = np.asarray(stored.array("indices")[a:b])
-        values = np.asarray(stored.array("data")[a:b])
+        cols = np.asarray(get("indices")[a:b])
+        values = np.asarray(get("data")[a:b])
         rows = np.repeat(np.arange(stop - start), np.diff(indptr))
     else:  # CSC: a column's rows lie anywhere along indices, so every entry is read
-        indptr = np.asarray(stored.array("indptr")[:], dtype=np.int64)
-        all_rows = np.asarray(stored.array("indices")[:])
+        indptr = np.asarray(get("indptr")[:], dtype=np.int64)
+        all_rows = np.asarray(get("indices")[:])
         keep = (all_rows >= start) & (all_rows < stop)
         rows = all_rows[keep] - start
         cols = np.repeat(np.arange(n_cols), np.diff(indptr))[keep]
-        values = np.asarray(stored.array("data")[:])[keep]
+        values = np.asarray(get("data")[:])[keep]
     out[rows, cols] = values
     return out
 
@@ -200,8 +200,9 @@ class _Memory:
     def __init__(self, matrix: Any):
         self.parts = {"data": matrix.data, "indices": matrix.indices, "indptr": matrix.indptr}
 
-    def array(self, part: str = "") -> Any:
-        return self.parts[part]
+    @contextmanager
+    def arrays(self) -> Iterator[Any]:
+        yield self.parts.__getitem__
 
 
 def _attrs(node: Any) -> dict:
@@ -437,12 +438,12 @@ def _check_embedding(values: Any, labels: np.ndarray | None, obs_names: np.ndarr
     if np.dtype(values.dtype).kind not in "fiu":
         raise InputError(f"the embedding's dtype is {values.dtype}; obsm takes numbers")
     if labels is not None:
-        labels, names = _names(labels).astype(str), obs_names.astype(str)
-        if not np.array_equal(labels, names):
-            bad = np.flatnonzero(labels != names)
+        have, want = _names(labels).astype(str).tolist(), obs_names.astype(str).tolist()
+        if have != want:
+            bad = [i for i, (a, b) in enumerate(zip(have, want)) if a != b]
             raise InputError(
                 f"the embedding's rows are not {where}'s cells in order: row {bad[0]} is "
-                f"{labels[bad[0]]!r}, the cell there is {obs_names[bad[0]]!r} ({len(bad)} "
+                f"{have[bad[0]]!r}, the cell there is {want[bad[0]]!r} ({len(bad)} "
                 "rows differ); reorder it (DataFrame.loc[obs_names])")
 
 
