@@ -30,6 +30,7 @@ _PUBLIC = {
     "GPIsomap": "dr_dask.methods.gp_isomap",
     "LSDR": "dr_dask.methods.lsdr",
     "open_dataset": "dr_dask.io.inputs",
+    "write_obsm": "dr_dask.io.anndata",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

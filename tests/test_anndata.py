@@ -184,6 +184,32 @@ def test_cli_names_a_missing_element_and_exits_2(tmp_path, store):
     assert not out.exists()
 
 
+def test_cli_writes_a_run_into_obsm_only_when_its_cells_match(tmp_path):
+    """``dr-dask write-obsm RUN STORE``: a run of the store's element goes into obsm[X_<method>]
+    by name; a run of another input (rows without the cells' names) is refused with exit 2 and
+    the store left as it was, as is an existing key without --overwrite."""
+    store = _copy("cells.zarr", tmp_path)
+    runs = tmp_path / "runs.zarr"
+    np.save(tmp_path / "pcs.npy", TRUTH["obsm/X_pca"])
+    for source, name in ((f"{store}:obsm/X_pca", "cells"), (str(tmp_path / "pcs.npy"), "npy")):
+        res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", "isomap", "-n", "2",
+                                        "--input", source, "--out", str(runs), "--name", name])
+        assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["write-obsm", str(runs / "cells"), store])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["key"] == "X_isomap"
+    written = open_dataset(f"{store}:obsm/X_isomap").data.compute()
+    np.testing.assert_array_equal(written, open_run(str(runs), "cells")["embedding"][:])
+    before = _digest(store)
+    res = CliRunner().invoke(main, ["write-obsm", str(runs / "npy"), store, "--key", "X_npy"])
+    assert res.exit_code == 2 and "row 0 is '0', the cell there is 'cell-000'" in res.output
+    res = CliRunner().invoke(main, ["write-obsm", str(runs / "cells"), store])
+    assert res.exit_code == 2 and "obsm['X_isomap'] exists" in res.output
+    assert _digest(store) == before
+    res = CliRunner().invoke(main, ["write-obsm", str(runs / "cells"), store, "--overwrite"])
+    assert res.exit_code == 0, res.output
+
+
 @pytest.mark.parametrize("store", STORES)
 def test_write_obsm_writes_anndata_s_encoding_and_reads_back(tmp_path, store):
     path = _copy(store, tmp_path)

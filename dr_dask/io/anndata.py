@@ -487,12 +487,17 @@ def write_obsm(target: Any, key: str, Y: Any, *, overwrite: bool = False,
         Not an AnnData; a remote ``.h5ad``; an embedding of the wrong number of rows, labelled
         with other cells or in another order; an existing key without ``overwrite``.
 
+    See Also
+    --------
+    dr_dask.open_dataset : AnnData elements as inputs (``"cells.zarr:obsm/X_pca"``).
+
     Examples
     --------
     >>> import dr_dask
-    >>> from dr_dask.io.anndata import write_obsm
     >>> Y = dr_dask.Isomap(n_neighbors=15).fit_transform("cells.zarr:obsm/X_pca")  # doctest: +SKIP
-    >>> write_obsm("cells.zarr", "X_isomap", Y)  # doctest: +SKIP
+    >>> dr_dask.write_obsm("cells.zarr", "X_isomap", Y)  # doctest: +SKIP
+
+    On the command line, a run's embedding: ``dr-dask write-obsm runs.zarr/isomap-... cells.zarr``.
     """
     key = _obsm_key(key)
     values, labels = _labelled_values(Y)
