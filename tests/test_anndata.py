@@ -325,7 +325,7 @@ def test_anndata_reads_what_write_obsm_wrote(tmp_path):
 
 @needs_anndata
 def test_real_anndata_objects_in_memory_and_backed(tmp_path):
-    """A real AnnData object, in memory (dense X, CSR layer, obsm) and backed (X an h5py
+    """A real AnnData object, in memory (dense X, CSR layer, CSC X, obsm) and backed (X an h5py
     dataset read from the file by row blocks), fits as its arrays do; write_obsm sets its
     obsm; a missing layer is named."""
     found = _run_with_anndata("""
@@ -342,6 +342,10 @@ def test_real_anndata_objects_in_memory_and_backed(tmp_path):
         inp = open_dataset(a, "layers/counts")
         out["csr"] = [bool(np.array_equal(inp.data.compute(), counts)),
                       list(inp.sample_ids[:2])]
+        sparse = a.copy()
+        sparse.X = sparse.layers["counts_csc"]  # a CSC X, read by dense row blocks
+        inp = open_dataset(sparse)
+        out["csc"] = bool(np.array_equal(inp.data.compute(), counts))
         out["transform"] = bool(np.allclose(np.asarray(ref.transform(a)), ref.transform(X),
                                             atol=1e-5))
         write_obsm(a, "X_isomap", Y)
@@ -358,7 +362,7 @@ def test_real_anndata_objects_in_memory_and_backed(tmp_path):
         print(json.dumps(out))
     """, tmp_path)
     assert found["memory"] == ["ndarray", True]
-    assert found["csr"] == [True, ["cell-000", "cell-001"]]
+    assert found["csr"] == [True, ["cell-000", "cell-001"]] and found["csc"]
     assert found["transform"] and found["obsm"]
     assert found["backed"] == [True, "Dataset", True, True]
     assert "has no element 'layers/raw'; it has X, layers/counts" in found["missing"]

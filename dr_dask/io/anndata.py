@@ -62,8 +62,8 @@ from dr_dask.io.storage import Location, location, raise_if_transient
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ELEMENTS", "is_anndata", "is_anndata_group", "open_object", "open_store",
-           "read_obs_names", "write_obsm"]
+__all__ = ["ELEMENTS", "element", "is_anndata", "is_anndata_group", "open_object",
+           "open_store", "read_obs_names", "write_obsm"]
 
 #: The elements of an AnnData that are samples x features arrays (``NAME`` is a key).
 ELEMENTS = ("X", "layers/NAME", "obsm/NAME")
@@ -352,8 +352,10 @@ def _rows_of(element: Any, key: str) -> Any:
     frame (``obsm``) as its values."""
     if hasattr(element, "to_memory"):  # anndata's backed sparse dataset (of a view)
         element = element.to_memory()
-    if hasattr(element, "tocsr") and hasattr(element, "indptr"):  # SciPy sparse
-        fmt = "csr" if getattr(element, "format", "csr") == "csr" else "csc"
+    if hasattr(element, "tocsr"):  # SciPy sparse: CSR and CSC as they are, others as CSR
+        if getattr(element, "format", None) not in ("csr", "csc"):
+            element = element.tocsr()
+        fmt = element.format
         shape = (int(element.shape[0]), int(element.shape[1]))
         rows = _Rows(_Memory(element), key, shape, element.dtype, fmt)
         n = _row_chunks(shape, np.dtype(element.dtype).itemsize)
@@ -400,7 +402,7 @@ def open_object(adata: Any, variable: str | None) -> InputData:
         raise InputError(f"{variable or 'X'} has {inp.data.shape[0]} rows but the AnnData "
                          f"object has {len(ids)} cells")
     inp.sample_ids = ids
-    inp.identity.setdefault("variable", _element_key(variable, "AnnData object"))
+    inp.identity["variable"] = _element_key(variable, "AnnData object")
     return inp
 
 
