@@ -38,6 +38,7 @@ nothing in this package writes into an input store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -129,15 +130,21 @@ class _Stored:
         return f"{self.path}/{part}" if part else self.path
 
 
-def _open_h5(loc: Location, mode: str = "r") -> Any:
+@contextmanager
+def _open_h5(loc: Location, mode: str = "r") -> Iterator[Any]:
+    """The ``.h5ad`` file at ``loc`` as an h5py File (a URL through its filesystem's file
+    object, closed with it)."""
     import h5py  # here: only .h5ad files need it (an optional dependency: the netcdf extra)
 
-    try:
-        return h5py.File(loc.url if loc.is_local else loc.open("rb"), mode)
-    except OSError as exc:
-        raise_if_transient(exc, loc)
-        doing = "read" if mode == "r" else "written"
-        raise InputError(f"{loc} cannot be {doing} as a .h5ad (HDF5) file: {exc}") from None
+    with contextlib.ExitStack() as stack:
+        try:
+            raw = loc.url if loc.is_local else stack.enter_context(loc.open("rb"))
+            f = stack.enter_context(h5py.File(raw, mode))
+        except OSError as exc:
+            raise_if_transient(exc, loc)
+            doing = "read" if mode == "r" else "written"
+            raise InputError(f"{loc} cannot be {doing} as a .h5ad (HDF5) file: {exc}") from None
+        yield f
 
 
 class _Rows:
