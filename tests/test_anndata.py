@@ -352,9 +352,12 @@ def test_real_anndata_objects_in_memory_and_backed(tmp_path):
         out["obsm"] = bool(np.array_equal(a.obsm["X_isomap"], Y))
         b = ad.read_h5ad(DATA + "/cells.h5ad", backed="r")
         Yb = Isomap(n_neighbors=10, n_components=2).fit_transform(b)
+        b.obsm["X_new"] = 2 * b.obsm["X_pca"]  # in memory only: read there, not from the file
         out["backed"] = [b.isbacked, type(b.X).__name__,
                          bool(np.allclose(Yb, ref.embedding_, atol=1e-5)),
-                         open_dataset(b).location.url.endswith("cells.h5ad")]
+                         open_dataset(b).location.url.endswith("cells.h5ad"),
+                         bool(np.array_equal(open_dataset(b, "obsm/X_new").data.compute(),
+                                             2 * np.load(DATA + "/X_pca.npy")))]
         try:
             open_dataset(a, "layers/raw")
         except InputError as exc:
@@ -364,5 +367,5 @@ def test_real_anndata_objects_in_memory_and_backed(tmp_path):
     assert found["memory"] == ["ndarray", True]
     assert found["csr"] == [True, ["cell-000", "cell-001"]] and found["csc"]
     assert found["transform"] and found["obsm"]
-    assert found["backed"] == [True, "Dataset", True, True]
+    assert found["backed"] == [True, "Dataset", True, True, True]
     assert "has no element 'layers/raw'; it has X, layers/counts" in found["missing"]

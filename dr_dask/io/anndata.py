@@ -25,10 +25,10 @@ chunked:
   ``X`` as CSR) or select highly variable genes first, since dense rows cost ``N`` values each.
 
 An AnnData object gives its element: a NumPy array as a NumPy array (checked like one), a
-SciPy sparse matrix by dense row blocks as above, a dask array as it is; a backed object
-(``adata.isbacked``) is read from its file, as a ``.h5ad`` path is. Its ``fit_transform``
-output is a NumPy array in the order of ``obs_names`` (what scanpy puts in ``obsm``), written
-back by :func:`write_obsm`.
+SciPy sparse matrix by dense row blocks as above, a dask array as it is; the ``X`` of a
+backed object (``adata.isbacked``) is read from its file, as a ``.h5ad`` path is. Its
+``fit_transform`` output is a NumPy array in the order of ``obs_names`` (what scanpy puts in
+``obsm``), written back by :func:`write_obsm`.
 
 Output. :func:`write_obsm` puts an embedding into ``obsm[key]`` of an AnnData object, an
 AnnData-Zarr store (format 2 or 3, as the store is; its consolidated metadata rewritten) or a
@@ -389,13 +389,15 @@ def element(adata: Any, variable: str | None) -> tuple[Any, np.ndarray]:
     -------
     rows : ndarray, dask array or InputData
         NumPy (in memory), a dask array (sparse by dense row blocks, or the object's own dask
-        array), or an opened input for a backed object (read from its file).
+        array), or an opened input for a backed object's X (read from its file).
     obs_names : ndarray of shape (T,)
     """
     key = _element_key(variable, "AnnData object")
     ids = _obs_names(adata)
-    if getattr(adata, "isbacked", False) and not getattr(adata, "is_view", False):
-        # the file is the data: read by row blocks there, by this process or the workers
+    backed = getattr(adata, "isbacked", False) and not getattr(adata, "is_view", False)
+    if key == "X" and backed:
+        # a backed object's X is its file's (its layers and obsm are in memory, maybe newer
+        # than the file's): read by row blocks there, by this process or the workers
         return open_dataset(location(os.fspath(adata.filename)), key), ids
     return _rows_of(_object_element(adata, key), key), ids
 
