@@ -13,8 +13,8 @@ Made with anndata 0.12.19, zarr 3.1.6, h5py 3.16.0, numpy 2.4.6, pandas 2.3.3, s
 float32, stored in chunks of 100 rows in Zarr), ``layers["counts"]`` CSR (float32),
 ``layers["counts_csc"]`` the same counts CSC, ``obsm["X_pca"]`` (300 x 5, float32, as
 scanpy writes it), ``obsm["cell_meta"]`` a DataFrame (not an array: refused by name), obs
-names ``cell-000``... Written as ``cells.h5ad``, ``cells.zarr`` (Zarr format 2, anndata's default) and
-``cells_v3.zarr`` (format 3); the values as ``.npy`` ground truth beside them.
+names ``cell-000``... Written as ``cells.h5ad``, ``cells.zarr`` (Zarr format 2, anndata's
+default) and ``cells_v3.zarr`` (format 3); the values as ``.npy`` ground truth beside them.
 """
 
 from __future__ import annotations
