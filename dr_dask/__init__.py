@@ -34,6 +34,7 @@ _PUBLIC = {
     "ModelFormatError": "dr_dask.methods.persistence",
     "QuadraticCostWarning": "dr_dask.linalg.tiles",
     "ScratchSpaceError": "dr_dask.linalg.tiles",
+    "write_obsm": "dr_dask.io.anndata",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -8,6 +8,7 @@ option answers without loading scikit-learn, matplotlib and the cluster stack.
 """
 
 from dr_dask.cli import (  # noqa: F401  (register)
+    anndata,
     datasets,
     evaluate,
     ikd,

@@ -104,7 +104,7 @@ def parse_source(source: str, storage_options: dict | None = None) -> tuple[str,
     if ":" not in source or location(source, storage_options).exists():
         return source, None
     path, var = source.rsplit(":", 1)
-    if "/" in var:  # the only ':' is the scheme's, as in s3://bucket/x.zarr
+    if var.startswith("/"):  # the only ':' is the scheme's, as in s3://bucket/x.zarr
         return source, None
     return path, var or None
 
@@ -426,6 +426,8 @@ def _group_variable(node: zarr.Group, loc: Location,
 def _open_zarr(
     loc: Location, variable: str | None
 ) -> tuple[Any, np.ndarray | None, str | None, dict]:
+    if loc.url.endswith(".h5ad"):  # AnnData's HDF5 file, read as its Zarr store is (below)
+        return _anndata().open_store(loc, variable)
     try:
         node = zarr.open(store=loc.zarr_store(read_only=True), mode="r")
     except StorageError:
@@ -433,6 +435,8 @@ def _open_zarr(
     except Exception as exc:  # zarr raises several types for "not a zarr store"
         raise_if_transient(exc, loc)
         raise InputError(f"{loc} is not a readable Zarr store: {exc}") from exc
+    if (anndata := _anndata()).is_anndata_group(node):
+        return anndata.open_store(loc, variable, node)
     if isinstance(node, zarr.Array):
         if variable:
             raise InputError(f"{loc} is a single Zarr array; it has no variable {variable!r}")
@@ -487,8 +491,9 @@ def open_dataset(
     ----------
     source : str, Location or array-like
         ``"path.zarr"``, ``"path.zarr:VAR"``, ``"file.nc[:VAR]"``, ``"file.npy"`` (local paths
-        or URLs such as ``s3://bucket/x.zarr:VAR``), or an in-memory numpy array, dask array,
-        zarr array, xarray DataArray or Dataset.
+        or URLs such as ``s3://bucket/x.zarr:VAR``), an AnnData-Zarr store or ``.h5ad`` file
+        (``"cells.zarr:obsm/X_pca"``: :mod:`dr_dask.io.anndata`), or an in-memory numpy array,
+        dask array, zarr array, xarray DataArray or Dataset, or AnnData object.
     variable : str, optional
         Variable of a group, Dataset or NetCDF file (overrides a ``:VAR`` suffix).
     storage_options : dict, optional
@@ -526,6 +531,8 @@ def open_dataset(
             content = {"stored": (loc, {"": loc.fs.info(loc.path)})}
         else:
             arr, sample_ids, variable, content = _open_zarr(loc, variable)
+    elif _anndata().is_anndata(source):
+        return _anndata().open_object(source, variable)
     else:
         arr = source
         if type(arr).__module__.startswith("xarray"):
@@ -540,6 +547,13 @@ def open_dataset(
     if stored is not None and (tagged := listed_fingerprint(stored[1])) is not None:
         identity["fingerprint"], stored = tagged, None  # the store keeps content tags
     return InputData(data, sample_ids, identity, loc, stored=stored)
+
+
+def _anndata() -> Any:
+    """:mod:`dr_dask.io.anndata` (imported here, not at the top: it builds on this module)."""
+    from dr_dask.io import anndata
+
+    return anndata
 
 
 def open_netcdf(loc: Location, **kwargs: Any) -> Any:

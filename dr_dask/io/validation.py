@@ -37,6 +37,7 @@ import dask
 import numba
 import numpy as np
 
+from dr_dask.io import anndata
 from dr_dask.io.inputs import InputData, InputError, memory_input, open_dataset
 from dr_dask.io.storage import Location
 from dr_dask.runtime import config
@@ -73,9 +74,12 @@ __all__ = [
 
 def is_stored(X: Any) -> bool:
     """True for inputs that go through the store boundary rather than scikit-learn's checks:
-    paths, URLs, :class:`~dr_dask.io.storage.Location`, dask / zarr / xarray objects."""
+    paths, URLs, :class:`~dr_dask.io.storage.Location`, dask / zarr / xarray objects, a
+    backed AnnData object (its file holds the data)."""
     if isinstance(X, (str, os.PathLike, Location, InputData)):
         return True
+    if anndata.is_anndata(X):
+        return bool(getattr(X, "isbacked", False))
     module = type(X).__module__.split(".")[0]
     return module in ("dask", "zarr", "xarray")
 
@@ -99,9 +103,11 @@ def check_input(
     ----------
     estimator : estimator instance
         Its ``n_features_in_`` (and ``feature_names_in_``) is set when ``reset``, else checked.
-    X : array-like, dask / zarr / xarray array, path, URL, Location or InputData
+    X : array-like, dask / zarr / xarray array, AnnData, path, URL, Location or InputData
         Of shape (T, N). Paths take the ``"STORE[:VAR]"`` form of
-        :func:`dr_dask.io.inputs.open_dataset`. Never modified.
+        :func:`dr_dask.io.inputs.open_dataset`; an AnnData object (in memory or backed),
+        ``.h5ad`` file or AnnData-Zarr store gives its ``X`` or the element ``variable``
+        names (:mod:`dr_dask.io.anndata`). Never modified.
     reset : bool
         True in ``fit`` (record the number of features), False in ``transform`` (check it).
     in_memory : bool, default=False
@@ -116,7 +122,8 @@ def check_input(
     min_features : int, default=1
         Fewest columns accepted (scikit-learn's ``ensure_min_features``).
     variable : str, optional
-        Variable of a group, Dataset or NetCDF file.
+        Variable of a group, Dataset or NetCDF file; element of an AnnData (``X``,
+        ``layers/NAME``, ``obsm/NAME``).
     storage_options : dict, optional
         For the filesystem of a URL.
     stage : bool, default=False
@@ -142,6 +149,12 @@ def check_input(
         Sparse input (dense data is required).
     """
     config.check()  # the knobs are read mid-fit: a bad one fails here, before any work
+    if anndata.is_anndata(X):  # its element, checked as that kind of input; rows named by cell
+        rows, obs_names = anndata.element(X, variable)
+        inp = check_input(estimator, rows, reset=reset, in_memory=in_memory, dtype=dtype,
+                          min_samples=min_samples, min_features=min_features, stage=stage)
+        inp.sample_ids = obs_names
+        return inp
     if is_stored(X):
         inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
         if not in_memory:

@@ -343,6 +343,9 @@ class RunGroup:
     def write(self, name: str, values: np.ndarray, dims: tuple, attrs: dict | None = None) -> None:
         """Write a small in-memory array in one go."""
         values = np.asarray(values)
+        if values.dtype.kind == "U":  # names (an AnnData's cells): Zarr's variable-length
+            # strings; fixed-width unicode has no Zarr format 3 specification (zarr warns)
+            values = values.astype(np.dtypes.StringDType())
         arr = self.create(name, values.shape, values.dtype, values.shape, dims)
         arr[...] = values
         if attrs:
