@@ -390,3 +390,28 @@ def test_rows_rewritten_after_the_job_mapped_them_are_refused(X, night1, tmp_pat
     assert code == 2, out
     assert "rows 100:150 (chunk c/2/0) were rewritten" in out and "--state" in out
     assert (Path(state) / "checkpoint.json").read_bytes() == checkpoint
+
+
+# ----------------------------------------------------- arrays read beside the input
+@pytest.mark.parametrize("how", HOW)
+def test_evaluate_and_report_stop_at_a_bad_chunk_of_labels(X, tmp_path, how):
+    src = _store(tmp_path / "in.zarr", X[:200])
+    labels = zarr.open_group(str(tmp_path / "in.zarr"), mode="a").create_array(
+        "y", shape=(200,), chunks=(ROWS,), dtype="i8")
+    labels[:] = np.arange(200) % 3
+    out = str(tmp_path / "runs.zarr")
+    assert _cli("embed", "ikd", "-n", "2", "--input", src, "--out", out, "--name", "r")[0] == 0
+    assert _cli("evaluate", "--store", out, "--embedding", "r", "--labels", "y")[0] == 0
+    np.save(tmp_path / "y.npy", np.arange(200) % 3)
+    _damage(tmp_path / "in.zarr" / "y" / "c" / "1", how)
+    damaged = _digest(tmp_path / "in.zarr")
+    code, text = _cli("evaluate", "--store", out, "--embedding", "r", "--labels", "y")
+    assert code == 2 and "in.zarr:y: chunk c/1" in text and "Traceback" not in text, text
+    code, text = _cli("report", f"{out}/r", "--html", str(tmp_path / "r.html"), "--color", "y")
+    assert code == 2 and "in.zarr:y: chunk c/1" in text, text
+    assert not (tmp_path / "r.html").exists()
+    (tmp_path / "y.npy").write_bytes((tmp_path / "y.npy").read_bytes()[:-40])
+    code, text = _cli("report", f"{out}/r", "--html", str(tmp_path / "r.html"), "--color",
+                      str(tmp_path / "y.npy"))
+    assert code == 2 and "y.npy holds" in text and "truncated" in text, text
+    assert _digest(tmp_path / "in.zarr") == damaged

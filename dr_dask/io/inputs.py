@@ -18,6 +18,7 @@ read of every stored object without a tag, in pieces of ``HASH_PIECE`` bytes).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -113,7 +114,7 @@ class _NpyRows:
     """Array-like over a ``.npy`` file at any location: reads only the byte range of the rows
     asked for, and pickles as its location (workers read it themselves)."""
 
-    def __init__(self, loc: Location):
+    def __init__(self, loc: Location, numeric: bool = True):
         self.loc = loc
         fmt = np.lib.format
         try:
@@ -127,7 +128,10 @@ class _NpyRows:
             raise InputError(f"{loc} is not a readable .npy file: {exc}") from None
         if fortran and len(shape) > 1:
             raise InputError(f"{loc} is a Fortran-ordered .npy; save it in C order")
-        check_claimed(str(loc), shape, dtype)
+        check_claimed(str(loc), shape, dtype, numeric=numeric)
+        if np.dtype(dtype).hasobject:
+            raise InputError(f"{loc} holds Python objects (a pickled .npy); save an array of "
+                             "numbers or strings")
         self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
         self.chunks = None
         size, claimed = int(loc.fs.info(loc.path)["size"]), self.offset + self.nbytes
@@ -494,16 +498,35 @@ def _check_chunks(arr: zarr.Array, where: str, listing: dict[str, dict]) -> None
                     "overwritten); restore it and rerun")
 
 
-def _current(loc: Location, path: str) -> zarr.Array:
+def _current(loc: Location, path: str, numeric: bool = True) -> zarr.Array:
     """The array at ``path`` of the group at ``loc`` as its own metadata says now (one read:
     never the root's consolidated snapshot, which may predate rows appended since)."""
+    where = f"{loc}:{path}" if path else str(loc)
     try:
         arr = zarr.open_array(store=loc.zarr_store(read_only=True), path=path, mode="r")
     except Exception as exc:  # zarr raises several types for a node that is not an array
         raise_if_transient(exc, loc)
-        raise InputError(f"{loc}:{path} is not a readable Zarr array: {exc}") from exc
-    check_claimed(f"{loc}:{path}", arr.shape, arr.dtype, arr.shards or arr.chunks)
+        raise InputError(f"{where} is not a readable Zarr array: {exc}") from exc
+    check_claimed(where, arr.shape, arr.dtype, arr.shards or arr.chunks, numeric)
     return arr
+
+
+def read_values(loc: Location, variable: str | None = None) -> np.ndarray:
+    """A whole stored array beside an input (labels, a latent, colours: ``.npy`` or a Zarr
+    array, or a variable of a Zarr group) read through the same boundary as the input: its
+    metadata bounded (:func:`check_claimed`, any dtype but Python objects), every chunk
+    present and decoded whole, else an :class:`InputError` naming the array and chunk key.
+    """
+    if loc.url.endswith(".npy"):
+        npy = _NpyRows(loc, numeric=False)
+        return npy[0:npy.shape[0]] if npy.ndim else np.load(io.BytesIO(loc.read_bytes()))
+    arr = _current(loc, variable or "", numeric=False)
+    array_loc = loc.child(*variable.split("/")) if variable else loc
+    where = f"{loc}:{variable}" if variable else str(loc)
+    if not arr.ndim:
+        return np.asarray(arr[...])
+    _check_chunks(arr, where, array_loc.find())
+    return _ZarrRows.of(arr, where, array_loc)[0:arr.shape[0]]
 
 
 def _group_variable(node: zarr.Group, loc: Location,
