@@ -13,6 +13,7 @@ import zarr
 from _faults import Fault, Rows, Task, Written, cli
 
 from dr_dask.datasets.swiss_roll import shift_scenario, write_scenario
+from dr_dask.io.inputs import InputError
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.methods.gp_isomap_io import save_gp_isomap
 from dr_dask.stream import STATUS, StreamRunner, StreamStore, read_output
@@ -158,14 +159,18 @@ def test_quarantine_bad_chunks_stream_continues(model, scenario, tmp_path):
     (src / "003.npy").write_bytes(b"this is not an npy file")  # unreadable
     np.save(src / "004.npy", S[50:80])
     out = str(tmp_path / "out")
-    summary = StreamRunner(out, str(src), model, n_s=1000).run()
-    assert summary["n_quarantined"] == 3
+    # a file that is not a .npy stops the stream by name, after the files before it
+    with pytest.raises(InputError, match=r"003\.npy is not a \.npy file"):
+        StreamRunner(out, str(src), model, n_s=1000).run()
+    assert read_output(out)["checkpoint"]["n_rows"] == 30 + 10 + 10
+    (src / "003.npy").unlink()
+    summary = StreamRunner(out, str(src), n_s=1000).run()
+    assert summary["n_quarantined"] == 2
     o = read_output(out)
-    assert o["checkpoint"]["n_rows"] == 30 + 10 + 10 + 0 + 30
+    assert o["checkpoint"]["n_rows"] == 30 + 10 + 10 + 30
     reasons = [q["reason"] for q in o["quarantine"]]
     assert "wrong width" in reasons[0] and "NaN" in reasons[1] and "rows [3]" in reasons[1]
-    assert "unreadable" in reasons[2]
-    assert [q["name"] for q in o["quarantine"]] == ["001.npy", "002.npy", "003.npy"]
+    assert [q["name"] for q in o["quarantine"]] == ["001.npy", "002.npy"]
     q = o["status"] == STATUS["quarantined"]
     np.testing.assert_array_equal(np.flatnonzero(q), np.arange(30, 50))
     assert set(np.unique(o["status"][~q])) <= FINAL

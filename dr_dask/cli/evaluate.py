@@ -33,7 +33,7 @@ LSDR_INPUT_DIM = 3
 # ------------------------------------------------------------------------------ input helpers
 def load_values(spec: str, default_store: Any, storage_options: dict | None = None) -> np.ndarray:
     """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
-    from dr_dask.io.inputs import InputError, open_netcdf, parse_source
+    from dr_dask.io.inputs import InputError, open_netcdf, parse_source, read_values
     from dr_dask.io.storage import location
 
     path, var = parse_source(spec, storage_options)
@@ -42,17 +42,14 @@ def load_values(spec: str, default_store: Any, storage_options: dict | None = No
         if default_store is None:
             raise InputError(f"{spec!r} is neither a path nor a variable of a known input store")
         loc, var = location(default_store, storage_options), spec
-    if loc.url.endswith(".npy"):
-        with loc.open("rb") as fh:
-            return np.load(fh)
     if loc.url.endswith((".nc", ".nc4", ".netcdf", ".h5")):
         with open_netcdf(loc) as ds:
             if var not in ds:
                 raise InputError(f"{loc} has no variable {var!r} (has {sorted(ds.data_vars)})")
             return ds[var].values
+    if loc.url.endswith(".npy"):
+        return read_values(loc)
     import zarr
-
-    from dr_dask.io.storage import read_array
 
     try:
         group = zarr.open_group(store=loc.zarr_store(read_only=True), mode="r")
@@ -60,7 +57,7 @@ def load_values(spec: str, default_store: Any, storage_options: dict | None = No
         raise InputError(f"cannot open {loc} as a Zarr group: {exc}") from exc
     if var is None or var not in group:
         raise InputError(f"{loc} has no array {var!r} (has {sorted(group.array_keys())})")
-    return read_array(group, var)
+    return read_values(loc, var)
 
 
 def _open_input(source: str, storage_options: dict | None = None) -> tuple[Any, Any]:

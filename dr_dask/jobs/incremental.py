@@ -21,8 +21,17 @@ The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedd
     duplicates or misses rows.
 ``report.png``
     Variance over rows with the threshold and the refits, and the latest embedding.
+``consumed.json``
+    Fingerprints of the consumed source rows, one record per row block of the source's chunk
+    grid (:mod:`dr_dask.jobs._consumed`): each run checks them first, and rows rewritten in
+    place since they were mapped stop it (exit 2, naming the rows and chunk keys).
 ``lease.json``
     One run at a time (:class:`dr_dask.runs.lease.Lease`).
+
+Every chunk the job reads is read whole: one that cannot be decoded, has the wrong size or is
+missing stops the run (exit 2, naming the array and the chunk key) before any row after it is
+written, the watermark staying before it (:mod:`dr_dask.stream.sources`); a state whose output
+rows and consumed source rows differ in number is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import numpy as np
 from dr_dask.io.inputs import InputError
 from dr_dask.io.storage import location
 from dr_dask.jobs._common import JobIncomplete, job_params, now, open_stored
+from dr_dask.jobs._consumed import check_consumed, record_consumed
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.report.jobs import drift_report
 from dr_dask.runs.lease import Lease, LeaseLost
@@ -135,13 +145,20 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
     history, history_version = (json.loads(got[0]), got[1]) if got else ([], None)
     before = history[-1]["watermark_after"] if history else 0
     summary = {"state": loc.url, "source": array.url, "watermark_before": before, "n_s": p["n_s"]}
+    records: dict = {"blocks": {}}
+    updated = False
     if store.exists():
         ck = store.read_checkpoint()
+        _check_aligned(ck, loc)
         if n_rows < ck["source"]:
             raise InputError(f"{array.url} has {n_rows} rows, fewer than the watermark "
                              f"{ck['source']} in {loc}: was the source rewritten?")
+        # rows rewritten in place since they were mapped (module docstring of _consumed)
+        records, updated = check_consumed(loc, array, ck["source"] + ck.get("skip", 0))
         refit_due = len(ck["pending"]) >= p["n_s"]
         if ck["source"] == n_rows and not refit_due and before == ck["n_rows"]:
+            record_consumed(loc, array, ck["source"] + ck.get("skip", 0), records, lease.fence,
+                            updated)
             logger.info("%s: no row beyond the watermark %d; nothing to do", array.url, before)
             return {**summary, **_idle(ck, before), "status": "nothing to do"}
     else:
@@ -160,6 +177,8 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
             f"incremental: {array.url} had {n_rows} rows when this run began but the watermark "
             f"in {loc} is {ck['source']}: rows {ck['source']}..{n_rows} were not processed; "
             "rerun to process them")
+    _check_aligned(ck, loc)
+    record_consumed(loc, array, ck["source"] + ck.get("skip", 0), records, lease.fence, updated)
     prev_version = history[-1]["model_version"] if history else 0
     entry = _history_entry(store, ck, before, prev_version, p["n_s"])
     if entry["rows"] or entry["refit"]:
@@ -180,6 +199,17 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
                 entry["watermark_after"], ck["version"],
                 f", refits {entry['new_versions']}" if entry["refit"] else "")
     return {**summary, **{k: entry[k] for k in _ENTRY_KEYS}, "status": status, "report": report}
+
+
+def _check_aligned(ck: dict, loc) -> None:
+    """Output row i is source row i: as many output rows as source rows consumed (a state
+    where they differ has rows shifted and cannot be continued)."""
+    consumed = ck["source"] + ck.get("skip", 0)
+    if ck["n_rows"] != consumed:
+        raise InputError(
+            f"the state {loc} holds {ck['n_rows']} output rows for the {consumed} source rows "
+            "it consumed: its rows are shifted (a chunk was skipped without its rows by an "
+            "earlier version). Map the source again into a new state (another --state)")
 
 
 _ENTRY_KEYS = ("rows_mapped", "watermark_after", "model_version", "refit", "new_versions",

@@ -43,7 +43,6 @@ from __future__ import annotations
 import base64
 import gzip
 import html
-import io
 import json
 import logging
 import re
@@ -66,7 +65,7 @@ from bokeh.plotting import figure
 from bokeh.resources import CDN, INLINE
 from bokeh.transform import factor_cmap, linear_cmap
 
-from dr_dask.io.inputs import InputError
+from dr_dask.io.inputs import InputError, read_values
 from dr_dask.io.storage import Location, location
 from dr_dask.report.plot import MAX_LEGEND, format_cell, running_mean, sample_rows, values_of
 from dr_dask.report.plot import colour_values as embedding_colours
@@ -191,7 +190,7 @@ def colour_values(color: Any, n_rows: int, input_record: Mapping[str, Any] | Non
         loc = location(color, storage_options)
         if not loc.exists():
             raise InputError(f"--color {color}: no such file")
-        values, name = np.load(io.BytesIO(loc.read_bytes()), allow_pickle=False), color
+        values, name = read_values(loc), color
     else:
         values, name = _stored_colour(color, input_record, storage_options), color
     if values.ndim == 2 and values.shape[1] == 1:
@@ -221,7 +220,7 @@ def _stored_colour(color: str, input_record: Mapping[str, Any] | None,
     if not isinstance(node, zarr.Array):
         raise InputError(f"--color {color!r}: {spec['var']} in {store} is a group, not an "
                          "array")
-    values = np.asarray(node[...])
+    values = read_values(location(store, storage_options), spec["var"])
     if spec["col"] is not None:
         if values.ndim != 2 or int(spec["col"]) >= values.shape[1]:
             raise InputError(f"--color {color!r}: {spec['var']} of shape {values.shape} "

@@ -1,6 +1,9 @@
 """The GP-Isomap stream runner: map on workers, buffer the uncertain, refit, lose no row.
 
-Per chunk: the chunk is validated (malformed ones are quarantined with their reason), mapped on
+Per chunk: the chunk is validated (malformed ones, of another width or with NaN rows, are
+quarantined with their rows and reason: output rows = source rows; a chunk the source cannot
+read whole stops the run by name once the chunks before it are committed, see
+:mod:`dr_dask.stream.sources`), mapped on
 a worker with the current model version (shared with the workers once per version), and its
 rows are written to the output store: confident points (variance <= ``sigma_t_``) with status
 ``confident``, uncertain ones with status ``buffered`` and appended to a durable buffer. Then
@@ -207,6 +210,9 @@ class StreamRunner:
         self._init_model, self._init_batch = model, batch
         self._stop = threading.Event()
         self._refit: _Refit | None = None
+        #: A chunk the source could not read whole: raised once the chunks before it are
+        #: committed (nothing after it is written, the checkpoint stays before it).
+        self._fatal: InputError | None = None
         self.lease = lease
 
     # ------------------------------------------------------------------ lifecycle
@@ -250,7 +256,16 @@ class StreamRunner:
         if getattr(model, "sigma_t_", None) is None:
             raise InputError("the model has no sigma_t_: fit it, or call calibrate_threshold")
         check_model(model, "the model given to the stream")
+        self._check_width(model)
         return model
+
+    def _check_width(self, model: Any) -> None:
+        """A stored array source of another width than the model's is refused whole (its
+        every chunk would be quarantined)."""
+        width = getattr(self.source, "n_features", None)
+        if width is not None and width != model.n_features_in_:
+            raise InputError(f"the stream source {getattr(self.source, 'path', '')} has {width} "
+                             f"features; the model maps {model.n_features_in_}")
 
     def run(self) -> dict:
         """Process the stream until it ends (or a stop is requested); returns a summary."""
@@ -265,6 +280,7 @@ class StreamRunner:
 
     def _run(self) -> dict:
         self._setup()
+        self._check_width(self.model)
         self.exec = _Executor(self.client, self.max_in_flight + 1)
         self.exec.put_model(self.model)
         self._resume_refit()
@@ -303,7 +319,7 @@ class StreamRunner:
                 self._refit_sync()  # Algorithm 1 checks the buffer before each point
             offset, skip = self._read_ahead(in_flight, offset, skip)
             if not in_flight:
-                if self._stop.is_set() or self.source.exhausted(offset):
+                if self._ended(offset):
                     break
                 # idle while following: a finished refit lands now rather than at a chunk
                 # that may not come for hours (its publication is checkpointed like any other)
@@ -324,12 +340,24 @@ class StreamRunner:
         if self._refit is not None:
             self._poll_refit(wait=True)
 
+    def _ended(self, offset: Any) -> bool:
+        """Nothing in flight: stop (the error of a chunk the source could not read, once the
+        chunks before it are committed), or the end of the stream."""
+        if self._fatal is not None:
+            raise self._fatal
+        return self._stop.is_set() or self.source.exhausted(offset)
+
     def _read_ahead(self, in_flight: deque[_InFlight], offset: Any, skip: int) -> tuple:
         """Read chunks from ``offset`` into ``in_flight`` up to ``max_in_flight``, each valid
         one already mapping; returns the offset and skip after them."""
         st = self.state
-        while not self._stop.is_set() and len(in_flight) < self.max_in_flight:
-            ch = self.source.read(offset)
+        while (not self._stop.is_set() and self._fatal is None
+               and len(in_flight) < self.max_in_flight):
+            try:
+                ch = self.source.read(offset)
+            except InputError as exc:  # the source's data boundary (sources module docstring)
+                self._fatal = exc
+                break
             if ch is None:
                 break
             data, reason = self._validate(ch)
@@ -446,7 +474,8 @@ class StreamRunner:
     def _quarantine(self, job: _InFlight) -> None:
         st = self.state
         data = job.data
-        m = data.shape[0] if (data is not None and data.ndim == 2) else 0
+        # every row read is kept (output rows = source rows); samples are along the first axis
+        m = 0 if data is None else (data.shape[0] if data.ndim else 1)
         record = dict(seq=job.seq, name=job.chunk.name, reason=job.reason,
                       first_row=st["n_rows"], n_rows=m)
         logger.warning("quarantined chunk %s: %s", job.chunk.name, job.reason)
