@@ -14,23 +14,16 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from dr_dask import __version__
+from dr_dask.io.errors import unwritable
+from dr_dask.runtime import exits
 
 logger = logging.getLogger(__name__)
 
 #: An existing PEM file (a certificate or key) for the ``--tls-*`` options.
 PEM = click.Path(exists=True, dir_okay=False)
 
-EXIT_CODES = """\b
-Exit codes:
-  0  success
-  1  internal error (a bug: rerun with -v for the traceback), the cluster was lost
-     (the message names the stage a rerun resumes from) or did not answer, no worker
-     joined within --wait-for-workers, another run holds the lease, or the store was
-     unreachable, timed out, throttled or failed (5xx): retry later
-  2  user error: bad option, parameter, input or model file, unknown storage option,
-     unwritable output, tls:// without the --tls options or a --tls file that is not
-     PEM, a lease file no run wrote, workers out of memory (a message naming the fix,
-     no traceback)"""
+#: The ``--help`` epilog: the one table of exit codes (:mod:`dr_dask.runtime.exits`).
+EXIT_CODES = exits.help_text()
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
 SEED = click.IntRange(0, 2**32 - 1)
@@ -118,12 +111,35 @@ knn_options = options(
 )
 
 
-#: errno values of a location the user cannot write to (permissions, a read-only filesystem).
-_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+#: errno values that say a location cannot be written whatever it is (permissions, a read-only
+#: filesystem, no room): the user's to fix, wherever below a command they surface.
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                 errno.EFBIG}
+
+
+#: The options that name where a command writes (the location a full disk is reported at when
+#: the failing write did not name its file).
+_OUTPUT_OPTIONS = ("--out", "--html", "--state", "--runs", "--json")
+
+
+def _output_named(argv: list[str]) -> str:
+    """The first output location on the command line (``--out X`` or ``--out=X``)."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in _OUTPUT_OPTIONS:
+            if eq:
+                return value
+            if i + 1 < len(argv):
+                return argv[i + 1]
+    return "the output"
 
 
 class App(click.Group):
     """The root group: turns any exception escaping a command into the documented exit code."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["argv"] = list(args)  # kept: click clears its copy before the command runs
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -156,9 +172,10 @@ class App(click.Group):
             if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory,
                                 ParameterError, InvalidParameterError)):
                 fail(str(exc))
-            if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE and exc.filename:
-                fail(f"cannot write {exc.filename}: {exc.strerror}; choose a location you can "
-                     "write to (or fix its permissions)")
+            if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE:
+                # a write of a file's content names no file: the command's output does
+                fail(unwritable(str(exc.filename or _output_named(ctx.meta.get("argv", []))),
+                                exc))
             # transient: another run holds the lease (or took it over from this one while it
             # was paused), the cluster went away, the store did not answer or asked to slow
             # down; a rerun resumes
@@ -174,7 +191,7 @@ class App(click.Group):
                 traceback.print_exc(file=sys.stderr)
             else:
                 click.echo("(rerun with -v for the traceback)", err=True)
-            sys.exit(1)
+            sys.exit(exits.EXIT_TRANSIENT)
 
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]},
@@ -424,13 +441,13 @@ def drop_tracebacks() -> None:
 def busy(message: str) -> NoReturn:
     """Exit 1 (transient: retry later) with a clear message, e.g. another run holds the lease."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(1)
+    sys.exit(exits.EXIT_TRANSIENT)
 
 
 def fail(message: str) -> NoReturn:
     """Print a clear error and exit non-zero (no traceback for user errors)."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+    sys.exit(exits.EXIT_BAD_INPUT)
 
 
 @main.group()

@@ -69,7 +69,7 @@ from dr_dask.io.inputs import InputError
 from dr_dask.io.storage import Location, location
 from dr_dask.report.plot import format_cell, running_mean, sample_rows
 from dr_dask.report.stream import threshold_in_force
-from dr_dask.runs.group import run_attr
+from dr_dask.runs.group import run_attr, verify_result
 from dr_dask.stream.store import STATUS, read_output
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ def _kind(loc: Location) -> str:
     if not attrs["complete"]:
         raise InputError(f"{loc} is an incomplete run (interrupted or still running); finish "
                          "it first (rerun the same command: it resumes)")
+    verify_result(loc, attrs)  # what it holds is still what its completion mark vouched for
     return "run"
 
 
