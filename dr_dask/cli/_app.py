@@ -266,6 +266,7 @@ def main(
     redact_logs(verbose)
     if not verbose:
         quiet_distributed()
+        quiet_unraisable()
     try:
         options = parse_storage_options(storage_option)
     except StorageError as exc:
@@ -362,6 +363,22 @@ def redact_logs(verbose: int) -> None:
     if verbose < 3:
         for name in SDK_LOGGERS:
             logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
+
+
+def _unraisable_to_debug(unraisable: Any) -> None:
+    logger.debug("%s: %s: %s", unraisable.err_msg or "Exception ignored in",
+                 unraisable.object, unraisable.exc_value,
+                 exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+
+
+def quiet_unraisable() -> None:
+    """Without -v, what Python can only ignore goes to the debug log, not the terminal: a
+    coroutine of the store's client (zarr's ``FsspecStore.get``, an aiohttp session) collected
+    after the event loop that ran it stopped, as a command ends on a store that went away;
+    the command's own error line says what happened. With -v Python prints them, tracebacks
+    and all. A hook someone else installed (a test runner's) is left alone."""
+    if sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = _unraisable_to_debug
 
 
 def quiet_distributed() -> None:
