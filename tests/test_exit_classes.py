@@ -607,3 +607,29 @@ def test_connection_pool_race_is_a_lost_cluster_not_a_bug():
     res = CliRunner().invoke(app, ["fit"])
     assert res.exit_code == 1
     assert "the Dask cluster was lost" in res.output and "internal error" not in res.output
+
+
+def test_one_table_of_exit_codes():
+    """The CLI's --help, the workflow runner, the Kubernetes submitter and the docs take their
+    codes from dr_dask.runtime.exits; the docs hold its table verbatim."""
+    import importlib.util
+    import pathlib
+
+    from dr_dask.cli._app import EXIT_CODES
+    from dr_dask.jobs import workflow
+    from dr_dask.runtime import exits
+
+    root = pathlib.Path(__file__).parent.parent
+    assert exits.markdown_table() in (root / "docs" / "workflows.md").read_text()
+    assert exits.help_text() == EXIT_CODES and main.epilog == EXIT_CODES
+    res = CliRunner().invoke(main, ["--help"])
+    assert "Exit codes:" in res.output and "full disk" in res.output
+    assert workflow.retried is exits.retried
+    spec = importlib.util.spec_from_file_location(
+        "submit_daskjob", root / "deploy" / "kubernetes" / "submit_daskjob.py")
+    assert spec is not None and spec.loader is not None
+    submit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(submit)
+    assert submit.classed is exits.classed
+    assert (submit.EXIT_OK, submit.EXIT_TRANSIENT, submit.EXIT_BAD_INPUT) == (0, 1, 2)
+    assert [exits.classed(c) for c in (0, 1, 2, 3, 137, -9, None)] == [0, 1, 2, 1, 1, 1, 1]

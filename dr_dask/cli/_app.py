@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from dr_dask import __version__
-from dr_dask.io.errors import unwritable
+from dr_dask.io.errors import NOT_WRITABLE, unwritable
 from dr_dask.runtime import exits
 
 logger = logging.getLogger(__name__)
@@ -122,16 +122,34 @@ _NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQ
 _OUTPUT_OPTIONS = ("--out", "--html", "--state", "--runs", "--json")
 
 
-def _output_named(argv: list[str]) -> str:
-    """The first output location on the command line (``--out X`` or ``--out=X``)."""
+def _outputs(argv: list[str]) -> list[str]:
+    """The output locations on the command line (``--out X`` or ``--out=X``), in order."""
+    found = []
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
         if name in _OUTPUT_OPTIONS:
             if eq:
-                return value
-            if i + 1 < len(argv):
-                return argv[i + 1]
-    return "the output"
+                found.append(value)
+            elif i + 1 < len(argv):
+                found.append(argv[i + 1])
+    return found
+
+
+def _unwritable_output(exc: OSError, argv: list[str]) -> str | None:
+    """The error line for ``exc`` when it says an output cannot be written: whatever file it
+    names (or, naming none, the command's output) when it can only mean that (permissions, a
+    read-only filesystem, no room); a missing or non-directory parent only when the file lies
+    in one of the command's outputs (elsewhere it may be a bug)."""
+    if exc.errno in _NOT_WRITABLE:
+        outs = _outputs(argv)
+        return unwritable(str(exc.filename or (outs[0] if outs else "the output")), exc)
+    if exc.errno in NOT_WRITABLE and exc.filename:
+        here = os.path.abspath(str(exc.filename))
+        for out in _outputs(argv):
+            if "://" not in out and (here + os.sep).startswith(
+                    os.path.abspath(out).rstrip(os.sep) + os.sep):
+                return unwritable(out, exc)
+    return None
 
 
 class App(click.Group):
@@ -172,10 +190,10 @@ class App(click.Group):
             if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory,
                                 ParameterError, InvalidParameterError)):
                 fail(str(exc))
-            if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE:
-                # a write of a file's content names no file: the command's output does
-                fail(unwritable(str(exc.filename or _output_named(ctx.meta.get("argv", []))),
-                                exc))
+            if isinstance(exc, OSError):
+                line = _unwritable_output(exc, ctx.meta.get("argv", []))
+                if line is not None:
+                    fail(line)
             # transient: another run holds the lease (or took it over from this one while it
             # was paused), the cluster went away, the store did not answer or asked to slow
             # down; a rerun resumes

@@ -32,9 +32,9 @@ class StorageError(ValueError):
 
 #: errno values of a local location that cannot be written: no permission, a read-only
 #: filesystem, no room (a full disk, a quota, a file-size limit), a parent that cannot hold
-#: files (``/proc``, a file where a directory should be).
+#: files (``/proc``, a file where a directory should be: ENOTDIR, or EEXIST from makedirs).
 NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
-                errno.EFBIG, errno.ENOENT, errno.ENOTDIR}
+                errno.EFBIG, errno.ENOENT, errno.ENOTDIR, errno.EEXIST}
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -56,7 +56,7 @@ def unwritable(path: str, exc: OSError) -> str:
                 "or choose another location")
     if exc.errno == errno.EROFS:
         return f"cannot write {path}: {why}; choose a location on a writable filesystem"
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
         return (f"cannot write {path}: {why}; its parent is not a directory that can hold "
                 "files (/proc, /sys, a file): choose a directory you can write to")
     return (f"cannot write {path}: {why}; choose a location you can write to (or fix its "

@@ -191,7 +191,7 @@ class Location:
         """A zarr 3 store rooted here."""
 
         if self.is_local:
-            return zarr.storage.LocalStore(self.url, read_only=read_only)
+            return _LocalStore(self.url, read_only=read_only)
         return zarr.storage.FsspecStore.from_url(
             self.url, storage_options=_options(self.scheme, self._backend_options()),
             read_only=read_only,
@@ -408,6 +408,20 @@ async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
 def _precondition_failed(exc: BaseException) -> bool:
     response = getattr(exc.__cause__, "response", None) or {}
     return response.get("Error", {}).get("Code") in ("PreconditionFailed", "412")
+
+
+class _LocalStore(zarr.storage.LocalStore):
+    """zarr's LocalStore, whose failed writes name the file: a full disk raises ENOSPC from a
+    write, which names none, and the user must be told where."""
+
+    async def set(self, key: str, value: Any) -> None:
+        try:
+            await super().set(key, value)
+        except OSError as exc:
+            if exc.filename or exc.errno not in NOT_WRITABLE:
+                raise
+            raise OSError(exc.errno, exc.strerror, f"{str(self.root).rstrip('/')}/{key}") \
+                from exc
 
 
 def _check_writable(path: str) -> None:
