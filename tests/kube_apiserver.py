@@ -13,7 +13,11 @@ calls, over HTTPS, with the rules a real one applies to a ServiceAccount:
   Dask operator's CRD schema (422); deleting an object deletes what it owns (garbage
   collection by ownerReferences, at once);
 - list honours equality label selectors; get of an absent object is a 404; ``/version`` is
-  public (kr8s reads it first).
+  public (kr8s reads it first);
+- a watch (``?watch=true``, its own verb for RBAC) streams the objects that match as
+  ``ADDED`` events, then every change after it as it happens (``ADDED``, ``MODIFIED``,
+  ``DELETED``, in order, each with its ``resourceVersion``), one JSON line each, until
+  ``timeoutSeconds`` or the server stops.
 
 It also plays the Dask operator for each created DaskJob: status ``ClusterCreated`` with a
 runner pod ``<name>-runner``, a scheduler and a worker pod (labelled as the operator labels
@@ -26,7 +30,9 @@ And it plays what goes wrong on a real platform (set before the DaskJob is creat
 - :attr:`KubeAPI.fault` (one of :data:`FAULTS`) for what the kubelet and the scheduler report
   in the pods' status and as events: pods that cannot be scheduled, images that cannot be
   pulled (missing, or a registry that times out), the runner or a worker killed at its memory
-  limit, the runner preempted or evicted (for the node's sake, or past its own disk limit),
+  limit (a worker also just as the job fails: killed, the runner's exit and the cluster's
+  deletion in one step, so that no poll ever sees the kill, only a watch), the runner
+  preempted or evicted (for the node's sake, or past its own disk limit),
   or no operator acting on DaskJobs (its CRDs
   installed, its pod down);
 - :attr:`KubeAPI.crds` False: the operator's CRDs are not installed (404 on ``daskjobs``);
@@ -49,8 +55,8 @@ from urllib.parse import parse_qs, urlparse
 _VERBS = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}
 OPERATOR_GROUP = "kubernetes.dask.org"
 #: What :attr:`KubeAPI.fault` can play (see :meth:`KubeAPI._break`).
-FAULTS = ("unschedulable", "image-missing", "image-slow", "oom", "worker-oom", "preempted",
-          "evicted", "evicted-disk", "no-operator")
+FAULTS = ("unschedulable", "image-missing", "image-slow", "oom", "worker-oom",
+          "worker-oom-at-end", "preempted", "evicted", "evicted-disk", "no-operator")
 UNSCHEDULABLE = ("0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are "
                  "available: 3 No preemption victims found for incoming pod.")
 IMAGE_MISSING = ('rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
@@ -96,6 +102,25 @@ class KubeAPI:
                               "count/daskjobs.kubernetes.dask.org=2, limited: "
                               "count/daskjobs.kubernetes.dask.org=2")
         self.lock = threading.RLock()
+        #: every change, in order: (group, resource, namespace, type, the object then)
+        self.changes: list[tuple[str, str, str, str, dict]] = []
+        self.changed = threading.Condition(self.lock)
+        self.version = 0
+        #: set when the server stops: open watches end
+        self.closed = False
+
+    def _record(self, group: str, resource: str, kind: str, obj: dict) -> None:
+        """One change of ``obj`` for the watches (a new ``resourceVersion``)."""
+        with self.changed:
+            self.version += 1
+            obj["metadata"]["resourceVersion"] = str(self.version)
+            self.changes.append((group, resource, obj["metadata"]["namespace"], kind,
+                                 copy.deepcopy(obj)))
+            self.changed.notify_all()
+
+    def touch(self, group: str, resource: str, obj: dict) -> None:
+        """``obj`` was changed in place (its status): a ``MODIFIED`` event."""
+        self._record(group, resource, "MODIFIED", obj)
 
     # ------------------------------------------------------------------------ objects
     def put(self, group: str, resource: str, obj: dict) -> dict:
@@ -106,7 +131,10 @@ class KubeAPI:
         meta.setdefault("creationTimestamp",
                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with self.lock:
-            self.objects.setdefault((group, resource, meta["namespace"]), {})[meta["name"]] = obj
+            objs = self.objects.setdefault((group, resource, meta["namespace"]), {})
+            kind = "MODIFIED" if meta["name"] in objs else "ADDED"
+            objs[meta["name"]] = obj
+            self._record(group, resource, kind, obj)
         return obj
 
     def get(self, group: str, resource: str, name: str, namespace: str | None = None):
@@ -122,6 +150,7 @@ class KubeAPI:
             obj = self.objects.get((group, resource, namespace), {}).pop(name, None)
             if obj is None:
                 return None
+            self._record(group, resource, "DELETED", obj)
             uid = obj["metadata"]["uid"]
             for (g, r, ns), objs in list(self.objects.items()):  # garbage collection
                 for child, o in list(objs.items()):
@@ -164,6 +193,7 @@ class KubeAPI:
                 pod["status"]["conditions"] = [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                     "message": UNSCHEDULABLE}]
+                self.touch("", "pods", pod)
                 self.event(pod, "FailedScheduling", UNSCHEDULABLE)
         elif fault in ("image-missing", "image-slow"):
             # the registry's answer is in the kubelet's event; after the first attempt the
@@ -178,6 +208,7 @@ class KubeAPI:
                     "restartCount": 0, "state": {"waiting": {
                         "reason": "ImagePullBackOff",
                         "message": f'Back-off pulling image "{image}"'}}}]
+                self.touch("", "pods", pod)
                 self.event(pod, "Failed", f'Failed to pull image "{image}": {message}',
                            field=f"spec.containers{{{container['name']}}}")
 
@@ -213,6 +244,7 @@ class KubeAPI:
                                         "restartCount": 0,
                                         "state": {"terminated": terminated}}]
         runner["status"] = status
+        self.touch("", "pods", runner)
 
     def _operate(self, name: str, namespace: str, code: int | None,
                  fault: str | None) -> None:
@@ -255,6 +287,8 @@ class KubeAPI:
                     "name": container["name"], "ready": True, "restartCount": 1,
                     "state": {"running": {}},
                     "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]
+            for pod in (runner, scheduler, worker):
+                self.touch("", "pods", pod)
             if not status(jobStatus="Running"):
                 return
         if code is None:
@@ -262,6 +296,19 @@ class KubeAPI:
         time.sleep(self.step)
         with self.lock:
             if self.get("", "pods", runner["metadata"]["name"], namespace) is None:
+                return
+            if fault == "worker-oom-at-end":
+                # the worker killed, the workflow failing for it and the operator deleting the
+                # cluster, all in one step: between two polls
+                (container,) = worker["spec"]["containers"]
+                worker["status"]["containerStatuses"] = [{
+                    "name": container["name"], "ready": False, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]
+                self.touch("", "pods", worker)
+                self._end(runner, code, fault)
+                for pod in (scheduler, worker):
+                    self.delete("", "pods", namespace, pod["metadata"]["name"])
+                status(jobStatus="Failed")
                 return
             self._end(runner, code, fault)
             failed = runner["status"]["phase"] == "Failed"
@@ -315,6 +362,8 @@ class KubeAPI:
             if obj is None:
                 return 404, _status(404, "NotFound", f'{resource} "{name}" not found')
             return 200, obj
+        if verb == "watch":
+            return 200, self._watch(group, resource, namespace, query)
         if verb == "list":
             wanted = dict(kv.split("=", 1) for kv in
                           (query.get("labelSelector", [""])[0].split(",")) if kv)
@@ -356,6 +405,35 @@ class KubeAPI:
             return 200, _status(200, "", "deleted", status="Success")
         return 405, _status(405, "MethodNotAllowed", f"{verb} is not served by this stand-in")
 
+    def _watch(self, group: str, resource: str, namespace: str, query: dict):
+        """The event lines of a watch: what matches now (``ADDED``), then each change."""
+        wanted = dict(kv.split("=", 1) for kv in
+                      (query.get("labelSelector", [""])[0].split(",")) if kv)
+        timeout = float(query.get("timeoutSeconds", ["3600"])[0])
+
+        def matches(obj: dict) -> bool:
+            return all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
+
+        def lines():
+            end = time.monotonic() + timeout
+            with self.lock:
+                start = len(self.changes)
+                now = [copy.deepcopy(o) for o in
+                       self.objects.get((group, resource, namespace), {}).values() if matches(o)]
+            for obj in now:
+                yield json.dumps({"type": "ADDED", "object": obj}) + "\n"
+            seen = start
+            while not self.closed and time.monotonic() < end:
+                with self.changed:
+                    if seen == len(self.changes):
+                        self.changed.wait(0.2)
+                    new, seen = self.changes[seen:], len(self.changes)
+                for g, r, ns, kind, obj in new:
+                    if (g, r, ns) == (group, resource, namespace) and matches(obj):
+                        yield json.dumps({"type": kind, "object": obj}) + "\n"
+
+        return lines()
+
     def _subresource(self, verb, group, resource, namespace, name):
         """A pod's ``log``, ``status`` or ``exec``, once RBAC let the request through."""
         obj = self.get(group, resource.split("/")[0], name, namespace)
@@ -384,6 +462,19 @@ def serve(api: KubeAPI, certfile: str, keyfile: str) -> tuple[ThreadingHTTPServe
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             code, answer = api.handle(self.command, url.path, parse_qs(url.query), body,
                                       self.headers.get("Authorization"))
+            if not isinstance(answer, (str, dict)):  # a watch: lines as they happen
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    for line in answer:
+                        self.wfile.write(line.encode())
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+                    pass  # the client went away
+                self.close_connection = True
+                return
             text = isinstance(answer, str)  # a pod's log is plain text
             data = (answer if text else json.dumps(answer)).encode()
             self.send_response(code)

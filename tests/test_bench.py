@@ -105,8 +105,16 @@ def test_bench_stream(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_bench_io(s3_bucket):
     idle = idle_rss_gb()
-    r = bench("io", "-T", "200", "-N", "20", "--repeats", "2", "--bucket", s3_bucket)
+    r = bench("io", "-T", "200", "-N", "20", "--repeats", "2", "--bucket", s3_bucket,
+              "--checksum-rows", "20000")
     assert r["workers"] == 1 and r["same_embedding"]
+    c = r["checksums"]
+    assert c["local"]["bytes"] == c["s3"]["bytes"] == 200 * 2 * 4  # the float32 embedding
+    assert c["local_20000_rows"]["bytes"] == 20000 * 2 * 8
+    for side in ("local", "s3", "local_20000_rows"):
+        assert finite_positive(c[side]["mark_seconds"], c[side]["verify_seconds"],
+                               c[side]["read_seconds"])
+    assert finite_positive(c["local_share_of_fit"], c["s3_share_of_fit"], c["hash_mb_per_s"])
     assert len(r["local_seconds"]) == len(r["s3_seconds"]) == 2
     assert r["local_seconds_median"] == pytest.approx(sum(r["local_seconds"]) / 2)  # of two
     assert finite_positive(r["ratio_s3_to_local"])

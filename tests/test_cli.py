@@ -76,7 +76,7 @@ def test_help_documents_exit_codes():
     res = CliRunner().invoke(main, ["--help"])
     assert res.exit_code == 0
     assert "Exit codes" in res.output
-    for line in ("0  success", "1  internal error", "2  user error"):
+    for line in ("0  done", "1  transient", "2  bad input or configuration"):
         assert line in res.output
 
 

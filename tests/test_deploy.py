@@ -219,7 +219,7 @@ def test_the_role_grants_what_the_submitter_calls_and_nothing_else():
     grants = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
               for r in rule["resources"]}
     assert grants == {("kubernetes.dask.org", "daskjobs"): ["create", "delete", "get", "list"],
-                      ("", "pods"): ["get", "list"], ("", "events"): ["list"]}
+                      ("", "pods"): ["get", "list", "watch"], ("", "events"): ["list"]}
 
 
 def test_one_image_pinned_in_one_place():

@@ -74,6 +74,7 @@ def kube(tls, daskjob_schema, tmp_path):
     api.env.pop("DR_DASK_NAMESPACE", None)
     api.account = str(account)
     yield api
+    api.closed = True  # open watches end
     server.shutdown()
 
 
@@ -137,7 +138,7 @@ def test_nightly_submitter_creates_its_daskjob_in_its_namespace_and_passes_the_e
     # its own pod read by name; the job's pods listed by the operator's label; events listed;
     # no subresource (logs, exec) asked for
     assert {(r[0], r[2]) for r in kube.requests if r[1] == ""} == {
-        ("get", "pods"), ("list", "pods"), ("list", "events")}
+        ("get", "pods"), ("list", "pods"), ("watch", "pods"), ("list", "events")}
     assert f"daskjob {name}: " + ("Successful" if code == 0 else "Failed") in proc.stderr
 
 
@@ -336,6 +337,50 @@ def test_a_worker_killed_at_its_memory_limit_makes_the_failed_job_exit_2(kube):
     assert "worker pod dr-dask-nightly-" in last and "memory limit 8Gi (OOMKilled" in last
     assert "spec.cluster.spec.worker.spec.containers[worker].resources.limits.memory" in last
     assert "--memory-limit" in last
+
+
+def test_a_worker_killed_just_before_the_job_fails_is_remembered(kube):
+    """The worker's kill, the workflow's exit 1 and the operator's deletion of the cluster in
+    one step of the stand-in: no poll ever sees the kill (with polls alone, exit 1 and a retry
+    at the same memory); the watch of the pods does: exit 2 naming the memory to raise."""
+    kube.exit_code, kube.fault = 1, "worker-oom-at-end"
+    proc = _run(kube)
+    assert proc.returncode == 2, proc.stderr
+    last = _last_line(proc)
+    assert "worker pod dr-dask-nightly-" in last and "memory limit 8Gi (OOMKilled" in last
+    assert "spec.cluster.spec.worker.spec.containers[worker].resources.limits.memory" in last
+    (name,) = kube.names(GROUP, "daskjobs")
+    assert f"kubectl logs -n {NAMESPACE} {name}-runner" in last
+    # the pods were gone at every poll: only the watch could have seen the kill
+    assert not any(n.startswith(f"{name}-default-worker") for n in kube.names("", "pods"))
+    assert ("watch", "", "pods", NAMESPACE, None, 200) in kube.requests
+
+
+@pytest.mark.parametrize("code", [1, 2])
+def test_a_failed_workflow_points_to_its_log(kube, code):
+    kube.exit_code = code
+    proc = _run(kube)
+    assert proc.returncode == code, proc.stderr
+    last = _last_line(proc)
+    (name,) = kube.names(GROUP, "daskjobs")
+    assert f"container job exited {code}" in last
+    assert f"kubectl logs -n {NAMESPACE} {name}-runner" in last
+    assert kube.get("", "pods", f"{name}-runner") is not None  # the log it points to is kept
+
+
+def test_a_403_while_watching_deletes_the_job(kube):
+    """RBAC that lets the job be created but not its events be read: exit 2 (fix the Role),
+    and the DaskJob is deleted (its cluster would otherwise run unwatched)."""
+    kube.exit_code = None  # runs until stopped
+    kube.rules[("", "events")] = set()
+    proc = _run(kube)
+    assert proc.returncode == 2, proc.stderr
+    last = _last_line(proc)
+    assert "403" in last and 'cannot list resource "events"' in last
+    assert len([r for r in kube.requests if r[:3] == ("delete", GROUP, "daskjobs")
+                and r[5] == 200]) == 1
+    assert kube.names(GROUP, "daskjobs") == [], proc.stderr
+    assert "deleting daskjob" in proc.stderr
 
 
 def test_the_operator_not_installed_is_exit_2_naming_it(kube):

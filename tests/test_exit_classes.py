@@ -43,6 +43,8 @@ class Case:
     names: str
     leaves: tuple[str, ...] = ()
     setup: Callable[[dict], None] | None = None
+    #: the tmpfs the case writes to: ``ro`` (read-only) or ``full`` (no space left)
+    mount: str | None = None
 
 
 def _lease(content: str, where: str = "leased") -> Callable[[dict], None]:
@@ -96,6 +98,46 @@ def _api_refit(**kw: Any) -> Callable[[dict], Any]:
         from dr_dask.jobs import run_refit
 
         return run_refit(f"{p['src']}:X", p["runs"], client=None, **kw)
+    return call
+
+
+def _corrupted(how: str, latest: bool = False) -> Callable[[dict], None]:
+    """A copy of the complete run ``{run}/r`` at ``{tmp}/copy.zarr`` whose embedding chunk was
+    overwritten with random bytes of its size (``random``) or truncated; with ``latest``, a
+    refit job's ``latest.json`` naming it."""
+
+    def setup(p: dict) -> None:
+        import shutil
+
+        shutil.copytree(p["run"], os.path.join(p["tmp"], "copy.zarr"))
+        chunk = os.path.join(p["tmp"], "copy.zarr", "r", "embedding", "c", "0", "0")
+        size = os.path.getsize(chunk)
+        with open(chunk, "r+b") as fh:
+            if how == "random":
+                fh.write(np.random.default_rng(3).bytes(size))
+            else:
+                fh.truncate(size // 2)
+        if latest:
+            with open(os.path.join(p["tmp"], "copy.zarr", "latest.json"), "w") as fh:
+                json.dump({"run": "r", "metrics": {}}, fh)
+    return setup
+
+
+def _api_embed(out: str) -> Callable[[dict], Any]:
+    def call(p: dict) -> Any:
+        from dr_dask.methods.ikd import IKD
+        from dr_dask.runs.group import run_embedding
+
+        return run_embedding(IKD(n_components=2), f"{p['src']}:X", out.format(**p),
+                             method="ikd")
+    return call
+
+
+def _api_html(out: str) -> Callable[[dict], Any]:
+    def call(p: dict) -> Any:
+        from dr_dask.report.html import html_report
+
+        return html_report(f"{p['run']}/r", out.format(**p))
     return call
 
 
@@ -242,6 +284,96 @@ CASES = [
     Case("api-refit-method", _api_refit(method="umap"), 2, "umap", ("{runs}",)),
     Case("api-refit-n-components", _api_refit(n_components=0), 2, "n_components", ("{runs}",)),
     Case("api-refit-unknown-param", _api_refit(tci=3), 2, "tci", ("{runs}",)),
+    # ------------------------------------------- outputs that cannot be written (named, 2)
+    Case("embed-out-proc", (*T, "embed", "ikd", "-n", "2", "--input", "{src}:X", "--out",
+                            "/proc/dr-dask-out.zarr"), 2, "/proc/dr-dask-out.zarr"),
+    Case("embed-out-sys", (*T, "embed", "ikd", "-n", "2", "--input", "{src}:X", "--out",
+                           "/sys/dr-dask-out.zarr"), 2, "/sys/dr-dask-out.zarr"),
+    Case("embed-out-under-a-file", (*T, "embed", "ikd", "-n", "2", "--input", "{src}:X",
+                                    "--out", "{text}/out.zarr"), 2, "notes.txt/out.zarr"),
+    Case("embed-out-read-only", (*T, "embed", "ikd", "-n", "2", "--input", "{src}:X",
+                                 "--out", "{ro}/out.zarr"), 2, "Read-only file system",
+         ("{ro}/out.zarr",), mount="ro"),
+    Case("embed-out-full-disk", (*T, "embed", "ikd", "-n", "2", "--input", "{src}:X",
+                                 "--out", "{full}/out.zarr"), 2, "bytes free there", mount="full"),
+    Case("embed-isomap-out-proc", (*T, "embed", "isomap", "--input", "{src}:X", "--out",
+                                   "/proc/dr-dask-out.zarr"), 2, "/proc/dr-dask-out.zarr"),
+    Case("refit-runs-proc", (*T, "job", "refit", "{src}:X", "--runs", "/proc/runs.zarr"), 2,
+         "/proc/runs.zarr"),
+    Case("refit-runs-under-a-file", (*T, "job", "refit", "{src}:X", "--runs",
+                                     "{text}/runs.zarr"), 2, "notes.txt/runs.zarr"),
+    Case("incr-state-proc", (*T, "job", "incremental", "{src}:X", "--state", "/proc/state",
+                             "--n-batch", "120", "--no-report"), 2, "/proc/state"),
+    Case("stream-out-proc", (*T, "stream", "run", "{stream}", "--out", "/proc/stream-out",
+                             "--model", "{model}"), 2, "/proc/stream-out"),
+    Case("stream-out-read-only", (*T, "stream", "run", "{stream}", "--out", "{ro}/s",
+                                  "--model", "{model}"), 2, "{ro}/s", ("{ro}/s",), mount="ro"),
+    Case("datasets-out-proc", (*T, "datasets", "make", "gp", "-T", "20", "-N", "5", "--out",
+                               "/proc/d.zarr"), 2, "/proc/d.zarr"),
+    Case("datasets-out-read-only", (*T, "datasets", "make", "gp", "-T", "20", "-N", "5",
+                                    "--out", "{ro}/d.zarr"), 2, "{ro}/d.zarr",
+         ("{ro}/d.zarr",), mount="ro"),
+    Case("api-embed-out-proc", _api_embed("/proc/dr-dask-api.zarr"), 2,
+         "/proc/dr-dask-api.zarr"),
+    Case("api-embed-out-full-disk", _api_embed("{full}/api.zarr"), 2, "bytes free there",
+         mount="full"),
+    Case("embed-out-sys-block", (*T, "embed", "ikd", "-n", "2", "--input", "{src}:X",
+                                 "--out", "/sys/block/dr-dask.zarr"), 2,
+         "/sys/block/dr-dask.zarr"),
+    Case("datasets-out-under-a-file", (*T, "datasets", "make", "gp", "-T", "20", "-N", "5",
+                                       "--out", "{text}/d.zarr"), 2, "notes.txt/d.zarr"),
+    Case("stream-out-under-a-file", (*T, "stream", "run", "{stream}", "--out", "{text}/s",
+                                     "--model", "{model}"), 2, "notes.txt/s"),
+    Case("incr-state-under-a-file", (*T, "job", "incremental", "{src}:X", "--state",
+                                     "{text}/state", "--n-batch", "120", "--no-report"), 2,
+         "notes.txt/state"),
+    Case("incr-state-read-only", (*T, "job", "incremental", "{src}:X", "--state",
+                                  "{ro}/state", "--n-batch", "120", "--no-report"), 2,
+         "{ro}/state", ("{ro}/state",), mount="ro"),
+    Case("refit-runs-read-only", (*T, "job", "refit", "{src}:X", "--runs", "{ro}/runs.zarr"),
+         2, "{ro}/runs.zarr", ("{ro}/runs.zarr",), mount="ro"),
+    Case("refit-runs-full-disk", (*T, "job", "refit", "{src}:X", "--runs",
+                                  "{full}/runs.zarr"), 2, "bytes free there", mount="full"),
+    # ------------------------------------------ a report path that cannot be written (2)
+    Case("report-html-sys", ("report", "{run}/r", "--html", "/sys/page.html"), 2,
+         "/sys/page.html"),
+    Case("report-stream-html-proc", ("report", "{stream_out}", "--html", "/proc/s.html"), 2,
+         "/proc/s.html"),
+    Case("evaluate-out-under-a-file", (*T, "evaluate", "--store", "{run}", "--embedding", "r",
+                                       "--input", "{src}:X", "--out", "{text}/ev"), 2,
+         "notes.txt/ev"),
+    Case("report-html-proc", ("report", "{run}/r", "--html", "/proc/page.html"), 2,
+         "/proc/page.html"),
+    Case("report-html-under-a-file", ("report", "{run}/r", "--html", "{text}/page.html"), 2,
+         "notes.txt/page.html"),
+    Case("report-html-read-only", ("report", "{run}/r", "--html", "{ro}/page.html"), 2,
+         "{ro}/page.html", ("{ro}/page.html",), mount="ro"),
+    Case("report-html-full-disk", ("report", "{run}/r", "--html", "{full}/page.html"), 2,
+         "bytes free there", ("{full}/page.html",), mount="full"),
+    Case("api-report-html-proc", _api_html("/proc/api-page.html"), 2, "/proc/api-page.html"),
+    Case("evaluate-out-proc", (*T, "evaluate", "--store", "{run}", "--embedding", "r",
+                               "--input", "{src}:X", "--out", "/proc/ev"), 2, "/proc/ev"),
+    Case("stream-report-out-proc", (*T, "stream", "report", "{stream_out}", "--out",
+                                    "/proc/stream.png"), 2, "/proc/stream.png"),
+    # ------------------------------------ a result changed since it was written (2, named)
+    Case("report-corrupted-chunk", ("report", "{tmp}/copy.zarr/r", "--html",
+                                    "{tmp}/page.html"), 2, "chunk embedding/c/0/0",
+         ("{tmp}/page.html",), setup=_corrupted("random")),
+    Case("report-truncated-chunk", ("report", "{tmp}/copy.zarr/r", "--html",
+                                    "{tmp}/page.html"), 2, "chunk embedding/c/0/0",
+         ("{tmp}/page.html",), setup=_corrupted("truncated")),
+    Case("report-latest-names-a-corrupted-run", ("report", "{tmp}/copy.zarr", "--html",
+                                                 "{tmp}/page.html"), 2,
+         "chunk embedding/c/0/0", ("{tmp}/page.html",), setup=_corrupted("random", True)),
+    Case("evaluate-corrupted-chunk", (*T, "evaluate", "--store", "{tmp}/copy.zarr",
+                                      "--embedding", "r", "--input", "{src}:X"), 2,
+         "chunk embedding/c/0/0", ("{tmp}/copy.zarr/r.report",), setup=_corrupted("random")),
+    Case("evaluate-truncated-chunk", (*T, "evaluate", "--store", "{tmp}/copy.zarr",
+                                      "--embedding", "r", "--input", "{src}:X"), 2,
+         "chunk embedding/c/0/0", ("{tmp}/copy.zarr/r.report",),
+         setup=_corrupted("truncated")),
+    Case("evaluate-missing-run", (*T, "evaluate", "--store", "{run}", "--embedding", "nope",
+                                  "--input", "{src}:X"), 2, "nope", ("{run}/nope.report",)),
 ]
 
 
@@ -274,6 +406,15 @@ def files(tmp_path_factory) -> dict:
     np.save(stream / "000.npy", sc.stream[:20])
     model = str(root / "model.zarr")
     save_gp_isomap(GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch), model)
+    # a complete run (r) and a stream's output: what report and evaluate read
+    run = str(root / "run.zarr")
+    res = CliRunner().invoke(main, [*T, "embed", "ikd", "-n", "2", "--input", f"{src}:X",
+                                    "--out", run, "--name", "r"])
+    assert res.exit_code == 0, res.output
+    stream_out = str(root / "stream-out")
+    res = CliRunner().invoke(main, [*T, "stream", "run", str(stream), "--out", stream_out,
+                                    "--model", model])
+    assert res.exit_code == 0, res.output
     (root / "notes.txt").write_text("not a certificate, not a store\n")
     (root / "tls1").mkdir()
     (root / "tls2").mkdir()
@@ -281,7 +422,46 @@ def files(tmp_path_factory) -> dict:
     return {"src": str(src), "two": str(root / "two.zarr"), "nan": str(root / "nan.zarr"),
             "batch": str(root / "batch.npy"), "stream": str(stream), "model": model,
             "text": str(root / "notes.txt"), "ca": tls["ca_file"], "cert": tls["cert"],
-            "key": tls["key"], "otherkey": other["key"]}
+            "key": tls["key"], "otherkey": other["key"], "run": run,
+            "stream_out": stream_out}
+
+
+def _mount_tmpfs(where: str, options: str) -> bool:
+    """A tmpfs at ``where`` (root only); False where it cannot be mounted."""
+    import subprocess
+
+    os.makedirs(where, exist_ok=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", where],
+                              capture_output=True, check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def mounts(tmp_path_factory):
+    """A read-only filesystem (EROFS) and a full one (ENOSPC), both real tmpfs mounts; None
+    for each that cannot be mounted here (not root, no mount): their cases skip."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp("mounts")
+    ro, full = str(root / "ro"), str(root / "full")
+    found = {"ro": ro if _mount_tmpfs(ro, "ro,size=64k") else None,
+             "full": full if _mount_tmpfs(full, "size=64k") else None}
+    if found["full"]:
+        try:  # fill it
+            with open(os.path.join(full, "filler"), "wb") as fh:
+                while True:
+                    fh.write(b"\0" * 4096)
+                    fh.flush()
+        except OSError:
+            pass
+    yield found
+    for where in found.values():
+        if where:
+            subprocess.run(["umount", "-l", where], capture_output=True, check=False,
+                           timeout=30)
 
 
 def _snapshot(path: str) -> dict:
@@ -290,16 +470,18 @@ def _snapshot(path: str) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_exit_class(case: Case, files, tmp_path, dr_config):
+def test_exit_class(case: Case, files, mounts, tmp_path, dr_config):
     dr_config({"storage.read-attempts": 1, "cluster.wait-for-workers": 1})
     import dask
 
-    p = {**files, "tmp": str(tmp_path), "out": str(tmp_path / "out.zarr"),
+    if case.mount is not None and mounts[case.mount] is None:
+        pytest.skip(f"no tmpfs could be mounted here for a {case.mount} filesystem")
+    p = {**files, **mounts, "tmp": str(tmp_path), "out": str(tmp_path / "out.zarr"),
          "state": str(tmp_path / "state"), "runs": str(tmp_path / "runs.zarr"),
          "leased": str(tmp_path / "leased"), "closed": str(_closed_port())}
     if case.setup is not None:
         case.setup(p)
-    before = {k: _snapshot(files[k]) for k in ("src", "stream", "model")}
+    before = {k: _snapshot(files[k]) for k in ("src", "stream", "model", "run")}
     if callable(case.args):
         call = case.args
 
@@ -326,13 +508,14 @@ def test_exit_class(case: Case, files, tmp_path, dr_config):
     for path in case.leaves:
         assert not os.path.exists(path.format(**p)), f"{path} left behind"
     # the inputs are never modified
-    assert before == {k: _snapshot(files[k]) for k in ("src", "stream", "model")}
+    assert before == {k: _snapshot(files[k]) for k in ("src", "stream", "model", "run")}
 
 
 def test_the_table_covers_every_surface():
-    assert len(CASES) >= 50
+    assert len(CASES) >= 100
     assert {c.code for c in CASES} == {1, 2}
-    kinds = {"stream": 0, "incr": 0, "refit": 0, "api": 0, "embed": 0}
+    kinds = {"stream": 0, "incr": 0, "refit": 0, "api": 0, "embed": 0, "report": 0,
+             "evaluate": 0}
     for c in CASES:
         for k in kinds:
             kinds[k] += c.id.startswith(k)
@@ -424,3 +607,29 @@ def test_connection_pool_race_is_a_lost_cluster_not_a_bug():
     res = CliRunner().invoke(app, ["fit"])
     assert res.exit_code == 1
     assert "the Dask cluster was lost" in res.output and "internal error" not in res.output
+
+
+def test_one_table_of_exit_codes():
+    """The CLI's --help, the workflow runner, the Kubernetes submitter and the docs take their
+    codes from dr_dask.runtime.exits; the docs hold its table verbatim."""
+    import importlib.util
+    import pathlib
+
+    from dr_dask.cli._app import EXIT_CODES
+    from dr_dask.jobs import workflow
+    from dr_dask.runtime import exits
+
+    root = pathlib.Path(__file__).parent.parent
+    assert exits.markdown_table() in (root / "docs" / "workflows.md").read_text()
+    assert exits.help_text() == EXIT_CODES and main.epilog == EXIT_CODES
+    res = CliRunner().invoke(main, ["--help"])
+    assert "Exit codes:" in res.output and "full disk" in res.output
+    assert workflow.retried is exits.retried
+    spec = importlib.util.spec_from_file_location(
+        "submit_daskjob", root / "deploy" / "kubernetes" / "submit_daskjob.py")
+    assert spec is not None and spec.loader is not None
+    submit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(submit)
+    assert submit.classed is exits.classed
+    assert (submit.EXIT_OK, submit.EXIT_TRANSIENT, submit.EXIT_BAD_INPUT) == (0, 1, 2)
+    assert [exits.classed(c) for c in (0, 1, 2, 3, 137, -9, None)] == [0, 1, 2, 1, 1, 1, 1]

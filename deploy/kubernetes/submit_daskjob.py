@@ -1,8 +1,10 @@
 """Submit a DaskJob, watch it, and exit with a code that says whether a retry can help.
 
 A CronJob's pod runs this (the dr-dask image ships ``kr8s``, the Kubernetes client
-dask-kubernetes itself uses) under the ServiceAccount of rbac.yaml, whose Role it needs exactly:
-DaskJobs ``create``, ``get``, ``list``, ``delete``; pods ``get``, ``list``; events ``list``. It
+dask-kubernetes itself uses, and ``dr_dask``, whose table of exit codes it follows:
+:mod:`dr_dask.runtime.exits`) under the ServiceAccount of rbac.yaml, whose Role it needs
+exactly: DaskJobs ``create``, ``get``, ``list``, ``delete``; pods ``get``, ``list``,
+``watch``; events ``list``. It
 
 1. works in its own namespace: ``--namespace``, else ``$DR_DASK_NAMESPACE``, else the
    ServiceAccount's ``namespace`` file (kr8s 0.20 falls back to ``default`` instead: it is
@@ -21,7 +23,9 @@ DaskJobs ``create``, ``get``, ``list``, ``delete``; pods ``get``, ``list``; even
    ``dask.org/cluster-name`` label) and the namespace's warning events about them, and logs each
    problem once, in one line, as it appears: a pod that cannot be scheduled, an image that
    cannot be pulled, a container killed at its memory limit, a preempted or evicted pod, a
-   quota that refuses the operator's pods;
+   quota that refuses the operator's pods; and it watches the cluster's pods all along, so
+   that a container killed at its memory limit is remembered even when the operator deletes
+   the pods between two polls (a worker killed just before the job fails);
 6. exits (deleting a DaskJob that has not finished, whose cluster the operator then removes):
 
    - 0: the workflow succeeded;
@@ -29,7 +33,8 @@ DaskJobs ``create``, ``get``, ``list``, ``delete``; pods ``get``, ``list``; even
      (or may not be pulled), the Dask operator's CRD missing, a spec the API server refuses, a
      quota smaller than one DaskJob, the job runner killed at its memory limit, or a failed job
      whose workers were, the job runner evicted past its own disk limits (the message names
-     the limit and the setting to raise), the workflow's own exit 2 (bad input). The
+     the limit and the setting to raise), the workflow's own exit 2 (bad input), a request
+     the API server refuses while watching (403: RBAC; the DaskJob is deleted first). The
      CronJob's ``podFailurePolicy`` fails the Job: no retry;
    - 1 when a retry may help: the job runner preempted or evicted, a pod still unschedulable
      (a worker only while no other worker runs: the job goes on with those it has),
@@ -37,6 +42,9 @@ DaskJobs ``create``, ``get``, ``list``, ``delete``; pods ``get``, ``list``; even
      a DaskJob the operator has not acted on after ``--wait`` seconds, the workflow's exit 1,
      SIGTERM or SIGINT (a deleted Job, its ``activeDeadlineSeconds``), ``--deadline``, the
      API server unreachable. The CronJob retries it (``backoffLimit``).
+
+   A failed workflow's last line names its runner pod and the ``kubectl logs`` command that
+   shows the workflow's own log (the pod is kept with its DaskJob).
 
     python submit_daskjob.py daskjob-nightly.yaml [--poll SECONDS] [--wait SECONDS]
                              [--deadline SECONDS]
@@ -64,6 +72,8 @@ import kr8s
 import yaml
 from kr8s.objects import Event, Pod, new_class
 
+from dr_dask.runtime.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_TRANSIENT, classed
+
 DaskJob = new_class("DaskJob", version="kubernetes.dask.org/v1", namespaced=True)
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -72,7 +82,6 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "dr-dask-submitter"}
 TEMPLATE_LABEL = "dr-dask/template"
 CLUSTER_LABEL = "dask.org/cluster-name"  # the operator's label on the job's pods
 FINISHED = ("Successful", "Failed")
-EXIT_OK, EXIT_TRANSIENT, EXIT_BAD_INPUT = 0, 1, 2
 #: API answers that no retry can fix: unauthenticated, forbidden (RBAC), no such namespace,
 #: an invalid object.
 CONFIG_ERRORS = (401, 403, 404, 422)
@@ -342,20 +351,64 @@ def diagnose(pods: list[dict], events: list[dict], job: str, template: str) -> d
     return found
 
 
-def runner_exit_code(pods: list[dict], name: str | None) -> int:
-    """The job runner container's exit code, from its pod's status: 0, 2 or 1 (anything else,
-    or unknown)."""
+def runner_exit_code(pods: list[dict], name: str | None) -> tuple[int, str]:
+    """The job runner container's exit code, from its pod's status, in its class (0, 2, or 1
+    for anything else or unknown), and what it was."""
     pod = next((p for p in pods if p["metadata"]["name"] == name), None)
     if pod is None:
-        log(f"runner pod {name} is gone: its exit code is unknown")
-        return EXIT_TRANSIENT
+        return EXIT_TRANSIENT, f"runner pod {name} is gone: its exit code is unknown"
     for status in pod.get("status", {}).get("containerStatuses", []):
         terminated = status.get("state", {}).get("terminated")
         if terminated is not None:
             code = int(terminated.get("exitCode", 1))
-            log(f"runner pod {name}: container {status.get('name')} exited {code}")
-            return code if code in (EXIT_OK, EXIT_BAD_INPUT) else EXIT_TRANSIENT
-    return EXIT_TRANSIENT
+            return classed(code), f"runner pod {name}: container {status.get('name')} exited {code}"
+    return EXIT_TRANSIENT, f"runner pod {name}: no container has ended"
+
+
+def log_pointer(namespace: str, runner: str | None) -> str:
+    """Where the workflow's own log is: the runner pod and the command that shows it."""
+    return (f"the workflow's log: kubectl logs -n {namespace} {runner} (runner pod {runner}, "
+            "kept with its daskjob)")
+
+
+class PodWatch(threading.Thread):
+    """Every state of ``job``'s pods as the API server streams it (a watch): the memory kills
+    among them are kept, also those of pods the operator deletes before the next poll."""
+
+    def __init__(self, api, job, template: str):
+        super().__init__(daemon=True, name="pod-watch")
+        self.api, self.job, self.template = api, job, template
+        self.lock = threading.Lock()
+        self.oom: list[Problem] = []
+        #: set once the watch has streamed the runner's end (or stopped)
+        self.runner_ended = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for _, pod in self.api.watch("pods", namespace=self.job.namespace,
+                                         label_selector={CLUSTER_LABEL: self.job.name}):
+                self.seen(pod.raw)
+        except Exception as exc:  # noqa: BLE001  (the polls go on without it)
+            log(f"watching the pods of daskjob {self.job.name} stopped "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); polling only")
+        finally:
+            self.runner_ended.set()
+
+    def seen(self, pod: dict) -> None:
+        component = pod["metadata"].get("labels", {}).get("dask.org/component")
+        for problem in pod_problems(pod, self.template):
+            if problem.key.endswith("/oom"):
+                with self.lock:
+                    if problem not in self.oom:
+                        self.oom.append(problem)
+        ended = any((cs.get("state") or {}).get("terminated")
+                    for cs in pod.get("status", {}).get("containerStatuses", []))
+        if component == "job-runner" and ended:
+            self.runner_ended.set()
+
+    def kills(self) -> list[Problem]:
+        with self.lock:
+            return list(self.oom)
 
 
 # ------------------------------------------------------------------------------ actions
@@ -446,6 +499,8 @@ def watch(api, job, template: str, poll: float, wait: float, deadline: float,
     """Watch ``job`` until it finishes (its code), a problem ends the watch, ``stop`` is set or
     ``deadline`` (monotonic) passes; an unfinished job is then deleted."""
     status, seen, polls = None, Watch(wait), 0
+    pods_watch = PodWatch(api, job, template)
+    pods_watch.start()
     while True:
         remaining = deadline - time.monotonic()
         if stop.wait(max(0.0, min(poll, remaining))) or remaining <= 0:
@@ -482,11 +537,17 @@ def watch(api, job, template: str, poll: float, wait: float, deadline: float,
             raise Stop(final.code or EXIT_TRANSIENT,
                        final.message + (f" (for {wait:g} s)" if final.lasting else ""))
         if status == "Failed":
-            code = runner_exit_code(pods, runner)
-            if code == EXIT_TRANSIENT and seen.oom:  # the same memory would fail it again
+            code, ended = runner_exit_code(pods, runner)
+            log(ended)
+            # the watch streams the runner's end after any kill before it: wait for it to
+            # get there (bounded: a watch that lags or stopped leaves the polls' view)
+            pods_watch.runner_ended.wait(timeout=max(poll, 5.0))
+            kills = seen.oom + [p for p in pods_watch.kills() if p not in seen.oom]
+            pointer = log_pointer(job.namespace, runner)
+            if code == EXIT_TRANSIENT and kills:  # the same memory would fail it again
                 raise Stop(EXIT_BAD_INPUT, f"daskjob {job.name} failed after "
-                           f"{seen.oom[-1].message}")
-            return code
+                           f"{kills[-1].message}; {pointer}")
+            raise Stop(code, f"daskjob {job.name} failed: {ended}; {pointer}")
 
 
 def refused(exc: kr8s.ServerError) -> Stop:
@@ -533,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.manifest) as fh:
         template = yaml.safe_load(fh)
     namespace = namespace_of(args.namespace, args.service_account)
+    created = None
     try:
         try:
             api = kr8s.api(serviceaccount=args.service_account, namespace=namespace)
@@ -547,10 +609,15 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_TRANSIENT
             job = DaskJob(spec, namespace=namespace, api=api)
             create(job, args.wait, args.poll, stop)
+            created = job
             log(f"created daskjob {job.name} in namespace {namespace}")
             return watch(api, job, os.path.basename(args.manifest), args.poll, args.wait,
                          deadline, stop)
         except kr8s.ServerError as exc:
+            if created is not None:  # refused while watching: no job runs unwatched
+                log(f"deleting daskjob {created.name}")
+                with contextlib.suppress(Exception):
+                    _delete(created)
             raise refused(exc) from None
         except (OSError, httpx.HTTPError, kr8s.NotFoundError) as exc:  # unreachable, gone
             raise Stop(EXIT_TRANSIENT, f"{type(exc).__name__}: {exc}") from None

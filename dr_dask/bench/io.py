@@ -4,6 +4,12 @@ The S3 side is a real S3 protocol server: ``AWS_ENDPOINT_URL`` if set (MinIO, a 
 given as ``--bucket``), else moto in server mode started here on 127.0.0.1 (moto is a test
 dependency). Requests are counted at the server when it is ours (every client and worker
 request reaches it), which is what an object store bills and rate-limits.
+
+It also measures what results carrying their content costs (``docs/decisions.md``
+RUN-CHECKSUMS): the fit's embedding written as a run's result on each side, then the
+completion mark's checksums of it (a read of every chunk) and a reader's comparison, against
+reading the embedding itself and against the fit; and the same for an embedding of
+``checksum_rows`` rows on local disk, for the hashing rate.
 """
 
 from __future__ import annotations
@@ -57,8 +63,29 @@ def _fit(loc: Location, n_components: int, client) -> np.ndarray:
     return est.fit(open_dataset(loc, "X")).embedding_
 
 
+def checksum_cost(out: Location, emb: np.ndarray, repeats: int) -> dict:
+    """What checksums add to a run whose result is ``emb``, in a run group of ``out``: the
+    median seconds of the completion mark's checksums (``mark``), of a reader's comparison
+    (``verify``) and of reading the embedding without either (``read``)."""
+    from dr_dask.runs.group import RunGroup, result_problems
+
+    run = RunGroup(out, "bench", params={}, identity={})
+    run.write("sample", np.arange(len(emb)), ("sample",))
+    run.write("component", np.arange(emb.shape[1]), ("component",))
+    run.write("embedding", emb, ("sample", "component"))
+    arrays = ("sample", "component", "embedding")
+    mark = measure(lambda: {a: run.child(a).digests() for a in arrays}, repeats, rss=False)
+    run.mark_complete(arrays=arrays)
+    where = out.child("bench")
+    verify = measure(lambda: result_problems(where, run.group.attrs), repeats, rss=False)
+    assert verify.result == []  # just written: nothing differs
+    read = measure(lambda: run.read("embedding"), repeats, rss=False)
+    return {"bytes": int(emb.nbytes), "mark_seconds": mark.seconds,
+            "verify_seconds": verify.seconds, "read_seconds": read.seconds}
+
+
 def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
-              bucket: str | None = None) -> dict:
+              bucket: str | None = None, checksum_rows: int = 1_000_000) -> dict:
     """Time the IKD fit from local disk and from S3 in this one run: every repeat's seconds
     and their medians, the ratio of the medians, the peak RSS of the process tree for each
     side, and the S3 requests made by one S3 fit."""
@@ -94,6 +121,13 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
             on_s3 = measure(lambda: _fit(remote, 2, client), repeats)
             requests = counter.count // repeats if server is not None else None
             remote.delete()
+            emb = np.asarray(on_disk.result)
+            cost_local = checksum_cost(Location(tmp).child("runs.zarr"), emb, repeats)
+            runs = Location(f"s3://{bucket}/bench-io/runs.zarr", options)
+            cost_s3 = checksum_cost(runs, emb, repeats)
+            runs.delete()
+            big = np.random.default_rng(0).normal(size=(checksum_rows, emb.shape[1]))
+            cost_big = checksum_cost(Location(tmp).child("big.zarr"), big, repeats)
     finally:
         werkzeug.removeHandler(counter)
         werkzeug.setLevel(old_level)
@@ -110,4 +144,13 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
         "target_ratio": 1.3, "s3_requests_per_fit": requests,
         "server": "moto (in-process, 127.0.0.1)" if server is not None else "AWS_ENDPOINT_URL",
         "same_embedding": bool(np.allclose(on_disk.result, on_s3.result, rtol=1e-4, atol=1e-5)),
+        "checksums": {
+            "local": cost_local, "s3": cost_s3, f"local_{checksum_rows}_rows": cost_big,
+            # what a run pays once (its mark) and each reader once, against the fit
+            "local_share_of_fit": (cost_local["mark_seconds"] + cost_local["verify_seconds"])
+            / on_disk.seconds,
+            "s3_share_of_fit": (cost_s3["mark_seconds"] + cost_s3["verify_seconds"])
+            / on_s3.seconds,
+            "hash_mb_per_s": cost_big["bytes"] / 1e6 / cost_big["mark_seconds"],
+        },
     }

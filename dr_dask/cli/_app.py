@@ -14,23 +14,16 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from dr_dask import __version__
+from dr_dask.io.errors import NOT_WRITABLE, unwritable
+from dr_dask.runtime import exits
 
 logger = logging.getLogger(__name__)
 
 #: An existing PEM file (a certificate or key) for the ``--tls-*`` options.
 PEM = click.Path(exists=True, dir_okay=False)
 
-EXIT_CODES = """\b
-Exit codes:
-  0  success
-  1  internal error (a bug: rerun with -v for the traceback), the cluster was lost
-     (the message names the stage a rerun resumes from) or did not answer, no worker
-     joined within --wait-for-workers, another run holds the lease, or the store was
-     unreachable, timed out, throttled or failed (5xx): retry later
-  2  user error: bad option, parameter, input or model file, unknown storage option,
-     unwritable output, tls:// without the --tls options or a --tls file that is not
-     PEM, a lease file no run wrote, workers out of memory (a message naming the fix,
-     no traceback)"""
+#: The ``--help`` epilog: the one table of exit codes (:mod:`dr_dask.runtime.exits`).
+EXIT_CODES = exits.help_text()
 
 #: A random seed: what numpy's legacy seeding (and so scikit-learn) accepts.
 SEED = click.IntRange(0, 2**32 - 1)
@@ -118,12 +111,53 @@ knn_options = options(
 )
 
 
-#: errno values of a location the user cannot write to (permissions, a read-only filesystem).
-_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+#: errno values that say a location cannot be written whatever it is (permissions, a read-only
+#: filesystem, no room): the user's to fix, wherever below a command they surface.
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                 errno.EFBIG}
+
+
+#: The options that name where a command writes (the location a full disk is reported at when
+#: the failing write did not name its file).
+_OUTPUT_OPTIONS = ("--out", "--html", "--state", "--runs", "--json")
+
+
+def _outputs(argv: list[str]) -> list[str]:
+    """The output locations on the command line (``--out X`` or ``--out=X``), in order."""
+    found = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in _OUTPUT_OPTIONS:
+            if eq:
+                found.append(value)
+            elif i + 1 < len(argv):
+                found.append(argv[i + 1])
+    return found
+
+
+def _unwritable_output(exc: OSError, argv: list[str]) -> str | None:
+    """The error line for ``exc`` when it says an output cannot be written: whatever file it
+    names (or, naming none, the command's output) when it can only mean that (permissions, a
+    read-only filesystem, no room); a missing or non-directory parent only when the file lies
+    in one of the command's outputs (elsewhere it may be a bug)."""
+    if exc.errno in _NOT_WRITABLE:
+        outs = _outputs(argv)
+        return unwritable(str(exc.filename or (outs[0] if outs else "the output")), exc)
+    if exc.errno in NOT_WRITABLE and exc.filename:
+        here = os.path.abspath(str(exc.filename))
+        for out in _outputs(argv):
+            if "://" not in out and (here + os.sep).startswith(
+                    os.path.abspath(out).rstrip(os.sep) + os.sep):
+                return unwritable(out, exc)
+    return None
 
 
 class App(click.Group):
     """The root group: turns any exception escaping a command into the documented exit code."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["argv"] = list(args)  # kept: click clears its copy before the command runs
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -156,9 +190,10 @@ class App(click.Group):
             if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory,
                                 ParameterError, InvalidParameterError)):
                 fail(str(exc))
-            if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE and exc.filename:
-                fail(f"cannot write {exc.filename}: {exc.strerror}; choose a location you can "
-                     "write to (or fix its permissions)")
+            if isinstance(exc, OSError):
+                line = _unwritable_output(exc, ctx.meta.get("argv", []))
+                if line is not None:
+                    fail(line)
             # transient: another run holds the lease (or took it over from this one while it
             # was paused), the cluster went away, the store did not answer or asked to slow
             # down; a rerun resumes
@@ -174,7 +209,7 @@ class App(click.Group):
                 traceback.print_exc(file=sys.stderr)
             else:
                 click.echo("(rerun with -v for the traceback)", err=True)
-            sys.exit(1)
+            sys.exit(exits.EXIT_TRANSIENT)
 
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]},
@@ -249,6 +284,7 @@ def main(
     redact_logs(verbose)
     if not verbose:
         quiet_distributed()
+        quiet_unraisable()
     try:
         options = parse_storage_options(storage_option)
     except StorageError as exc:
@@ -347,6 +383,22 @@ def redact_logs(verbose: int) -> None:
             logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
 
 
+def _unraisable_to_debug(unraisable: Any) -> None:
+    logger.debug("%s: %s: %s", unraisable.err_msg or "Exception ignored in",
+                 unraisable.object, unraisable.exc_value,
+                 exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+
+
+def quiet_unraisable() -> None:
+    """Without -v, what Python can only ignore goes to the debug log, not the terminal: a
+    coroutine of the store's client (zarr's ``FsspecStore.get``, an aiohttp session) collected
+    after the event loop that ran it stopped, as a command ends on a store that went away;
+    the command's own error line says what happened. With -v Python prints them, tracebacks
+    and all. A hook someone else installed (a test runner's) is left alone."""
+    if sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = _unraisable_to_debug
+
+
 def quiet_distributed() -> None:
     """Hold distributed's loggers (which it configures itself, at INFO) to warnings, here and
     in the worker processes a LocalCluster starts (they read it from the environment)."""
@@ -424,13 +476,13 @@ def drop_tracebacks() -> None:
 def busy(message: str) -> NoReturn:
     """Exit 1 (transient: retry later) with a clear message, e.g. another run holds the lease."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(1)
+    sys.exit(exits.EXIT_TRANSIENT)
 
 
 def fail(message: str) -> NoReturn:
     """Print a clear error and exit non-zero (no traceback for user errors)."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+    sys.exit(exits.EXIT_BAD_INPUT)
 
 
 @main.group()

@@ -155,13 +155,17 @@ def bench_ikd(ctx, quick, only, ooc_T, workdir, json_path):
 @click.option("--repeats", type=POSITIVE, default=1, show_default=True, help="Timed fits per side.")
 @click.option("--bucket", default=None,
               help="Use this bucket at $AWS_ENDPOINT_URL (default: a local moto S3 server).")
+@click.option("--checksum-rows", type=POSITIVE, default=1_000_000, show_default=True,
+              help="Rows of the local embedding the result checksums are also timed on.")
 @json_option
 @click.pass_context
-def bench_io(ctx, n_samples, n_features, repeats, bucket, json_path):
-    """The same IKD fit from local disk and from S3: both times, the ratio, S3 requests."""
+def bench_io(ctx, n_samples, n_features, repeats, bucket, checksum_rows, json_path):
+    """The same IKD fit from local disk and from S3: both times, the ratio, S3 requests; and
+    the cost of a result's checksums (its completion mark, a reader's check) on each side."""
     from dr_dask.bench._common import write_report
     from dr_dask.bench.io import run_bench
 
     with cluster(ctx) as client:
-        results = run_bench(client, T=n_samples, N=n_features, repeats=repeats, bucket=bucket)
+        results = run_bench(client, T=n_samples, N=n_features, repeats=repeats, bucket=bucket,
+                            checksum_rows=checksum_rows)
     click.echo(write_report(results, json_path))

@@ -21,9 +21,6 @@ import click
 
 from dr_dask.cli._app import cluster, fail, main, storage_options
 from dr_dask.jobs.workflow import (
-    EXIT_BAD_INPUT,
-    EXIT_OK,
-    EXIT_TRANSIENT,
     Step,
     StepResult,
     Workflow,
@@ -31,6 +28,7 @@ from dr_dask.jobs.workflow import (
     load,
     run_step,
 )
+from dr_dask.runtime.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_TRANSIENT
 
 logger = logging.getLogger(__name__)
 

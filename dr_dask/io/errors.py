@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from typing import Any
 
 from dr_dask.runtime import credentials
@@ -27,6 +28,39 @@ _TRANSIENT_ERRNOS = {errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO), errno.
 class StorageError(ValueError):
     """A location is unusable as given: unknown scheme, missing bucket, refused credentials.
     Bad input or configuration (exit 2): a retry fails the same way."""
+
+
+#: errno values of a local location that cannot be written: no permission, a read-only
+#: filesystem, no room (a full disk, a quota, a file-size limit), a parent that cannot hold
+#: files (``/proc``, a file where a directory should be: ENOTDIR, or EEXIST from makedirs).
+NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                errno.EFBIG, errno.ENOENT, errno.ENOTDIR, errno.EEXIST}
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def unwritable(path: str, exc: OSError) -> str:
+    """The one line that says why local ``path`` cannot be written, and the fix (a full disk
+    with its free bytes)."""
+    why = exc.strerror or type(exc).__name__
+    if exc.errno in _NO_ROOM:
+        here = path
+        while here and not os.path.exists(here) and os.path.dirname(here) != here:
+            here = os.path.dirname(here)
+        try:
+            free = f"{shutil.disk_usage(here).free:,} bytes free there"
+        except OSError:
+            free = "its free space unknown"
+        limit = (" or this process's file-size limit (ulimit -f)"
+                 if exc.errno == errno.EFBIG else "")
+        return (f"cannot write {path}: {why} ({free}); free space on its filesystem{limit}, "
+                "or choose another location")
+    if exc.errno == errno.EROFS:
+        return f"cannot write {path}: {why}; choose a location on a writable filesystem"
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):
+        return (f"cannot write {path}: {why}; its parent is not a directory that can hold "
+                "files (/proc, /sys, a file): choose a directory you can write to")
+    return (f"cannot write {path}: {why}; choose a location you can write to (or fix its "
+            "permissions)")
 
 
 class StorageUnavailable(ConnectionError):

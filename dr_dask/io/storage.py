@@ -44,11 +44,13 @@ from fsspec.asyn import sync
 from zarr.core.buffer import default_buffer_prototype
 
 from dr_dask.io.errors import (  # the boundary's errors, imported from here by its callers
+    NOT_WRITABLE,
     StorageError,
     StorageUnavailable,
     http_status,
     raise_if_transient,
     scrub,
+    unwritable,
 )
 from dr_dask.io.local_cas import digest, local_delete_if, local_swap
 from dr_dask.runtime import config, credentials
@@ -189,7 +191,7 @@ class Location:
         """A zarr 3 store rooted here."""
 
         if self.is_local:
-            return zarr.storage.LocalStore(self.url, read_only=read_only)
+            return _LocalStore(self.url, read_only=read_only)
         return zarr.storage.FsspecStore.from_url(
             self.url, storage_options=_options(self.scheme, self._backend_options()),
             read_only=read_only,
@@ -202,8 +204,10 @@ class Location:
 
     def check(self) -> None:
         """Fail early and clearly (StorageError) when the store behind this location cannot be
-        used: unreachable endpoint, refused credentials, missing bucket/container."""
+        used: unreachable endpoint, refused credentials, missing bucket/container; a local
+        output where nothing can be created (no permission, a read-only filesystem, /proc)."""
         if self.is_local:
+            _check_writable(self.url)
             return
         root = self.path.split("/", 1)[0]
         try:
@@ -217,11 +221,18 @@ class Location:
     def write_bytes(self, data: bytes) -> None:
         """Write one object (a single PUT on object stores)."""
         if self.is_local:  # a local file appears whole too: temporary name, then rename
-            os.makedirs(os.path.dirname(self.url), exist_ok=True)
             tmp = f"{self.url}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, self.url)
+            try:
+                os.makedirs(os.path.dirname(self.url), exist_ok=True)
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, self.url)
+            except OSError as exc:  # the user's location, named (not the temporary file)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                if exc.errno not in NOT_WRITABLE:
+                    raise
+                raise StorageError(unwritable(self.url, exc)) from None
             return
         _guard(self, self.fs.pipe_file, self.path, data)
 
@@ -369,6 +380,20 @@ class Location:
             return {}
         return {k[len(base):] if k.startswith(base) else k: v for k, v in found.items()}
 
+    def digests(self) -> dict[str, str]:
+        """The content of every object under this prefix but its ``zarr.json`` (a Zarr array's
+        chunks, as stored: encoded bytes), relative key -> SHA-256: one listing and one
+        concurrent read. What a completion mark records, and a reader compares, to know that a
+        result still holds what was written (a chunk overwritten or truncated since differs)."""
+        keys = sorted(k for k in self.find() if posixpath.basename(k) != "zarr.json")
+        if not keys:
+            return {}
+        base = self.path.rstrip("/")
+        paths = [f"{base}/{k}" for k in keys]
+        data = _read(self, self.fs.cat, paths, on_error="raise")
+        # fsspec answers under each path as it strips it: look them up the same way
+        return {k: digest(data[self.fs._strip_protocol(p)]) for k, p in zip(keys, paths)}
+
 
 async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
     """Bytes and ETag of one object from one GET (a HEAD then a GET could pair other
@@ -383,6 +408,37 @@ async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
 def _precondition_failed(exc: BaseException) -> bool:
     response = getattr(exc.__cause__, "response", None) or {}
     return response.get("Error", {}).get("Code") in ("PreconditionFailed", "412")
+
+
+class _LocalStore(zarr.storage.LocalStore):
+    """zarr's LocalStore, whose failed writes name the file: a full disk raises ENOSPC from a
+    write, which names none, and the user must be told where."""
+
+    async def set(self, key: str, value: Any) -> None:
+        try:
+            await super().set(key, value)
+        except OSError as exc:
+            if exc.filename or exc.errno not in NOT_WRITABLE:
+                raise
+            raise OSError(exc.errno, exc.strerror, f"{str(self.root).rstrip('/')}/{key}") \
+                from exc
+
+
+def _check_writable(path: str) -> None:
+    """A StorageError, naming ``path`` and the fix, unless a directory can be created where
+    local output ``path`` goes: probed by creating and removing one (a permission bit, a
+    read-only mount, ``/proc`` each answer only to a write)."""
+    here = path
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    probe = os.path.join(here, f".dr-dask-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError as exc:
+        if exc.errno not in NOT_WRITABLE:
+            raise
+        raise StorageError(unwritable(path, exc)) from None
 
 
 def location(url: Any, storage_options: dict | None = None) -> Location:

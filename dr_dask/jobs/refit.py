@@ -29,7 +29,13 @@ from dr_dask.linalg.align import procrustes_disparity
 from dr_dask.methods.factory import make_method
 from dr_dask.metrics import consistency_index, evaluate_embedding, trustability_index
 from dr_dask.report.jobs import refit_report
-from dr_dask.runs.group import open_run, run_embedding, run_name, run_params
+from dr_dask.runs.group import (
+    ResultCorrupted,
+    open_run,
+    run_embedding,
+    run_name,
+    run_params,
+)
 from dr_dask.runtime.cluster import active_client, compute, credentials_delivered
 from dr_dask.runtime.resources import PeakRSS, timed
 
@@ -108,8 +114,14 @@ def _run_refit(source: str, runs: str, *, method: str, n_components: int,
     latest_loc = out.child("latest.json")
     previous = latest_loc.read_json()
     if previous and previous.get("run") == name:
-        logger.info("latest already names %s (same input and parameters): nothing to do", name)
-        return {**previous, "status": "nothing to do"}
+        try:  # the run latest names still holds what its completion mark vouched for
+            open_run(out, name)
+        except ResultCorrupted as exc:
+            logger.warning("latest names %s, but %s: refitting it", name, exc)
+        else:
+            logger.info("latest already names %s (same input and parameters): nothing to do",
+                        name)
+            return {**previous, "status": "nothing to do"}
 
     took: dict[str, float] = {}
     with PeakRSS() as mem, timed(took, "fit"):
@@ -179,7 +191,10 @@ def _vs_previous(out, previous: dict | None, inp, emb: np.ndarray) -> tuple[floa
         return None, "first run: no previous run"
     if previous.get("input") != inp.name:
         return None, f"the previous run embedded another input ({previous.get('input')})"
-    prev = read_array(open_run(out, previous["run"]), "embedding")
+    try:
+        prev = read_array(open_run(out, previous["run"]), "embedding")
+    except ResultCorrupted as exc:
+        return None, f"the previous run cannot be compared: {exc}"
     if prev.shape[0] > emb.shape[0]:
         return None, f"the previous run has more rows ({prev.shape[0]}) than the input now"
     return float(procrustes_disparity(prev, emb[: prev.shape[0]])), (

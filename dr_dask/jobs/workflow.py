@@ -41,13 +41,12 @@ from string import Template
 from typing import Any
 
 from dr_dask.io.storage import StorageError, location
+from dr_dask.runtime.exits import EXIT_TRANSIENT, retried
 
 logger = logging.getLogger(__name__)
 
 #: Environment variables ``DR_DASK_PARAM_<NAME>`` override a parameter's default.
 PARAM_ENV_PREFIX = "DR_DASK_PARAM_"
-#: Exit codes of a job (and of every ``dr-dask`` command).
-EXIT_OK, EXIT_TRANSIENT, EXIT_BAD_INPUT = 0, 1, 2
 
 _TOP_KEYS = {"job": "table", "params": "table", "tls": "table", "steps": "array of tables"}
 # key -> (accepted types, description shown in errors)
@@ -435,7 +434,8 @@ def run_step(step: Step, command: Sequence[str], echo: Callable[[str], None]) ->
     start = time.monotonic()
     for attempt in range(step.retries + 1):
         code, stdout = _attempt(command, step.timeout, echo)
-        if code in (EXIT_OK, EXIT_BAD_INPUT):
+        if not retried(code):  # done, or bad input that a retry fails the same way
+            assert code is not None  # a timeout (None) is retried
             return StepResult(code, attempt + 1, time.monotonic() - start, stdout)
         reason = f"timed out after {step.timeout:g}s" if code is None else f"exit code {code}"
         if attempt < step.retries:

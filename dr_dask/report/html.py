@@ -70,7 +70,7 @@ from dr_dask.io.storage import Location, location
 from dr_dask.report.plot import MAX_LEGEND, format_cell, running_mean, sample_rows, values_of
 from dr_dask.report.plot import colour_values as embedding_colours
 from dr_dask.report.stream import threshold_in_force
-from dr_dask.runs.group import run_attr
+from dr_dask.runs.group import run_attr, verify_result
 from dr_dask.runtime.progress import in_notebook
 from dr_dask.stream.store import STATUS, read_output
 
@@ -117,6 +117,7 @@ def _kind(loc: Location) -> str:
     if not attrs["complete"]:
         raise InputError(f"{loc} is an incomplete run (interrupted or still running); finish "
                          "it first (rerun the same command: it resumes)")
+    verify_result(loc, attrs)  # what it holds is still what its completion mark vouched for
     return "run"
 
 

@@ -5,6 +5,14 @@ the group's attributes only after its arrays are fully written, and the run as a
 complete last, so a rerun after a crash redoes exactly the unfinished stages and nothing
 half-written is ever reported as a result. Solvers see a run only through
 :class:`dr_dask.io.checkpoint.Checkpoint`.
+
+The completion mark vouches for the result's content, not only its names: it records the
+SHA-256 of every stored chunk of every array it vouches for (``checksums``). Every reader of
+a result compares them (:func:`verify_result`): a rerun finds a run whose chunk was overwritten
+or truncated since "not complete" and redoes it, saying why; a read-only reader (``report``,
+``evaluate``) refuses it with :class:`ResultCorrupted` naming the chunk (exit 2). A run
+completed before marks carried checksums is read as complete, unverified, with a warning
+(``docs/decisions.md`` RUN-CHECKSUMS).
 """
 
 from __future__ import annotations
@@ -55,6 +63,54 @@ RESERVED_NAMES = frozenset({"zarr.json", "lease.json", "latest.json", "checkpoin
 LEGACY_RUN_ATTRS = ("params", "input", "versions", "stages", "complete")
 #: The run's lease object, kept when ``overwrite`` replaces the run it guards.
 LEASE = "lease.json"
+#: The completion mark's record of each vouched array's chunks: array -> chunk key -> SHA-256.
+CHECKSUMS = "checksums"
+
+
+class ResultCorrupted(InputError):
+    """A complete run's result no longer holds what its completion mark vouched for (a chunk
+    overwritten, truncated, removed or added since): bad input to a reader (exit 2); a rerun
+    of the run redoes it."""
+
+
+def result_problems(run: Location, attrs: Any) -> list[str] | None:
+    """What differs between the arrays of the complete run at ``run`` and the checksums its
+    completion mark (``attrs``) recorded, one line per chunk; None for a mark without
+    checksums (a run completed before they were recorded)."""
+    recorded = attrs.get(CHECKSUMS)
+    if not isinstance(recorded, dict):
+        return None
+    problems = []
+    for array, chunks in sorted(recorded.items()):
+        here = run.child(array)
+        if not here.child("zarr.json").exists():
+            problems.append(f"array {array} is gone")
+            continue
+        now = here.digests()
+        for key in sorted(set(chunks) | set(now)):
+            where = f"chunk {array}/{key}"
+            if key not in now:
+                problems.append(f"{where} is gone")
+            elif key not in chunks:
+                problems.append(f"{where} was not written by the run")
+            elif now[key] != chunks[key]:
+                problems.append(f"{where} does not match its checksum (overwritten or "
+                                "truncated since the run completed)")
+    return problems
+
+
+def verify_result(run: Location, attrs: Any) -> None:
+    """Raise :class:`ResultCorrupted` naming each chunk of the complete run at ``run`` that no
+    longer matches its completion mark (``attrs``); a run completed before marks carried
+    checksums is read unverified, with a warning."""
+    problems = result_problems(run, attrs)
+    if problems is None:
+        logger.warning("run %s was completed before runs recorded checksums: its result is "
+                       "read unverified (rerun it with --overwrite to record them)", run.url)
+    elif problems:
+        raise ResultCorrupted(
+            f"run {run.url} is marked complete but its result was changed since: "
+            f"{'; '.join(problems)}; rerun the command that wrote it to redo the run")
 
 
 def check_run_name(name: str) -> str:
@@ -172,12 +228,13 @@ class RunGroup:
             logger.info("resuming run %s (stages done: %s)", self.path, self.done_stages)
         else:
             self.created = True
-            self.group = root.create_group(name)
-            self._start()
+            self.group = self._create(root)
 
-    def _start(self) -> None:
-        self.group.attrs.update(
-            {**self._fresh, "created": _dt.datetime.now(_dt.UTC).isoformat()})
+    def _create(self, root: zarr.Group) -> zarr.Group:
+        # the group and its marker in one write: a disk that fills between the two would
+        # leave a group no rerun may touch (it would not be a run of this package)
+        return root.create_group(self.name, attributes={
+            **self._fresh, "created": _dt.datetime.now(_dt.UTC).isoformat()})
 
     @property
     def lease_location(self) -> Location:
@@ -196,8 +253,7 @@ class RunGroup:
             for entry in here.listdir():
                 if entry != LEASE:
                     here.child(entry).delete()
-            self.group = self._root().create_group(self.name)
-            self._start()
+            self.group = self._create(self._root())
             self.replacing, self.created = False, True
             logger.info("replaced the run %s (overwrite)", self.path)
         else:
@@ -266,8 +322,10 @@ class RunGroup:
 
     @property
     def complete(self) -> bool:
-        """Marked complete, and every array the completion mark vouches for is still there
-        (checked in the store, not in consolidated metadata)."""
+        """Marked complete, every array the completion mark vouches for still there (checked in
+        the store, not in consolidated metadata), and each of their chunks still what the mark
+        recorded (:func:`result_problems`; a run completed before marks carried checksums is
+        complete, unverified)."""
         if self.replacing or not self.group.attrs.get("complete", False):
             return False
         vouched = cast(list, self.group.attrs.get("arrays") or [])
@@ -275,7 +333,16 @@ class RunGroup:
         if missing:
             logger.warning("run %s is marked complete but its arrays %s are gone: redoing it",
                            self.path, missing)
-        return not missing
+            return False
+        problems = result_problems(self.location.child(self.name), self.group.attrs)
+        if problems is None:
+            logger.warning("run %s was completed before runs recorded checksums: taken as "
+                           "complete, unverified (--overwrite redoes it)", self.path)
+        elif problems:
+            logger.warning("run %s is marked complete but %s: redoing it", self.path,
+                           "; ".join(problems))
+            return False
+        return True
 
     def is_done(self, stage: str) -> bool:
         return stage in self._stages
@@ -308,10 +375,12 @@ class RunGroup:
         """The last writes of a run: the completion mark (vouching for ``arrays``, the
         results: a run missing one of them is not complete), then consolidated metadata of the
         run group and of the store's root (what ``xarray.open_zarr(store, group=name)``
-        reads)."""
+        reads). The mark records the checksum of every stored chunk of ``arrays``
+        (:data:`CHECKSUMS`), which every reader of the result compares."""
+        checksums = {a: self.child(a).digests() for a in arrays}
         stamp = self._fence()
         self.group.attrs.update(
-            {"complete": True, "arrays": list(arrays), "lease": stamp,
+            {"complete": True, "arrays": list(arrays), CHECKSUMS: checksums, "lease": stamp,
              "summary": plain_json(summary)}
         )
         self.consolidate()
@@ -329,7 +398,7 @@ class RunGroup:
             self._fence()
         for name in present:
             self.child(name).delete()
-        if present and self.complete:
+        if present and self.group.attrs.get("complete", False):
             self.consolidate()
 
     def create(self, name: str, shape: tuple, dtype: Any, chunks: tuple, dims: tuple) -> zarr.Array:
@@ -363,16 +432,20 @@ def run_attr(group: zarr.Group, key: str) -> dict[str, Any]:
 
 
 def open_run(store: Any, name: str, storage_options: dict | None = None) -> zarr.Group:
-    """A run group for reading (consolidated metadata when the run is complete)."""
+    """A run group for reading (consolidated metadata when the run is complete); a complete
+    run's result is verified against its completion mark (:class:`ResultCorrupted`)."""
     loc = location(store, storage_options)
     check_run_name(name)
     try:
-        return zarr.open_group(store=loc.zarr_store(read_only=True), path=name, mode="r")
+        group = zarr.open_group(store=loc.zarr_store(read_only=True), path=name, mode="r")
     except StorageError:
         raise
     except Exception as exc:  # noqa: BLE001  (zarr raises many types for a node that is no group)
         raise_if_transient(exc, loc)
         raise InputError(f"{loc}/{name} is not a readable run group: {exc}") from None
+    if group.attrs.get("complete", False):
+        verify_result(loc.child(name), group.attrs)
+    return group
 
 
 def _describe(identity: Any) -> str:
