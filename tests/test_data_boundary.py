@@ -87,6 +87,7 @@ def _cli(*args: str) -> tuple[int, str]:
 
 
 def _same_output(a: str, b: str) -> None:
+    """Bit for bit: every output array and the source offset."""
     oa, ob = read_output(a), read_output(b)
     for name in ("embedding", "variance", "first_variance", "manifold", "version", "status"):
         np.testing.assert_array_equal(oa[name], ob[name], err_msg=name)

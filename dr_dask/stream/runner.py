@@ -322,8 +322,12 @@ class StreamRunner:
                 if self._ended(offset):
                     break
                 # idle while following: a finished refit lands now rather than at a chunk
-                # that may not come for hours (its publication is checkpointed like any other)
-                self._poll_refit(wait=self._refit is not None and self._refit.future.done())
+                # that may not come for hours (its publication is checkpointed like any other);
+                # not while a file being written is waited for (the stream goes on in moments:
+                # the publication point stays the one fixed by the stream)
+                following = bool(getattr(self.source, "follow", False))
+                self._poll_refit(wait=following and self._refit is not None
+                                 and self._refit.future.done())
                 self._stop.wait(self.poll_interval)
                 continue
             self._commit(in_flight.popleft())
