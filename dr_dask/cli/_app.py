@@ -105,7 +105,8 @@ mapping_options = options(
 )
 
 
-#: ``--knn`` and ``--n-probe``: the neighbour search of the commands that build a graph.
+#: ``--knn``, ``--n-probe`` and ``--knn-tol``: the neighbour search of the commands that build
+#: a graph.
 knn_options = options(
     click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
                  show_default=True,
@@ -113,8 +114,12 @@ knn_options = options(
                  "recall is in the summary), or auto (ivf from 100,000 rows; one search)."),
     click.option("--n-probe", type=POSITIVE, default=None,
                  help="Lists each row searches with the ivf search (of about sqrt(T); default: "
-                 "adaptive, as many as keep the recall near 0.975; at least the number of "
-                 "lists: exact)."),
+                 "adaptive, as many as hold --knn-tol; at least the number of lists: exact)."),
+    # a float, not a range: the estimators' constraints name it (exit 2)
+    click.option("--knn-tol", type=float, default=0.01, show_default=True,
+                 help="The adaptive probe's target: the mean relative error of the k-th "
+                 "neighbour's distance, in [0, 1) (0: exact; the summary's knn_distance_error "
+                 "is its estimate)."),
 )
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import zarr
 
 from dr_dask.graph._knn_cells import _centred
+from dr_dask.graph.knn_tol import CALIBRATION_WIDTH, DEFAULT_KNN_TOL, distance_share
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, fold_knn, rerank_labelled
 from dr_dask.io.storage import Location, location, read_spans
 from dr_dask.runtime import config
@@ -61,14 +62,16 @@ KMEANS_ITER = 15
 #: The adaptive search (``n_probe=None``): a row probes a list while its centroid gap (squared
 #: distance to the list's centroid beyond that to the row's nearest centroid) is below a share
 #: of the row's current k-th squared distance. The share is measured per fit
-#: (:func:`calibrated`): the ``PROBE_TARGET`` quantile of that ratio over the true neighbours
-#: of ``CALIBRATION_ROWS`` sampled rows, so that about that share of the true neighbours lies
-#: in the lists a row probes, whatever the data and however many lists there are. The exact
-#: bound (a list's rows lie beyond the bisector of the two centroids, at least
-#: gap / (2 ||c_u - c_1||) away) asks for ten times the lists on data whose neighbours noise
-#: decides (docs/scaling.md, "The adaptive probe"). ``PROBE_GAP`` serves without calibration.
+#: (:func:`calibrated`) on the exact neighbours of ``CALIBRATION_ROWS`` sampled rows: the
+#: smallest that holds their k-th neighbour's distance within the tolerance ``tol`` of the
+#: exact one (:func:`dr_dask.graph.knn_tol.distance_share`), whatever the data and however
+#: many lists there are. Neighbours as near as the true ones, not the same ones: on data whose
+#: neighbours noise decides, a target on identity (a share of the true neighbours found) paid
+#: for rows as near as those it missed (docs/decisions.md, "The neighbour search's target").
+#: The exact bound (a list's rows lie beyond the bisector of the two centroids, at least
+#: gap / (2 ||c_u - c_1||) away) asks for ten times the lists on such data (docs/scaling.md,
+#: "The adaptive probe"). ``PROBE_GAP`` serves without calibration.
 PROBE_GAP = 0.2
-PROBE_TARGET = 0.975
 CALIBRATION_ROWS = 200
 #: Lists the adaptive search's first round probes (each later round probes twice the last).
 MIN_PROBE = 4
@@ -433,17 +436,18 @@ def _group_nearest(lists: InvertedLists, g: int, queries: np.ndarray,
             np.pad(labels, ((0, 0), (0, pad)), constant_values=-1))
 
 
-def calibrated(lists: InvertedLists, k: int, *, client: Any,
-               random_state: Any = 0) -> InvertedLists:
+def calibrated(lists: InvertedLists, k: int, *, client: Any, random_state: Any = 0,
+               tol: float = DEFAULT_KNN_TOL) -> InvertedLists:
     """``lists`` with the adaptive probe's gap share measured on them (unchanged with a fixed
     ``n_probe``).
 
     ``CALIBRATION_ROWS`` seeded rows are searched exactly (one task per group of lists over
     that group's rows, the way the partitioned search reads them: no process holds more than a
-    group). For each true neighbour the ratio of its list's centroid gap to the row's k-th
-    squared distance is the share that finds it; the ``PROBE_TARGET`` quantile of the ratios
-    is the share the search uses. The search's running k-th distance is never below the final
-    one, so it probes at least those lists.
+    group), ``CALIBRATION_WIDTH`` k neighbours each. For each of them the ratio of its list's
+    centroid gap to the row's k-th squared distance is the share that finds it; the search uses
+    the smallest share whose found k-th distances are on average within ``tol`` of the exact
+    ones (:func:`~dr_dask.graph.knn_tol.distance_share`). The search's running k-th distance
+    is never below the final one, so it probes at least those lists.
     """
     if lists.n_probe is not None:
         return lists
@@ -452,7 +456,7 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any,
     n = lists.n_rows
     labels = np.sort(check_random_state(random_state).choice(
         n, min(CALIBRATION_ROWS, n), replace=False))
-    kq = min(k + 1, n)  # the row itself is among its nearest
+    kq = min(CALIBRATION_WIDTH * k + 1, n)  # the row itself is among its nearest
     q = _rows_at(lists, labels)
     task = dask.delayed(_group_nearest, pure=True)
     shared = [dask.delayed(a, traverse=False) for a in (lists, q)]
@@ -461,11 +465,12 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any,
     keys = np.hstack([p[0] for p in parts])
     found = np.hstack([p[1] for p in parts])
     keys = np.where(found == labels[:, None], np.inf, keys)  # not its own neighbour
-    order = np.argsort(keys, axis=1, kind="stable")[:, :min(k, n - 1)]
+    order = np.argsort(keys, axis=1, kind="stable")[:, :kq - 1]
     nb_keys = np.take_along_axis(keys, order, 1)
     nb = np.take_along_axis(found, order, 1)
     sq = np.einsum("ij,ij->i", q, q, dtype=np.float64)
-    kth_sq = np.maximum(nb_keys[:, -1] + sq, np.finfo(np.float32).tiny)
+    dist_sq = np.where(nb >= 0, np.maximum(nb_keys + sq[:, None], 0.0), np.inf)
+    kth_sq = np.maximum(dist_sq[:, min(k, n - 1) - 1], np.finfo(np.float32).tiny)
     # each neighbour's list, and its gap from the row's nearest centroid
     starts = lists.list_start + lists.label_shift
     nb_list = np.searchsorted(starts, nb, side="right") - 1
@@ -473,10 +478,8 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any,
     c_keys = (np.einsum("ij,ij->i", cent, cent, dtype=np.float64)[None, :]
               - 2 * (q.astype(np.float64) @ cent.T.astype(np.float64)))
     gaps = np.take_along_axis(c_keys, nb_list, 1) - c_keys.min(axis=1)[:, None]
-    ratio = (gaps / kth_sq[:, None])[nb >= 0]
-    share = float(np.quantile(ratio, PROBE_TARGET)) if len(ratio) else PROBE_GAP
-    logger.info("adaptive probe: gap share %.4g (the %.3f quantile over %d neighbours of %d "
-                "rows)", share, PROBE_TARGET, len(ratio), len(labels))
+    ratio = np.where(nb >= 0, gaps / kth_sq[:, None], np.inf)
+    share = distance_share(dist_sq, ratio, min(k, n - 1), tol) if len(nb) else PROBE_GAP
     return dataclasses.replace(lists, probe_gap=share)
 
 
@@ -511,7 +514,8 @@ def _groups(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
 
 
 def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = None,
-                n_probe: int | None = None, random_state: Any = 0) -> InvertedLists:
+                n_probe: int | None = None, random_state: Any = 0,
+                tol: float = DEFAULT_KNN_TOL) -> InvertedLists:
     """Train the coarse quantizer and write X's rows into inverted lists at ``where``.
 
     Parameters as :func:`ivf_kneighbors`; ``where`` receives the lists (and, while they are
@@ -521,6 +525,8 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
     T, N = X.shape
     n_lists = min(int(n_lists or default_n_lists(T)), T)
+    if n_probe is None and tol == 0:  # no error allowed: every list, the exact search
+        n_probe = n_lists
     n_probe = None if n_probe is None else min(int(n_probe), n_lists)  # None: adaptive
     rng = check_random_state(random_state)
     n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
@@ -586,8 +592,8 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
 def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
                    n_lists: int | None = None, n_probe: int | None = None,
-                   scratch: Any = None,
-                   random_state: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+                   scratch: Any = None, random_state: Any = 0,
+                   tol: float = DEFAULT_KNN_TOL) -> tuple[np.ndarray, np.ndarray]:
     """k nearest neighbours of every row of X among its rows, by the inverted-list search.
 
     Parameters
@@ -601,12 +607,15 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         Lists of the coarse quantizer (default :func:`default_n_lists`, about sqrt(T)).
     n_probe : int, optional
         Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the
-        adaptive rule asks (:data:`PROBE_GAP`, at most ``dr_dask.knn.max-probe``).
+        adaptive rule asks (:func:`calibrated`, at most ``dr_dask.knn.max-probe``).
     scratch : str or Location, optional
         Where the lists are written (every worker must reach it); default a local temporary
         directory. Deleted before returning.
     random_state : int, RandomState or None
         Seeds the training sample and the k-means.
+    tol : float
+        The adaptive probe's target: the mean relative error of the k-th neighbour's distance
+        (:mod:`dr_dask.graph.knn_tol`); 0 probes every list (exact). Unused with ``n_probe``.
 
     Returns
     -------
@@ -620,8 +629,8 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     loc = base.child(f"ivf_{uuid.uuid4().hex[:12]}")
     try:
         lists = build_lists(X, loc, client=client, n_lists=n_lists, n_probe=n_probe,
-                            random_state=random_state)
-        lists = calibrated(lists, k, client=client, random_state=random_state)
+                            random_state=random_state, tol=tol)
+        lists = calibrated(lists, k, client=client, random_state=random_state, tol=tol)
         search = dask.delayed(_search_group, pure=True)
         lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
         with single_blas_thread():

@@ -47,21 +47,17 @@ import numba
 import numpy as np
 import zarr
 
-from dr_dask.graph._knn_ivf import (
-    InvertedLists,
-    _search_group,
-    build_lists,
-    calibrated,
-)
+from dr_dask.graph._knn_ivf import InvertedLists, _search_group, build_lists, calibrated
 from dr_dask.graph.components import component_summary, smallest_component
 from dr_dask.graph.diagnostics import DisconnectedGraphWarning
 from dr_dask.graph.knn import (
     RECALL_ROWS,
     knn_algorithm,
     report_recall,
-    sampled_recall,
+    sampled_quality,
     search_seed,
 )
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.io.storage import Location, read_spans
 from dr_dask.io.validation import warn_duplicates
@@ -433,9 +429,6 @@ def _rows_of(lists: InvertedLists, labels: np.ndarray) -> tuple[np.ndarray, np.n
     return (read_spans(lists.rows, spans).astype(np.float64), read_spans(lists.ids, spans))
 
 
-# ---------------------------------------------------------------------------------------------
-
-
 @dataclass
 class PartitionedGraph:
     """:func:`partitioned_graph`'s result: the stored graph and what the fit reports."""
@@ -447,12 +440,14 @@ class PartitionedGraph:
     sample_neighbours: np.ndarray
     seconds: dict[str, float]
     recall: float = 1.0
+    distance_error: float = 0.0
 
 
 def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
                       weight: Callable = distance_weight, n_lists: int | None = None,
                       n_probe: int | None = None, on_disconnected: str = "bridge",
-                      sample_rows: int = 0, random_state: Any = 0) -> PartitionedGraph:
+                      sample_rows: int = 0, random_state: Any = 0,
+                      knn_tol: float = DEFAULT_KNN_TOL) -> PartitionedGraph:
     """The symmetric kNN graph of X's rows, built on the workers and stored at ``where``.
 
     Parameters
@@ -468,8 +463,9 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
     weight : callable
         ``weight(distances, i, j)``: edge weights of the distances between rows ``i`` and
         ``j`` (row indices; broadcast shapes). Picklable; default the distance.
-    n_lists, n_probe : int, optional
-        The search's lists and probes (:func:`~dr_dask.graph._knn_ivf.ivf_kneighbors`).
+    n_lists, n_probe, knn_tol : int, int, float, optional
+        The search's lists, probes and distance tolerance (``tol`` of
+        :func:`~dr_dask.graph._knn_ivf.ivf_kneighbors`).
     on_disconnected : {"bridge", "raise", "ignore"}
         As :func:`~dr_dask.graph.components.connect_components`.
     sample_rows : int
@@ -493,9 +489,9 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
     seconds: dict[str, float] = {}
     with timed(seconds, "lists"):
         lists = build_lists(X, where.child("lists"), client=client, n_lists=n_lists,
-                            n_probe=n_probe, random_state=rng)
+                            n_probe=n_probe, random_state=rng, tol=knn_tol)
     with timed(seconds, "calibration"):
-        lists = calibrated(lists, k, client=client, random_state=rng)
+        lists = calibrated(lists, k, client=client, random_state=rng, tol=knn_tol)
     sample = np.sort(rng.choice(T, min(int(sample_rows), T), replace=False))
     # blocks: consecutive groups of about block-edges directed edges (both ways: 2k per row)
     rows_per_block = max(1, int(config.get("graph.block-edges")) // (2 * k))
@@ -582,23 +578,23 @@ def partitioned_graph(X: Any, k: int, where: Location, *, client: Any,
                             seconds)
 
 
-
 def stored_neighbour_graph(X: Any, k: int, where: Location, *, knn: str,
                            n_probe: int | None, client: Any, weight: Callable = distance_weight,
-                           on_disconnected: str = "bridge",
-                           random_state: Any = None) -> PartitionedGraph | None:
+                           on_disconnected: str = "bridge", random_state: Any = None,
+                           knn_tol: float = DEFAULT_KNN_TOL) -> PartitionedGraph | None:
     """An estimator's graph built on the workers, when its ``knn`` mode takes the partitioned
     search (:func:`~dr_dask.graph.knn.knn_algorithm`); else None (the caller builds it in
     memory).
 
-    One search: its recall, estimated on ``RECALL_ROWS`` seeded rows, is logged and warned
-    below ``RECALL_WARN`` (:func:`~dr_dask.graph.knn.report_recall`), in every mode.
+    One search: its recall and distance error, estimated on ``RECALL_ROWS`` seeded rows, are
+    logged and warned on (:func:`~dr_dask.graph.knn.report_recall`), in every mode.
     """
     if knn_algorithm(knn, int(X.shape[0]), int(X.shape[1])) != "ivf":
         return None
     pg = partitioned_graph(X, k, where, client=client, weight=weight, n_probe=n_probe,
                            on_disconnected=on_disconnected, sample_rows=RECALL_ROWS,
-                           random_state=search_seed(random_state))
-    pg.recall = sampled_recall(X, pg.sample, pg.sample_neighbours, client=client)
-    report_recall(knn, n_probe, pg.recall)
+                           random_state=search_seed(random_state), knn_tol=knn_tol)
+    pg.recall, pg.distance_error = sampled_quality(X, pg.sample, pg.sample_neighbours,
+                                                   client=client)
+    report_recall(knn, n_probe, pg.recall, pg.distance_error, knn_tol)
     return pg
