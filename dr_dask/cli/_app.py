@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from dr_dask import __version__
+from dr_dask.graph import knn_backends
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +108,8 @@ mapping_options = options(
 
 #: ``--knn`` and ``--n-probe``: the neighbour search of the commands that build a graph.
 knn_options = options(
-    click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
-                 show_default=True,
-                 help="Neighbour search: exact, ivf (partitioned, approximate; its estimated "
-                 "recall is in the summary), or auto (ivf from 100,000 rows; one search)."),
+    click.option("--knn", type=click.Choice(knn_backends.MODES), default="auto",
+                 show_default=True, help=knn_backends.modes_help()),
     click.option("--n-probe", type=POSITIVE, default=None,
                  help="Lists each row searches with the ivf search (of about sqrt(T); default: "
                  "adaptive, as many as keep the recall near 0.975; at least the number of "
@@ -133,11 +132,9 @@ class App(click.Group):
         except Exception as exc:  # noqa: BLE001  (every failure maps to a documented code)
             # imported only now: importing distributed before main() configured logging
             # would let it install its own handlers
-            from sklearn.utils._param_validation import InvalidParameterError
-
             from dr_dask.io.inputs import InputError
             from dr_dask.io.storage import StorageError, StorageUnavailable
-            from dr_dask.io.validation import ParameterError
+            from dr_dask.io.validation import parameter_errors
             from dr_dask.jobs._common import JobIncomplete
             from dr_dask.methods.gp_isomap_io import ModelFormatError
             from dr_dask.runs.lease import LeaseHeld, LeaseLost
@@ -154,7 +151,7 @@ class App(click.Group):
             # a parameter out of its range or type (the estimators' constraints), from a
             # command that passed it on unchecked
             if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory,
-                                ParameterError, InvalidParameterError)):
+                                *parameter_errors())):
                 fail(str(exc))
             if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE and exc.filename:
                 fail(f"cannot write {exc.filename}: {exc.strerror}; choose a location you can "
