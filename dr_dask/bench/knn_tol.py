@@ -93,7 +93,7 @@ def run_knn_tol(client: Any, *, T: int = 20_000, tolerances: tuple[float, ...] =
             est = LandmarkIsomap(n_neighbors=N_NEIGHBORS, n_components=n_components,
                                  n_landmarks=N_LANDMARKS, random_state=seed, client=client,
                                  knn="exact" if tol is None else "ivf",
-                                 knn_tol=0.01 if tol is None else tol)
+                                 knn_tol=0 if tol is None else tol)
             emb = est.fit_transform(X)
             scores = _scores(name, X, target, emb, trust_rows)
             if tol is None:

@@ -21,8 +21,6 @@ from dr_dask.cli._app import (
     seed_option,
     storage_options,
 )
-from dr_dask.io.inputs import InputError
-from dr_dask.io.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +49,8 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                  n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state,
                  knn, n_probe, knn_tol):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
+    from dr_dask.io.inputs import InputError
+    from dr_dask.io.storage import location
     from dr_dask.methods.isomap import Isomap
     from dr_dask.methods.landmark_isomap import LandmarkIsomap
     from dr_dask.runs.group import run_attr, run_embedding

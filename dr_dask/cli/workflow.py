@@ -15,28 +15,22 @@ import os
 import shlex
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dr_dask.cli._app import cluster, fail, main, storage_options
-from dr_dask.jobs.workflow import (
-    EXIT_BAD_INPUT,
-    EXIT_OK,
-    EXIT_TRANSIENT,
-    Step,
-    StepResult,
-    Workflow,
-    WorkflowError,
-    load,
-    run_step,
-)
+
+if TYPE_CHECKING:
+    from dr_dask.jobs.workflow import Step, StepResult, Workflow
 
 logger = logging.getLogger(__name__)
 
 
 def check_command(step: Step) -> None:
     """Parse ``step.args`` with the real ``dr-dask`` commands without running them."""
+    from dr_dask.jobs.workflow import WorkflowError
+
     ctx = click.Context(main, info_name="dr-dask")
     command: click.Command = main
     args = list(step.args)
@@ -97,6 +91,8 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
     Exit codes: 0 done (including nothing to do), 2 bad workflow or input (do not retry),
     1 a transient or internal failure that outlived the step's retries (retry the job).
     """
+    from dr_dask.jobs.workflow import WorkflowError, load
+
     overrides: dict[str, str] = {}
     for item in params:
         name, sep, value = item.partition("=")
@@ -129,6 +125,8 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
 
 
 def _terminated(signum: int, frame: object) -> None:
+    from dr_dask.jobs.workflow import EXIT_TRANSIENT
+
     click.echo("error: terminated; stopping the running step", err=True)
     sys.exit(EXIT_TRANSIENT)
 
@@ -136,6 +134,8 @@ def _terminated(signum: int, frame: object) -> None:
 def _run(ctx: click.Context, wf: Workflow) -> None:
     """Run the steps; the steps' output goes to stderr (the job's log), and stdout gets one
     JSON summary (:func:`_summary`), so that a script or a BashOperator can read the result."""
+    from dr_dask.jobs.workflow import EXIT_OK, EXIT_TRANSIENT, run_step
+
     root = ctx.find_root().obj
     results: dict[str, StepResult] = {}
     code = EXIT_TRANSIENT  # until the job ends otherwise (a SIGTERM or a crash in between)
@@ -176,6 +176,8 @@ def _log(line: str) -> None:
 def _summary(wf: Workflow, results: dict[str, StepResult], code: int) -> dict:
     """The job's result: its status and exit code, and per step the attempts, the time and the
     step's own result (its stdout, parsed when it is JSON, as the jobs' summaries are)."""
+    from dr_dask.jobs.workflow import EXIT_BAD_INPUT, EXIT_OK
+
     steps: list[dict[str, Any]] = []
     for step in wf.steps:
         if step.name not in results:

@@ -61,16 +61,12 @@ TRAIN_BYTES = 128 << 20
 KMEANS_ITER = 15
 #: The adaptive search (``n_probe=None``): a row probes a list while its centroid gap (squared
 #: distance to the list's centroid beyond that to the row's nearest centroid) is below a share
-#: of the row's current k-th squared distance. The share is measured per fit
-#: (:func:`calibrated`) on the exact neighbours of ``CALIBRATION_ROWS`` sampled rows: the
-#: smallest that holds their k-th neighbour's distance within the tolerance ``tol`` of the
-#: exact one (:func:`dr_dask.graph.knn_tol.distance_share`), whatever the data and however
-#: many lists there are. Neighbours as near as the true ones, not the same ones: on data whose
-#: neighbours noise decides, a target on identity (a share of the true neighbours found) paid
-#: for rows as near as those it missed (docs/decisions.md, "The neighbour search's target").
-#: The exact bound (a list's rows lie beyond the bisector of the two centroids, at least
-#: gap / (2 ||c_u - c_1||) away) asks for ten times the lists on such data (docs/scaling.md,
-#: "The adaptive probe"). ``PROBE_GAP`` serves without calibration.
+#: of the row's current k-th squared distance: the smallest share that holds the k-th
+#: neighbour's distance of ``CALIBRATION_ROWS`` sampled rows within ``tol`` of the exact one
+#: (:func:`calibrated`), whatever the data and however many lists there are. The exact
+#: bound (a list's rows lie beyond the bisector of the two centroids, at least
+#: gap / (2 ||c_u - c_1||) away) asks for ten times the lists on data whose neighbours noise
+#: decides (docs/scaling.md, "The adaptive probe"). ``PROBE_GAP`` serves without calibration.
 PROBE_GAP = 0.2
 CALIBRATION_ROWS = 200
 #: Lists the adaptive search's first round probes (each later round probes twice the last).
@@ -443,11 +439,11 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any, random_state: Any =
 
     ``CALIBRATION_ROWS`` seeded rows are searched exactly (one task per group of lists over
     that group's rows, the way the partitioned search reads them: no process holds more than a
-    group), ``CALIBRATION_WIDTH`` k neighbours each. For each of them the ratio of its list's
-    centroid gap to the row's k-th squared distance is the share that finds it; the search uses
-    the smallest share whose found k-th distances are on average within ``tol`` of the exact
-    ones (:func:`~dr_dask.graph.knn_tol.distance_share`). The search's running k-th distance
-    is never below the final one, so it probes at least those lists.
+    group), ``CALIBRATION_WIDTH`` k neighbours each. The ratio of a neighbour's list's centroid
+    gap to the row's k-th squared distance is the share that finds it; the search uses the
+    smallest share that holds the mean k-th distance error within ``tol``
+    (:func:`~dr_dask.graph.knn_tol.distance_share`). Its running k-th distance is never
+    below the final one, so it probes at least those lists.
     """
     if lists.n_probe is not None:
         return lists
@@ -525,8 +521,7 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
     T, N = X.shape
     n_lists = min(int(n_lists or default_n_lists(T)), T)
-    if n_probe is None and tol == 0:  # no error allowed: every list, the exact search
-        n_probe = n_lists
+    n_probe = n_lists if n_probe is None and tol == 0 else n_probe  # 0: every list, exact
     n_probe = None if n_probe is None else min(int(n_probe), n_lists)  # None: adaptive
     rng = check_random_state(random_state)
     n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
@@ -593,7 +588,7 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
                    n_lists: int | None = None, n_probe: int | None = None,
                    scratch: Any = None, random_state: Any = 0,
-                   tol: float = DEFAULT_KNN_TOL) -> tuple[np.ndarray, np.ndarray]:
+                   knn_tol: float = DEFAULT_KNN_TOL) -> tuple[np.ndarray, np.ndarray]:
     """k nearest neighbours of every row of X among its rows, by the inverted-list search.
 
     Parameters
@@ -606,16 +601,15 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     n_lists : int, optional
         Lists of the coarse quantizer (default :func:`default_n_lists`, about sqrt(T)).
     n_probe : int, optional
-        Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the
-        adaptive rule asks (:func:`calibrated`, at most ``dr_dask.knn.max-probe``).
+        Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the adaptive
+        rule asks (:func:`calibrated`, at most ``dr_dask.knn.max-probe``; ``knn_tol``).
     scratch : str or Location, optional
         Where the lists are written (every worker must reach it); default a local temporary
         directory. Deleted before returning.
     random_state : int, RandomState or None
         Seeds the training sample and the k-means.
-    tol : float
-        The adaptive probe's target: the mean relative error of the k-th neighbour's distance
-        (:mod:`dr_dask.graph.knn_tol`); 0 probes every list (exact). Unused with ``n_probe``.
+    knn_tol : float
+        The adaptive probe's distance tolerance (:func:`calibrated`); 0: every list, exact.
 
     Returns
     -------
@@ -629,8 +623,8 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     loc = base.child(f"ivf_{uuid.uuid4().hex[:12]}")
     try:
         lists = build_lists(X, loc, client=client, n_lists=n_lists, n_probe=n_probe,
-                            random_state=random_state, tol=tol)
-        lists = calibrated(lists, k, client=client, random_state=random_state, tol=tol)
+                            random_state=random_state, tol=knn_tol)
+        lists = calibrated(lists, k, client=client, random_state=random_state, tol=knn_tol)
         search = dask.delayed(_search_group, pure=True)
         lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
         with single_blas_thread():

@@ -25,8 +25,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from dr_dask.graph._knn_cells import cell_kneighbors
-from dr_dask.graph._knn_ivf import ivf_kneighbors
+from dr_dask.graph import knn_backends
 from dr_dask.graph.diagnostics import LowRecallWarning
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL, distance_error
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank
@@ -36,12 +35,10 @@ from dr_dask.runtime.cluster import active_client, compute, share
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("auto", "exact", "cells", "ivf")
-#: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
-#: picks), ``"ivf"`` (the partitioned search) or ``"auto"`` (the IVF search with its adaptive
-#: probe from ``dr_dask.knn.ivf-min-rows`` rows above ``dr_dask.knn.kd-tree-max-dim``
-#: features, else the exact search; one search either way).
-KNN_MODES = ("auto", "exact", "ivf")
+#: ``kneighbors``' ``algorithm`` and the estimators' ``knn`` modes: the backends' table
+#: (:mod:`dr_dask.graph.knn_backends`).
+ALGORITHMS = knn_backends.ALGORITHMS
+KNN_MODES = knn_backends.MODES
 #: The ``knn``, ``n_probe`` and ``knn_tol`` parameters of every estimator that builds a
 #: neighbour graph (merged into its ``_parameter_constraints``).
 KNN_CONSTRAINTS: dict = {"knn": [Options(set(KNN_MODES))], "n_probe": [positive(Integral), None],
@@ -325,8 +322,7 @@ def kneighbors(
     indices : ndarray of shape (Q, k)
         Row indices into X.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    chosen = None if algorithm == "auto" else knn_backends.backend(algorithm)
     X = check_2d(X, "X")
     exclude_self = query is None
     query = X if exclude_self else check_2d(query, "query")
@@ -340,25 +336,34 @@ def kneighbors(
             f"n_neighbors={n_neighbors} must be in [1, {k_max}] for X with {n} rows"
             + (" (a point is not its own neighbour)" if exclude_self else "")
         )
-    if algorithm in ("cells", "ivf") and not exclude_self:
+    if chosen is not None and not chosen.takes_query and not exclude_self:
         raise ValueError(f"algorithm={algorithm!r} searches X among itself: give no query "
                          "(use algorithm='exact' for new points)")
     other = metric is not None and not metric.euclidean
-    if other and algorithm in ("cells", "ivf"):
+    if other and chosen is not None and not chosen.takes_metric:
         assert metric is not None  # other implies it
         metric.refuse(algorithm)
     client = active_client(client)
     X, _staged = _rows_for_workers(X, client, exclude_self)  # held: its store goes with it
-    if algorithm == "ivf":
-        return ivf_kneighbors(X, k, exclude_self, client=client, n_lists=n_lists,
-                              n_probe=n_probe, scratch=scratch, random_state=random_state,
-                              tol=knn_tol)
-    if algorithm == "cells" or (algorithm == "auto" and exclude_self and not other
-                                and not sp.issparse(X)
-                                and n >= config.get("knn.cells-min-rows")
-                                and X.shape[1] > config.get("knn.kd-tree-max-dim")):
+    if chosen is None:  # auto: the cell search where it pays, else the exact one
+        chosen = knn_backends.backend(
+            "cells" if (exclude_self and not other and not sp.issparse(X)
+                        and n >= config.get("knn.cells-min-rows")
+                        and X.shape[1] > config.get("knn.kd-tree-max-dim")) else "exact")
+    given = {"query": None if exclude_self else query, "block_size": block_size,
+             "metric": metric if other else None, "n_lists": n_lists, "n_probe": n_probe,
+             "scratch": scratch, "random_state": random_state, "knn_tol": knn_tol}
+    return chosen.load()(X, k, exclude_self, client=client,
+                         **{key: v for key, v in given.items() if key in chosen.options})
 
-        return cell_kneighbors(X, k, exclude_self, client=client)
+
+def exact_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any, query: Any = None,
+                     block_size: int | None = None,
+                     metric: Metric | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The exact search of :func:`kneighbors` (its arguments checked there): every block of
+    ``query`` (X itself when None, ``exclude_self``) against every block of X, one task a
+    pair, a merge task per query block; ``metric``: a non-Euclidean distance, else None."""
+    n = count_rows(X)
     if exclude_self:
         d_off, d_blocks = row_blocks(X, int(block_size or default_block(n)), client)
         q_off, q_blocks = d_off, d_blocks
@@ -372,7 +377,7 @@ def kneighbors(
     merge = dask.delayed(_merge, pure=True)
     merged = []
     for qi, qb in enumerate(q_blocks):
-        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di], metric if other else None)
+        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di], metric)
                  for di, db in enumerate(d_blocks)]
         own = np.arange(q_off[qi], q_off[qi + 1]) if exclude_self else None
         merged.append(merge(k, own, *parts))
@@ -402,14 +407,15 @@ def knn_algorithm(knn: str, n_rows: int, n_features: int,
     ``knn="ivf"``, or with ``"auto"`` where it would take the partitioned search (an exact
     search in the metric at that size would cost T^2 distances), is refused by name.
     """
-    if knn not in KNN_MODES:
-        raise ValueError(f"knn must be one of {KNN_MODES}, got {knn!r}")
-    if knn == "ivf" or (knn == "auto" and n_rows >= config.get("knn.ivf-min-rows")
-                        and n_features > config.get("knn.kd-tree-max-dim")):
-        if metric is not None:
-            metric.refuse(f"partitioned (knn={knn!r}, {n_rows} rows)")
-        return "ivf"
-    return "auto"
+    chosen = knn_backends.mode_backend(knn)
+    if chosen is None and n_rows >= config.get("knn.ivf-min-rows") \
+            and n_features > config.get("knn.kd-tree-max-dim"):
+        chosen = knn_backends.backend("ivf")
+    if chosen is None:
+        return "auto"
+    if metric is not None and not chosen.takes_metric:
+        metric.refuse(f"{chosen.name} (knn={knn!r}, {n_rows} rows)")
+    return chosen.mode_algorithm or chosen.name
 
 
 def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
@@ -538,7 +544,7 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
     dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
                            n_probe=n_probe, scratch=scratch, random_state=seed, metric=metric,
                            knn_tol=knn_tol)
-    if algorithm != "ivf":
+    if algorithm == "auto" or not knn_backends.backend(algorithm).approximate:
         logger.info("knn=%r: exact search of %d rows", knn, count_rows(X))
         return dist, idx, 1.0, 0.0
     recall, error = estimate_quality(X, idx, random_state=seed, client=client)

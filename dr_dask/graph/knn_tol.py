@@ -22,13 +22,16 @@ import logging
 
 import numpy as np
 
+from dr_dask.graph import knn_backends
+
 logger = logging.getLogger(__name__)
 
-#: The estimators' ``knn_tol``: the distance error the adaptive probe aims at. The largest
+#: The estimators' ``knn_tol`` (kept in the backends' table, which the CLI reads without
+#: loading the searches): the distance error the adaptive probe aims at. The largest
 #: tolerance whose embeddings stayed within 0.003 of the exact search's (R^2 to the latent on
 #: the sinusoid at noise 0.1 and 0.01; trustworthiness and 10-NN label accuracy on augmented
-#: digits), with a margin (docs/scaling.md, "The distance tolerance").
-DEFAULT_KNN_TOL = 0.01
+#: digits; docs/scaling.md, "The distance tolerance").
+DEFAULT_KNN_TOL = knn_backends.DEFAULT_KNN_TOL
 #: Neighbours the calibration searches per sampled row, in multiples of k: the rows a probe
 #: may find instead of a missed one are among them.
 CALIBRATION_WIDTH = 3

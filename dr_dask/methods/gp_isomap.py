@@ -132,7 +132,7 @@ default="geodesic_se"
         :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
-    knn_tol : float, default=0.01
+    knn_tol : float, default=0.003
         The adaptive probe's distance tolerance, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes

@@ -194,7 +194,7 @@ default="se"
     n_probe : int or None, default=None
         Lists each row probes with the IVF search; ``None``: adaptive (as
         :class:`~dr_dask.methods.isomap.Isomap`'s).
-    knn_tol : float, default=0.01
+    knn_tol : float, default=0.003
         The adaptive probe's target: the mean relative error of the k-th neighbour's distance
         (:mod:`dr_dask.graph.knn_tol`), in [0, 1); 0 is the exact search.
 

@@ -221,7 +221,7 @@ class Isomap(SklearnIsomapTags, ClientParam, LabelledOutput, TransformerMixin,
         hold the k-th neighbour's distance within ``knn_tol`` of the true one (measured on the
         fit's own lists, at most ``dr_dask.knn.max-probe``); at least the number of lists:
         exact.
-    knn_tol : float, default=0.01
+    knn_tol : float, default=0.003
         The adaptive probe's target (``n_probe=None``): the mean relative error of the k-th
         neighbour's distance over the true one (:mod:`dr_dask.graph.knn_tol`), in [0, 1); 0
         probes every list (the exact search).

@@ -167,7 +167,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
         its edges.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`Isomap`'s.
-    knn_tol : float, default=0.01
+    knn_tol : float, default=0.003
         The adaptive probe's distance tolerance, as :class:`Isomap`'s.
     scratch : str, Location or None, default=None
         Where the workers write the IVF lists and the graph during the fit (a local path or

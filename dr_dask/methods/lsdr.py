@@ -167,7 +167,7 @@ class LSDR(ClientParam, LabelledOutput, TransformerMixin, BaseEstimator):
         The neighbour search of ``graph="knn"``, as :class:`~dr_dask.methods.isomap.Isomap`'s.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
-    knn_tol : float, default=0.01
+    knn_tol : float, default=0.003
         The adaptive probe's distance tolerance, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
