@@ -9,7 +9,7 @@ adaptive probe of :mod:`dr_dask.graph._knn_ivf` stopped, on the k-th neighbour's
 
     error = mean over rows of  d_k(found) / d_k(exact) - 1
 
-(0 for the exact search; docs/decisions.md, "The neighbour search's target"). Identity
+(0 for the exact search; docs/scaling.md, "The distance tolerance"). Identity
 recall stays reported beside it.
 
 :func:`distance_error` measures it on sampled rows from their exact neighbours;

@@ -167,13 +167,13 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, LabelledOutput, Transformer
         its edges.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`Isomap`'s.
-    knn_tol : float, default=0.003
-        The adaptive probe's distance tolerance, as :class:`Isomap`'s.
     scratch : str, Location or None, default=None
         Where the workers write the IVF lists and the graph during the fit (a local path or
         URL every worker reaches; a :class:`~dr_dask.io.storage.Location` carries storage
         options); None: next to a remote input (its bucket), else a local temporary
         directory. Deleted when the fit ends.
+    knn_tol : float, default=0.003
+        The adaptive probe's distance tolerance, as :class:`Isomap`'s.
 
     Attributes
     ----------
