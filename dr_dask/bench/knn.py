@@ -10,7 +10,9 @@ graph, its reference implementation) and pynndescent's NN-descent built as umap-
 
 Every search is judged as the fits judge theirs, on ``QUERIES`` seeded rows against their exact
 neighbours (:func:`dr_dask.graph.knn.sampled_quality`): the recall and the distance error (the
-mean relative excess of the k-th found neighbour's distance, :mod:`dr_dask.graph.knn_tol`).
+mean relative excess of the k-th found neighbour's distance, :mod:`dr_dask.graph.knn_tol`;
+infinite, null in the JSON, when a search leaves a row fewer than k neighbours, as faiss's IVF
+does at one probe).
 A peer's own knob (faiss IVF's ``nprobe``, HNSW's ``efSearch``/``ef``, pynndescent's graph width)
 is raised through ``KNOBS`` until it reaches our adaptive search's recall and until it reaches
 its distance error: its seconds there are the comparison *at equal recall* and *at equal
@@ -43,11 +45,12 @@ N_NEIGHBORS = 10
 QUERIES = 5000
 DATASETS = ("sinusoid-0.1", "sinusoid-0.01", "digits")
 PEERS = ("faiss-ivf", "faiss-hnsw", "hnswlib", "pynndescent")
-#: Each peer's knob, in the order it is raised until the peer reaches our search.
+#: Each peer's knob, in the order it is raised until the peer reaches our search (HNSW's beam
+#: is at least k + 1, the smallest it searches with).
 KNOBS: dict[str, tuple[int, ...]] = {
     "faiss-ivf": (1, 2, 4, 8, 16, 32, 64, 128),
-    "faiss-hnsw": (16, 32, 64, 128, 256, 512),
-    "hnswlib": (16, 32, 64, 128, 256, 512),
+    "faiss-hnsw": (10, 16, 32, 64, 128, 256, 512),
+    "hnswlib": (10, 16, 32, 64, 128, 256, 512),
     "pynndescent": (1, 2, 3, 4, 5, 6),
 }
 KNOB_NAMES = {"faiss-ivf": "nprobe", "faiss-hnsw": "efSearch", "hnswlib": "ef",
