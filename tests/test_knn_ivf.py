@@ -60,7 +60,7 @@ def test_kmeans_plusplus_seeds_one_centroid_per_cluster():
     """The quantizer's seeds are sample rows drawn by D² sampling: on well separated clusters
     of unequal size each cluster gets one seed (a uniform draw would most likely miss the
     smallest), the same for the same seed."""
-    from dr_dask.graph._knn_ivf import kmeans_plusplus
+    from dr_dask.graph._ivf_quantizer import kmeans_plusplus
 
     rng = np.random.RandomState(0)
     centres = rng.uniform(-50, 50, (6, 8))
@@ -316,7 +316,7 @@ def test_lists_numbered_along_the_manifold():
     """The lists' numbering walks the curve the centroids sample (in 60 dimensions, shuffled):
     consecutive lists are near each other, so a block of consecutive lists is a compact
     region whose boundary with the rest is short."""
-    from dr_dask.graph._knn_ivf import list_order
+    from dr_dask.graph._ivf_quantizer import list_order
 
     rng = np.random.default_rng(0)
     t = rng.permutation(np.linspace(0, 4 * np.pi, 400))
