@@ -29,8 +29,8 @@ TOLERANCES = (0.001, 0.003, 0.01, 0.03, 0.1)
 N_NEIGHBORS = 10
 N_LANDMARKS = 500
 #: The digits' embedding dimension: in 2 dimensions Isomap's 10-NN label accuracy on them is
-#: about 0.27, mostly the embedding's overlaps, and a change in one edge moves it by more than
-#: the margin; in 10 it measures what the graph keeps.
+#: mostly the embedding's overlaps, which a change in a few edges moves by about the margin
+#: (docs/scaling.md, "The distance tolerance"); in 10 it measures what the graph keeps.
 DIGITS_COMPONENTS = 10
 TRUST_ROWS = 4000
 #: A tolerance passes when every measure is within this of the exact search's.

@@ -2,9 +2,9 @@
 
 The geodesics need neighbours as near as the true ones, not the same ones. On data whose
 neighbours noise decides (the sinusoid with noise in all 100 features: a row's 11th nearest
-row is on median 1.002 times as far as its 10th, and the 10 nearest lie in a latent window
-that holds the same share of all rows at every size) which rows are "the" k nearest is
-chance; how far they are is not. An approximate search is therefore judged, and the
+row is barely farther than its 10th, and the 10 nearest lie in a latent window that holds the
+same share of all rows at every size) which rows are "the" k nearest is chance; how far they
+are is not. An approximate search is therefore judged, and the
 adaptive probe of :mod:`dr_dask.graph._knn_ivf` stopped, on the k-th neighbour's distance:
 
     error = mean over rows of  d_k(found) / d_k(exact) - 1
