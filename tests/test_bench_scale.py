@@ -212,7 +212,9 @@ def test_bench_knn_raises_a_peers_knob_until_it_reaches_ours(monkeypatch):
 def test_bench_knn_and_as_user_bad_input():
     for args, name in ((["knn", "--k", "0"], "--k"), (["knn", "--T", "10"], "--T"),
                        (["knn", "--peer", "annoy"], "--peer"),
-                       (["knn", "--dataset", "mnist"], "--dataset")):
+                       (["knn", "--dataset", "mnist"], "--dataset"),
+                       (["knn-tol", "--T", "200000"], "--T"), (["knn-tol", "--tol", "0"], "--tol"),
+                       (["knn-tol", "--dataset", "mnist"], "--dataset")):
         result = CliRunner().invoke(main, ["bench", *args])
         assert result.exit_code == 2 and name in result.output, result.output
     result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--as-user",
