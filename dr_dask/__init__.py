@@ -12,7 +12,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # registers the dr_dask.* defaults with dask's configuration
-from dr_dask.runtime import config  # noqa: E402,F401
+from dr_dask.runtime import config  # noqa: E402,F401  (imported for its registration, after the logger)
 
 # Public names, imported lazily so that `import dr_dask` stays cheap (no sklearn/matplotlib
 # until a method is used) and each submodule is loaded only when asked for.

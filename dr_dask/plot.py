@@ -3,7 +3,7 @@
 
 from typing import Any
 
-from dr_dask.report.plot import *  # noqa: F403
+from dr_dask.report.plot import *  # noqa: F403  (the public path re-exports every name)
 from dr_dask.report.plot import __all__ as _drawn
 
 __all__ = [*_drawn, "interactive"]  # noqa: F405  (module __getattr__ below)

@@ -161,39 +161,60 @@ def test_bench_search_memory(tmp_path, monkeypatch):
 
 
 def test_bench_knn_reports_each_search_and_skips_a_missing_peer(tmp_path, monkeypatch):
+    """Our two searches with their recall and distance error on each dataset; a peer that is
+    not installed is skipped, named, and the others still run."""
     from dr_dask.bench import knn
 
     monkeypatch.setitem(sys.modules, "faiss", None)  # not importable: skipped, named
     monkeypatch.setattr(knn, "QUERIES", 200)
-    report = knn.run_knn(None, sizes=(3000,), peers=("faiss-ivf",), workdir=str(tmp_path))
-    rows = {r["search"]: r for r in report["rows"]}
-    assert "not installed" in rows["faiss-ivf"]["skipped"]
-    adaptive, fixed = rows["dr_dask (adaptive probe)"], rows["dr_dask (n_probe=6)"]
-    assert 0.95 <= adaptive["recall"] <= 1 and 0 < fixed["recall"] <= 1
-    assert adaptive["seconds"] > 0 and len(adaptive["load_average"]) == 2
+    report = knn.run_knn(None, sizes=(3000,), peers=("faiss-ivf",),
+                         datasets=("sinusoid-0.1", "digits"), workdir=str(tmp_path))
+    rows = {(r["dataset"], r["search"]): r for r in report["rows"]}
+    for dataset in ("sinusoid-0.1", "digits"):
+        assert "not installed" in rows[dataset, "faiss-ivf"]["skipped"]
+        adaptive = rows[dataset, "dr_dask (adaptive probe)"]
+        fixed = rows[dataset, "dr_dask (n_probe=6)"]
+        assert 0.9 <= adaptive["recall"] <= 1 and 0 < fixed["recall"] <= 1
+        assert 0 <= adaptive["distance_error"] <= 0.01
+        assert adaptive["seconds"] > 0 and len(adaptive["load_average"]) == 2
+    assert [s["peers"] for s in report["summary"]] == [{}, {}]
 
 
-def test_bench_knn_widens_pynndescent_until_it_reaches_our_recall(monkeypatch):
+def test_bench_knn_raises_a_peers_knob_until_it_reaches_ours(monkeypatch):
+    """A peer's knob is raised until it reaches our recall and our distance error; the
+    summary gives its seconds at the first knob reaching each."""
     from dr_dask.bench import knn
     from dr_dask.graph.knn import kneighbors
 
-    def widened(width):  # a graph that finds more true neighbours the wider it is built
-        def search(X, k):
-            idx = kneighbors(X, k, algorithm="exact")[1]
-            idx[:, 2 * (width - 1):] = (np.arange(len(X))[:, None] + 1) % len(X)
+    X = np.random.RandomState(0).standard_normal((2500, 5)).astype(np.float32)
+    exact = kneighbors(X, 10, algorithm="exact")[1]
+
+    def index(peer, X):  # a search that finds more true neighbours the larger its knob
+        def search(knob, k):
+            idx = exact.copy()
+            idx[:, knob:] = (np.arange(len(X))[:, None] + 1 + np.arange(k - knob)) % len(X)
             return idx
         return search
 
-    monkeypatch.setattr(knn, "_pynndescent", widened)
-    X = np.random.RandomState(0).standard_normal((2500, 5)).astype(np.float32)
-    rows = knn._pynndescent_to(0.25, X, 10, np.arange(0, 2500, 25))
-    assert [r["search"] for r in rows] == ["pynndescent (2k wide)", "pynndescent (3k wide)"]
-    assert rows[0]["recall"] < 0.25 <= rows[1]["recall"] and rows[1]["seconds"] > 0
+    monkeypatch.setattr(knn, "_index", index)
+    monkeypatch.setitem(knn.KNOBS, "hnswlib", (2, 5, 9, 10))
+    sample = np.arange(0, 2500, 25)
+    rows = knn._sweep("hnswlib", X, 10, sample, recall=0.5, error=0.0)
+    assert [r["ef"] for r in rows] == [2, 5, 9, 10]
+    assert [r["reaches"] for r in rows] == [[], ["recall"], ["recall"],
+                                            ["recall", "distance_error"]]
+    assert rows[0]["distance_error"] > rows[2]["distance_error"] > 0
+    equal = knn._equal(rows, {"seconds": 2.0})["hnswlib"]
+    assert equal["at_equal_recall"]["knob"] == 5 and equal["at_equal_distance_error"]["knob"] == 10
+    assert equal["at_equal_recall"]["ratio_to_ours"] == rows[1]["seconds"] / 2.0
 
 
 def test_bench_knn_and_as_user_bad_input():
     for args, name in ((["knn", "--k", "0"], "--k"), (["knn", "--T", "10"], "--T"),
-                       (["knn", "--peer", "annoy"], "--peer")):
+                       (["knn", "--peer", "annoy"], "--peer"),
+                       (["knn", "--dataset", "mnist"], "--dataset"),
+                       (["knn-tol", "--T", "200000"], "--T"), (["knn-tol", "--tol", "0"], "--tol"),
+                       (["knn-tol", "--dataset", "mnist"], "--dataset")):
         result = CliRunner().invoke(main, ["bench", *args])
         assert result.exit_code == 2 and name in result.output, result.output
     result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--as-user",

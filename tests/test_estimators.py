@@ -78,7 +78,7 @@ def test_one_duplicate_point_policy(name, roll):
     X[[120, 250]] = X[7]
     solver = name.removeprefix("IKD-")
     if solver in ("geodesic", "blockwise"):
-        make = lambda: IKD(n_components=2, solver=solver, random_state=0)  # noqa: E731
+        make = lambda: IKD(n_components=2, solver=solver, random_state=0)  # noqa: E731  (a factory, as ESTIMATORS holds)
     else:
         make = ESTIMATORS[name.removesuffix("-dask")]
     data = da.from_array(X, chunks=(70, 3)) if name.endswith("-dask") else X

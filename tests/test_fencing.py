@@ -59,13 +59,27 @@ _STREAM = dict(module="dr_dask.stream.store", cls="StreamStore", method="write_c
                when="args[0]['n_chunks'] >= 1")
 
 
-def _cli(*args: str, pause: dict | None = None) -> subprocess.Popen:
+#: A run started before it may run: it loads what the commands fit with, then waits for a line
+#: on stdin (the taker, started with the zombie, imports while the zombie runs and its lease
+#: lapses, instead of after).
+_WAITING_CLI = """
+import sys
+import dr_dask.jobs.incremental, dr_dask.methods.ikd, dr_dask.runs.group, dr_dask.stream
+from dr_dask.cli import main
+sys.stdin.readline()
+sys.exit(main())
+"""
+
+
+def _cli(*args: str, pause: dict | None = None, wait: bool = False) -> subprocess.Popen:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
                DASK_DR_DASK__LEASE__TTL=str(TTL))
     code = (_PAUSING_CLI.format(**{"before": False, **pause}) if pause else
+            _WAITING_CLI if wait else
             "import sys; from dr_dask.cli import main; sys.exit(main())")
     return subprocess.Popen([sys.executable, "-c", code, "--scheduler", "threads", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.PIPE if wait else None)
 
 
 def _snapshot(where: Location) -> dict[str, bytes]:
@@ -78,6 +92,7 @@ def _take_over(args: tuple[str, ...], pause: dict, out: Location) -> tuple[dict,
     then wake A: A must exit 1 naming B and leave the output exactly as B left it. Returns
     B's output (a snapshot) and A's stderr."""
     zombie = _cli(*args, pause=pause)
+    taker = _cli(*args, wait=True)
     try:
         t0 = time.time()
         while psutil.Process(zombie.pid).status() != psutil.STATUS_STOPPED:
@@ -85,12 +100,14 @@ def _take_over(args: tuple[str, ...], pause: dict, out: Location) -> tuple[dict,
             assert time.time() - t0 < 120, "the first run never reached its first commit"
             time.sleep(0.02)
         time.sleep(TTL + 1.0)  # the paused holder's lease lapses
-        taker = _cli(*args)
-        _, err = taker.communicate(timeout=300)
+        _, err = taker.communicate(b"run\n", timeout=300)
         assert taker.returncode == 0, err.decode()[-3000:]
         after_taker = _snapshot(out)
     finally:
         zombie.send_signal(signal.SIGCONT)
+        if taker.returncode is None:  # never told to run (the zombie failed first)
+            taker.kill()
+            taker.communicate()
     _, zerr = zombie.communicate(timeout=300)
     message = zerr.decode()
     assert zombie.returncode == 1, message[-3000:]

@@ -5,6 +5,7 @@ no log line carries them at any verbosity (botocore's request signing included).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -58,17 +59,16 @@ def _job(address: str, src: str, state: str, *extra: str) -> subprocess.Complete
 
 
 @pytest.mark.cluster
-def test_credentials_leave_the_scheduler_and_never_reach_a_log(s3_bucket):
-    from distributed import Client, LocalCluster
-
+def test_credentials_leave_the_scheduler_and_never_reach_a_log(s3_bucket, cluster_client):
+    # the session's cluster: the other tests' runs on it must have withdrawn theirs too
     sc = shift_scenario(40, random_state=1)
     X = np.vstack([sc.batch, sc.stream])[:180]  # the first fit's 120 rows and one chunk
     src, state = f"s3://{s3_bucket}/land.zarr", f"s3://{s3_bucket}/state"
     g = zarr.open_group(store=Location(src).zarr_store(), mode="w")
     g.create_array("X", data=X, chunks=(60, 3))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as lc, Client(lc) as client:
-        done = _job(lc.scheduler_address, src, state, "-vvv")
+    with contextlib.nullcontext(cluster_client) as client:
+        address = client.scheduler.address
+        done = _job(address, src, state, "-vvv")
         assert done.returncode == 0, done.stderr[-3000:]
         log = done.stderr
         # the most verbose log, the SDK's request signing included, and nothing of ours in it
@@ -79,6 +79,6 @@ def test_credentials_leave_the_scheduler_and_never_reach_a_log(s3_bucket):
         assert _scheduler_holds(client) == [] and _workers_hold(client) == []
         # a failed run (its state follows another source: exit 2) withdraws them too
         Location(state).child("job.json").write_json({"source": "s3://elsewhere/X"})
-        failed = CliRunner().invoke(main, _args(lc.scheduler_address, src, state))
+        failed = CliRunner().invoke(main, _args(address, src, state))
         assert failed.exit_code == 2, failed.output
         assert _scheduler_holds(client) == [] and _workers_hold(client) == []

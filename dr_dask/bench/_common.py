@@ -61,13 +61,15 @@ def write_report(results: dict, path: str | None) -> str:
 
 def dataset_store(workdir: str, name: str, T: int, N: int,
                   **options: Any) -> tuple[str, np.ndarray]:
-    """A chunked Zarr store of the generator in ``workdir`` (reused across cases): its
-    ``STORE:X`` source and the latent."""
+    """A chunked Zarr store of the generator in ``workdir`` (reused across cases with the same
+    options): its ``STORE:X`` source and the latent."""
     import zarr
 
     from dr_dask.datasets import make_dataset
 
-    path = os.path.join(workdir, f"{name}_T{T}_N{N}.zarr")
+    # the options name the store: the same generator at another noise is another dataset
+    given = "".join(f"_{key}{value}" for key, value in sorted(options.items()))
+    path = os.path.join(workdir, f"{name}_T{T}_N{N}{given}.zarr")
     if not os.path.exists(path):
         make_dataset(name, path, n_samples=T, n_features=N, random_state=0,
                      chunk_size=min(T, 50_000), **options)

@@ -1,18 +1,24 @@
 """``dr-dask bench knn``: our neighbour search against the libraries users reach for.
 
-On the same rows (the sinusoid, N=100, float32) at each size: our partitioned search (the
-adaptive probe, and the former fixed ``n_probe=6`` beside it), pynndescent's NN-descent built
-as umap-learn builds it (McInnes et al. 2018; Dong, Charikar & Li 2011), and faiss's
-``IndexIVFFlat`` and ``IndexHNSWFlat`` (Johnson, Douze & Jégou 2019; Malkov & Yashunin 2018),
-each optional: a peer that is not installed is reported as skipped. Per search: wall seconds
-(the index's build and the self-join together) and the recall on ``QUERIES`` seeded rows
-against their exact neighbours (:func:`dr_dask.graph.knn.sampled_recall`, as each fit
-estimates its own). The machine's load average is recorded beside them.
+On the same rows at each size (``DATASETS``: the sinusoid, N = 100, at noise 0.1 and 0.01, and
+augmented digits, N = 64; float32): our partitioned search with its adaptive probe at the
+default ``knn_tol`` (and the fixed ``n_probe=6`` beside it), and the peers, each optional (a
+peer that is not installed is reported as skipped): faiss's ``IndexIVFFlat`` and
+``IndexHNSWFlat`` (Johnson, Douze & Jégou 2019; Malkov & Yashunin 2018), hnswlib (the same
+graph, its reference implementation) and pynndescent's NN-descent built as umap-learn builds it
+(McInnes et al. 2018; Dong, Charikar & Li 2011).
 
-NN-descent's recall at a given k is its own (on noisy data it is well below ours), so
-pynndescent also runs at a wider graph (``PYNNDESCENT_WIDTHS`` times k, the first k kept) until
-its recall reaches our adaptive search's: the time it then takes is the comparison at equal
-recall.
+Every search is judged as the fits judge theirs, on ``QUERIES`` seeded rows against their exact
+neighbours (:func:`dr_dask.graph.knn.sampled_quality`): the recall and the distance error (the
+mean relative excess of the k-th found neighbour's distance, :mod:`dr_dask.graph.knn_tol`;
+infinite, null in the JSON, when a search leaves a row fewer than k neighbours, as faiss's IVF
+does at one probe).
+A peer's own knob (faiss IVF's ``nprobe``, HNSW's ``efSearch``/``ef``, pynndescent's graph width)
+is raised through ``KNOBS`` until it reaches our adaptive search's recall and until it reaches
+its distance error: its seconds there are the comparison *at equal recall* and *at equal
+distance error* (``summary``). An index is built once per peer (its build's seconds added to
+each search's) except pynndescent's, whose width is its build. Wall seconds on a loaded machine
+say little; the machine's load average is recorded beside them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from dr_dask.bench._common import bench_workdir, dataset_arrays, n_workers
-from dr_dask.graph.knn import recall_rows, sampled_recall
+from dr_dask.graph.knn import recall_rows, sampled_quality
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +43,23 @@ N_NEIGHBORS = 10
 #: Rows whose neighbours are checked against the exact search (a row's neighbours are found or
 #: missed together, so a sample's recall spreads more than its k draws each suggest).
 QUERIES = 5000
-PEERS = ("pynndescent", "faiss-ivf", "faiss-hnsw")
+DATASETS = ("sinusoid-0.1", "sinusoid-0.01", "digits")
+PEERS = ("faiss-ivf", "faiss-hnsw", "hnswlib", "pynndescent")
+#: Each peer's knob, in the order it is raised until the peer reaches our search (HNSW's beam
+#: is at least k + 1, the smallest it searches with).
+KNOBS: dict[str, tuple[int, ...]] = {
+    "faiss-ivf": (1, 2, 4, 8, 16, 32, 64, 128),
+    "faiss-hnsw": (10, 16, 32, 64, 128, 256, 512),
+    "hnswlib": (10, 16, 32, 64, 128, 256, 512),
+    "pynndescent": (1, 2, 3, 4, 5, 6),
+}
+KNOB_NAMES = {"faiss-ivf": "nprobe", "faiss-hnsw": "efSearch", "hnswlib": "ef",
+              "pynndescent": "width"}
 #: Rows of an untimed call before each timed one: compilation is not the search's cost.
 WARM_ROWS = 2000
-#: faiss HNSW: links per node and the search beam (efSearch) over the build's default 40.
+#: HNSW's links per node and its build's beam (faiss's and hnswlib's).
 HNSW_M = 32
-HNSW_EF_SEARCH = 64
-#: pynndescent's graph widths (multiples of k) tried in turn to reach our recall.
-PYNNDESCENT_WIDTHS = (2, 3, 4, 5, 6)
+HNSW_EF_CONSTRUCTION = 100
 
 
 def _ours(n_probe: int | None, client: Any) -> Callable:
@@ -55,7 +70,7 @@ def _ours(n_probe: int | None, client: Any) -> Callable:
     return search
 
 
-def _pynndescent(width: int = 1) -> Callable:
+def _pynndescent(width: int) -> Callable:
     def search(X: np.ndarray, k: int) -> np.ndarray:
         from pynndescent import NNDescent
 
@@ -70,50 +85,116 @@ def _pynndescent(width: int = 1) -> Callable:
     return search
 
 
-def _faiss_ivf(X: np.ndarray, k: int) -> np.ndarray:
-    import faiss
-
+def _index(peer: str, X: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    """A peer's index of X, built here; returns ``search(knob, k)``: the self-join's (T, k)
+    neighbours at that knob."""
     T, N = X.shape
-    n_lists = max(1, round(math.sqrt(T)))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(N), N, n_lists)
-    index.train(X[np.random.RandomState(0).choice(T, min(T, 64 * n_lists), replace=False)])
-    index.add(X)
-    index.nprobe = 16
-    return _drop_self(index.search(X, k + 1)[1])
+    if peer == "faiss-ivf":
+        import faiss
+
+        n_lists = max(1, round(math.sqrt(T)))
+        ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(N), N, n_lists)
+        ivf.train(X[np.random.RandomState(0).choice(T, min(T, 64 * n_lists), replace=False)])
+        ivf.add(X)
+
+        def search_ivf(knob: int, k: int) -> np.ndarray:
+            ivf.nprobe = knob
+            return _drop_self(ivf.search(X, k + 1)[1])
+        return search_ivf
+    if peer == "faiss-hnsw":
+        import faiss
+
+        hnsw = faiss.IndexHNSWFlat(N, HNSW_M)
+        hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        hnsw.add(X)
+
+        def search_hnsw(knob: int, k: int) -> np.ndarray:
+            hnsw.hnsw.efSearch = max(knob, k + 1)
+            return _drop_self(hnsw.search(X, k + 1)[1])
+        return search_hnsw
+    if peer == "hnswlib":
+        import hnswlib
+
+        index = hnswlib.Index(space="l2", dim=N)
+        index.init_index(max_elements=T, ef_construction=HNSW_EF_CONSTRUCTION, M=HNSW_M,
+                         random_seed=0)
+        index.set_num_threads(os.cpu_count() or 1)
+        index.add_items(X, np.arange(T))
+
+        def search_hnswlib(knob: int, k: int) -> np.ndarray:
+            index.set_ef(max(knob, k + 1))
+            return _drop_self(np.asarray(index.knn_query(X, k=k + 1)[0], dtype=np.int64))
+        return search_hnswlib
+    raise ValueError(f"no index for peer {peer!r}")
 
 
-def _faiss_hnsw(X: np.ndarray, k: int) -> np.ndarray:
-    import faiss
-
-    index = faiss.IndexHNSWFlat(X.shape[1], HNSW_M)
-    index.add(X)
-    index.hnsw.efSearch = HNSW_EF_SEARCH
-    return _drop_self(index.search(X, k + 1)[1])
+def _judged(idx: np.ndarray, X: np.ndarray, sample: np.ndarray) -> dict:
+    """The recall and distance error on the sampled rows, as each fit estimates its own."""
+    recall, error = sampled_quality(X, sample, idx[sample])
+    return {"recall": recall, "distance_error": error}
 
 
 def _timed(search: Callable, X: np.ndarray, k: int, sample: np.ndarray) -> dict:
-    """Seconds and recall of one search of all rows, after an untimed warm-up call."""
+    """Seconds, recall and distance error of one search of all rows, after an untimed
+    warm-up call."""
     search(X[:WARM_ROWS], k)  # compiles (numba) and loads what a later call reuses
     load = os.getloadavg()
     start = time.perf_counter()
     idx = search(X, k)
     seconds = time.perf_counter() - start
-    # measured as the fits estimate their own recall, so that the two compare
-    recall = sampled_recall(X, sample, idx[sample])
-    logger.info("bench knn T=%d: %.1f s, recall %.3f", X.shape[0], seconds, recall)
-    return {"seconds": seconds, "recall": recall, "load_average": [load, os.getloadavg()]}
+    row = {"seconds": seconds, **_judged(idx, X, sample),
+           "load_average": [load, os.getloadavg()]}
+    logger.info("bench knn T=%d: %.1f s, recall %.3f, distance error %.2e", X.shape[0],
+                seconds, row["recall"], row["distance_error"])
+    return row
 
 
-def _pynndescent_to(recall: float, X: np.ndarray, k: int, sample: np.ndarray) -> list[dict]:
-    """pynndescent at each wider graph in turn until its recall reaches ``recall``."""
-    rows = []
-    for width in PYNNDESCENT_WIDTHS:
-        row = {"T": X.shape[0], "search": f"pynndescent ({width}k wide)", "k": k,
-               **_timed(_pynndescent(width), X, k, sample)}
+def _index_timed(peer: str, X: np.ndarray) -> tuple[Callable[[int, int], np.ndarray], float]:
+    """:func:`_index` and the seconds its build took."""
+    start = time.perf_counter()
+    search = _index(peer, X)
+    return search, time.perf_counter() - start
+
+
+def _sweep(peer: str, X: np.ndarray, k: int, sample: np.ndarray, recall: float,
+           error: float) -> list[dict]:
+    """The peer at each knob in turn until it reaches both ``recall`` and ``error``; each row
+    says which of the two it reaches (``reaches``)."""
+    rows: list[dict] = []
+    index = None if peer == "pynndescent" else _index_timed(peer, X)
+    for knob in KNOBS[peer]:
+        if index is None:  # its graph's width is its build
+            row = _timed(_pynndescent(knob), X, k, sample)
+        else:
+            search, build = index
+            start = time.perf_counter()
+            idx = search(knob, k)
+            row = {"seconds": build + time.perf_counter() - start, "build_seconds": build,
+                   **_judged(idx, X, sample)}
+        row = {"search": peer, KNOB_NAMES[peer]: knob, **row,
+               "reaches": [name for name, ok in (("recall", row["recall"] >= recall),
+                                                 ("distance_error",
+                                                  row["distance_error"] <= error)) if ok]}
         rows.append(row)
-        if row["recall"] >= recall:
+        if len(row["reaches"]) == 2:
             break
     return rows
+
+
+def _equal(rows: list[dict], ours: dict) -> dict:
+    """Per peer, its seconds at our recall and at our distance error (its first knob to reach
+    each; None: none did), and their ratio to ours."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        peer = out.setdefault(row["search"], {"at_equal_recall": None,
+                                              "at_equal_distance_error": None})
+        for target in row["reaches"]:
+            key = f"at_equal_{target}"
+            if peer[key] is None:
+                peer[key] = {"seconds": row["seconds"],
+                             "knob": row[KNOB_NAMES[row["search"]]],
+                             "ratio_to_ours": row["seconds"] / ours["seconds"]}
+    return out
 
 
 def _drop_self(idx: np.ndarray) -> np.ndarray:
@@ -127,7 +208,7 @@ def _drop_self(idx: np.ndarray) -> np.ndarray:
 
 def _installed(peer: str) -> str | None:
     """None when the peer can run, else why not."""
-    module = "pynndescent" if peer == "pynndescent" else "faiss"
+    module = {"pynndescent": "pynndescent", "hnswlib": "hnswlib"}.get(peer, "faiss")
     try:
         __import__(module)
     except ImportError as exc:
@@ -135,32 +216,52 @@ def _installed(peer: str) -> str | None:
     return None
 
 
+def _rows_of(dataset: str, workdir: str, T: int) -> np.ndarray:
+    """The dataset's T rows, float32."""
+    if dataset == "digits":
+        from dr_dask.datasets import augmented_digits
+
+        return augmented_digits(T, random_state=0)[0]
+    noise = float(dataset.split("-", 1)[1])
+    X, _ = dataset_arrays(workdir, "sinusoidal", T, N_FEATURES, noise=noise)
+    return np.ascontiguousarray(X, dtype=np.float32)
+
+
 def run_knn(client: Any, *, sizes: tuple[int, ...] = SIZES, k: int = N_NEIGHBORS,
-            peers: tuple[str, ...] = PEERS, workdir: str | None = None) -> dict:
-    """Recall and time of every search at every size (see the module)."""
+            peers: tuple[str, ...] = PEERS, datasets: tuple[str, ...] = DATASETS,
+            workdir: str | None = None) -> dict:
+    """Recall, distance error and time of every search at every size (see the module).
+
+    Returns
+    -------
+    dict
+        ``rows``: one per search (a peer's, one per knob it ran at; a missing peer's,
+        ``skipped`` with the reason), with its dataset and T; ``summary``: per dataset and T,
+        our adaptive search's recall, distance error and seconds, and each peer's seconds at
+        equal recall and at equal distance error.
+    """
     with bench_workdir(workdir, "knn") as workdir:
-        rows_out = []
-        for T in sizes:
-            X, _ = dataset_arrays(workdir, "sinusoidal", T, N_FEATURES)
-            X = np.ascontiguousarray(X, dtype=np.float32)
-            sample = recall_rows(T, QUERIES)  # drawn as the fits draw theirs
-            searches: list[tuple[str, Callable | None, str | None]] = [
-                ("dr_dask (adaptive probe)", _ours(None, client), None),
-                ("dr_dask (n_probe=6)", _ours(6, client), None),
-            ]
-            impl = {"pynndescent": _pynndescent(), "faiss-ivf": _faiss_ivf,
-                    "faiss-hnsw": _faiss_hnsw}
-            searches += [(p, impl[p], _installed(p)) for p in peers]
-            rows = []
-            for name, search, skipped in searches:
-                row: dict = {"T": T, "search": name, "k": k}
-                if skipped or search is None:
-                    row["skipped"] = skipped
-                else:
-                    row.update(_timed(search, X, k, sample))
-                rows.append(row)
-            if "pynndescent" in peers and not _installed("pynndescent"):
-                rows += _pynndescent_to(rows[0]["recall"], X, k, sample)
-            rows_out += rows
-        return {"dataset": "sinusoidal", "N": N_FEATURES, "k": k, "queries": QUERIES,
-                "workers": n_workers(client), "rows": rows_out}
+        rows_out, summary = [], []
+        for dataset in datasets:
+            for T in sizes:
+                X = _rows_of(dataset, workdir, T)
+                sample = recall_rows(T, QUERIES)  # drawn as the fits draw theirs
+                where = {"dataset": dataset, "T": T, "k": k}
+                ours = {**where, "search": "dr_dask (adaptive probe)",
+                        **_timed(_ours(None, client), X, k, sample)}
+                rows = [ours, {**where, "search": "dr_dask (n_probe=6)",
+                               **_timed(_ours(6, client), X, k, sample)}]
+                peer_rows = []
+                for peer in peers:
+                    skipped = _installed(peer)
+                    if skipped:
+                        logger.warning("bench knn: %s skipped: %s", peer, skipped)
+                        rows.append({**where, "search": peer, "skipped": skipped})
+                        continue
+                    peer_rows += [{**where, **r} for r in _sweep(
+                        peer, X, k, sample, ours["recall"], ours["distance_error"])]
+                rows_out += rows + peer_rows
+                summary.append({**where, "ours": {key: ours[key] for key in (
+                    "seconds", "recall", "distance_error")}, "peers": _equal(peer_rows, ours)})
+        return {"N": {"sinusoid": N_FEATURES, "digits": 64}, "k": k, "queries": QUERIES,
+                "workers": n_workers(client), "rows": rows_out, "summary": summary}

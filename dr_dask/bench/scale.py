@@ -32,6 +32,7 @@ import numpy as np
 from dr_dask.bench._common import bench_workdir, dataset_store, n_workers, timed_fits
 from dr_dask.bench.knn import QUERIES
 from dr_dask.bench.task_memory import take_task_memory
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -130,18 +131,20 @@ def fitted_slope(T: list[int], values: list[float]) -> float | None:
 
 
 def knn_recall(X: Any, k: int, n_queries: int, client: Any, knn: str = "exact",
-               n_probe: int | None = None, seed: int = 0) -> dict:
-    """Time of the package's kNN in the estimators' mode ``knn`` on X, and its recall on
-    sampled rows against the exact (brute-force) neighbours of those rows."""
-    from dr_dask.graph.knn import estimate_recall, kneighbors, knn_algorithm
+               n_probe: int | None = None, seed: int = 0,
+               knn_tol: float = DEFAULT_KNN_TOL) -> dict:
+    """Time of the package's kNN in the estimators' mode ``knn`` on X, and its recall and
+    distance error on sampled rows against the exact (brute-force) neighbours of those rows."""
+    from dr_dask.graph.knn import estimate_quality, kneighbors, knn_algorithm
 
     algorithm = knn_algorithm(knn, X.shape[0], X.shape[1])
     with timed() as t:
         _, idx = kneighbors(X, k, client=client, algorithm=algorithm, n_probe=n_probe,
-                            random_state=seed)
-    recall = estimate_recall(X, idx, n_rows=n_queries, random_state=seed, client=client)
-    return {"seconds": t["seconds"], "recall": recall, "n_queries": n_queries, "k": k,
-            "algorithm": algorithm}
+                            random_state=seed, knn_tol=knn_tol)
+    recall, error = estimate_quality(X, idx, n_rows=n_queries, random_state=seed,
+                                     client=client)
+    return {"seconds": t["seconds"], "recall": recall, "distance_error": error,
+            "n_queries": n_queries, "k": k, "algorithm": algorithm}
 
 
 def _ladders(methods: tuple[str, ...], peer: str | None, quick: bool, min_T: int | None,
@@ -164,7 +167,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
               max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None, knn: str = "exact",
               n_probe: int | None = None, peer: str | None = None,
-              sizes: tuple[int, ...] = (), search_alone: bool = True) -> dict:
+              sizes: tuple[int, ...] = (), search_alone: bool = True,
+              knn_tol: float = DEFAULT_KNN_TOL) -> dict:
     """Fit each method at each size; return the table rows and the fitted slopes.
 
     Parameters
@@ -181,8 +185,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
         A subset of ``METHODS``.
     workdir : str, optional
         Where the datasets go (reused across runs); default a temporary directory.
-    knn, n_probe : the estimators' neighbour search (every method but full IKD, which
-        builds no graph) and the timed kNN's.
+    knn, n_probe, knn_tol : the estimators' neighbour search (every method but full IKD,
+        which builds no graph) and the timed kNN's.
     peer : {"umap"}, optional
         Also fit this method (one of ``PEERS``; its package must be installed) at every size
         any of ``methods`` runs at.
@@ -209,7 +213,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     all_sizes = sorted(set().union(*ladders.values()))
     with bench_workdir(workdir, "scale") as workdir:
         rows, knn_rows = [], []
-        search = {"knn": knn, "n_probe": n_probe}
+        search = {"knn": knn, "n_probe": n_probe, "knn_tol": knn_tol}
         load_before = os.getloadavg()
         if peer is not None:
             # its first fit in a process compiles its kernels for float32 rows (10-15 s; 30-45 s
@@ -223,7 +227,8 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
             inp = open_dataset(src)
             if search_alone:
                 knn_rows.append({"T": T, **knn_recall(inp.data, N_NEIGHBORS,
-                                                      min(T, QUERIES), client, knn, n_probe)})
+                                                      min(T, QUERIES), client, knn, n_probe,
+                                                      knn_tol=knn_tol)})
             idx, X_sample = trust_sample(inp.data, T)
             # (method, L, a fresh estimator, what it fits)
             fits: list[tuple[str, int | None, Callable[[], Any], Any]] = []
@@ -249,6 +254,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
                     "trustworthiness": float(trustworthiness(X_sample, emb[idx],
                                                              n_neighbors=N_NEIGHBORS)),
                     "knn_recall": getattr(est, "knn_recall_", None),
+                    "knn_distance_error": getattr(est, "knn_distance_error_", None),
                     "stage_seconds": est.timings_,
                     # the largest rise of a worker's RSS during one task, per task prefix
                     "largest_task_gb": {p: round(n / 1e9, 3) for p, n in sorted(
@@ -259,7 +265,7 @@ def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
     results = {
         "dataset": "sinusoidal", "N": N_FEATURES, "n_neighbors": N_NEIGHBORS,
         "workers": n_workers(client), "trust_rows": TRUST_ROWS,
-        "knn_mode": knn, "n_probe": n_probe,
+        "knn_mode": knn, "n_probe": n_probe, "knn_tol": knn_tol,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "rows": rows, "slopes": slopes, "knn": knn_rows,
     }

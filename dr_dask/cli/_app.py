@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from dr_dask import __version__
+from dr_dask.graph import knn_backends
 from dr_dask.io.errors import NOT_WRITABLE, unwritable
 from dr_dask.runtime import exits
 
@@ -98,16 +99,20 @@ mapping_options = options(
 )
 
 
-#: ``--knn`` and ``--n-probe``: the neighbour search of the commands that build a graph.
+#: ``--knn``, ``--n-probe`` and ``--knn-tol``: the neighbour search of the commands that build
+#: a graph.
 knn_options = options(
-    click.option("--knn", type=click.Choice(["auto", "exact", "ivf"]), default="auto",
-                 show_default=True,
-                 help="Neighbour search: exact, ivf (partitioned, approximate; its estimated "
-                 "recall is in the summary), or auto (ivf from 100,000 rows; one search)."),
+    click.option("--knn", type=click.Choice(knn_backends.MODES), default="auto",
+                 show_default=True, help=knn_backends.modes_help()),
     click.option("--n-probe", type=POSITIVE, default=None,
                  help="Lists each row searches with the ivf search (of about sqrt(T); default: "
-                 "adaptive, as many as keep the recall near 0.975; at least the number of "
-                 "lists: exact)."),
+                 "adaptive, as many as hold --knn-tol; at least the number of lists: exact)."),
+    # a float, not a range: the estimators' constraints name it (exit 2)
+    click.option("--knn-tol", type=float, default=knn_backends.DEFAULT_KNN_TOL,
+                 show_default=True,
+                 help="The adaptive probe's target: the mean relative error of the k-th "
+                 "neighbour's distance, in [0, 1) (0: exact; the summary's knn_distance_error "
+                 "is its estimate)."),
 )
 
 
@@ -167,11 +172,9 @@ class App(click.Group):
         except Exception as exc:  # noqa: BLE001  (every failure maps to a documented code)
             # imported only now: importing distributed before main() configured logging
             # would let it install its own handlers
-            from sklearn.utils._param_validation import InvalidParameterError
-
             from dr_dask.io.inputs import InputError
             from dr_dask.io.storage import StorageError, StorageUnavailable
-            from dr_dask.io.validation import ParameterError
+            from dr_dask.io.validation import parameter_errors
             from dr_dask.jobs._common import JobIncomplete
             from dr_dask.methods.gp_isomap_io import ModelFormatError
             from dr_dask.runs.lease import LeaseHeld, LeaseLost
@@ -188,7 +191,7 @@ class App(click.Group):
             # a parameter out of its range or type (the estimators' constraints), from a
             # command that passed it on unchecked
             if isinstance(exc, (InputError, StorageError, ModelFormatError, WorkerOutOfMemory,
-                                ParameterError, InvalidParameterError)):
+                                *parameter_errors())):
                 fail(str(exc))
             if isinstance(exc, OSError):
                 line = _unwritable_output(exc, ctx.meta.get("argv", []))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 
 from dr_dask.cli._app import (
     POSITIVE,
@@ -22,6 +21,9 @@ from dr_dask.cli._app import (
 )
 from dr_dask.methods.factory import METHODS, MethodUnavailable, make_method
 
+if TYPE_CHECKING:
+    import numpy as np
+
 logger = logging.getLogger(__name__)
 
 #: Methods ``compare`` knows, in display order.
@@ -33,6 +35,7 @@ LSDR_INPUT_DIM = 3
 # ------------------------------------------------------------------------------ input helpers
 def load_values(spec: str, default_store: Any, storage_options: dict | None = None) -> np.ndarray:
     """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
+
     from dr_dask.io.inputs import InputError, open_netcdf, parse_source, read_values
     from dr_dask.io.storage import location
 
@@ -139,6 +142,8 @@ def _fit_lsdr(est: Any, X: np.ndarray) -> tuple[np.ndarray, str | None]:
 
 def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
     """Fit one method, timing it and sampling the peak RSS of the process tree."""
+    import numpy as np
+
     from dr_dask.runtime.resources import PeakRSS, timed
 
     note = None
@@ -165,6 +170,8 @@ def run_method(name: str, est: Any, X: np.ndarray, Xd: Any) -> dict:
 @click.pass_context
 def compare(ctx, source, n_components, methods, labels, latent, out, n_neighbors, seed):
     """Run several methods on the same data; table and figure of their metrics side by side."""
+    import numpy as np
+
     from dr_dask.io.inputs import InputError
     from dr_dask.io.jsonio import write_json
     from dr_dask.io.storage import location

@@ -23,7 +23,6 @@ from dr_dask.cli._app import (
     seed_option,
     storage_options,
 )
-from dr_dask.io.inputs import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +76,7 @@ def make_ikd(**kw):
 @click.pass_context
 def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     """Fit IKD on a stored dataset and write the embedding into OUT."""
+    from dr_dask.io.inputs import InputError
     from dr_dask.runs.group import run_attr, run_embedding
 
     try:

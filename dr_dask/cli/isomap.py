@@ -21,8 +21,6 @@ from dr_dask.cli._app import (
     seed_option,
     storage_options,
 )
-from dr_dask.io.inputs import InputError
-from dr_dask.io.storage import location
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +47,10 @@ logger = logging.getLogger(__name__)
 @click.pass_context
 def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_neighbors, radius,
                  n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state,
-                 knn, n_probe):
+                 knn, n_probe, knn_tol):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
+    from dr_dask.io.inputs import InputError
+    from dr_dask.io.storage import location
     from dr_dask.methods.isomap import Isomap
     from dr_dask.methods.landmark_isomap import LandmarkIsomap
     from dr_dask.runs.group import run_attr, run_embedding
@@ -66,14 +66,14 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                              radius=radius, n_components=n_components,
                              on_disconnected=on_disconnected, random_state=random_state,
                              client=client, geodesic_store=geodesic_store, knn=knn,
-                             n_probe=n_probe)
+                             n_probe=n_probe, knn_tol=knn_tol)
                 method = "isomap"
             else:
                 est = LandmarkIsomap(n_neighbors=n_neighbors, n_components=n_components,
                                      n_landmarks=n_landmarks, landmark_method=landmark_method,
                                      on_disconnected=on_disconnected, random_state=random_state,
                                      client=client, geodesic_store=geodesic_store, knn=knn,
-                                     n_probe=n_probe)
+                                     n_probe=n_probe, knn_tol=knn_tol)
                 method = "landmark_isomap"
             run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 @knn_options
 @click.pass_context
 def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, json_path,
-                png_path, peer, search_alone, as_user, knn, n_probe):
+                png_path, peer, search_alone, as_user, knn, n_probe, knn_tol):
     """Landmark IKD and Landmark Isomap at T = 10k ... 1M, full IKD, geodesic IKD and Isomap
     at T = 10k ... 30k (sinusoidal, N=100, from Zarr): time, peak RSS of the process tree,
     R^2, trustworthiness on 5,000 sampled rows and the fitted slopes."""
@@ -64,10 +64,12 @@ def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, 
                  "pip install 'dr-dask[umap]'")
     if as_user:
         from dr_dask.bench.scale import AS_USER_METHODS, run_scale_as_user
+        from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 
-        if quick or peer or min_T or max_T or knn != "auto" or n_probe is not None:
+        if (quick or peer or min_T or max_T or knn != "auto" or n_probe is not None
+                or knn_tol != DEFAULT_KNN_TOL):
             fail("--as-user times the defaults at --T: --quick, --peer, --min-T, --max-T, "
-                 "--knn and --n-probe do not apply")
+                 "--knn, --n-probe and --knn-tol do not apply")
         bad = [m for m in methods if m not in AS_USER_METHODS]
         if bad:
             fail(f"--as-user runs {', '.join(AS_USER_METHODS)}, not {', '.join(bad)}")
@@ -86,7 +88,8 @@ def bench_scale(ctx, quick, min_T, max_T, sizes, n_landmarks, methods, workdir, 
         results = run_scale(client, quick=quick, min_T=min_T, max_T=max_T,
                             n_landmarks=n_landmarks,
                             methods=methods, workdir=workdir, knn=knn, n_probe=n_probe,
-                            peer=peer, sizes=sizes, search_alone=search_alone)
+                            peer=peer, sizes=sizes, search_alone=search_alone,
+                            knn_tol=knn_tol)
     click.echo(write_report(results, json_path))
     click.echo(f"plot: {plot_scale(results, png_path)}", err=True)
 
@@ -166,20 +169,51 @@ def bench_search_memory(T, workdir, json_path):
               help="Sizes (repeatable; default 100,000 and 1,000,000).")
 @click.option("--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
               help="Neighbours per row.")
-@click.option("--peer", "peers", type=click.Choice(["pynndescent", "faiss-ivf", "faiss-hnsw"]),
-              multiple=True,
+@click.option("--peer", "peers", type=click.Choice(["faiss-ivf", "faiss-hnsw", "hnswlib",
+                                                    "pynndescent"]), multiple=True,
               help="Peers to run (repeatable; default all; each one not installed is skipped).")
+@click.option("--dataset", "datasets", type=click.Choice(["sinusoid-0.1", "sinusoid-0.01",
+                                                          "digits"]), multiple=True,
+              help="Datasets (repeatable; default all).")
 @click.option("--workdir", default=None, help="Where the datasets go (default: a temp dir).")
 @json_option
 @click.pass_context
-def bench_knn(ctx, sizes, k, peers, workdir, json_path):
-    """Our neighbour search (adaptive probe, and n_probe=6) against pynndescent (as umap-learn
-    builds it) and faiss's IVF and HNSW on the same rows (sinusoid, N=100, float32): seconds
-    and recall on 5,000 rows against their exact neighbours, with the load average."""
+def bench_knn(ctx, sizes, k, peers, datasets, workdir, json_path):
+    """Our neighbour search (adaptive probe, and n_probe=6) against faiss's IVF and HNSW,
+    hnswlib and pynndescent (as umap-learn builds it) on the same rows (the sinusoid at noise
+    0.1 and 0.01, N=100, and augmented digits, N=64; float32): seconds, recall and distance
+    error on 5,000 rows against their exact neighbours, each peer's knob raised until it
+    reaches our recall and our distance error, with the load average."""
     from dr_dask.bench._common import write_report
-    from dr_dask.bench.knn import PEERS, SIZES, run_knn
+    from dr_dask.bench.knn import DATASETS, PEERS, SIZES, run_knn
 
     with cluster(ctx) as client:
         results = run_knn(client, sizes=tuple(sizes) or SIZES, k=k,
-                          peers=tuple(peers) or PEERS, workdir=workdir)
+                          peers=tuple(peers) or PEERS, datasets=tuple(datasets) or DATASETS,
+                          workdir=workdir)
+    click.echo(write_report(results, json_path))
+
+
+@bench.command("knn-tol")
+@click.option("--T", "T", type=click.IntRange(min=1000, max=100_000), default=20_000,
+              show_default=True, help="Rows of each dataset.")
+@click.option("--tol", "tolerances", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              multiple=True, help="Tolerances (repeatable; default 0.001 ... 0.1).")
+@click.option("--dataset", "datasets", type=click.Choice(["sinusoid-0.1", "sinusoid-0.01",
+                                                          "digits"]), multiple=True,
+              help="Datasets (repeatable; default all).")
+@json_option
+@click.pass_context
+def bench_knn_tol(ctx, T, tolerances, datasets, json_path):
+    """Landmark Isomap's embedding with the exact search and with the adaptive probe at each
+    --knn-tol: R^2 to the latent on the sinusoid (noise 0.1 and 0.01), trustworthiness and
+    10-NN label accuracy on augmented digits, each against the exact search's, and the largest
+    tolerance within 0.003 of it on every score."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.knn_tol import DATASETS, TOLERANCES, run_knn_tol
+
+    with cluster(ctx) as client:
+        results = run_knn_tol(client, T=T, tolerances=tuple(sorted(tolerances)) or TOLERANCES,
+                              datasets=tuple(datasets) or DATASETS,
+                              progress=lambda row: click.echo(row, err=True))
     click.echo(write_report(results, json_path))

@@ -5,10 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 
 from dr_dask.cli._app import (
     POSITIVE,
@@ -23,6 +22,9 @@ from dr_dask.cli._app import (
     storage_options,
     stream,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ def make_scenario(ctx, out, scenario, n_per_patch, n_batch, n_stream, ambient_di
 
 
 def _load_batch(path: str, storage_options: dict) -> np.ndarray:
+    import numpy as np
+
     from dr_dask.io.inputs import InputError, open_dataset
     from dr_dask.runtime.cluster import compute
 
@@ -81,6 +85,7 @@ def _new_model(so: dict, client: Any, model_path: str | None, batch: str | None,
                holdout: str | None, sigma_t: float | None, **fit: Any) -> Any:
     """A new stream's model: loaded from --model or fitted on --batch, its threshold from
     --sigma-t or calibrated on --holdout (each failure exit 2, naming the option)."""
+
     from dr_dask.io.storage import location
     from dr_dask.methods.gp_isomap import GPIsomap
 

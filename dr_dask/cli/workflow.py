@@ -15,26 +15,23 @@ import os
 import shlex
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dr_dask.cli._app import cluster, fail, main, storage_options
-from dr_dask.jobs.workflow import (
-    Step,
-    StepResult,
-    Workflow,
-    WorkflowError,
-    load,
-    run_step,
-)
 from dr_dask.runtime.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_TRANSIENT
+
+if TYPE_CHECKING:
+    from dr_dask.jobs.workflow import Step, StepResult, Workflow
 
 logger = logging.getLogger(__name__)
 
 
 def check_command(step: Step) -> None:
     """Parse ``step.args`` with the real ``dr-dask`` commands without running them."""
+    from dr_dask.jobs.workflow import WorkflowError
+
     ctx = click.Context(main, info_name="dr-dask")
     command: click.Command = main
     args = list(step.args)
@@ -95,6 +92,8 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
     Exit codes: 0 done (including nothing to do), 2 bad workflow or input (do not retry),
     1 a transient or internal failure that outlived the step's retries (retry the job).
     """
+    from dr_dask.jobs.workflow import WorkflowError, load
+
     overrides: dict[str, str] = {}
     for item in params:
         name, sep, value = item.partition("=")
@@ -127,6 +126,7 @@ def run_workflow(ctx: click.Context, workflow: str, check: bool, params: tuple[s
 
 
 def _terminated(signum: int, frame: object) -> None:
+
     click.echo("error: terminated; stopping the running step", err=True)
     sys.exit(EXIT_TRANSIENT)
 
@@ -134,6 +134,8 @@ def _terminated(signum: int, frame: object) -> None:
 def _run(ctx: click.Context, wf: Workflow) -> None:
     """Run the steps; the steps' output goes to stderr (the job's log), and stdout gets one
     JSON summary (:func:`_summary`), so that a script or a BashOperator can read the result."""
+    from dr_dask.jobs.workflow import run_step
+
     root = ctx.find_root().obj
     results: dict[str, StepResult] = {}
     code = EXIT_TRANSIENT  # until the job ends otherwise (a SIGTERM or a crash in between)

@@ -5,6 +5,7 @@ each generator module registers itself when imported below, so adding one is one
 """
 
 from dr_dask.datasets._zarr import GENERATORS, Generator, make_dataset, register
+from dr_dask.datasets.digits import augmented_digits
 from dr_dask.datasets.ikd import GaussianBump, GPMapping, Sinusoidal, latent_prior
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "GaussianBump",
     "Generator",
     "Sinusoidal",
+    "augmented_digits",
     "latent_prior",
     "make_dataset",
     "register",

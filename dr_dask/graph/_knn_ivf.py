@@ -44,7 +44,16 @@ import dask.array as da
 import numpy as np
 import zarr
 
+from dr_dask.graph._ivf_quantizer import (
+    TRAIN_BYTES,
+    TRAIN_PER_LIST,
+    default_n_lists,
+    list_order,
+    sample_rows,
+    train_quantizer,
+)
 from dr_dask.graph._knn_cells import _centred
+from dr_dask.graph.knn_tol import CALIBRATION_WIDTH, DEFAULT_KNN_TOL, distance_share
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, fold_knn, rerank_labelled
 from dr_dask.io.storage import Location, location, read_spans
 from dr_dask.runtime import config
@@ -53,105 +62,18 @@ from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
 
-#: Training rows per centroid (faiss warns below 39) and the sample's byte cap (float32).
-TRAIN_PER_LIST = 64
-TRAIN_BYTES = 128 << 20
-#: Lloyd iterations of the coarse quantizer (faiss's default is 10 or 20).
-KMEANS_ITER = 15
 #: The adaptive search (``n_probe=None``): a row probes a list while its centroid gap (squared
 #: distance to the list's centroid beyond that to the row's nearest centroid) is below a share
-#: of the row's current k-th squared distance. The share is measured per fit
-#: (:func:`calibrated`): the ``PROBE_TARGET`` quantile of that ratio over the true neighbours
-#: of ``CALIBRATION_ROWS`` sampled rows, so that about that share of the true neighbours lies
-#: in the lists a row probes, whatever the data and however many lists there are. The exact
+#: of the row's current k-th squared distance: the smallest share that holds the k-th
+#: neighbour's distance of ``CALIBRATION_ROWS`` sampled rows within ``tol`` of the exact one
+#: (:func:`calibrated`), whatever the data and however many lists there are. The exact
 #: bound (a list's rows lie beyond the bisector of the two centroids, at least
 #: gap / (2 ||c_u - c_1||) away) asks for ten times the lists on data whose neighbours noise
 #: decides (docs/scaling.md, "The adaptive probe"). ``PROBE_GAP`` serves without calibration.
 PROBE_GAP = 0.2
-PROBE_TARGET = 0.975
 CALIBRATION_ROWS = 200
 #: Lists the adaptive search's first round probes (each later round probes twice the last).
 MIN_PROBE = 4
-
-
-def default_n_lists(T: int) -> int:
-    """Lists when not given: about sqrt(T) rows each (faiss's guidance of 4-16 sqrt(T) lists
-    balances the quantizer against the scan for one-off queries; a self-join of T queries
-    scans T n_probe T / n_lists rows, so fewer, larger lists cost little more and lose less
-    recall at the list boundaries)."""
-    return max(1, round(math.sqrt(T)))
-
-
-def _sample_rows(X: Any, n: int, rng: np.random.RandomState, client: Any) -> np.ndarray:
-    rows = np.sort(rng.choice(X.shape[0], n, replace=False))
-    S = X[rows]
-    if isinstance(S, da.Array):
-        (S,) = compute(S, client=client)
-    return np.asarray(S, dtype=np.float64)
-
-
-def train_quantizer(S: np.ndarray, n_lists: int, random_state: Any) -> np.ndarray:
-    """(n_lists, N) k-means centroids of the centred sample rows ``S`` (Lloyd, seeded).
-
-    In float32, seeds (:func:`kmeans_plusplus`) and Lloyd alike: at T = 10^6 (64,000 rows,
-    1,000 lists) scikit-learn's float64 k-means took 6.3 s in the client, this 3.1 s.
-    """
-    from sklearn.cluster import KMeans  # lazy: not on workers (__init__)
-    from sklearn.utils import check_random_state
-
-    rng = check_random_state(random_state)
-    S32 = np.ascontiguousarray(S, dtype=np.float32)
-    km = KMeans(n_clusters=n_lists, init=kmeans_plusplus(S32, n_lists, rng), n_init=1,
-                max_iter=KMEANS_ITER, random_state=rng).fit(S32)
-    return np.asarray(km.cluster_centers_, dtype=np.float64)
-
-
-def kmeans_plusplus(S: np.ndarray, k: int, rng: np.random.RandomState) -> np.ndarray:
-    """(k, N) k-means++ seeds among the rows of ``S`` (float32, centred).
-
-    D² sampling (Arthur & Vassilvitskii 2007, "k-means++: the advantages of careful
-    seeding", §2.2) with greedy trials as scikit-learn draws them: 2 + ln k candidates per
-    seed, the one that lowers the potential most is kept. Random seeds leave lists empty and
-    others large, and the search costs the sum of the probed lists' sizes (docs/scaling.md,
-    "Measurements behind the code's thresholds"). One float32 GEMM of the candidates against
-    the rows per seed: scikit-learn's float64 seeding (``kmeans_plusplus``) took 3.7 s at
-    T = 10^6, this 1.7 s, and the lists came out as even (sum of squared list sizes over its
-    minimum on 200,000 held-out rows, four seeds after Lloyd: 1.19-1.21 against 1.20-1.23).
-    """
-    n = len(S)
-    sq = np.einsum("ij,ij->i", S, S)
-    trials = 2 + int(np.log(k))
-    seeds = np.empty(k, dtype=np.int64)
-    seeds[0] = rng.randint(n)
-    closest = np.maximum(sq - 2 * (S @ S[seeds[0]]) + sq[seeds[0]], 0)
-    potential = closest.sum(dtype=np.float64)
-    for c in range(1, k):
-        drawn = np.searchsorted(np.cumsum(closest, dtype=np.float64),
-                                rng.uniform(size=trials) * potential)
-        drawn = np.minimum(drawn, n - 1)
-        d = sq[drawn][:, None] - 2 * (S[drawn] @ S.T) + sq[None, :]
-        np.minimum(closest, np.maximum(d, 0, out=d), out=d)
-        potentials = d.sum(axis=1, dtype=np.float64)
-        best = int(np.argmin(potentials))
-        seeds[c], potential, closest = drawn[best], potentials[best], d[best]
-    return S[seeds]
-
-
-def list_order(cent: np.ndarray, k: int = 10) -> np.ndarray:
-    """The lists' numbering: reverse Cuthill-McKee over the centroids' kNN graph, which walks
-    the manifold the centroids sample, so that a run of consecutive lists is a compact region
-    (a group's rows probe overlapping lists) and the graph, stored in list order, cuts into
-    blocks with short boundaries. At T = 2 x 10^5 on the noisy sinusoid the block paths
-    exchanged 3.8x fewer bytes in 19 rounds instead of 34 than with the leaves of a k-d tree
-    over the centroids, which in 100 dimensions split along single coordinates."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import reverse_cuthill_mckee
-
-    n = cent.shape[0]
-    k = min(k + 1, n)
-    _, idx = brute_knn(cent, cent, k)
-    g = csr_matrix((np.ones(n * k), (np.repeat(np.arange(n), k), idx.ravel())), shape=(n, n))
-    return np.asarray(reverse_cuthill_mckee((g + g.T).tocsr(), symmetric_mode=True), np.int64)
 
 
 def _assign_block(block: np.ndarray, start: int, mean: np.ndarray, cent32: np.ndarray,
@@ -215,7 +137,8 @@ class InvertedLists:
     boundary ``dest[g]``; list ``u`` starts at ``list_start[u]`` with ``sizes[u]`` rows. A
     row's *label* is its rank in that order, padding left out: group ``g`` holds labels
     ``label0[g]`` to ``label0[g + 1]``. Neighbours in lists are near in label order (the lists
-    follow the centroids' kNN graph, :func:`list_order`), the order the stored graph keeps.
+    follow the centroids' kNN graph, :func:`~dr_dask.graph._ivf_quantizer.list_order`), the
+    order the stored graph keeps.
     """
 
     rows: zarr.Array
@@ -254,9 +177,9 @@ def _probe_order(q: np.ndarray, cent32: np.ndarray,
     less the row's squared norm), from which :func:`_wider_order` measures gaps.
 
     By :func:`~dr_dask.graph.topk.brute_knn`, whose GEMM tiles live in a buffer its thread
-    keeps. A GEMM of all the centroids' keys and a partial sort took 12 fresh bytes per row
+    keeps. A GEMM of all the centroids' keys and a partial sort takes 12 fresh bytes per row
     and list, fresh pages on distributed's workers (:mod:`dr_dask.runtime.buffers`), for no
-    faster a selection (16,384 rows, 1,000 lists, 64 nearest: 0.16 against 0.22 s).
+    faster a selection.
     """
     keys, probes = brute_knn(q, cent32, min(n, len(cent32)))
     return (keys - keys[:, :1]).astype(np.float32), probes, keys[:, 0]
@@ -433,17 +356,18 @@ def _group_nearest(lists: InvertedLists, g: int, queries: np.ndarray,
             np.pad(labels, ((0, 0), (0, pad)), constant_values=-1))
 
 
-def calibrated(lists: InvertedLists, k: int, *, client: Any,
-               random_state: Any = 0) -> InvertedLists:
+def calibrated(lists: InvertedLists, k: int, *, client: Any, random_state: Any = 0,
+               tol: float = DEFAULT_KNN_TOL) -> InvertedLists:
     """``lists`` with the adaptive probe's gap share measured on them (unchanged with a fixed
     ``n_probe``).
 
     ``CALIBRATION_ROWS`` seeded rows are searched exactly (one task per group of lists over
     that group's rows, the way the partitioned search reads them: no process holds more than a
-    group). For each true neighbour the ratio of its list's centroid gap to the row's k-th
-    squared distance is the share that finds it; the ``PROBE_TARGET`` quantile of the ratios
-    is the share the search uses. The search's running k-th distance is never below the final
-    one, so it probes at least those lists.
+    group), ``CALIBRATION_WIDTH`` k neighbours each. The ratio of a neighbour's list's centroid
+    gap to the row's k-th squared distance is the share that finds it; the search uses the
+    smallest share that holds the mean k-th distance error within ``tol``
+    (:func:`~dr_dask.graph.knn_tol.distance_share`). Its running k-th distance is never
+    below the final one, so it probes at least those lists.
     """
     if lists.n_probe is not None:
         return lists
@@ -452,7 +376,7 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any,
     n = lists.n_rows
     labels = np.sort(check_random_state(random_state).choice(
         n, min(CALIBRATION_ROWS, n), replace=False))
-    kq = min(k + 1, n)  # the row itself is among its nearest
+    kq = min(CALIBRATION_WIDTH * k + 1, n)  # the row itself is among its nearest
     q = _rows_at(lists, labels)
     task = dask.delayed(_group_nearest, pure=True)
     shared = [dask.delayed(a, traverse=False) for a in (lists, q)]
@@ -461,11 +385,12 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any,
     keys = np.hstack([p[0] for p in parts])
     found = np.hstack([p[1] for p in parts])
     keys = np.where(found == labels[:, None], np.inf, keys)  # not its own neighbour
-    order = np.argsort(keys, axis=1, kind="stable")[:, :min(k, n - 1)]
+    order = np.argsort(keys, axis=1, kind="stable")[:, :kq - 1]
     nb_keys = np.take_along_axis(keys, order, 1)
     nb = np.take_along_axis(found, order, 1)
     sq = np.einsum("ij,ij->i", q, q, dtype=np.float64)
-    kth_sq = np.maximum(nb_keys[:, -1] + sq, np.finfo(np.float32).tiny)
+    dist_sq = np.where(nb >= 0, np.maximum(nb_keys + sq[:, None], 0.0), np.inf)
+    kth_sq = np.maximum(dist_sq[:, min(k, n - 1) - 1], np.finfo(np.float32).tiny)
     # each neighbour's list, and its gap from the row's nearest centroid
     starts = lists.list_start + lists.label_shift
     nb_list = np.searchsorted(starts, nb, side="right") - 1
@@ -473,10 +398,8 @@ def calibrated(lists: InvertedLists, k: int, *, client: Any,
     c_keys = (np.einsum("ij,ij->i", cent, cent, dtype=np.float64)[None, :]
               - 2 * (q.astype(np.float64) @ cent.T.astype(np.float64)))
     gaps = np.take_along_axis(c_keys, nb_list, 1) - c_keys.min(axis=1)[:, None]
-    ratio = (gaps / kth_sq[:, None])[nb >= 0]
-    share = float(np.quantile(ratio, PROBE_TARGET)) if len(ratio) else PROBE_GAP
-    logger.info("adaptive probe: gap share %.4g (the %.3f quantile over %d neighbours of %d "
-                "rows)", share, PROBE_TARGET, len(ratio), len(labels))
+    ratio = np.where(nb >= 0, gaps / kth_sq[:, None], np.inf)
+    share = distance_share(dist_sq, ratio, min(k, n - 1), tol) if len(nb) else PROBE_GAP
     return dataclasses.replace(lists, probe_gap=share)
 
 
@@ -511,7 +434,8 @@ def _groups(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
 
 
 def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = None,
-                n_probe: int | None = None, random_state: Any = 0) -> InvertedLists:
+                n_probe: int | None = None, random_state: Any = 0,
+                tol: float = DEFAULT_KNN_TOL) -> InvertedLists:
     """Train the coarse quantizer and write X's rows into inverted lists at ``where``.
 
     Parameters as :func:`ivf_kneighbors`; ``where`` receives the lists (and, while they are
@@ -521,11 +445,12 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
     T, N = X.shape
     n_lists = min(int(n_lists or default_n_lists(T)), T)
+    n_probe = n_lists if n_probe is None and tol == 0 else n_probe  # 0: every list, exact
     n_probe = None if n_probe is None else min(int(n_probe), n_lists)  # None: adaptive
     rng = check_random_state(random_state)
     n_train = min(T, max(TRAIN_PER_LIST * n_lists, 1),
                   max(n_lists, TRAIN_BYTES // (8 * N)))
-    S = _sample_rows(X, n_train, rng, client)
+    S = sample_rows(X, n_train, rng, client)
     S = S[np.isfinite(S).all(axis=1)]  # a non-finite row is named by the assignment
     mean = S.mean(axis=0)
     cent = train_quantizer(S - mean, n_lists, rng)
@@ -586,8 +511,8 @@ def build_lists(X: Any, where: Location, *, client: Any, n_lists: int | None = N
 
 def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
                    n_lists: int | None = None, n_probe: int | None = None,
-                   scratch: Any = None,
-                   random_state: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+                   scratch: Any = None, random_state: Any = 0,
+                   knn_tol: float = DEFAULT_KNN_TOL) -> tuple[np.ndarray, np.ndarray]:
     """k nearest neighbours of every row of X among its rows, by the inverted-list search.
 
     Parameters
@@ -598,15 +523,18 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
         A row is not its own neighbour (``kneighbors`` without ``query``).
     client : distributed.Client or None
     n_lists : int, optional
-        Lists of the coarse quantizer (default :func:`default_n_lists`, about sqrt(T)).
+        Lists of the coarse quantizer (default
+        :func:`~dr_dask.graph._ivf_quantizer.default_n_lists`, about sqrt(T)).
     n_probe : int, optional
-        Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the
-        adaptive rule asks (:data:`PROBE_GAP`, at most ``dr_dask.knn.max-probe``).
+        Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the adaptive
+        rule asks (:func:`calibrated`, at most ``dr_dask.knn.max-probe``; ``knn_tol``).
     scratch : str or Location, optional
         Where the lists are written (every worker must reach it); default a local temporary
         directory. Deleted before returning.
     random_state : int, RandomState or None
         Seeds the training sample and the k-means.
+    knn_tol : float
+        The adaptive probe's distance tolerance (:func:`calibrated`); 0: every list, exact.
 
     Returns
     -------
@@ -620,8 +548,8 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     loc = base.child(f"ivf_{uuid.uuid4().hex[:12]}")
     try:
         lists = build_lists(X, loc, client=client, n_lists=n_lists, n_probe=n_probe,
-                            random_state=random_state)
-        lists = calibrated(lists, k, client=client, random_state=random_state)
+                            random_state=random_state, tol=knn_tol)
+        lists = calibrated(lists, k, client=client, random_state=random_state, tol=knn_tol)
         search = dask.delayed(_search_group, pure=True)
         lists_key = dask.delayed(lists, traverse=False)  # sent once per worker, not per task
         with single_blas_thread():

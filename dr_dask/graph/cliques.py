@@ -86,8 +86,8 @@ def _pop_lowest(C):
 
 
 @numba.njit(cache=True)
-def _bron_kerbosch(adj, n, max_cliques, min_size, stop_when_covered):  # noqa: C901
-    # one compiled loop on purpose: helpers called from its innermost loop would cost a call each
+def _bron_kerbosch(  # noqa: C901  (one compiled loop: a helper in its inner loop costs a call)
+        adj, n, max_cliques, min_size, stop_when_covered):
     W = adj.shape[1]
     R = np.zeros((n + 2, W), dtype=np.uint64)
     P = np.zeros((n + 2, W), dtype=np.uint64)

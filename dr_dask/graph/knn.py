@@ -17,7 +17,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 import dask
@@ -25,29 +25,31 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from dr_dask.graph._knn_cells import cell_kneighbors
-from dr_dask.graph._knn_ivf import ivf_kneighbors
+from dr_dask.graph import knn_backends
 from dr_dask.graph.diagnostics import LowRecallWarning
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL, distance_error
 from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, rerank
-from dr_dask.io.validation import Options, check_array_like, positive
+from dr_dask.io.validation import Interval, Options, check_array_like, positive
 from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute, share
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("auto", "exact", "cells", "ivf")
-#: The estimators' ``knn`` parameter: ``"exact"`` (the exact search ``algorithm="auto"``
-#: picks), ``"ivf"`` (the partitioned search) or ``"auto"`` (the IVF search with its adaptive
-#: probe from ``dr_dask.knn.ivf-min-rows`` rows above ``dr_dask.knn.kd-tree-max-dim``
-#: features, else the exact search; one search either way).
-KNN_MODES = ("auto", "exact", "ivf")
-#: The ``knn`` and ``n_probe`` parameters of every estimator that builds a neighbour graph
-#: (merged into its ``_parameter_constraints``).
-KNN_CONSTRAINTS: dict = {"knn": [Options(set(KNN_MODES))], "n_probe": [positive(Integral), None]}
+#: ``kneighbors``' ``algorithm`` and the estimators' ``knn`` modes: the backends' table
+#: (:mod:`dr_dask.graph.knn_backends`).
+ALGORITHMS = knn_backends.ALGORITHMS
+KNN_MODES = knn_backends.MODES
+#: The ``knn``, ``n_probe`` and ``knn_tol`` parameters of every estimator that builds a
+#: neighbour graph (merged into its ``_parameter_constraints``).
+KNN_CONSTRAINTS: dict = {"knn": [Options(set(KNN_MODES))], "n_probe": [positive(Integral), None],
+                         # 0 (the exact search) up to, not including, 1
+                         "knn_tol": [Interval(Real, 0, 1, closed="left")]}
 #: Rows whose neighbours an approximate search checks against an exact search of them.
 RECALL_ROWS = 200
-#: Below this estimated recall a fit warns (:class:`dr_dask.graph.LowRecallWarning`).
+#: Below this estimated recall a search with no distance error estimated warns
+#: (:class:`dr_dask.graph.LowRecallWarning`).
 RECALL_WARN = 0.9
+
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,7 @@ def kneighbors(
     scratch: Any = None,
     random_state: Any = 0,
     metric: Metric | None = None,
+    knn_tol: float = DEFAULT_KNN_TOL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """k nearest neighbours (Euclidean, or ``metric``), blockwise over rows, distributed on
     ``client``.
@@ -308,6 +311,9 @@ def kneighbors(
     metric : Metric, optional
         The distance (default Euclidean). Any other is searched exactly in that metric
         (``"auto"`` and ``"exact"``); ``"cells"`` and ``"ivf"`` refuse it, naming it.
+    knn_tol : float
+        ``"ivf"`` with ``n_probe=None``: the adaptive probe's target, the mean relative error
+        of the k-th neighbour's distance (:mod:`dr_dask.graph.knn_tol`); 0 probes every list.
 
     Returns
     -------
@@ -316,8 +322,7 @@ def kneighbors(
     indices : ndarray of shape (Q, k)
         Row indices into X.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    chosen = None if algorithm == "auto" else knn_backends.backend(algorithm)
     X = check_2d(X, "X")
     exclude_self = query is None
     query = X if exclude_self else check_2d(query, "query")
@@ -331,24 +336,34 @@ def kneighbors(
             f"n_neighbors={n_neighbors} must be in [1, {k_max}] for X with {n} rows"
             + (" (a point is not its own neighbour)" if exclude_self else "")
         )
-    if algorithm in ("cells", "ivf") and not exclude_self:
+    if chosen is not None and not chosen.takes_query and not exclude_self:
         raise ValueError(f"algorithm={algorithm!r} searches X among itself: give no query "
                          "(use algorithm='exact' for new points)")
     other = metric is not None and not metric.euclidean
-    if other and algorithm in ("cells", "ivf"):
+    if other and chosen is not None and not chosen.takes_metric:
         assert metric is not None  # other implies it
         metric.refuse(algorithm)
     client = active_client(client)
     X, _staged = _rows_for_workers(X, client, exclude_self)  # held: its store goes with it
-    if algorithm == "ivf":
-        return ivf_kneighbors(X, k, exclude_self, client=client, n_lists=n_lists,
-                              n_probe=n_probe, scratch=scratch, random_state=random_state)
-    if algorithm == "cells" or (algorithm == "auto" and exclude_self and not other
-                                and not sp.issparse(X)
-                                and n >= config.get("knn.cells-min-rows")
-                                and X.shape[1] > config.get("knn.kd-tree-max-dim")):
+    if chosen is None:  # auto: the cell search where it pays, else the exact one
+        chosen = knn_backends.backend(
+            "cells" if (exclude_self and not other and not sp.issparse(X)
+                        and n >= config.get("knn.cells-min-rows")
+                        and X.shape[1] > config.get("knn.kd-tree-max-dim")) else "exact")
+    given = {"query": None if exclude_self else query, "block_size": block_size,
+             "metric": metric if other else None, "n_lists": n_lists, "n_probe": n_probe,
+             "scratch": scratch, "random_state": random_state, "knn_tol": knn_tol}
+    return chosen.load()(X, k, exclude_self, client=client,
+                         **{key: v for key, v in given.items() if key in chosen.options})
 
-        return cell_kneighbors(X, k, exclude_self, client=client)
+
+def exact_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any, query: Any = None,
+                     block_size: int | None = None,
+                     metric: Metric | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The exact search of :func:`kneighbors` (its arguments checked there): every block of
+    ``query`` (X itself when None, ``exclude_self``) against every block of X, one task a
+    pair, a merge task per query block; ``metric``: a non-Euclidean distance, else None."""
+    n = count_rows(X)
     if exclude_self:
         d_off, d_blocks = row_blocks(X, int(block_size or default_block(n)), client)
         q_off, q_blocks = d_off, d_blocks
@@ -362,7 +377,7 @@ def kneighbors(
     merge = dask.delayed(_merge, pure=True)
     merged = []
     for qi, qb in enumerate(q_blocks):
-        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di], metric if other else None)
+        parts = [block_knn(qb, db, kk, q_off[qi], d_off[di], metric)
                  for di, db in enumerate(d_blocks)]
         own = np.arange(q_off[qi], q_off[qi + 1]) if exclude_self else None
         merged.append(merge(k, own, *parts))
@@ -392,14 +407,15 @@ def knn_algorithm(knn: str, n_rows: int, n_features: int,
     ``knn="ivf"``, or with ``"auto"`` where it would take the partitioned search (an exact
     search in the metric at that size would cost T^2 distances), is refused by name.
     """
-    if knn not in KNN_MODES:
-        raise ValueError(f"knn must be one of {KNN_MODES}, got {knn!r}")
-    if knn == "ivf" or (knn == "auto" and n_rows >= config.get("knn.ivf-min-rows")
-                        and n_features > config.get("knn.kd-tree-max-dim")):
-        if metric is not None:
-            metric.refuse(f"partitioned (knn={knn!r}, {n_rows} rows)")
-        return "ivf"
-    return "auto"
+    chosen = knn_backends.mode_backend(knn)
+    if chosen is None and n_rows >= config.get("knn.ivf-min-rows") \
+            and n_features > config.get("knn.kd-tree-max-dim"):
+        chosen = knn_backends.backend("ivf")
+    if chosen is None:
+        return "auto"
+    if metric is not None and not chosen.takes_metric:
+        metric.refuse(f"{chosen.name} (knn={knn!r}, {n_rows} rows)")
+    return chosen.mode_algorithm or chosen.name
 
 
 def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
@@ -411,8 +427,16 @@ def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
     (``algorithm="exact"``: n_rows x T distances, rows read block by block) and compared as
     sets. Exact duplicates make the comparison ambiguous only at equal distances.
     """
+    return estimate_quality(X, indices, n_rows=n_rows, random_state=random_state,
+                            client=client)[0]
+
+
+def estimate_quality(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
+                     random_state: Any = 0, client: Any = None) -> tuple[float, float]:
+    """:func:`estimate_recall`'s rows, their recall and distance error
+    (:func:`sampled_quality`)."""
     rows = recall_rows(count_rows(X), n_rows, random_state)
-    return sampled_recall(X, rows, indices[rows], client=client)
+    return sampled_quality(X, rows, indices[rows], client=client)
 
 
 def recall_rows(T: int, n_rows: int, random_state: Any = 0) -> np.ndarray:
@@ -431,57 +455,101 @@ def recall_rows(T: int, n_rows: int, random_state: Any = 0) -> np.ndarray:
 def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
                    client: Any = None) -> float:
     """Share of the true k nearest neighbours of ``rows`` (S,) among ``found`` (S, k), the
-    neighbours a search found for them (without themselves): the rows' neighbours are searched
-    exactly (S x T distances, X read block by block) and compared as sets."""
+    neighbours a search found for them (without themselves): :func:`sampled_quality`'s
+    recall."""
+    return sampled_quality(X, rows, found, client=client)[0]
+
+
+def sampled_quality(X: Any, rows: np.ndarray, found: np.ndarray, *,
+                    client: Any = None) -> tuple[float, float]:
+    """The recall and the distance error of a search on ``rows`` (S,), whose neighbours it
+    found as ``found`` (S, k) (without themselves), from one exact search of the rows
+    (S x T distances, X read block by block).
+
+    Returns
+    -------
+    recall : float
+        Share of the true k nearest neighbours among the found ones (compared as sets).
+    distance_error : float
+        The mean relative excess of the k-th found neighbour's distance over the exact k-th
+        distance, both in float64 (:func:`dr_dask.graph.knn_tol.distance_error`).
+    """
     X = check_2d(X, "X")
     T, k = count_rows(X), found.shape[1]
-    Xq = X[np.asarray(rows)]
-    if isinstance(Xq, da.Array):
-        (Xq,) = compute(Xq, client=client)
-    _, exact = kneighbors(X, min(k + 1, T), query=np.asarray(Xq), client=client,
-                          algorithm="exact")
+    rows = np.asarray(rows)
+    found = np.asarray(found)
+    # the sampled rows and the rows found for them, read in one pass (-1: none found)
+    wanted, at = np.unique(np.concatenate([rows, found[found >= 0]]), return_inverse=True)
+    got = X[wanted]
+    if isinstance(got, da.Array):
+        (got,) = compute(got, client=client)
+    got = dense_block(got)
+    Xq = got[at[:len(rows)]]
+    exact_d, exact = kneighbors(X, min(k + 1, T), query=Xq, client=client, algorithm="exact")
     hits = [len(set(e[e != r][:k].tolist()) & set(i.tolist()))
             for r, e, i in zip(rows, exact, found)]
-    return float(np.sum(hits) / (k * len(rows)))
+    recall = float(np.sum(hits) / (k * len(rows))) if len(rows) else 1.0
+    # the exact k-th distance without the row itself (a duplicate of it counts, at 0)
+    own = exact == rows[:, None]
+    kth = np.array([d[~o][:k][-1] for d, o in zip(exact_d, own)] or np.empty(0))
+    found_rows = np.full((*found.shape, X.shape[1]), np.inf)
+    ok = found >= 0
+    found_rows[ok] = got[at[len(rows):]]
+    return recall, distance_error(Xq, found_rows, kth)
 
 
-def check_recall(recall: float, what: str) -> None:
-    """Warn (and log) when an approximate search's estimated recall is below ``RECALL_WARN``."""
-    if recall < RECALL_WARN:
-        msg = (f"{what}: the approximate neighbour search found an estimated {recall:.3f} of "
-               f"the true neighbours (below {RECALL_WARN}); leave n_probe unset (the adaptive "
-               "probe) or raise it, or use knn='exact'")
+def check_recall(recall: float, what: str, distance_error: float | None = None,
+                 knn_tol: float = DEFAULT_KNN_TOL) -> None:
+    """Warn (and log) when an approximate search's neighbours are estimated too far: a
+    distance error (:mod:`dr_dask.graph.knn_tol`) above ``knn_tol`` (the adaptive probe holds
+    it below on its calibration rows, so an estimate past it says the probe's cap, or a fixed
+    ``n_probe``, stopped the search short), or, without a distance error, a recall below
+    ``RECALL_WARN``."""
+    if distance_error is None:
+        low = recall < RECALL_WARN
+        found = f"found an estimated {recall:.3f} of the true neighbours (below {RECALL_WARN})"
+    else:
+        low = distance_error > knn_tol
+        found = (f"found neighbours an estimated {distance_error:.2%} farther than the true "
+                 f"ones at the k-th (above knn_tol={knn_tol:g}; recall {recall:.3f})")
+    if low:
+        msg = (f"{what}: the approximate neighbour search {found}; leave n_probe unset (the "
+               "adaptive probe) or raise it, lower knn_tol, or use knn='exact'")
         logger.warning(msg)
         warnings.warn(msg, LowRecallWarning, stacklevel=3)
 
 
 def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
                       n_probe: int | None = None, client: Any = None, scratch: Any = None,
-                      random_state: Any = None,
-                      metric: Metric | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+                      random_state: Any = None, metric: Metric | None = None,
+                      knn_tol: float = DEFAULT_KNN_TOL,
+                      ) -> tuple[np.ndarray, np.ndarray, float, float]:
     """An estimator's neighbour search: :func:`kneighbors` of X among itself in the mode
-    ``knn`` (see ``KNN_MODES``), with its recall. One search, run once.
+    ``knn`` (see ``KNN_MODES``), with its recall and distance error. One search, run once.
 
     Returns
     -------
     distances, indices : ndarrays of shape (T, k)
-    recall : float
-        1.0 for the exact searches; for the IVF search the recall estimated on
-        ``RECALL_ROWS`` seeded rows (:func:`estimate_recall`), logged, with a
-        :class:`~dr_dask.graph.LowRecallWarning` below ``RECALL_WARN``. ``knn="auto"`` takes
-        the IVF search with its adaptive probe (which holds the recall as T grows) and keeps
-        it: an exact search again would hold every row on every worker and cost T^2.
+    recall, distance_error : float
+        1.0 and 0.0 for the exact searches; for the IVF search the recall and the mean
+        relative error of the k-th neighbour's distance (:mod:`dr_dask.graph.knn_tol`),
+        estimated on ``RECALL_ROWS`` seeded rows (:func:`estimate_quality`), logged, with a
+        :class:`~dr_dask.graph.LowRecallWarning` when the neighbours are too far
+        (:func:`check_recall`). ``knn="auto"`` takes the IVF search with its adaptive probe
+        (which holds the distance error within ``knn_tol`` as T grows) and keeps it: an exact
+        search again would hold every row on every worker and cost T^2.
     """
     algorithm = knn_algorithm(knn, count_rows(X), int(X.shape[1]), metric)
     seed = search_seed(random_state)
     dist, idx = kneighbors(X, n_neighbors, client=client, algorithm=algorithm,
-                           n_probe=n_probe, scratch=scratch, random_state=seed, metric=metric)
-    if algorithm != "ivf":
+                           n_probe=n_probe, scratch=scratch, random_state=seed, metric=metric,
+                           knn_tol=knn_tol)
+    if algorithm == "auto" or not knn_backends.backend(algorithm).approximate:
         logger.info("knn=%r: exact search of %d rows", knn, count_rows(X))
-        return dist, idx, 1.0
-    recall = estimate_recall(X, idx, random_state=seed, client=client)
-    report_recall(knn, n_probe, recall)
-    return dist, idx, recall
+        return dist, idx, 1.0, 0.0
+    recall, error = estimate_quality(X, idx, random_state=seed, client=client)
+    report_recall(knn, n_probe, recall, error, knn_tol)
+    return dist, idx, recall, error
 
 
 def search_seed(random_state: Any) -> int:
@@ -492,23 +560,29 @@ def search_seed(random_state: Any) -> int:
     return int(check_random_state(random_state).randint(2**31 - 1))
 
 
-def report_recall(knn: str, n_probe: int | None, recall: float) -> None:
-    """Log the IVF search an estimator's mode ``knn`` took and its estimated recall, and warn
-    below ``RECALL_WARN`` (:func:`check_recall`)."""
-    logger.info("knn=%r: the IVF search (%s), estimated recall %.3f", knn,
-                "adaptive probe" if n_probe is None else f"n_probe={n_probe}", recall)
-    check_recall(recall, "kNN")
+def report_recall(knn: str, n_probe: int | None, recall: float,
+                  distance_error: float | None = None,
+                  knn_tol: float = DEFAULT_KNN_TOL) -> None:
+    """Log the IVF search an estimator's mode ``knn`` took, its estimated recall and distance
+    error, and warn when its neighbours are too far (:func:`check_recall`)."""
+    logger.info("knn=%r: the IVF search (%s), estimated recall %.3f, k-th distance error %s",
+                knn, f"adaptive probe, knn_tol={knn_tol:g}" if n_probe is None
+                else f"n_probe={n_probe}", recall,
+                "-" if distance_error is None else f"{distance_error:.3%}")
+    check_recall(recall, "kNN", distance_error, knn_tol)
 
 
 def estimator_neighbours(X: Any, n_neighbors: int, search: dict | None, *, client: Any = None,
                          **exact: Any) -> tuple[np.ndarray, np.ndarray]:
     """:func:`search_neighbours` with an estimator's options ``search`` (``knn``, ``n_probe``,
-    ``scratch``, ``random_state``; the recall is stored back under ``"recall"``), or without
-    them :func:`kneighbors` with the options ``exact``."""
+    ``knn_tol``, ``scratch``, ``random_state``; the recall and the distance error are stored
+    back under ``"recall"`` and ``"distance_error"``), or without them :func:`kneighbors`
+    with the options ``exact``."""
     if search is None:
         return kneighbors(X, n_neighbors, client=client, **exact)
-    options = {key: v for key, v in search.items() if key != "recall"}
-    dist, idx, search["recall"] = search_neighbours(X, n_neighbors, client=client, **options)
+    options = {key: v for key, v in search.items() if key not in ("recall", "distance_error")}
+    dist, idx, search["recall"], search["distance_error"] = search_neighbours(
+        X, n_neighbors, client=client, **options)
     return dist, idx
 
 

@@ -96,9 +96,9 @@ def _sources_per_task(T: int, per_node: int, client: Any, one_batch: bool) -> in
     """Sources per task such that what a task holds per source (``per_node`` bytes a node: its
     lanes, and its row unless written to a store) fits ``_TASK_BYTES``; where that is under
     ``LANES``, as many as a quarter of a worker thread's memory holds, up to ``LANES``: below
-    ``MIN_LANES`` sources a task runs the heap alone, 3-4x slower (T=10^7, float32 lanes, rows
-    to a store: 63 sources a task on 2 workers of 10.1 GB, not 12). A task that writes a store
-    holds all its lanes until it writes them: ``one_batch`` keeps it to one batch."""
+    ``MIN_LANES`` sources a task runs the heap alone, several times slower (docs/scaling.md,
+    "Measurements behind the code's thresholds"). A task that writes a store holds all its
+    lanes until it writes them: ``one_batch`` keeps it to one batch."""
     per_source = per_node * T
     n = _TASK_BYTES // per_source
     if n < LANES:
@@ -115,9 +115,9 @@ def path_rows_array(out: Any, shape: tuple[int, int], rows_per_chunk: int,
             raise ValueError(f"out has shape {out.shape}, expected {shape}")
         return out
     # NaN fill: a chunk never written is detected (read_stored). Path lengths are never all
-    # NaN, so zarr's check of each written chunk against the fill value only costs (5 s of
-    # the workers' time at T=10^6, 1,000 landmarks), as compressing them did (11 s to encode
-    # and decode float32 lengths that zstd shrinks by about a tenth)
+    # NaN, so zarr's check of each written chunk against the fill value would only cost the
+    # workers' time (write_empty_chunks skips it), as compressing them would (float32 lengths
+    # that zstd shrinks by about a tenth); docs/scaling.md has what each cost
     return zarr.create_array(
         store=location(out).zarr_store(), shape=shape, dtype=dtype, overwrite=True,
         chunks=(rows_per_chunk, min(shape[1], columns_per_chunk)), fill_value=np.nan,
@@ -132,7 +132,7 @@ def by_blocks(graph: Any, choice: bool | None = None, client: Any = None) -> boo
     per-node search state (a heap and clocks, 32 bytes a node) pass
     ``dr_dask.graph.paths-graph-share`` of the memory a task may count on
     (:func:`~dr_dask.runtime.cluster.thread_memory`), or ``choice``. Below, a task opening
-    the whole graph is 2.5-4x faster (one search per source, no rounds)."""
+    the whole graph is faster (one search per source, no rounds)."""
     if not isinstance(graph, StoredGraph):
         return False
     if choice is not None:

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class SearchGraph:
     """An undirected graph prepared for :func:`lane_batches`: CSR arrays whose out-edges are
     all its edges, nodes relabelled in reverse Cuthill-McKee order (neighbours get nearby
-    labels, so a search touches nearby memory: 1.5-2x faster on kNN graphs), and ``rank``
+    labels, so a search touches nearby memory, faster on kNN graphs), and ``rank``
     (``rank[node]`` is its label)."""
 
     indptr: np.ndarray
@@ -90,7 +90,7 @@ def _search(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, source
             dist: np.ndarray, keys: np.ndarray, nodes: np.ndarray) -> int:
     """Dijkstra from ``source`` into ``dist`` (relabelled nodes), the heap in ``keys`` and
     ``nodes``. Returns the number of nodes reached, or -1 when the heap is full (the arrays
-    are never reallocated here: growing them in this loop made it 2x slower)."""
+    are never reallocated here: growing them in this loop made it slower)."""
     dist[:] = np.inf
     dist[source] = 0.0
     keys[0], nodes[0] = 0.0, source
@@ -110,7 +110,7 @@ def _push(keys: np.ndarray, nodes: np.ndarray, n: int, key: float, v: int) -> No
 
 
 @numba.njit(cache=True, nogil=True)  # one compiled loop on purpose
-def _drain(  # noqa: C901
+def _drain(  # noqa: C901  (the heap's pop, sift and relax inlined: one compiled loop)
         indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray, dist: np.ndarray,
         keys: np.ndarray, nodes: np.ndarray, n: int) -> int:
     """Dijkstra from the ``n`` entries of the heap (``dist`` holds upper bounds, the heap's
@@ -149,7 +149,8 @@ def _drain(  # noqa: C901
 
 
 @numba.njit(cache=True, nogil=True)  # one compiled loop on purpose
-def seeded_lanes(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,  # noqa: C901
+def seeded_lanes(  # noqa: C901  (every lane's heap inlined: one compiled loop)
+                 indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray,
                  lanes: np.ndarray, seeded: np.ndarray, moved: np.ndarray) -> int:
     """Dijkstra in every lane of ``lanes`` (n, S) from the nodes ``seeded`` (n, S) there,
     whose values were lowered since ``lanes`` was last closed under the edges (a closed lane
@@ -282,9 +283,9 @@ def _lanes_to_rows(lanes: np.ndarray, m: int, rank: np.ndarray, out: np.ndarray,
     """``out[r, i]`` = lane r < m of node ``rank[i]`` (squared in float64 if ``square``).
 
     The nodes' lanes are gathered a block at a time (``np.take`` copies each node's lanes
-    with many reads in flight) and the block transposed into ``out``: 7-10x faster than a
-    compiled loop reading one node's lanes after another (T=10^6, 64 float32 lanes: 0.08
-    against 0.76 s a batch), whose random reads waited on memory one at a time. ``lanes``
+    with many reads in flight) and the block transposed into ``out``: faster than a compiled
+    loop reading one node's lanes after another, whose random reads wait on memory one at a
+    time (docs/scaling.md, "Measurements behind the code's thresholds"). ``lanes``
     must be C-contiguous (all its padded lanes, of which the first m count): ``np.take``
     copies a strided array whole before each gather, 2.5 GB a call at T = 10^7 with 63 of 64
     lanes, which made writing a task's rows take half an hour instead of seconds.
@@ -397,9 +398,9 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any, kept: bool
 
     The first source runs Dijkstra's heap search, which also proves the graph connected and
     times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
-    follows the manifold converge in a few pairs of passes (5 on the sinusoid at T=10^6: 3-4x
-    faster than the heap per source, 2.6x on 10-d Gaussian data), but on others may need dozens
-    (a swiss roll at T=10^5: 42, 2x slower), so they give up at ``SWEEP_BUDGET`` of the heap's
+    follows the manifold converge in a few pairs of passes, faster than the heap per source,
+    but on others may need dozens, slower (docs/scaling.md, "Measurements behind the code's
+    thresholds"), so they give up at ``SWEEP_BUDGET`` of the heap's
     time and the heap takes over.
     """
     n = len(sources)

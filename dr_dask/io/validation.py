@@ -255,6 +255,17 @@ class ParameterError(ValueError, TypeError):
     scikit-learn's ``InvalidParameterError``)."""
 
 
+def parameter_errors() -> tuple[type[Exception], ...]:
+    """What a parameter out of its range or type raises: :class:`ParameterError` (the
+    package's checks) and scikit-learn's ``InvalidParameterError`` (its estimators' checks,
+    e.g. a baseline's): the one place that names scikit-learn's private class."""
+    from sklearn.utils._param_validation import (  # lazy: not on workers (__init__)
+        InvalidParameterError,
+    )
+
+    return (ParameterError, InvalidParameterError)
+
+
 @dataclass(frozen=True)
 class Interval:
     """Numbers of ``type`` (``Integral`` or ``Real``) between ``left`` and ``right`` (None:

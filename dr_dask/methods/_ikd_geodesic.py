@@ -175,7 +175,8 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
     -------
     graph : csr_matrix of shape (T, T), or StoredGraph
     info : dict
-        ``n_components`` of the raw graph, ``n_edges`` and (kNN rule) ``knn_recall``.
+        ``n_components`` of the raw graph, ``n_edges`` and (kNN rule) ``knn_recall`` and
+        ``knn_distance_error``.
     """
     T = Xn.shape[0]
     floor, ceil = cfg.floor, cfg.ceil
@@ -191,15 +192,19 @@ def neighbour_graph(cfg: IKDConfig, Xn: Any, sigma2: float, client: Any,
         weight = _CorrelationWeight(floor, ceil, norms, sigma2)
         stored = None if where is None else stored_neighbour_graph(
             Xu, int(cfg.n_neighbors), where, knn=cfg.knn, n_probe=cfg.n_probe, client=client,
+            knn_tol=cfg.knn_tol,
             weight=weight, on_disconnected=cfg.on_disconnected, random_state=cfg.random_state)
         if stored is not None:
-            return stored.graph, {"knn_recall": stored.recall, "n_edges": stored.n_edges,
+            return stored.graph, {"knn_recall": stored.recall,
+                                  "knn_distance_error": stored.distance_error,
+                                  "n_edges": stored.n_edges,
                                   "n_components": stored.n_components,
                                   "seconds": {f"graph.{k}": v for k, v in
                                               stored.seconds.items()}}
         with scratch("knn_lists", None, cfg.scratch, inp) as lists:
-            dist, idx, info["knn_recall"] = search_neighbours(
+            dist, idx, info["knn_recall"], info["knn_distance_error"] = search_neighbours(
                 Xu, int(cfg.n_neighbors), knn=cfg.knn, n_probe=cfg.n_probe, client=client,
+                knn_tol=cfg.knn_tol,
                 scratch=lists, random_state=cfg.random_state)
         graph = graph_from_neighbors(idx, weight(dist, np.arange(T)[:, None], idx), T)
     else:
@@ -364,7 +369,8 @@ def fit_geodesic(cfg: IKDConfig, inp: InputData, run: Checkpoint | None) -> IKDR
     logger.info("geodesic IKD: T=%d, %d edges, stages %s", T, info["n_edges"], seconds)
     result = eigen_result(eig, cfg, r, sigma2, seconds, graph_components=info["n_components"],
                           graph_edges=info["n_edges"],
-                          knn_recall=info.get("knn_recall"))
+                          knn_recall=info.get("knn_recall"),
+                          knn_distance_error=info.get("knn_distance_error"))
     # the out-of-sample map (256 landmarks' Dijkstra rows) is built by the first transform:
     # most fits are fit_transform calls that never map a new row
     result.out_of_sample = DeferredTriangulation(cfg, inp, sigma2, result.embedding, graph)
@@ -484,4 +490,5 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
         landmarks=landmarks,
         out_of_sample=oos,
         knn_recall=info.get("knn_recall"),
+        knn_distance_error=info.get("knn_distance_error"),
     )

@@ -96,7 +96,8 @@ def checked_components(n_components: int, n_points: int, points: str) -> int:
 def fit_graph(est: Any, X: Any, n_neighbors: int | None, radius: float | None,
                      client: Any, where: Location | None = None,
                      timings: dict | None = None) -> sp.csr_matrix | StoredGraph:
-    """The estimator's repaired graph; sets its ``knn_recall_`` (None for the radius rule).
+    """The estimator's repaired graph; sets its ``knn_recall_`` and ``knn_distance_error_``
+    (None for the radius rule).
 
     With ``where`` (a scratch location every worker reaches), a k-rule graph whose search
     resolves to the partitioned one is built on the workers and stored there
@@ -117,6 +118,7 @@ def fit_graph(est: Any, X: Any, n_neighbors: int | None, radius: float | None,
     if precomputed(est):
         est._nbrs = nearest_neighbors(est, X)
         est.knn_recall_ = None if radius is not None else 1.0
+        est.knn_distance_error_ = None if radius is not None else 0.0
         graph = precomputed_graph(est._nbrs, n_neighbors, radius)
         return connect_components(graph, X, on_disconnected=est.on_disconnected,
                                   metric="precomputed")
@@ -131,16 +133,17 @@ def fit_graph(est: Any, X: Any, n_neighbors: int | None, radius: float | None,
         stored = stored_neighbour_graph(X, n_neighbors, where, knn=est.knn,
                                         n_probe=est.n_probe, client=client,
                                         on_disconnected=est.on_disconnected,
-                                        random_state=est.random_state)
+                                        random_state=est.random_state, knn_tol=est.knn_tol)
         if stored is not None:
-            est.knn_recall_ = stored.recall
+            est.knn_recall_, est.knn_distance_error_ = stored.recall, stored.distance_error
             if timings is not None:
                 timings.update({f"graph.{k}": v for k, v in stored.seconds.items()})
             return stored.graph
-    search = {"knn": est.knn, "n_probe": est.n_probe, "random_state": est.random_state}
+    search = {"knn": est.knn, "n_probe": est.n_probe, "knn_tol": est.knn_tol,
+              "random_state": est.random_state}
     graph = kneighbors_graph(X, n_neighbors, radius=radius, client=client, search=search,
                              metric=metric)
-    est.knn_recall_ = search.get("recall")
+    est.knn_recall_, est.knn_distance_error_ = search.get("recall"), search.get("distance_error")
     return connect_components(graph, X, on_disconnected=est.on_disconnected, metric=metric)
 
 

@@ -110,9 +110,9 @@ def tangent_clusters(
     client : distributed.Client, optional
         Passed to the kNN search.
     search : dict, optional
-        An estimator's search (``knn``, ``n_probe``, ``random_state`` of
-        :func:`dr_dask.graph.knn.search_neighbours`); its recall is stored back under
-        ``"recall"``. Default: the exact search.
+        An estimator's search (``knn``, ``n_probe``, ``knn_tol``, ``random_state`` of
+        :func:`dr_dask.graph.knn.search_neighbours`); its recall and distance error are stored
+        back under ``"recall"`` and ``"distance_error"``. Default: the exact search.
 
     Returns
     -------

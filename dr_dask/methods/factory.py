@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dr_dask.methods.ikd import IKD
-from dr_dask.methods.isomap import Isomap
-from dr_dask.methods.lsdr import LSDR
-
 #: Method names accepted by ``dr-dask compare`` and the weekly refit job.
 METHODS = ("ikd", "ikd-geodesic", "isomap", "pca", "lsdr", "umap", "tsne")
 
@@ -19,6 +15,11 @@ class MethodUnavailable(Exception):
 def make_method(name: str, n_components: int, *, n_neighbors: int, seed: int,
                 client: Any = None) -> Any:
     """Estimator for a ``compare`` method name; MethodUnavailable when it cannot be built."""
+    # lazy: `dr-dask --help` lists METHODS and loads no estimator (tests/test_cli_start.py)
+    from dr_dask.methods.ikd import IKD
+    from dr_dask.methods.isomap import Isomap
+    from dr_dask.methods.lsdr import LSDR
+
     try:
         if name in ("ikd", "ikd-geodesic"):
             solver = "geodesic" if name == "ikd-geodesic" else "full"

@@ -25,6 +25,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph.knn import KNN_CONSTRAINTS
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.io.validation import (
     Interval,
     Options,
@@ -133,6 +134,8 @@ default="geodesic_se"
         :class:`~dr_dask.methods.isomap.Isomap`'s; each manifold's own Isomap stays exact.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
+    knn_tol : float, default=0.003
+        The adaptive probe's distance tolerance, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------
@@ -140,6 +143,8 @@ default="geodesic_se"
         The k used: ``n_neighbors``, or fewer on a batch too small for it.
     knn_recall_ : float or None
         The batch search's recall (1.0 exact, IVF estimated; None without that search).
+    knn_distance_error_ : float or None
+        Its k-th distance error (:class:`~dr_dask.methods.isomap.Isomap`'s), likewise.
     labels_ : ndarray of shape (n,)
         Manifold of each batch point; -1 for outliers (a user labelling may use -1 too).
     outliers_ : ndarray of shape (n_outliers, D)
@@ -263,9 +268,11 @@ default="geodesic_se"
         progress: bool = False,
         knn: str = "auto",
         n_probe: int | None = None,
+        knn_tol: float = DEFAULT_KNN_TOL,
     ):
         self.knn = knn
         self.n_probe = n_probe
+        self.knn_tol = knn_tol
         self.n_neighbors = n_neighbors
         self.n_components = n_components
         self.kernel = kernel
@@ -290,13 +297,15 @@ default="geodesic_se"
 
     # ------------------------------------------------------------------ fit
     def _cluster(self, X: np.ndarray, client) -> np.ndarray:
-        search = {"knn": self.knn, "n_probe": self.n_probe, "random_state": self.random_state}
+        search = {"knn": self.knn, "n_probe": self.n_probe, "knn_tol": self.knn_tol,
+                  "random_state": self.random_state}
         labels = cluster_labels(
             self.clusterer, X, self.n_neighbors_, self.n_components,
             tangent_threshold=self.tangent_threshold,
             density_persistence=self.density_persistence,
             min_cluster_size=self.min_cluster_size, client=client, search=search)
         self.knn_recall_ = search.get("recall")
+        self.knn_distance_error_ = search.get("distance_error")
         return labels
 
     @shown_during

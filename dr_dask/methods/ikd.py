@@ -48,6 +48,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph.knn import KNN_CONSTRAINTS
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.io.checkpoint import Checkpoint
 from dr_dask.io.storage import Location
 from dr_dask.io.validation import (
@@ -194,6 +195,9 @@ default="se"
     n_probe : int or None, default=None
         Lists each row probes with the IVF search; ``None``: adaptive (as
         :class:`~dr_dask.methods.isomap.Isomap`'s).
+    knn_tol : float, default=0.003
+        The adaptive probe's target: the mean relative error of the k-th neighbour's distance
+        (:mod:`dr_dask.graph.knn_tol`), in [0, 1); 0 is the exact search.
 
     Attributes
     ----------
@@ -239,7 +243,10 @@ default="se"
         (1.6-2 s at T=10,000); until then the fit keeps its neighbour graph.
     knn_recall_ : float or None
         ``solver="geodesic"`` with the kNN rule: share of the true neighbours the search found
-        (1.0 exact; IVF: estimated on 200 seeded rows, warning below 0.9).
+        (1.0 exact; IVF: estimated on 200 seeded rows).
+    knn_distance_error_ : float or None
+        Likewise, the mean relative excess of the k-th found neighbour's distance over the true
+        k-th distance on those rows (0.0 exact; a warning far above ``knn_tol``).
 
     See Also
     --------
@@ -335,6 +342,7 @@ default="se"
         progress: bool = False,
         knn: str = "auto",
         n_probe: int | None = None,
+        knn_tol: float = DEFAULT_KNN_TOL,
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -369,6 +377,7 @@ default="se"
         self.progress = progress
         self.knn = knn
         self.n_probe = n_probe
+        self.knn_tol = knn_tol
 
     # -- parameters -----------------------------------------------------------------------
 

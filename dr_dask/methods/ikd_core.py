@@ -25,6 +25,7 @@ from typing import Any, get_args, get_type_hints
 import dask.array as da
 import numpy as np
 
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.io.checkpoint import Checkpoint
 from dr_dask.io.inputs import InputData
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
@@ -83,6 +84,7 @@ class IKDConfig:
     progress: bool
     knn: str = "auto"
     n_probe: int | None = None
+    knn_tol: float = DEFAULT_KNN_TOL
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], **resolved: Any) -> IKDConfig:
@@ -144,6 +146,7 @@ class IKDResult:
     #: what ``transform`` needs (:mod:`._ikd_transform`); None where it cannot be kept
     out_of_sample: Any = None
     knn_recall: float | None = None
+    knn_distance_error: float | None = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dr_dask.graph import (
     GeodesicRows,
     shortest_paths,
 )
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.io.storage import Location, location
@@ -223,8 +224,13 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         its estimated recall in ``knn_recall_``), else the exact search.
     n_probe : int or None, default=None
         Lists (of about sqrt(T)) each row searches with IVF; ``None``: adaptive, as many as
-        keep about 0.975 of the true neighbours (measured on the fit's own lists, at most
-        ``dr_dask.knn.max-probe``); at least the number of lists: exact.
+        hold the k-th neighbour's distance within ``knn_tol`` of the true one (measured on the
+        fit's own lists, at most ``dr_dask.knn.max-probe``); at least the number of lists:
+        exact.
+    knn_tol : float, default=0.003
+        The adaptive probe's target (``n_probe=None``): the mean relative error of the k-th
+        neighbour's distance over the true one (:mod:`dr_dask.graph.knn_tol`), in [0, 1); 0
+        probes every list (the exact search).
 
     Attributes
     ----------
@@ -248,8 +254,11 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     graph_ : scipy.sparse.csr_matrix of shape (T, T)
         The (repaired) neighbour graph.
     knn_recall_ : float or None
-        Share of the true neighbours found (1.0 exact, IVF: estimated on 200 seeded rows,
-        warning below 0.9); None for the radius rule.
+        Share of the true neighbours found (1.0 exact, IVF: estimated on 200 seeded rows);
+        None for the radius rule.
+    knn_distance_error_ : float or None
+        The mean relative excess of the k-th found neighbour's distance over the true one, on
+        the same rows (0.0 exact; a warning far above ``knn_tol``); None for the radius rule.
     geodesic_sq_row_mean_ : ndarray of shape (T,)
         Row means of the squared geodesic matrix.
     dist_matrix_ : ndarray of shape (T, T) or None
@@ -288,7 +297,8 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                  metric_params: dict | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
-                 knn: str = "auto", n_probe: int | None = None):
+                 knn: str = "auto", n_probe: int | None = None,
+                 knn_tol: float = DEFAULT_KNN_TOL):
         self.path_method = path_method
         self.neighbors_algorithm = neighbors_algorithm
         self.n_jobs = n_jobs
@@ -297,6 +307,7 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         self.metric_params = metric_params
         self.knn = knn
         self.n_probe = n_probe
+        self.knn_tol = knn_tol
         self.n_neighbors = n_neighbors
         self.radius = radius
         self.n_components = n_components

@@ -26,6 +26,7 @@ from dr_dask.graph import (
     select_landmarks,
     triangulate,
 )
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.graph.landmarks import triangulate_block
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
@@ -172,6 +173,8 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         URL every worker reaches; a :class:`~dr_dask.io.storage.Location` carries storage
         options); None: next to a remote input (its bucket), else a local temporary
         directory. Deleted when the fit ends.
+    knn_tol : float, default=0.003
+        The adaptive probe's distance tolerance, as :class:`Isomap`'s.
 
     Attributes
     ----------
@@ -195,7 +198,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     n_features_in_ : int
     graph_ : scipy.sparse.csr_matrix of shape (T, T) or None
         None when the graph was built on the workers (it lived at ``scratch``).
-    knn_recall_ : float
+    knn_recall_, knn_distance_error_ : float
         As :class:`Isomap`'s.
     timings_ : dict
         Wall seconds per stage.
@@ -233,7 +236,8 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                  metric_params: dict | None = None, on_disconnected: str = "bridge",
                  random_state: int | np.random.RandomState | None = None, client: Any = None,
                  geodesic_store: Any = None, block_size: int = 256, progress: bool = False,
-                 knn: str = "auto", n_probe: int | None = None, scratch: Any = None):
+                 knn: str = "auto", n_probe: int | None = None, scratch: Any = None,
+                 knn_tol: float = DEFAULT_KNN_TOL):
         self.radius = radius
         self.eigen_solver = eigen_solver
         self.tol = tol
@@ -246,6 +250,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         self.metric_params = metric_params
         self.knn = knn
         self.n_probe = n_probe
+        self.knn_tol = knn_tol
         self.scratch = scratch
         self.n_neighbors = n_neighbors
         self.n_components = n_components

@@ -52,6 +52,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph import connect_components, kneighbors_graph
 from dr_dask.graph.knn import KNN_CONSTRAINTS
+from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.graph.paths import shortest_paths
 from dr_dask.io.validation import (
     Interval,
@@ -167,11 +168,16 @@ class LSDR(ClientParam, SavedModel, LabelledOutput, TransformerMixin, BaseEstima
         The neighbour search of ``graph="knn"``, as :class:`~dr_dask.methods.isomap.Isomap`'s.
     n_probe : int or None, default=None
         Lists each row searches with IVF, as :class:`~dr_dask.methods.isomap.Isomap`'s.
+    knn_tol : float, default=0.003
+        The adaptive probe's distance tolerance, as :class:`~dr_dask.methods.isomap.Isomap`'s.
 
     Attributes
     ----------
     knn_recall_ : float or None
         ``graph="knn"``: the search's recall (1.0 exact, IVF estimated); else None.
+    knn_distance_error_ : float or None
+        ``graph="knn"``: its k-th distance error (:class:`~dr_dask.methods.isomap.Isomap`'s);
+        else None.
     embedding_ : ndarray of shape (n, d)
     skeleton_indices_ : ndarray of shape (r,)
     skeleton_embedding_ : ndarray of shape (r, d)
@@ -259,9 +265,11 @@ class LSDR(ClientParam, SavedModel, LabelledOutput, TransformerMixin, BaseEstima
         progress: bool = False,
         knn: str = "auto",
         n_probe: int | None = None,
+        knn_tol: float = DEFAULT_KNN_TOL,
     ):
         self.knn = knn
         self.n_probe = n_probe
+        self.knn_tol = knn_tol
         self.n_components = n_components
         self.alpha = alpha
         self.n_skeleton_neighbors = n_skeleton_neighbors
@@ -321,15 +329,17 @@ class LSDR(ClientParam, SavedModel, LabelledOutput, TransformerMixin, BaseEstima
 
     def _knn_graph_edges(self, X: np.ndarray) -> np.ndarray:
 
-        search = {"knn": self.knn, "n_probe": self.n_probe, "random_state": self.random_state}
+        search = {"knn": self.knn, "n_probe": self.n_probe, "knn_tol": self.knn_tol,
+                  "random_state": self.random_state}
         G = kneighbors_graph(X, min(int(self.n_graph_neighbors), X.shape[0] - 1),
                              client=self.client, search=search)
         self.knn_recall_ = search.get("recall")
+        self.knn_distance_error_ = search.get("distance_error")
         G = sp.triu(connect_components(G, X, on_disconnected="bridge"), 1).tocoo()
         return np.column_stack([G.row, G.col])
 
     def _build_graph(self, X: np.ndarray):
-        self.knn_recall_ = None  # set by the kNN candidate graph
+        self.knn_recall_ = self.knn_distance_error_ = None  # set by the kNN candidate graph
         n, p = X.shape
         simplices = None
         if self.graph == "delaunay":

@@ -568,7 +568,7 @@ def _fit_into(estimator: Any, inp: InputData, run: RunGroup, method: str,
     run.write("embedding", emb, ("sample", "component"), {"method": method})
     summary: dict[str, Any] = {"method": method, "fit_seconds": seconds, "shape": emb.shape}
     for attr in ("eigenvalues_", "explained_variance_ratio_", "reference_index_", "sigma2_",
-                 "knn_recall_"):
+                 "knn_recall_", "knn_distance_error_"):
         value = getattr(estimator, attr, None)
         if value is not None:
             summary[attr.rstrip("_")] = np.asarray(value).tolist()

@@ -42,7 +42,7 @@ _LIMITER: Any = None
 
 @functools.cache
 def _controller() -> ThreadpoolController:
-    # scanning the loaded libraries costs ~10 ms: once per process
+    # scanning the loaded libraries is not free: once per process
     return ThreadpoolController()
 
 

@@ -4,8 +4,9 @@ distributed's nannies start workers with ``MALLOC_TRIM_THRESHOLD_`` set, and set
 fixes glibc's mmap threshold at its 128 KiB floor: on a worker every larger temporary is
 fresh pages from the system, zeroed on first touch and handed back when freed. A loop that
 makes one per chunk spends its time in page faults (the eigensolver's passes over in-memory
-tiles ran 3.4x slower on a LocalCluster's workers than on dask's threads, the Dijkstra strips
-about 2x). Hot loops over chunks take a buffer of their thread's instead.
+tiles and the Dijkstra strips ran slower on a LocalCluster's workers than on dask's threads:
+docs/scaling.md, "Measurements behind the code's thresholds"). Hot loops over chunks take a
+buffer of their thread's instead.
 
 What a thread keeps is bounded by :data:`KEEP_BYTES` per name (a handful of names, most far
 smaller: a row chunk, a tile of inner products); threads that end take theirs with them, as
