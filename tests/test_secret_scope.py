@@ -102,10 +102,11 @@ def _held_anywhere(client) -> list[str]:
 
     def on_workers(dask_worker):
         from dr_dask.runtime import credentials
+        from dr_dask.runtime.cluster import CredentialsPlugin
 
         return (any(SECRET in v for s in credentials._REGISTRY.values() for v in s.values())
-                or any(SECRET.encode() in pickle.dumps(p) for p in dask_worker.plugins.values()
-                       if "dr_dask" in type(p).__module__))
+                or any(isinstance(p, CredentialsPlugin) and SECRET.encode() in pickle.dumps(p)
+                       for p in dask_worker.plugins.values()))
 
     return _scheduler_holds(client) + [w for w, held in client.run(on_workers).items() if held]
 

@@ -31,6 +31,7 @@ from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.scheduler import KilledWorker
 from distributed.system import MEMORY_LIMIT
+from distributed.utils import has_keyword
 from distributed.worker import thread_state
 from tornado.ioloop import PeriodicCallback
 
@@ -161,10 +162,14 @@ def run_stage(name: str, fn: Callable[[], T], attempts: int | None = None) -> T:
         _STAGE.reset(token)
 
 
-def _answer(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[bool, Any]:
+def _answer(fn: Callable[..., Any], args: tuple, kwargs: dict,
+            dask_worker: Any = None) -> tuple[bool, Any]:
     """``(True, fn(*args, **kwargs))``, or ``(False, error)`` when ``fn`` raised: on the
-    worker, so that what ``fn`` raises is told apart from a worker that never answered."""
+    worker, so that what ``fn`` raises is told apart from a worker that never answered.
+    ``fn`` gets the worker as ``dask_worker`` when it takes one (as ``client.run`` does)."""
     try:
+        if has_keyword(fn, "dask_worker"):
+            kwargs = {**kwargs, "dask_worker": dask_worker}
         return True, fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001  (handed back to the caller, who raises it)
         return False, exc
@@ -649,6 +654,8 @@ _DELIVERED: set[tuple[str, str]] = set()
 _LIVE: dict[tuple[Client, str], dict] = {}
 _LIVE_LOCK = threading.Lock()
 _RENEWER: list[threading.Thread] = []
+#: Clients whose scheduler has no :class:`CredentialsLifetime` (it could not load it).
+_UNGUARDED: set[str] = set()
 
 
 class _Scope(threading.local):
@@ -686,6 +693,8 @@ def _register(client: Client, ref: str, secret: dict) -> None:
 
 def _renew_on(client: Client, refs: list[str]) -> list[str]:
     """Renew ``refs`` of ``client`` on its scheduler; those it no longer holds."""
+    if str(client.id) in _UNGUARDED:
+        return []
     return list(client.run_on_scheduler(_renew_on_scheduler, refs, str(client.id), _lifetime()))
 
 
@@ -731,7 +740,15 @@ def deliver_credentials(client: Client | None, storage_options: dict | None) -> 
     key = (str(client.id), ref)
     if key in _DELIVERED:
         return
-    client.register_plugin(CredentialsLifetime(), name=CredentialsLifetime.name)
+    try:
+        client.register_plugin(CredentialsLifetime(), name=CredentialsLifetime.name)
+    except (CommClosedError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001  (a scheduler that cannot load dr_dask's plugin)
+        _UNGUARDED.add(str(client.id))
+        logger.warning("the scheduler did not take dr_dask's credentials plugin (%s: %s): "
+                       "storage credentials stay on it until the run ends", type(exc).__name__,
+                       exc)
     _register(client, ref, secret)
     _DELIVERED.add(key)
     with _LIVE_LOCK:
