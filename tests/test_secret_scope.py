@@ -144,3 +144,27 @@ def test_no_secret_outlives_a_client_killed_or_hung(cluster_client, signum):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.cluster
+def test_a_worker_forgets_credentials_the_scheduler_does_not_hold(cluster_client):
+    """A worker's copy lives only while the scheduler vouches for it: credentials that no
+    client claimed on the scheduler (as if their removal never reached this worker) are
+    forgotten by every worker within their lifetime, though the scheduler still lists the
+    plugin."""
+    import time
+
+    from dr_dask.runtime.cluster import CredentialsLifetime, CredentialsPlugin
+
+    lifetime, ref = 1.0, "dr_dask-credentials-unclaimed"
+    cluster_client.register_plugin(CredentialsLifetime())
+    cluster_client.register_plugin(CredentialsPlugin({ref: {"secret": SECRET}}, lifetime),
+                                   name=ref)
+    try:
+        registered = time.monotonic()
+        while _held_anywhere(cluster_client) != [ref] and time.monotonic() - registered < 5:
+            time.sleep(0.1)
+        assert _held_anywhere(cluster_client) == [ref]  # the scheduler's copy only
+        assert time.monotonic() - registered <= lifetime + 1.0
+    finally:
+        cluster_client.unregister_worker_plugin(ref)

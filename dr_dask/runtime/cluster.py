@@ -561,15 +561,40 @@ def compute(*collections: Any, client: Client | None = None,
 class CredentialsPlugin(WorkerPlugin):
     """Puts credential sets into each worker's registry (:mod:`dr_dask.runtime.credentials`),
     and takes them out again when it is unregistered (by the run's end, or by
-    :class:`CredentialsLifetime` when their client is gone or stopped renewing them)."""
+    :class:`CredentialsLifetime` when their client is gone or stopped renewing them).
 
-    def __init__(self, sets: dict[str, dict]):
-        self.sets = sets
+    With a ``lifetime`` the worker also asks the scheduler every quarter of it whether the
+    sets are still held there, and forgets them when it says no or has not said yes for a
+    whole lifetime: a worker that missed their removal (unreachable then) keeps no copy."""
+
+    def __init__(self, sets: dict[str, dict], lifetime: float | None = None):
+        self.sets, self.lifetime = sets, lifetime
+        self._check: PeriodicCallback | None = None
 
     def setup(self, worker: Any) -> None:
         credentials.register(self.sets)
+        if self.lifetime:
+            self._confirmed = time.monotonic()
+            self._check = PeriodicCallback(lambda: self._confirm(worker),
+                                           self.lifetime * 1000 / 4)
+            self._check.start()
+
+    async def _confirm(self, worker: Any) -> None:
+        try:
+            held = await worker.scheduler.dr_dask_credentials_held(refs=list(self.sets))
+        except Exception:  # noqa: BLE001  (no answer: only the lifetime decides)
+            held = None
+        if held:
+            self._confirmed = time.monotonic()
+        if held is False or time.monotonic() - self._confirmed > (self.lifetime or 0):
+            logger.info("storage credentials %s no longer held by the scheduler: forgotten",
+                        list(self.sets))
+            self.teardown(worker)
 
     def teardown(self, worker: Any) -> None:
+        if self._check is not None:
+            self._check.stop()
+            self._check = None
         credentials.unregister(list(self.sets))
         self.sets = {}  # the worker may keep this object a while: no copy of the secret in it
 
@@ -597,6 +622,7 @@ class CredentialsLifetime(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
+        scheduler.handlers["dr_dask_credentials_held"] = self.still_held
         check = PeriodicCallback(self.expire, 250)
         scheduler.periodic_callbacks[self.name] = check
         check.start()
@@ -614,6 +640,10 @@ class CredentialsLifetime(SchedulerPlugin):
         for ref in refs:
             self.held[ref] = (client, deadline)
         return [ref for ref in refs if ref not in self.scheduler.worker_plugins]
+
+    def still_held(self, refs: list[str]) -> bool:
+        """For a worker's :class:`CredentialsPlugin`: ``refs`` are all claimed and held."""
+        return all(ref in self.held and ref in self.scheduler.worker_plugins for ref in refs)
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         for ref, (owner, _) in list(self.held.items()):
@@ -681,7 +711,8 @@ def _register(client: Client, ref: str, secret: dict) -> None:
         try:
             # the one message that carries the secret (and the scheduler's copy for workers
             # that join later): a TLS cluster protects it
-            client.register_plugin(CredentialsPlugin({ref: secret}), name=ref)
+            lifetime = None if str(client.id) in _UNGUARDED else _lifetime()
+            client.register_plugin(CredentialsPlugin({ref: secret}, lifetime), name=ref)
             return
         except (CommClosedError, OSError) as exc:
             # a worker died under the broadcast: the scheduler holds the plugin already and
