@@ -79,7 +79,7 @@ def data():
     return roll, lift
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def staged(dr_config):
     """In-memory inputs go to the workers through a staged store, as above 4 MiB: the staging
     asks every worker whether it sees it (a broadcast a dead worker used to fail)."""
@@ -148,7 +148,7 @@ def test_broadcast_survives_a_worker_dying_under_it(clusters):
 
 
 @pytest.mark.parametrize("solver", ["full", "geodesic", "blockwise", "landmark"])
-def test_ikd_survives_worker_loss(clusters, data, solver, tmp_path):
+def test_ikd_survives_worker_loss(staged, clusters, data, solver, tmp_path):
     from dr_dask.methods.ikd import IKD
 
     _, X = data
@@ -162,7 +162,7 @@ def test_ikd_survives_worker_loss(clusters, data, solver, tmp_path):
 
 
 @pytest.mark.parametrize("landmarks", [False, True])
-def test_isomap_survives_worker_loss(clusters, data, landmarks, tmp_path):
+def test_isomap_survives_worker_loss(staged, clusters, data, landmarks, tmp_path):
     from dr_dask.methods.isomap import Isomap
     from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
@@ -181,7 +181,7 @@ def test_isomap_survives_worker_loss(clusters, data, landmarks, tmp_path):
               name="LandmarkIsomap" if landmarks else "Isomap")
 
 
-def test_lsdr_survives_worker_loss(clusters, data, tmp_path):
+def test_lsdr_survives_worker_loss(staged, clusters, data, tmp_path):
     from dr_dask.methods.lsdr import LSDR
 
     roll, _ = data
@@ -190,7 +190,7 @@ def test_lsdr_survives_worker_loss(clusters, data, tmp_path):
               tmp_path=tmp_path, name="LSDR")
 
 
-def test_metrics_survive_worker_loss(clusters, data, tmp_path):
+def test_metrics_survive_worker_loss(staged, clusters, data, tmp_path):
     from dr_dask.metrics import neighbourhood_scores
 
     roll, X = data
@@ -202,7 +202,7 @@ def test_metrics_survive_worker_loss(clusters, data, tmp_path):
     _survives(clusters, scores, tmp_path=tmp_path, name="neighbourhood_scores")
 
 
-def test_gp_isomap_survives_worker_loss(clusters, data, tmp_path):
+def test_gp_isomap_survives_worker_loss(staged, clusters, data, tmp_path):
     from dr_dask.methods.gp_isomap import GPIsomap
 
     roll, _ = data

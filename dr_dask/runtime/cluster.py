@@ -204,7 +204,10 @@ def run_on_workers(client: Client, fn: Callable[..., T], *args: Any,
             return done
         logger.warning("no worker answered %s (%d of %d); asking again",
                        getattr(fn, "__name__", fn), attempt, attempts)
-        wait_for_workers(client)
+        try:
+            wait_for_workers(client)
+        except NoWorkers as exc:  # as a computation's wait_for says it: the stage to rerun
+            raise ClusterLost(_STAGE.get(), str(exc)) from exc
     raise ClusterLost(_STAGE.get(), f"no worker answered {attempts} times")
 
 
