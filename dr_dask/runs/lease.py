@@ -104,6 +104,7 @@ class Lease:
         version = None
         for _ in range(3):  # a lease released (deleted) between our two looks: look again
             self.token = self.token_floor + 1
+            sent = time.monotonic()  # before the record's expiry is read off the clock
             version = self.where.swap_bytes(self._record(), None)
             if version is not None:
                 break
@@ -123,6 +124,7 @@ class Lease:
                             held.get("owner"))
             self.token = max(int(held.get("token", 0)), self.token_floor) + 1
             # over the version read: a run that renewed or took it meanwhile makes this fail
+            sent = time.monotonic()
             version = self.where.swap_bytes(self._record(), got[1])
             break
         if version is None:
@@ -130,7 +132,7 @@ class Lease:
                 f"another run took over the lease {self.where} at the same moment; retry later"
             )
         self._version, self._lost = version, None
-        self._fenced_at = time.monotonic()  # the record was made just before: a safe bound
+        self._fenced_at = sent
         self._stop = threading.Event()
         threading.Thread(target=self._renew_loop, daemon=True, name="dr-dask-lease").start()
         logger.debug("lease %s held by %s (token %d)", self.where, self.owner, self.token)
