@@ -118,10 +118,15 @@ class Task:
     """The ``n``-th task of dask's task prefix ``prefix`` (``key_split``: the function's name
     without leading underscores, e.g. ``tile_matmat``; every task when empty) to start on any
     worker: that worker is killed (the task and the results it held are lost with it). ``n=0``
-    kills nothing and counts the tasks (:attr:`Fault.count`)."""
+    kills nothing and counts the tasks (:attr:`Fault.count`, their start times
+    :attr:`Fault.times`). With ``at``, the kill waits until ``at`` seconds after the
+    fault's :meth:`Fault.start` (the test's call of the fit), holding the task (and its
+    worker) until then: a kill at a moment of the fit that always falls inside it, whatever
+    the machine's speed (pick ``n`` from a counting run's :attr:`Fault.times`)."""
 
     n: int
     prefix: str = ""
+    at: float = 0.0
 
 
 MARKS = {cls.__name__: cls for cls in (Stage, Written, Rows, RefitInFlight, RunCreated, Task)}
@@ -154,6 +159,22 @@ class Fault:
         except FileNotFoundError:
             return None
 
+    def start(self) -> None:
+        """Now is the start of the run (the time :class:`Task`'s ``at`` counts from)."""
+        (self.path / "start.json").write_text(json.dumps(time.time()))
+
+    @property
+    def started(self) -> float | None:
+        try:
+            return float(json.loads((self.path / "start.json").read_text()))
+        except FileNotFoundError:
+            return None
+
+    @property
+    def times(self) -> list[float]:
+        """When each matching event happened, in order (wall-clock seconds)."""
+        return [float(p.read_text() or "nan") for p in sorted(self.path.glob("event-*"))]
+
     @property
     def count(self) -> int:
         """How many matching events the armed processes saw (a run with a mark past its end
@@ -184,12 +205,17 @@ class Fault:
         i = 1
         while True:  # claim the next free number: exclusive creation orders events across processes
             try:
-                os.close(os.open(self.path / f"event-{i:06d}", os.O_CREAT | os.O_EXCL))
+                fd = os.open(self.path / f"event-{i:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.write(fd, repr(time.time()).encode())
+                os.close(fd)
                 break
             except FileExistsError:
                 i += 1
         if i != n:
             return False
+        at, started = getattr(self.mark, "at", 0.0), self.started
+        if at and started is not None:  # hold the task (the run cannot end) until the moment
+            time.sleep(max(0.0, started + at - time.time()))
         (self.path / "fired.json").write_text(json.dumps(
             {"key": key, "pid": pid, "count": i, "time": time.time()}))
         return True

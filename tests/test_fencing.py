@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import psutil
@@ -71,9 +72,10 @@ sys.exit(main())
 """
 
 
-def _cli(*args: str, pause: dict | None = None, wait: bool = False) -> subprocess.Popen:
+def _cli(*args: str, pause: dict | None = None, wait: bool = False,
+         env: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
-               DASK_DR_DASK__LEASE__TTL=str(TTL))
+               DASK_DR_DASK__LEASE__TTL=str(TTL), **(env or {}))
     code = (_PAUSING_CLI.format(**{"before": False, **pause}) if pause else
             _WAITING_CLI if wait else
             "import sys; from dr_dask.cli import main; sys.exit(main())")
@@ -82,17 +84,26 @@ def _cli(*args: str, pause: dict | None = None, wait: bool = False) -> subproces
                             stdin=subprocess.PIPE if wait else None)
 
 
-def _snapshot(where: Location) -> dict[str, bytes]:
-    """Every object under ``where`` and its bytes."""
-    return {key: where.child(key).read_bytes() for key in sorted(where.find())}
+def _snapshot(where: Location, stamps: bool = False) -> dict[str, Any]:
+    """Every object under ``where`` and its bytes; with ``stamps``, also its modification time
+    and inode (local) or last-modified time (S3): a rewrite with the same bytes shows too (a
+    resumed writer rewrites what the run that took over wrote, with the same values)."""
+
+    def stamp(obj: Location) -> tuple:
+        info = obj.fs.info(obj.path)
+        return (info.get("mtime"), info.get("ino"), str(info.get("LastModified")))
+
+    return {key: (where.child(key).read_bytes(), stamp(where.child(key)) if stamps else None)
+            for key in sorted(where.find())}
 
 
-def _take_over(args: tuple[str, ...], pause: dict, out: Location) -> tuple[dict, str]:
+def _take_over(args: tuple[str, ...], pause: dict, out: Location,
+               env: dict | None = None, stamps: bool = False) -> tuple[dict, str]:
     """Run A until it pauses after its first commit, let its lease lapse, run B to the end,
     then wake A: A must exit 1 naming B and leave the output exactly as B left it. Returns
     B's output (a snapshot) and A's stderr."""
-    zombie = _cli(*args, pause=pause)
-    taker = _cli(*args, wait=True)
+    zombie = _cli(*args, pause=pause, env=env)
+    taker = _cli(*args, wait=True, env=env)
     try:
         t0 = time.time()
         while psutil.Process(zombie.pid).status() != psutil.STATUS_STOPPED:
@@ -102,7 +113,7 @@ def _take_over(args: tuple[str, ...], pause: dict, out: Location) -> tuple[dict,
         time.sleep(TTL + 1.0)  # the paused holder's lease lapses
         _, err = taker.communicate(b"run\n", timeout=300)
         assert taker.returncode == 0, err.decode()[-3000:]
-        after_taker = _snapshot(out)
+        after_taker = _snapshot(out, stamps)
     finally:
         zombie.send_signal(signal.SIGCONT)
         if taker.returncode is None:  # never told to run (the zombie failed first)
@@ -114,7 +125,7 @@ def _take_over(args: tuple[str, ...], pause: dict, out: Location) -> tuple[dict,
     assert "taken over" in message and f":{taker.pid}:" in message, message[-3000:]
     assert "Traceback" not in message
     # the zombie wrote nothing after it woke: the output is exactly the taker's
-    assert _snapshot(out) == after_taker
+    assert _snapshot(out, stamps) == after_taker
     return after_taker, message
 
 
@@ -175,6 +186,56 @@ def test_stream_zombie_cannot_publish(tmp_path, stream_scenario):
     assert o["checkpoint"]["n_rows"] == n == len(o["status"])  # every row, once
     assert o["checkpoint"]["lease"]["token"] == 2
     assert np.isfinite(o["embedding"]).all()
+
+
+#: Where a stream's writer pauses around its refit (the stream refits once, on the rows of an
+#: unseen patch, two chunks before its end): before the refit starts (after its first
+#: commit); with the refit in flight (after the next chunk's commit: the refit's result
+#: arrives after the pause); in the middle of the refit's publication (right after the fence
+#: of its rewrite of the buffered rows, before any of their arrays is written: the window a
+#: fence per group of writes left open); after the publication (its checkpoint written, two
+#: chunks still to come).
+_AROUND_REFIT = {
+    "before": dict(_STREAM, when="args[0]['n_chunks'] >= 1 and not args[0]['refit']"),
+    "in flight": dict(_STREAM, when="args[0]['refit'] and args[0]['n_chunks'] > "
+                      "args[0]['refit']['trigger_seq']"),
+    "publishing": dict(_STREAM, method="fence",
+                       when="sys._getframe(1).f_code.co_name == 'update_rows'"),
+    "after": dict(_STREAM, when="len(args[0]['refits']) >= 1"),
+}
+
+
+@pytest.fixture(scope="module")
+def refit_scenario(tmp_path_factory):
+    """The shift scenario in 24 chunks of 10 rows, its model, and the output of an undisturbed
+    run that refits once (``n_s`` 20, published one chunk after it starts)."""
+    sc = shift_scenario(60, random_state=3)
+    root = tmp_path_factory.mktemp("fencing_refit")
+    write_scenario(sc, str(root), kind="npy-dir", chunk_size=10)
+    model = str(root / "model.zarr")
+    save_gp_isomap(GPIsomap(n_neighbors=10, random_state=0).fit(sc.batch), model)
+    args = ("stream", "run", str(root / "stream"), "--model", model, "--n-s", "20",
+            "--max-in-flight", "1")
+    env = {"DASK_DR_DASK__STREAM__REFIT_LAG": "1"}
+    ref = _cli(*args, "--out", str(root / "undisturbed"), env=env)
+    _, err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, err.decode()[-3000:]
+    return args, env, read_output(str(root / "undisturbed"))
+
+
+@pytest.mark.parametrize("moment", list(_AROUND_REFIT))
+def test_stream_zombie_writes_nothing_around_a_refit(tmp_path, refit_scenario, moment):
+    """A stream writer paused (SIGSTOP) before, during or after its refit, whose lease another
+    run takes over and finishes with: woken (SIGCONT), it writes no object (every byte of the
+    output is the taker's), drops the refit it had in flight, and exits 1 (LeaseLost); the
+    output is the undisturbed run's."""
+    args, env, undisturbed = refit_scenario
+    out = Location(str(tmp_path / "out"))
+    _take_over((*args, "--out", out.url), _AROUND_REFIT[moment], out, env=env, stamps=True)
+    o = read_output(out.url)
+    assert len(o["checkpoint"]["refits"]) == 1 and o["checkpoint"]["lease"]["token"] == 2
+    for name in ("embedding", "variance", "manifold", "version", "status"):
+        np.testing.assert_array_equal(o[name], undisturbed[name], err_msg=name)
 
 
 # ------------------------------------------------------------------------------- incremental

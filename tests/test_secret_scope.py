@@ -82,3 +82,89 @@ def test_credentials_leave_the_scheduler_and_never_reach_a_log(s3_bucket, cluste
         failed = CliRunner().invoke(main, _args(address, src, state))
         assert failed.exit_code == 2, failed.output
         assert _scheduler_holds(client) == [] and _workers_hold(client) == []
+
+
+_DELIVERING_CLIENT = """
+import sys
+from distributed import Client
+from dr_dask.runtime import cluster
+
+client = Client(sys.argv[1])
+cluster.deliver_credentials(client, {"key": sys.argv[2], "secret": sys.argv[3]})
+print("delivered", flush=True)
+sys.stdin.read()  # held open until the test kills or stops it
+"""
+
+
+def _held_anywhere(client) -> list[str]:
+    """Where the secret still is: the scheduler's plugin registry, a worker's credentials
+    registry or a worker's plugins (each plugin object pickled whole)."""
+
+    def on_workers(dask_worker):
+        from dr_dask.runtime import credentials
+        from dr_dask.runtime.cluster import CredentialsPlugin
+
+        return (any(SECRET in v for s in credentials._REGISTRY.values() for v in s.values())
+                or any(isinstance(p, CredentialsPlugin) and SECRET.encode() in pickle.dumps(p)
+                       for p in dask_worker.plugins.values()))
+
+    return _scheduler_holds(client) + [w for w, held in client.run(on_workers).items() if held]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("signum", ["SIGKILL", "SIGSTOP"])
+def test_no_secret_outlives_a_client_killed_or_hung(cluster_client, signum):
+    """A client that delivered credentials, then was SIGKILLed (the scheduler sees it leave)
+    or SIGSTOPped (connected but silent: it renews nothing): within the credentials' lifetime
+    neither the scheduler nor any worker holds them; while it lived they outlived the lifetime
+    (renewed)."""
+    import signal
+    import time
+
+    lifetime = 2.0
+    env = dict(os.environ, PYTHONPATH=os.getcwd(),
+               DASK_DR_DASK__CREDENTIALS__LIFETIME=f"{lifetime}s")
+    proc = subprocess.Popen([sys.executable, "-c", _DELIVERING_CLIENT,
+                             cluster_client.scheduler.address, KEY_ID, SECRET],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "delivered\n"
+        held = _held_anywhere(cluster_client)
+        assert len(held) == 3, held  # the scheduler's copy and both workers'
+        time.sleep(2 * lifetime)  # renewed by the live client past its lifetime
+        assert len(_held_anywhere(cluster_client)) == 3
+        proc.send_signal(getattr(signal, signum))
+        stopped = time.monotonic()
+        while _held_anywhere(cluster_client) and time.monotonic() - stopped < 3 * lifetime:
+            time.sleep(0.1)
+        gone_after = time.monotonic() - stopped
+        assert _held_anywhere(cluster_client) == []
+        # a hung client is seen only by its lifetime; the scheduler's check runs every 0.25 s
+        assert gone_after <= (1.0 if signum == "SIGKILL" else lifetime + 1.0), gone_after
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.cluster
+def test_a_worker_forgets_credentials_the_scheduler_does_not_hold(cluster_client):
+    """A worker's copy lives only while the scheduler vouches for it: credentials that no
+    client claimed on the scheduler (as if their removal never reached this worker) are
+    forgotten by every worker within their lifetime, though the scheduler still lists the
+    plugin."""
+    import time
+
+    from dr_dask.runtime.cluster import CredentialsLifetime, CredentialsPlugin
+
+    lifetime, ref = 1.0, "dr_dask-credentials-unclaimed"
+    cluster_client.register_plugin(CredentialsLifetime())
+    cluster_client.register_plugin(CredentialsPlugin({ref: {"secret": SECRET}}, lifetime),
+                                   name=ref)
+    try:
+        registered = time.monotonic()
+        while _held_anywhere(cluster_client) != [ref] and time.monotonic() - registered < 5:
+            time.sleep(0.1)
+        assert _held_anywhere(cluster_client) == [ref]  # the scheduler's copy only
+        assert time.monotonic() - registered <= lifetime + 1.0
+    finally:
+        cluster_client.unregister_worker_plugin(ref)

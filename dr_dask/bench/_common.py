@@ -21,6 +21,7 @@ import psutil
 
 from dr_dask.io.jsonio import plain_json
 from dr_dask.io.storage import read_array
+from dr_dask.runtime.cluster import run_on_workers
 from dr_dask.runtime.resources import Measurement, PeakRSS, measure
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def release_memory(client: Any = None) -> None:
 
     trim()
     if client is not None:
-        client.run(trim)
+        run_on_workers(client, trim)
 
 
 def timed_fits(make: Callable[[], Any], data: Any, repeats: int,

@@ -27,6 +27,7 @@ from dr_dask.bench._common import PeakRSSEach, bench_workdir, dataset_store, rel
 from dr_dask.bench.scale import N_FEATURES, N_NEIGHBORS
 from dr_dask.graph.sssp import SearchGraph
 from dr_dask.graph.stored import StoredGraph
+from dr_dask.runtime.cluster import run_on_workers
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def paths_at(graph: Any, landmarks: np.ndarray, n_workers: int, out: str,
                                  dtype=np.float32, out=out + "_warm", blocks=blocks)
         release_memory(client)
         spec_bytes(client)
-        workers = client.run(os.getpid)
+        workers = run_on_workers(client, os.getpid)
         with count_reads(client) as reads, PeakRSSEach(
                 {**workers, "client": os.getpid()}) as mem, timed() as t:
             rows = GeodesicRows.compute(graph, landmarks, client=client, dtype=np.float32,

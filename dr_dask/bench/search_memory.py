@@ -17,6 +17,7 @@ import os
 
 from dr_dask.bench._common import PeakRSSEach, bench_workdir, dataset_store, release_memory
 from dr_dask.bench.scale import N_FEATURES, N_NEIGHBORS
+from dr_dask.runtime.cluster import run_on_workers
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def search_at(source: str, n_workers: int) -> dict:
         X = open_dataset(source).data
         kneighbors(X[:WARM_ROWS], N_NEIGHBORS, algorithm="ivf", client=client)
         release_memory(client)
-        workers = client.run(os.getpid)
+        workers = run_on_workers(client, os.getpid)
         with PeakRSSEach({**workers, "client": os.getpid()}) as mem, timed() as t:
             kneighbors(X, N_NEIGHBORS, algorithm="ivf", client=client)
     largest = max(workers, key=lambda w: mem.peaks[w])

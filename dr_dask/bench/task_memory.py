@@ -17,6 +17,8 @@ import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import key_split
 
+from dr_dask.runtime.cluster import run_on_workers
+
 #: Seconds between two samples of a worker's RSS.
 INTERVAL = 0.02
 
@@ -76,7 +78,7 @@ def take_task_memory(client: Any) -> dict[str, int]:
         out, plugin.largest = plugin.largest, {}
         return out
 
-    parts = list(client.run(take).values())
+    parts = list(run_on_workers(client, take).values())
     if any(p is None for p in parts):
         client.register_plugin(TaskMemory())
     out: dict[str, int] = {}

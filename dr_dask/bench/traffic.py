@@ -26,6 +26,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.protocol.pickle import dumps
 from distributed.utils import key_split
 
+from dr_dask.runtime.cluster import run_on_workers
+
 logger = logging.getLogger(__name__)
 
 #: Array names counted apart (the last of these in a chunk's path names it).
@@ -126,14 +128,14 @@ def count_reads(client: Any = None) -> Iterator[dict[str, list[int]]]:
     take_reads()
     if client is not None:
         client.register_plugin(StoreReads())
-        client.run(take_reads)
+        run_on_workers(client, take_reads)
     out: dict[str, list[int]] = {}
     try:
         yield out
     finally:
         parts = [take_reads()]
         if client is not None:
-            parts += list(client.run(take_reads).values())
+            parts += list(run_on_workers(client, take_reads).values())
         for part in parts:
             for k, (n, b) in part.items():
                 r = out.setdefault(k, [0, 0])

@@ -39,7 +39,7 @@ from dr_dask.io.storage import (
     raise_if_transient,
 )
 from dr_dask.runtime import config
-from dr_dask.runtime.cluster import active_client, compute, deliver_credentials
+from dr_dask.runtime.cluster import active_client, compute, deliver_credentials, run_on_workers
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def rows_for_workers(inp: InputData, client: Any) -> InputData:
                           dtype=arr.dtype, compressors=None)
     for s in range(0, len(arr), rows):
         z[s:s + rows] = arr[s:s + rows]
-    if any(client.run(_can_read, loc).values()):
+    if any(run_on_workers(client, _can_read, loc).values()):
         logger.info("the workers do not share this disk: the input travels in the graph")
         loc.delete()
         return inp
@@ -716,7 +716,7 @@ def check_workers_can_read(inp: InputData, client: Any = None) -> None:
     if client is None or inp.location is None:
         return
     deliver_credentials(client, inp.location.storage_options)
-    answers = client.run(_can_read, inp.location)
+    answers = run_on_workers(client, _can_read, inp.location)
     for worker, problem in sorted(answers.items()):
         if problem:
             raise InputError(f"worker {worker} cannot read the input {inp.location}: {problem}")

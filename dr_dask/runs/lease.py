@@ -12,15 +12,19 @@ nothing more; the commit then carries the token.
 
 What this guarantees: a commit made after a successful fence was made by the only holder of the
 lease as of the fence's write, with at least ``ttl`` seconds of lease ahead (another run takes
-the lease over only after ``expires``, which the fence just moved ``ttl`` seconds on). The
-window that remains is a holder that pauses for longer than ``ttl`` *between* a fence and the
-commit write that follows it (both are single requests, microseconds apart): no object store
-can check a token kept in another object, so nothing but the clock closes it. A pause anywhere
-else is caught at the next fence.
+the lease over only after ``expires``, which the fence just moved ``ttl`` seconds on). A writer
+of many objects (the stream's arrays, a model version) checks before each one
+(:meth:`Lease.check`, through :class:`FencedStore` for a Zarr store): a fence, unless one
+succeeded less than ``ttl / 3`` ago by this process's monotonic clock, which runs on through a
+pause (so at least two thirds of ``ttl`` of lease are ahead). The window that remains is a
+holder that pauses for longer than that *between* a check and the one write that follows it
+(microseconds apart): no object store can check a token kept in another object, so nothing but
+the clock closes it. A pause anywhere else is caught at the next check.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import json
 import logging
@@ -31,6 +35,9 @@ import time
 import uuid
 
 import psutil
+from zarr.abc.store import Store
+from zarr.core.buffer import Buffer
+from zarr.storage import WrapperStore
 
 from dr_dask.io.storage import Location, StorageError
 from dr_dask.runtime import config
@@ -84,6 +91,9 @@ class Lease:
         self._lost: str | None = None
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
+        #: When the last successful renewal was sent (this process's monotonic clock): the
+        #: lease is this run's for ``ttl`` from then, whatever else happens.
+        self._fenced_at = -float("inf")
 
     def _record(self, expires: float | None = None) -> bytes:
         return json.dumps({"owner": self.owner, "token": self.token,
@@ -94,6 +104,7 @@ class Lease:
         version = None
         for _ in range(3):  # a lease released (deleted) between our two looks: look again
             self.token = self.token_floor + 1
+            sent = time.monotonic()  # before the record's expiry is read off the clock
             version = self.where.swap_bytes(self._record(), None)
             if version is not None:
                 break
@@ -113,6 +124,7 @@ class Lease:
                             held.get("owner"))
             self.token = max(int(held.get("token", 0)), self.token_floor) + 1
             # over the version read: a run that renewed or took it meanwhile makes this fail
+            sent = time.monotonic()
             version = self.where.swap_bytes(self._record(), got[1])
             break
         if version is None:
@@ -120,6 +132,7 @@ class Lease:
                 f"another run took over the lease {self.where} at the same moment; retry later"
             )
         self._version, self._lost = version, None
+        self._fenced_at = sent
         self._stop = threading.Event()
         threading.Thread(target=self._renew_loop, daemon=True, name="dr-dask-lease").start()
         logger.debug("lease %s held by %s (token %d)", self.where, self.owner, self.token)
@@ -129,15 +142,28 @@ class Lease:
         """Renew the lease if this run still holds it, and return its fencing token; else
         raise :class:`LeaseLost`. Call before every commit (a mark, a checkpoint) and let the
         commit carry the token."""
-        self._swap(self._record())
+        self._swap()
         return self.token
 
-    def _swap(self, record: bytes) -> None:
+    def check(self) -> int:
+        """Immediately before one write: the fencing token if this run still holds the lease,
+        else :class:`LeaseLost`. A fence (a compare-and-swap of the lease) unless one
+        succeeded less than a third of the lifetime ago by this process's monotonic clock,
+        which runs on through a pause: a holder paused anywhere before this call fences again
+        here and finds the lease taken. What remains is a pause between this call and the
+        write it guards (see the module docstring)."""
+        with self._lock:
+            lost = self._lost
+            fresh = time.monotonic() - self._fenced_at < self.ttl / 3
+        return self.token if lost is None and fresh else self.fence()
+
+    def _swap(self) -> None:
         with self._lock:
             if self._lost is None:
-                version = self.where.swap_bytes(record, self._version)
+                sent = time.monotonic()  # before the record's expiry is read off the clock
+                version = self.where.swap_bytes(self._record(), self._version)
                 if version is not None:
-                    self._version = version
+                    self._version, self._fenced_at = version, sent
                     return
                 now = self.where.read_json() or {}
                 holder = (f"{now.get('owner')} (token {now.get('token')})" if now
@@ -155,7 +181,7 @@ class Lease:
         assert stop is not None
         while not stop.wait(self.ttl / 3):
             try:
-                self._swap(self._record())
+                self._swap()
             except LeaseLost:
                 return  # the next fence raises it where the run can act on it
             except Exception:  # a blip: the next renewal (well before expiry) retries
@@ -185,6 +211,39 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class FencedStore(WrapperStore):
+    """A Zarr store whose every write (an object set or deleted: chunks, metadata) is preceded
+    by :meth:`Lease.check` of ``lease``: a writer that lost its lease while paused, even in the
+    middle of writing an array, writes no further object of it."""
+
+    def __init__(self, store: Store, lease: Lease):
+        super().__init__(store)
+        self.lease = lease
+
+    def _with_store(self, store: Store) -> FencedStore:
+        return type(self)(store, self.lease)
+
+    async def _check(self) -> None:
+        # a compare-and-swap on the lease's store: off the event loop zarr runs its I/O on
+        await asyncio.to_thread(self.lease.check)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        await self._check()
+        await self._store.set(key, value)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        await self._check()
+        await self._store.set_if_not_exists(key, value)
+
+    async def delete(self, key: str) -> None:
+        await self._check()
+        await self._store.delete(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        await self._check()
+        await self._store.delete_dir(prefix)
 
 
 class LeaseCorrupt(StorageError):

@@ -561,6 +561,9 @@ class StreamRunner:
 
     def _publish(self, model: Any, r: _Refit) -> None:
         st = self.state
+        # a refit that lands after the lease was lost (this run paused while it ran) is
+        # discarded here: LeaseLost, nothing of it written
+        self.store.fence()
         v = st["version"] + 1
         self.store.save_model(v, model, r.batch)
         # map with the stored bytes, as a run resumed after this publication does

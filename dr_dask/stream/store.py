@@ -41,7 +41,7 @@ import zarr
 
 from dr_dask.io.storage import Location, location
 from dr_dask.methods.gp_isomap_io import load_gp_isomap, save_gp_isomap
-from dr_dask.runs.lease import Lease, LeaseLost
+from dr_dask.runs.lease import FencedStore, Lease, LeaseLost
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,20 @@ class StreamStore:
         """Before a write: the lease's token if this writer still holds it, else LeaseLost."""
         return self.lease.fence() if self.lease is not None else None
 
+    def _check(self) -> None:
+        """Immediately before one object write: :meth:`Lease.check` (a fence unless one has
+        just succeeded)."""
+        if self.lease is not None:
+            self.lease.check()
+
+    def _zarr_store(self, where: Location | None = None) -> Any:
+        """The Zarr store of ``where`` (default: the output), every write of it fenced by the
+        lease (:class:`dr_dask.runs.lease.FencedStore`) when there is one: a writer that loses
+        the lease in the middle of an array, or while a refit is in flight, writes no further
+        chunk or metadata object."""
+        store = (where or self.location).zarr_store()
+        return store if self.lease is None else FencedStore(store, self.lease)
+
     # ------------------------------------------------------------------ layout
     @property
     def checkpoint_path(self) -> Location:
@@ -90,7 +104,7 @@ class StreamStore:
     def create(self, n_features: int, global_dim: int) -> None:
         self.location.check()
         self.fence()
-        g = zarr.open_group(store=self.location.zarr_store(), mode="a")
+        g = zarr.open_group(store=self._zarr_store(), mode="a")
         spec = {
             "embedding": ((0, global_dim), "f8", (ROW_CHUNK, global_dim), np.nan),
             "variance": ((0,), "f8", (ROW_CHUNK,), np.nan),
@@ -108,7 +122,7 @@ class StreamStore:
         self.group = g
 
     def open(self) -> zarr.Group:
-        self.group = zarr.open_group(store=self.location.zarr_store(), mode="a",
+        self.group = zarr.open_group(store=self._zarr_store(), mode="a",
                                      use_consolidated=False)
         return self.group
 
@@ -162,6 +176,7 @@ class StreamStore:
         mdir = self.location.child("models")
         for f in mdir.listdir():  # model groups models/v{k} newer than the checkpoint
             if f.startswith("v") and f[1:].isdigit() and int(f[1:]) > state["version"]:
+                self._check()
                 mdir.child(f).delete()
         qdir = self.location.child("quarantine")
         for f in qdir.listdir():
@@ -171,6 +186,7 @@ class StreamStore:
             # a chunk's record is committed with the chunk; a record of rows with its rows
             if (int(first_row) >= state["n_rows"] if first_row
                     else int(seq) >= state["n_chunks"]):
+                self._check()
                 qdir.child(f).delete()
 
     # ------------------------------------------------------------------ rows
@@ -229,7 +245,8 @@ class StreamStore:
     # ------------------------------------------------------------------ models, quarantine
     def save_model(self, version: int, model: Any, batch: np.ndarray) -> None:
         self.fence()
-        save_gp_isomap(model, self.location.child("models", f"v{version}"), batch)
+        where = self.location.child("models", f"v{version}")
+        save_gp_isomap(model, zarr.open_group(store=self._zarr_store(where), mode="a"), batch)
 
     def load_model(self, version: int) -> tuple[Any, np.ndarray]:
 
@@ -248,6 +265,7 @@ class StreamStore:
                 qdir.child(f"{stem}.npy").write_npy(data)
             except Exception:  # noqa: BLE001  (an object array or similar: the record must do)
                 logger.debug("could not save quarantined chunk %d data", seq)
+        self._check()
         qdir.child(f"{stem}.json").write_json(record)  # the entry's mark, after its data
 
     def quarantine_records(self) -> list[dict]:
