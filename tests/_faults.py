@@ -197,7 +197,16 @@ class Fault:
     def register(self, client: Any) -> None:
         """Arm the workers of ``client``'s cluster (and those that join it later) with this
         fault's :class:`Task` mark; registering another fault replaces it."""
-        client.register_plugin(KillOnTask(str(self.path)), name="dr-dask-test-fault")
+        # a worker killed by the previous fault may still be listed while its nanny starts the
+        # next one: the scheduler's broadcast to it fails, and a moment later it is gone
+        for attempt in range(40):
+            try:
+                client.register_plugin(KillOnTask(str(self.path)), name="dr-dask-test-fault")
+                return
+            except OSError:  # distributed's CommClosedError
+                if attempt == 39:
+                    raise
+                time.sleep(0.5)
 
     def _event(self, key: str, pid: int) -> bool:
         """Count one matching event; True (and ``fired.json`` written) when it is the one."""

@@ -118,7 +118,7 @@ def test_a_bad_tolerance_on_the_command_line_exits_2(tmp_path):
         res = CliRunner().invoke(main, ["--scheduler", "threads", "embed", *cmd, "--input",
                                         str(tmp_path / "x.npy"), "--out",
                                         str(tmp_path / "o.zarr"), "--knn-tol", "-0.5"])
-        assert res.exit_code == 2 and "knn_tol" in res.output, res.output
+        assert res.exit_code == 2 and "--knn-tol" in res.output, res.output
         assert "Traceback" not in res.output
     assert not (tmp_path / "o.zarr").exists()
 

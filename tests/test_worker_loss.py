@@ -278,6 +278,10 @@ def test_cluster_lost_in_the_first_seconds_exits_1_naming_where(tmp_path, data):
                                    f"tcp://127.0.0.1:{port}", "--nthreads", "1",
                                    "--no-dashboard", "--memory-limit", "1GB"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from distributed import Client
+
+        with Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:  # the worker has joined
+            c.wait_for_workers(1, timeout=120)
         proc = subprocess.Popen(
             [sys.executable, "-m", "dr_dask.cli", "--scheduler", f"tcp://127.0.0.1:{port}",
              "embed", "ikd", "--input", str(tmp_path / "x.npy"), "--out",

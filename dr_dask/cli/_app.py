@@ -107,8 +107,8 @@ knn_options = options(
     click.option("--n-probe", type=POSITIVE, default=None,
                  help="Lists each row searches with the ivf search (of about sqrt(T); default: "
                  "adaptive, as many as hold --knn-tol; at least the number of lists: exact)."),
-    # a float, not a range: the estimators' constraints name it (exit 2)
-    click.option("--knn-tol", type=float, default=knn_backends.DEFAULT_KNN_TOL,
+    click.option("--knn-tol", type=click.FloatRange(0, 1, max_open=True),
+                 default=knn_backends.DEFAULT_KNN_TOL,
                  show_default=True,
                  help="The adaptive probe's target: the mean relative error of the k-th "
                  "neighbour's distance, in [0, 1) (0: exact; the summary's knn_distance_error "
