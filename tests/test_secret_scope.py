@@ -87,10 +87,10 @@ def test_credentials_leave_the_scheduler_and_never_reach_a_log(s3_bucket, cluste
 _DELIVERING_CLIENT = """
 import sys
 from distributed import Client
-from dr_dask.runtime import cluster
+from dr_dask.runtime import credential_delivery
 
 client = Client(sys.argv[1])
-cluster.deliver_credentials(client, {"key": sys.argv[2], "secret": sys.argv[3]})
+credential_delivery.deliver_credentials(client, {"key": sys.argv[2], "secret": sys.argv[3]})
 print("delivered", flush=True)
 sys.stdin.read()  # held open until the test kills or stops it
 """
@@ -102,7 +102,7 @@ def _held_anywhere(client) -> list[str]:
 
     def on_workers(dask_worker):
         from dr_dask.runtime import credentials
-        from dr_dask.runtime.cluster import CredentialsPlugin
+        from dr_dask.runtime.credential_delivery import CredentialsPlugin
 
         return (any(SECRET in v for s in credentials._REGISTRY.values() for v in s.values())
                 or any(isinstance(p, CredentialsPlugin) and SECRET.encode() in pickle.dumps(p)
@@ -154,7 +154,7 @@ def test_a_worker_forgets_credentials_the_scheduler_does_not_hold(cluster_client
     plugin."""
     import time
 
-    from dr_dask.runtime.cluster import CredentialsLifetime, CredentialsPlugin
+    from dr_dask.runtime.credential_delivery import CredentialsLifetime, CredentialsPlugin
 
     lifetime, ref = 1.0, "dr_dask-credentials-unclaimed"
     cluster_client.register_plugin(CredentialsLifetime())

@@ -442,7 +442,7 @@ def cluster(ctx: click.Context) -> Iterator:
         stack.push(started)
         assert client.scheduler is not None  # a started Client holds its scheduler's rpc
         click.echo(f"dask cluster: {client.dashboard_link or client.scheduler.address}", err=True)
-        from dr_dask.runtime.cluster import credentials_delivered
+        from dr_dask.runtime.credential_delivery import credentials_delivered
 
         # once per worker, so that task graphs carry only a reference to them; withdrawn from
         # the scheduler when the command ends, also on failure

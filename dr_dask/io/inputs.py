@@ -39,7 +39,8 @@ from dr_dask.io.storage import (
     raise_if_transient,
 )
 from dr_dask.runtime import config
-from dr_dask.runtime.cluster import active_client, compute, deliver_credentials, run_on_workers
+from dr_dask.runtime.cluster import active_client, compute, run_on_workers
+from dr_dask.runtime.credential_delivery import deliver_credentials
 
 logger = logging.getLogger(__name__)
 

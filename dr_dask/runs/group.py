@@ -43,7 +43,8 @@ from dr_dask.io.inputs import (
 from dr_dask.io.jsonio import plain_json
 from dr_dask.io.storage import Location, StorageError, location, raise_if_transient, read_array
 from dr_dask.runs.lease import Lease, LeaseLost
-from dr_dask.runtime.cluster import active_client, credentials_delivered
+from dr_dask.runtime.cluster import active_client
+from dr_dask.runtime.credential_delivery import credentials_delivered
 from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ value nests such a key, like ``client_kwargs={"aws_secret_access_key": …}``), 
 a random name for them in this process's registry.
 
 A worker resolves the reference from its own registry, which
-:func:`dr_dask.runtime.cluster.deliver_credentials` fills through a ``distributed`` worker plugin
+:func:`dr_dask.runtime.credential_delivery.deliver_credentials` fills through a
+``distributed`` worker plugin
 registered once per client and credential set: the scheduler passes the plugin to every
 current and future worker. That registration message (and the
 scheduler's copy of the plugin, kept for workers that join later) is where the secret does
