@@ -36,7 +36,8 @@ LSDR_INPUT_DIM = 3
 def load_values(spec: str, default_store: Any, storage_options: dict | None = None) -> np.ndarray:
     """Load labels or a latent: ``VAR`` (of ``default_store``), ``PATH:VAR``, ``file.npy``."""
 
-    from dr_dask.io.inputs import InputError, open_netcdf, parse_source, read_values
+    from dr_dask.io.boundary import read_values
+    from dr_dask.io.inputs import InputError, open_netcdf, parse_source
     from dr_dask.io.storage import location
 
     path, var = parse_source(spec, storage_options)

@@ -51,10 +51,10 @@ import dask.array as da
 import numpy as np
 import zarr
 
+from dr_dask.io.boundary import _check_chunks
 from dr_dask.io.inputs import (
     InputData,
     InputError,
-    _check_chunks,
     _open_zarr,
     _row_chunks,
     open_dataset,
