@@ -279,7 +279,8 @@ def main(
     memory://, file://. Results and JSON summaries go to stdout; logs, progress bars (on a
     terminal only) and errors go to stderr.
     """
-    from dr_dask.io.storage import StorageError, parse_storage_options
+    from dr_dask.io.storage import StorageError
+    from dr_dask.io.storage_options import parse_storage_options
 
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     # the application, not the library, configures logging
