@@ -56,7 +56,7 @@ from dr_dask.graph.landmarks import landmark_mds, triangulate
 from dr_dask.io.validation import duplicates_reported
 from dr_dask.linalg import mds
 from dr_dask.linalg.align import procrustes_fit
-from dr_dask.linalg.tiles import quadratic_announced
+from dr_dask.linalg.cost import quadratic_announced
 from dr_dask.methods._gp import ManifoldGP
 from dr_dask.methods.isomap import Isomap
 from dr_dask.runtime.blas import single_blas_thread

@@ -39,7 +39,7 @@ from dr_dask.io.validation import (
     warn_duplicates,
 )
 from dr_dask.linalg.align import procrustes_fit
-from dr_dask.linalg.tiles import memory_of, quadratic_cost
+from dr_dask.linalg.cost import memory_of, quadratic_cost
 from dr_dask.methods._gp import KERNELS
 from dr_dask.methods._manifolds import cluster_labels, fit_manifold, stitch_frames
 from dr_dask.methods.labelled import LabelledOutput
