@@ -521,7 +521,7 @@ def fit_manifolds(X: np.ndarray, labels: np.ndarray, params: dict, *, min_size: 
         [(5 * 8.0 * float(np.sum(sizes.astype(np.float64) ** 2)), memory_of(client))],
         way_out="a smaller batch (a subsample of a few thousand points; transform maps "
                 "the rest), or LandmarkIsomap(n_landmarks=L) for an embedding without the "
-                "GP's variance", stacklevel=3)  # one frame deeper than GPIsomap.fit, its caller
+                "GP's variance", stacklevel=3)  # a frame below GPIsomap.fit: warns at its caller
     seeds = rng.randint(0, 2**31 - 1, size=p)
     parts = [X[labels == i] for i in range(p)]
     with timed(timings, "manifolds"):
