@@ -32,8 +32,8 @@ _PUBLIC = {
     "open_dataset": "dr_dask.io.inputs",
     "load": "dr_dask.methods.persistence",
     "ModelFormatError": "dr_dask.methods.persistence",
-    "QuadraticCostWarning": "dr_dask.linalg.tiles",
-    "ScratchSpaceError": "dr_dask.linalg.tiles",
+    "QuadraticCostWarning": "dr_dask.linalg.cost",
+    "ScratchSpaceError": "dr_dask.linalg.cost",
     "write_obsm": "dr_dask.io.anndata",
 }
 

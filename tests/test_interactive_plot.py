@@ -75,7 +75,7 @@ def test_colour_of_another_length_is_refused(Y):
 def test_a_kernel_displays_the_figure(Y):
     from IPython.core.interactiveshell import InteractiveShell
 
-    from dr_dask.report.html import _display_in_notebook
+    from dr_dask.report.interactive import _display_in_notebook
 
     shell = InteractiveShell.instance()
     try:

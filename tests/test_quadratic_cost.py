@@ -45,7 +45,7 @@ def _files(path) -> list[str]:
 @pytest.mark.parametrize("solver", ["full", "geodesic", "blockwise"])
 def test_ikd_warns_past_the_threshold_naming_n_landmarks(rows, dr_config, caplog, solver):
     dr_config({"quadratic.warn-bytes": "1 KiB"})
-    with caplog.at_level(logging.INFO, logger="dr_dask.linalg.tiles"), \
+    with caplog.at_level(logging.INFO, logger="dr_dask.linalg.cost"), \
             pytest.warns(QuadraticCostWarning, match="n_landmarks") as record:
         IKD(n_components=2, solver=solver, random_state=0).fit(rows)
     assert "T=300" in str(record[0].message)
@@ -56,7 +56,7 @@ def test_ikd_warns_past_the_threshold_naming_n_landmarks(rows, dr_config, caplog
 def test_no_warning_below_the_threshold(rows, caplog):
     with warnings.catch_warnings():
         warnings.simplefilter("error", QuadraticCostWarning)
-        with caplog.at_level(logging.INFO, logger="dr_dask.linalg.tiles"):
+        with caplog.at_level(logging.INFO, logger="dr_dask.linalg.cost"):
             IKD(n_components=2, random_state=0).fit(rows)
     # said anyway, at INFO: 300 x 300 of float64 upper tiles
     assert any("T=300 rows make a T x T matrix" in r.getMessage() for r in caplog.records)
@@ -116,9 +116,9 @@ def test_cli_exits_2_naming_bytes_needed_and_free(tmp_path, tiny_fs):
 
 def test_object_store_space_is_not_checked(caplog):
     from dr_dask.io.storage import location
-    from dr_dask.linalg.tiles import quadratic_cost
+    from dr_dask.linalg.cost import quadratic_cost
 
-    with caplog.at_level(logging.INFO, logger="dr_dask.linalg.tiles"), \
+    with caplog.at_level(logging.INFO, logger="dr_dask.linalg.cost"), \
             pytest.warns(QuadraticCostWarning, match="use fewer rows"):
         quadratic_cost("a stage", 10**6, [(4e12, location("s3://bucket/scratch"))],
                        way_out="fewer rows")

@@ -46,8 +46,8 @@ from dr_dask.graph.cliques import maximal_cliques
 from dr_dask.io.checkpoint import Checkpoint
 from dr_dask.io.inputs import InputData
 from dr_dask.linalg.align import procrustes_fit
+from dr_dask.linalg.cost import memory_of, quadratic_cost
 from dr_dask.linalg.eigen import top_eigh
-from dr_dask.linalg.tiles import memory_of, quadratic_cost
 from dr_dask.methods._ikd_transform import local_map
 from dr_dask.methods.ikd_core import (
     LANDMARK_WAY_OUT,

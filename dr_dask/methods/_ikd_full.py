@@ -14,13 +14,12 @@ import numpy as np
 
 from dr_dask.io.checkpoint import Checkpoint, scratch
 from dr_dask.io.inputs import InputData
+from dr_dask.linalg.cost import memory_of, quadratic_cost
 from dr_dask.linalg.tiles import (
     TiledSymmetric,
     TileGrid,
     band_stats,
     build_tiles,
-    memory_of,
-    quadratic_cost,
     row_stats,
     stored_tiles,
 )

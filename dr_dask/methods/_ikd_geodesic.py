@@ -72,12 +72,11 @@ from dr_dask.graph.stored_rows import read_stored
 from dr_dask.io.checkpoint import Checkpoint, delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location
+from dr_dask.linalg.cost import memory_of, quadratic_cost
 from dr_dask.linalg.mds import double_centre
 from dr_dask.linalg.tiles import (
     TileGrid,
     build_tiles,
-    memory_of,
-    quadratic_cost,
     row_stats,
     strip_grid,
     tile_stats,

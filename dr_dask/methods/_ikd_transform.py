@@ -65,7 +65,7 @@ from dr_dask.graph.knn import kneighbors_local
 from dr_dask.graph.landmarks import select_landmarks, triangulate
 from dr_dask.graph.out_of_sample import geodesics_via_neighbors
 from dr_dask.io.inputs import InputData
-from dr_dask.linalg.tiles import over_memory_budget
+from dr_dask.linalg.cost import over_memory_budget
 from dr_dask.methods.ikd_core import (
     GeodesicKernel,
     IKDConfig,

@@ -7,7 +7,9 @@
 * :func:`global_frame` -- global coordinates of the whole batch (landmark MDS of one graph
   joining the manifolds at their nearest pairs): the default stitch's target;
 * :func:`points_mds`, :func:`ridge_stitch` -- Algorithm 1's stitch: MDS of the support
-  points, then an affine map of each manifold's local frame by ridge regression.
+  points, then an affine map of each manifold's local frame by ridge regression;
+* :func:`fit_manifolds` -- the manifolds checked, their cost said, each fitted
+  (:func:`fit_manifold`: Isomap, then its GP) on the workers.
 
 The clusterer (the seed names S-Isomap++'s multi-scale-SVD tangent clustering without giving
 its formula) is deliberately simple:
@@ -56,10 +58,12 @@ from dr_dask.graph.landmarks import landmark_mds, triangulate
 from dr_dask.io.validation import duplicates_reported
 from dr_dask.linalg import mds
 from dr_dask.linalg.align import procrustes_fit
-from dr_dask.linalg.tiles import quadratic_announced
+from dr_dask.linalg.cost import memory_of, quadratic_announced, quadratic_cost
 from dr_dask.methods._gp import ManifoldGP
 from dr_dask.methods.isomap import Isomap
 from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.cluster import gather
+from dr_dask.runtime.resources import timed
 
 logger = logging.getLogger(__name__)
 
@@ -486,3 +490,44 @@ def fit_manifold(points: np.ndarray, params: dict, seed: int) -> tuple[np.ndarra
         rng=np.random.RandomState(seed),
     )
     return coords, gp
+
+
+def fit_manifolds(X: np.ndarray, labels: np.ndarray, params: dict, *, min_size: int, rng: Any,
+                  client: Any, timings: dict[str, float]) -> list[tuple[np.ndarray, ManifoldGP]]:
+    """GP-Isomap's batch phase past the clustering: every manifold checked for size, the
+    batch's T x T cost said, then :func:`fit_manifold` of each (on the workers with a
+    client), in label order; the fits are timed as ``timings["manifolds"]``.
+
+    Raises
+    ------
+    ValueError
+        Every row an outlier (label -1), or a manifold with fewer than ``min_size`` rows.
+    """
+    outlier = labels < 0
+    if outlier.all():
+        raise ValueError("the clusterer labelled every batch point an outlier (-1)")
+    sizes = np.bincount(labels[~outlier])
+    if sizes.min() < min_size:
+        bad = np.flatnonzero(sizes < min_size).tolist()
+        raise ValueError(
+            f"manifolds {bad} have fewer than {min_size} points (sizes {sizes.tolist()}); "
+            "lower n_neighbors or raise min_cluster_size"
+        )
+    p = sizes.size
+    # each manifold's fit holds about five n_i x n_i float64 matrices at once (squared
+    # geodesics, geodesics, kernel, its Cholesky factor, the likelihood's eigenvectors)
+    quadratic_cost(
+        f"GP-Isomap batch ({p} manifold{'s' * (p > 1)})", int(sizes.max()),
+        [(5 * 8.0 * float(np.sum(sizes.astype(np.float64) ** 2)), memory_of(client))],
+        way_out="a smaller batch (a subsample of a few thousand points; transform maps "
+                "the rest), or LandmarkIsomap(n_landmarks=L) for an embedding without the "
+                "GP's variance", stacklevel=3)  # a frame below GPIsomap.fit: warns at its caller
+    seeds = rng.randint(0, 2**31 - 1, size=p)
+    parts = [X[labels == i] for i in range(p)]
+    with timed(timings, "manifolds"):
+        if client is not None:
+            futs = [client.submit(fit_manifold, P, params, int(s), pure=False)
+                    for P, s in zip(parts, seeds)]
+            # the parts travel in the graph: a killed worker's fits are rerun elsewhere
+            return gather(futs, client)
+        return [fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]

@@ -39,13 +39,12 @@ from dr_dask.io.validation import (
     warn_duplicates,
 )
 from dr_dask.linalg.align import procrustes_fit
-from dr_dask.linalg.tiles import memory_of, quadratic_cost
 from dr_dask.methods._gp import KERNELS
-from dr_dask.methods._manifolds import cluster_labels, fit_manifold, stitch_frames
+from dr_dask.methods._manifolds import cluster_labels, fit_manifolds, stitch_frames
 from dr_dask.methods.labelled import LabelledOutput
 from dr_dask.methods.persistence import SavedModel
 from dr_dask.runtime.blas import single_blas_thread
-from dr_dask.runtime.cluster import ClientParam, active_client, gather
+from dr_dask.runtime.cluster import ClientParam, active_client
 from dr_dask.runtime.progress import shown_during
 from dr_dask.runtime.resources import timed
 
@@ -339,18 +338,6 @@ default="geodesic_se"
         timings: dict[str, float] = {}
         with timed(timings, "clustering"):
             labels = self._cluster(X, client)
-        min_size = max(self.n_neighbors_ + 2, self.n_components + 2)
-        outlier = labels < 0
-        if outlier.all():
-            raise ValueError("the clusterer labelled every batch point an outlier (-1)")
-        sizes = np.bincount(labels[~outlier])
-        if sizes.min() < min_size:
-            bad = np.flatnonzero(sizes < min_size).tolist()
-            raise ValueError(
-                f"manifolds {bad} have fewer than {min_size} points (sizes {sizes.tolist()}); "
-                "lower n_neighbors or raise min_cluster_size"
-            )
-        p = sizes.size
         params = {
             "n_neighbors": int(self.n_neighbors_), "n_components": int(self.n_components),
             "kernel": self.kernel, "length_scale": self.length_scale,
@@ -358,24 +345,11 @@ default="geodesic_se"
             "stream_neighbors": int(self.stream_neighbors or self.n_neighbors_),
             "hyper_max_points": int(self.hyper_max_points),
         }
-        # each manifold's fit holds about five n_i x n_i float64 matrices at once (squared
-        # geodesics, geodesics, kernel, its Cholesky factor, the likelihood's eigenvectors)
-        quadratic_cost(
-            f"GP-Isomap batch ({p} manifold{'s' * (p > 1)})", int(sizes.max()),
-            [(5 * 8.0 * float(np.sum(sizes.astype(np.float64) ** 2)), memory_of(client))],
-            way_out="a smaller batch (a subsample of a few thousand points; transform maps "
-                    "the rest), or LandmarkIsomap(n_landmarks=L) for an embedding without the "
-                    "GP's variance")
-        seeds = rng.randint(0, 2**31 - 1, size=p)
-        parts = [X[labels == i] for i in range(p)]
-        with timed(timings, "manifolds"):
-            if client is not None:
-                futs = [client.submit(fit_manifold, P, params, int(s), pure=False)
-                        for P, s in zip(parts, seeds)]
-                # the parts travel in the graph: a killed worker's fits are rerun elsewhere
-                results = gather(futs, client)
-            else:
-                results = [fit_manifold(P, params, int(s)) for P, s in zip(parts, seeds)]
+        results = fit_manifolds(X, labels, params,
+                                min_size=max(self.n_neighbors_ + 2, self.n_components + 2),
+                                rng=rng, client=client, timings=timings)
+        outlier = labels < 0
+        p = len(results)
         self.local_embedding_ = [r[0] for r in results]
         self.manifolds_ = [r[1] for r in results]
         self.labels_ = labels

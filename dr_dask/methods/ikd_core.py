@@ -28,10 +28,11 @@ import numpy as np
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.io.checkpoint import Checkpoint
 from dr_dask.io.inputs import InputData
+from dr_dask.linalg.cost import over_memory_budget
 from dr_dask.linalg.eigen import DenseOperator, top_eigh
 from dr_dask.linalg.kernels import Kernel
 from dr_dask.linalg.mds import centred_product, double_centre, scaled_vectors
-from dr_dask.linalg.tiles import over_memory_budget, rows_per_chunk
+from dr_dask.linalg.tiles import rows_per_chunk
 from dr_dask.runtime import config
 from dr_dask.runtime.buffers import thread_buffer
 from dr_dask.runtime.cluster import active_client, compute

@@ -40,8 +40,9 @@ from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.io.storage import Location, location
+from dr_dask.linalg.cost import memory_of, quadratic_cost
 from dr_dask.linalg.mds import classical_mds, scaled_vectors
-from dr_dask.linalg.tiles import memory_of, quadratic_cost, row_stats, strip_grid, tile_stats
+from dr_dask.linalg.tiles import row_stats, strip_grid, tile_stats
 from dr_dask.methods._isomap_base import (
     _CHUNK_BYTES,
     COMMON_CONSTRAINTS,

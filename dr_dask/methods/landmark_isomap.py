@@ -37,7 +37,7 @@ from dr_dask.io.validation import (
     is_stored,
     positive,
 )
-from dr_dask.linalg.tiles import over_memory_budget
+from dr_dask.linalg.cost import over_memory_budget
 from dr_dask.methods._isomap_base import (
     COMMON_CONSTRAINTS,
     TOL_DEFAULT,

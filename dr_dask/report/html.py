@@ -56,7 +56,6 @@ from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
 from bokeh.models.annotations import ColorBar, Span
 from bokeh.models.callbacks import CustomJS
-from bokeh.models.layouts import LayoutDOM
 from bokeh.models.ranges import FactorRange
 from bokeh.models.sources import ColumnDataSource
 from bokeh.models.tools import HoverTool
@@ -67,11 +66,9 @@ from bokeh.transform import factor_cmap, linear_cmap
 
 from dr_dask.io.inputs import InputError, read_values
 from dr_dask.io.storage import Location, location
-from dr_dask.report.plot import MAX_LEGEND, format_cell, running_mean, sample_rows, values_of
-from dr_dask.report.plot import colour_values as embedding_colours
+from dr_dask.report.plot import format_cell, running_mean, sample_rows
 from dr_dask.report.stream import threshold_in_force
 from dr_dask.runs.group import run_attr, verify_result
-from dr_dask.runtime.progress import in_notebook
 from dr_dask.stream.store import STATUS, read_output
 
 logger = logging.getLogger(__name__)
@@ -92,7 +89,7 @@ TARGET_BYTES = 1_000_000
 #: Where BokehJS comes from: in the page, or fetched when it opens.
 RESOURCES = {"inline": INLINE, "cdn": CDN}
 
-__all__ = ["MAX_POINTS", "colour_values", "html_report", "interactive"]
+__all__ = ["MAX_POINTS", "colour_values", "html_report"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,11 +227,11 @@ def _stored_colour(color: str, input_record: Mapping[str, Any] | None,
     return values
 
 
-def _scatter(Y: np.ndarray, sample: np.ndarray, colour: np.ndarray | None, colour_name: str,
-             title: str, max_points: int, random_state: int,
-             categorical: bool = False) -> tuple[Any, int]:
+def embedding_scatter(Y: np.ndarray, sample: np.ndarray, colour: np.ndarray | None,
+                      colour_name: str, title: str, max_points: int, random_state: int,
+                      categorical: bool = False) -> tuple[Any, int]:
     """The embedding's scatter (a Bokeh figure) and the points it draws: the report page's
-    and :func:`interactive`'s. ``colour`` None draws one colour."""
+    and :func:`dr_dask.report.interactive.interactive`'s. ``colour`` None draws one colour."""
     idx, note = _sampled(len(Y), max_points, random_state)
     # float32 and integer columns travel as binary in the page (text costs 3x the bytes)
     y = Y[idx, 1] if Y.shape[1] > 1 else np.zeros(len(idx))
@@ -287,7 +284,7 @@ def _spectrum(eigenvalues: Any, n_kept: int | None) -> Any:
     return p
 
 
-#: The type that keeps a script from running until the packed BokehJS has (see _packed).
+#: The type that keeps a script from running until the packed BokehJS has (see packed_page).
 _AFTER_BOKEHJS = "text/x-dr-dask-after-bokehjs"
 #: Unpacks BokehJS (gzip, base64) with the browser's own DecompressionStream, runs it, then
 #: the scripts that needed it, in order.
@@ -308,7 +305,7 @@ _UNPACK_JS = """(async () => {
 })();"""
 
 
-def _packed(page: str) -> str:
+def packed_page(page: str) -> str:
     """The inline page with BokehJS gzip-compressed: 1.27 MB of JavaScript becomes 0.45 MB
     (base64 of 0.34 MB), which the browser unpacks with its own ``DecompressionStream``
     (every current browser has it) before it runs the page's Bokeh scripts. The page still
@@ -422,7 +419,7 @@ def _stream_page(src: Location, color: Any, storage_options: dict | None, max_po
         values, name = man, "manifold"
     else:
         values, name = colour_values(color, len(status), None, storage_options)
-    scatter, points = _scatter(emb[ok], rows, values[ok], name,
+    scatter, points = embedding_scatter(emb[ok], rows, values[ok], name,
                                f"embedding by {name}", max_points, random_state,
                                categorical=_categorical(values))
     ck = o["checkpoint"]
@@ -462,7 +459,7 @@ def _run_page(src: Location, kind: str, color: Any, storage_options: dict | None
         values, name = np.arange(len(emb), dtype=float), "row"
     else:
         values, name = colour_values(color, len(emb), d["input"], storage_options)
-    scatter, points = _scatter(emb, d["sample"], values, name, d["title"], max_points,
+    scatter, points = embedding_scatter(emb, d["sample"], values, name, d["title"], max_points,
                                random_state, categorical=_categorical(values))
     summary = d["summary"]
     table = {k: v for k, v in summary.items() if k != "eigenvalues"}
@@ -537,7 +534,7 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
         "document.body.dataset.scatterPoints = s.data.x.length;")))
     page = file_html(doc, RESOURCES[resources], title)
     if resources == "inline":
-        page = _packed(page)
+        page = packed_page(page)
     head, _, tail = page.rpartition("<body>")  # the page's tag (BokehJS's code mentions one)
     heading = f"<h2>{html.escape(title)}</h2>"
     size = len(page.encode()) + len(tables.encode()) + len(heading.encode()) + 300
@@ -557,98 +554,3 @@ def html_report(source: Any, out: Any, *, storage_options: dict | None = None,
                 n_rows, len(data) / 1e6)
     return {"html": dest.url, "kind": kind, "points": points, "rows": n_rows,
             "bytes": len(data)}
-
-
-
-# --------------------------------------------------------------------------------------------
-# the scatter from memory, in a notebook
-
-
-def interactive(Y: Any, color: Any = None, *, label: str | None = None,
-                title: str = "embedding", sample: Any = None, max_points: int = MAX_POINTS,
-                random_state: int = 0) -> Any:
-    """The report's interactive scatter of an embedding in memory: pan, zoom, hover.
-
-    The same Bokeh scatter as ``dr-dask report --html`` draws for a stored run, coloured by
-    the rules of :func:`dr_dask.plot.embedding`: labels (integers, strings) are categories
-    with a legend up to ``dr_dask.MAX_LEGEND`` of them, floats (a latent, its first
-    column when 2-D) a continuous colour map with a colour bar. Above ``max_points`` points it
-    draws a seeded sample and says so in the title. In a Jupyter kernel the returned figure
-    displays as the cell's output (a self-contained frame: no Bokeh extension needed); outside
-    one, ``bokeh.plotting.show`` or ``bokeh.io.save`` it.
-
-    Parameters
-    ----------
-    Y : array-like of shape (T, d)
-        The embedding (NumPy, dask, a DataArray; a 1-D embedding is drawn against zero).
-    color : array-like of shape (T,) or (T, M), optional
-        Labels or a latent, one value per row; ``None``: one colour.
-    label : str, optional
-        What the colour shows (legend or colour bar title); default ``"colour"``.
-    title : str, default="embedding"
-    sample : array-like of shape (T,), optional
-        Each row's sample id, shown on hover; default the row number.
-    max_points : int, default=100_000
-        Points drawn at most (a seeded sample above it keeps the browser responsive).
-    random_state : int, default=0
-        Seeds that sample.
-
-    Returns
-    -------
-    bokeh.plotting.figure
-        Its data source is named ``"embedding-points"`` (columns ``x``, ``y``, ``sample`` and
-        ``colour``).
-
-    Raises
-    ------
-    ValueError
-        ``color`` or ``sample`` not one value per row.
-
-    See Also
-    --------
-    dr_dask.plot.embedding : the same picture as a matplotlib Axes.
-    html_report : a stored run's page.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from dr_dask.plot import interactive
-    >>> Y = np.random.default_rng(0).normal(size=(500, 2))
-    >>> fig = interactive(Y, color=Y[:, 0], label="first axis")
-    >>> fig.select_one({"name": "embedding-points"}).data["x"].shape
-    (500,)
-    """
-    Y = np.asarray(values_of(Y), dtype=float)
-    Y = Y[:, None] if Y.ndim == 1 else Y
-    codes, categories = embedding_colours(color, Y.shape[0])
-    ids = np.arange(len(Y)) if sample is None else np.asarray(values_of(sample))
-    if ids.shape != (len(Y),):
-        raise ValueError(f"sample has shape {ids.shape}, not one id per row ({len(Y)},)")
-    colour: np.ndarray | None = codes
-    categorical = categories is not None and len(categories) <= MAX_LEGEND
-    if categorical:
-        assert codes is not None and categories is not None  # colour_values gives both
-        colour = np.asarray(categories, dtype=object)[codes.astype(np.int64)]
-    fig, _ = _scatter(Y, ids, colour, label or "colour", title, max_points, random_state,
-                      categorical=categorical)
-    if in_notebook():
-        _display_in_notebook()
-    return fig
-
-
-def notebook_html(obj: Any) -> str:
-    """A Bokeh object as a notebook cell's HTML: its standalone page in a frame (BokehJS
-    inline and compressed, as in the report), so it draws with no Bokeh extension."""
-    page = _packed(file_html(obj, INLINE, "dr_dask"))
-    width = (getattr(obj, "width", None) or WIDTH) + 160  # the legend or colour bar
-    height = (getattr(obj, "height", None) or HEIGHT) + 40
-    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" width="{width}" '
-            f'height="{height}" style="border:none"></iframe>')
-
-
-def _display_in_notebook() -> None:
-    """Have this kernel draw Bokeh figures and layouts returned by a cell (once)."""
-    from IPython import get_ipython  # a kernel has IPython loaded already
-
-    formatter = get_ipython().display_formatter.formatters["text/html"]
-    formatter.for_type(LayoutDOM, notebook_html)
