@@ -76,13 +76,16 @@ def make_ikd(**kw):
 @click.pass_context
 def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     """Fit IKD on a stored dataset and write the embedding into OUT."""
-    from dr_dask.io.inputs import InputError
+    from dr_dask.io.inputs import InputError, open_dataset
     from dr_dask.runs.group import run_attr, run_embedding
 
     try:
+        # the input's boundary first: a bad input is refused before a cluster starts or an
+        # estimator loads
+        inp = open_dataset(source, None, storage_options(ctx))
         with cluster(ctx) as client:
             est = make_ikd(**params, client=client, progress=True)
-            run = run_embedding(est, source, out, method="ikd", name=name, overwrite=overwrite,
+            run = run_embedding(est, inp, out, method="ikd", name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)
     except (InputError, ValueError) as exc:
         fail(str(exc))

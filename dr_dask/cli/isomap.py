@@ -49,10 +49,8 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                  n_landmarks, landmark_method, on_disconnected, geodesic_store, random_state,
                  knn, n_probe, knn_tol):
     """Fit Isomap (or Landmark Isomap with --landmarks) and write the embedding into OUT."""
-    from dr_dask.io.inputs import InputError
+    from dr_dask.io.inputs import InputError, open_dataset
     from dr_dask.io.storage import location
-    from dr_dask.methods.isomap import Isomap
-    from dr_dask.methods.landmark_isomap import LandmarkIsomap
     from dr_dask.runs.group import run_attr, run_embedding
 
     if n_landmarks is not None and radius is not None:
@@ -60,8 +58,13 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
     if geodesic_store is not None:
         geodesic_store = location(geodesic_store, storage_options(ctx))
     try:
+        # the input's boundary first: a bad input is refused before a cluster starts or an
+        # estimator loads
+        inp = open_dataset(source, None, storage_options(ctx))
         with cluster(ctx) as client:
             if n_landmarks is None:
+                from dr_dask.methods.isomap import Isomap
+
                 est = Isomap(n_neighbors=None if radius is not None else n_neighbors,
                              radius=radius, n_components=n_components,
                              on_disconnected=on_disconnected, random_state=random_state,
@@ -69,13 +72,15 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
                              n_probe=n_probe, knn_tol=knn_tol)
                 method = "isomap"
             else:
+                from dr_dask.methods.landmark_isomap import LandmarkIsomap
+
                 est = LandmarkIsomap(n_neighbors=n_neighbors, n_components=n_components,
                                      n_landmarks=n_landmarks, landmark_method=landmark_method,
                                      on_disconnected=on_disconnected, random_state=random_state,
                                      client=client, geodesic_store=geodesic_store, knn=knn,
                                      n_probe=n_probe, knn_tol=knn_tol)
                 method = "landmark_isomap"
-            run = run_embedding(est, source, out, method=method, name=name, overwrite=overwrite,
+            run = run_embedding(est, inp, out, method=method, name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)
     except (InputError, ValueError) as exc:
         fail(str(exc))
