@@ -157,6 +157,7 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
         records, updated = check_consumed(loc, array, ck["source"] + ck.get("skip", 0))
         refit_due = len(ck["pending"]) >= p["n_s"]
         if ck["source"] == n_rows and not refit_due and before == ck["n_rows"]:
+            store.verify(ck)  # the runner verifies a state it resumes; this run reads it only
             record_consumed(loc, array, ck["source"] + ck.get("skip", 0), records, lease.fence,
                             updated)
             logger.info("%s: no row beyond the watermark %d; nothing to do", array.url, before)
