@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_jobs import NIGHT1, SMALL, X, _copy_night1, _land, night1  # noqa: F401  (fixtures)
+from test_result_integrity import _corrupt
 from test_stream import (  # noqa: F401  (fixtures)
     N_S,
     _assert_same,
@@ -27,6 +28,7 @@ from test_stream import (  # noqa: F401  (fixtures)
     reference,
     scenario,
     source_dir,
+    tear_publication,
 )
 
 from dr_dask.cli import main
@@ -50,16 +52,6 @@ def out(finished, tmp_path):
     copy = tmp_path / "out"
     shutil.copytree(finished, copy)
     return str(copy)
-
-
-def _corrupt(path: str, how: str) -> None:
-    size = os.path.getsize(path)
-    if how == "random":  # same size: only the content tells
-        with open(path, "wb") as fh:
-            fh.write(np.random.default_rng(7).bytes(size))
-    else:
-        with open(path, "r+b") as fh:
-            fh.truncate(size // 2)
 
 
 def _embedding_chunk(out: str) -> str:
@@ -117,18 +109,7 @@ def test_a_torn_publication_still_reads_and_resumes_identical(model, source_dir,
     """Killed after remapping the buffered rows, before the checkpoint: the rows the
     checkpoint left buffered differ from what it committed, which is no corruption."""
     out = str(tmp_path / "out")
-    original = StreamStore.write_checkpoint
-
-    def crash_after_remap(self, state):
-        if state["version"] >= 1:
-            raise KeyboardInterrupt("simulated crash")
-        original(self, state)
-
-    monkeypatch.setattr(StreamStore, "write_checkpoint", crash_after_remap)
-    with pytest.raises(KeyboardInterrupt):
-        StreamRunner(out, source_dir, model, n_s=N_S, strict_sequential=True,
-                     handle_signals=False).run()
-    monkeypatch.setattr(StreamStore, "write_checkpoint", original)
+    tear_publication(model, source_dir, out, monkeypatch)
     torn = read_output(out)  # no false alarm
     assert torn["checkpoint"]["version"] == 0 and torn["checkpoint"]["pending"]
     StreamRunner(out, source_dir, n_s=N_S, strict_sequential=True).run()
@@ -174,3 +155,24 @@ def test_the_incremental_jobs_next_run_refuses_a_corrupted_state(night1, X, tmp_
         assert CHUNK in res.output and "Traceback" not in res.output, res.output
         _land(src, X[:NIGHT1 + 100])  # the second pass: rows to map, so the runner resumes
     assert StreamStore(state).read_checkpoint()["n_rows"] == NIGHT1
+
+
+def test_many_blocks_torn_and_resumed_verify_block_by_block(model, source_dir, reference,  # noqa: F811
+                                                             scenario, tmp_path,  # noqa: F811
+                                                             monkeypatch):
+    """Blocks of 50 rows: refits remap rows of blocks committed long before (read back once,
+    rehashed), a torn publication is resumed, and a changed block is named by its rows."""
+    monkeypatch.setattr("dr_dask.stream.store.ROW_CHUNK", 50)
+    out = str(tmp_path / "out")
+    tear_publication(model, source_dir, out, monkeypatch)
+    read_output(out)
+    StreamRunner(out, source_dir, n_s=N_S, strict_sequential=True).run()
+    o = read_output(out)
+    _assert_same(o, reference)
+    sums = o["checkpoint"][CHECKSUMS]
+    assert sums["block"] == 50 and len(sums["arrays"]["embedding"]) == -(-len(o["status"]) // 50)
+    _corrupt(os.path.join(out, "embedding", "c", "3", "0"), "truncated")
+    with pytest.raises(ResultCorrupted) as err:
+        read_output(out)
+    assert "embedding rows 150..200 (chunk embedding/c/3/0)" in str(err.value)
+    assert "c/2/0" not in str(err.value) and "c/4/0" not in str(err.value)
