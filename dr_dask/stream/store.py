@@ -115,6 +115,9 @@ class StreamStore:
         self._blocks: dict[int, dict[str, np.ndarray]] = {}
         self._n = 0
         self._open: list[int] = []
+        #: The output row of each buffer entry, as written (None: read from the store when
+        #: first needed).
+        self._buffer_rows: np.ndarray | None = None
 
     def fence(self) -> int | None:
         """Before a write: the lease's token if this writer still holds it, else LeaseLost."""
@@ -167,6 +170,7 @@ class StreamStore:
         self.group = g
         self._sums, self._blocks, self._dirty, self._n, self._open = (
             {a: [] for a in OUTPUT_ARRAYS}, {}, set(), 0, [])
+        self._buffer_rows = np.zeros(0, dtype=np.int64)
 
     def open(self) -> zarr.Group:
         self.group = zarr.open_group(store=self._zarr_store(), mode="a",
@@ -190,6 +194,7 @@ class StreamStore:
                       if isinstance(sums, dict) else None)
         self._open = list(sums["open_rows"]) if isinstance(sums, dict) else []
         self._n, self._blocks, self._dirty = state["n_rows"], {}, set()
+        self._buffer_rows = None
         return state
 
     def write_checkpoint(self, state: dict) -> None:
@@ -247,8 +252,11 @@ class StreamStore:
         """The checksums of the rows ``state`` commits (see the module docstring)."""
         n = state["n_rows"]
         pending = list(state.get("pending") or [])
-        open_rows = (sorted(int(r) for r in self.buffer_entries_rows(pending)) if pending
-                     else [])
+        if pending and (self._buffer_rows is None
+                        or len(self._buffer_rows) < state["buffer_len"]):
+            self._buffer_rows = np.asarray(self["buffer_rows"][:state["buffer_len"]])
+        open_rows = (sorted(int(r) for r in self._buffer_rows[pending])
+                     if pending and self._buffer_rows is not None else [])
         n_blocks = -(-n // ROW_CHUNK)
         sums = self._sums if self._sums is not None else {a: [] for a in OUTPUT_ARRAYS}
         redo = set(self._dirty) if self._sums is not None else set(range(n_blocks))
@@ -274,11 +282,6 @@ class StreamStore:
         self._dirty.clear()
         tail = (self._n - 1) // ROW_CHUNK if self._n else 0
         self._blocks = {b: v for b, v in self._blocks.items() if b == tail}
-
-    def buffer_entries_rows(self, ids: list[int]) -> np.ndarray:
-        """The output rows of buffer entries ``ids``."""
-        idx = np.asarray(ids, dtype=np.int64)
-        return np.asarray(self["buffer_rows"].get_orthogonal_selection((idx,)))
 
     def verify(self, state: dict, keep: bool = False) -> dict[str, np.ndarray] | None:
         """Compare the committed rows of ``state`` (the checkpoint just read) with its
@@ -328,7 +331,7 @@ class StreamStore:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
         n, b = state["n_rows"], state["buffer_len"]
         self.fence()
-        self._n, self._blocks, self._dirty = n, {}, set()
+        self._n, self._blocks, self._dirty, self._buffer_rows = n, {}, set(), None
         for name in ("embedding", "variance", "first_variance", "manifold", "version", "status"):
             arr = self[name]
             if arr.shape[0] != n:
@@ -396,6 +399,9 @@ class StreamStore:
     def append_buffer(self, start: int, points: np.ndarray, rows: np.ndarray) -> int:
         end = start + len(rows)
         self.fence()
+        if self._buffer_rows is not None:
+            self._buffer_rows = np.concatenate(
+                [self._buffer_rows[:start], np.asarray(rows, dtype=np.int64)])
         for name, val in (("buffer_points", points), ("buffer_rows", rows)):
             arr = self[name]
             if arr.shape[0] < end:
