@@ -176,3 +176,9 @@ def test_many_blocks_torn_and_resumed_verify_block_by_block(model, source_dir, r
         read_output(out)
     assert "embedding rows 150..200 (chunk embedding/c/3/0)" in str(err.value)
     assert "c/2/0" not in str(err.value) and "c/4/0" not in str(err.value)
+
+
+def test_a_removed_output_array_is_named(out):
+    shutil.rmtree(os.path.join(out, "status"))
+    with pytest.raises(ResultCorrupted, match="array status is gone"):
+        read_output(out)

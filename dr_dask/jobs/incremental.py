@@ -10,7 +10,9 @@ row of the source ends up exactly once in the output, row i of the output being 
 source.
 
 The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedding``,
-``variance``, ``manifold``, ``version``, ``status``, ``models/v{k}``, ``checkpoint.json``) and:
+``variance``, ``manifold``, ``version``, ``status``, ``models/v{k}``, ``checkpoint.json`` with
+the checksums of the committed rows, which each run verifies: a changed row block stops it,
+exit 2, naming the array, rows and chunk) and:
 
 ``job.json``
     The source it follows (another source is refused).

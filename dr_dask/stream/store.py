@@ -294,29 +294,9 @@ class StreamStore:
             logger.warning("%s was checkpointed before stream checkpoints carried checksums: "
                            "its rows are read unverified (the next commit of a run that "
                            "resumes it records them)", self.path)
-        block = int(sums["block"]) if isinstance(sums, dict) else ROW_CHUNK
-        open_rows = np.asarray(sums["open_rows"] if isinstance(sums, dict) else [], np.int64)
-        parts: dict[str, list] = {a: [] for a in OUTPUT_ARRAYS}
-        problems = []
-        for a in OUTPUT_ARRAYS:
-            arr = self[a]
-            recorded = sums["arrays"].get(a, []) if isinstance(sums, dict) else None
-            for b, lo in enumerate(range(0, n, block)):
-                hi = min(n, lo + block)
-                where = f"{a} rows {lo}..{hi} (chunk {_chunk_key(arr, a, lo)})"
-                try:
-                    values = np.asarray(arr[lo:hi])
-                except Exception as exc:  # noqa: BLE001  (a codec raises many types)
-                    raise_if_transient(exc, self.location)
-                    problems.append(f"{where} cannot be read ({type(exc).__name__}: {exc})")
-                    continue
-                if recorded is not None:
-                    local = open_rows[(open_rows >= lo) & (open_rows < hi)] - lo
-                    if b >= len(recorded) or block_digest(a, values, local) != recorded[b]:
-                        problems.append(f"{where} does not match its checksum (overwritten or "
-                                        "truncated since it was committed)")
-                if keep:
-                    parts[a].append(values)
+            sums = {"block": ROW_CHUNK, "open_rows": [], "arrays": None}
+        problems: list[str] = []
+        parts = {a: self._verified(a, n, sums, problems, keep) for a in OUTPUT_ARRAYS}
         if problems:
             raise ResultCorrupted(
                 f"stream output {self.path} is checkpointed at row {n} but its committed rows "
@@ -324,8 +304,39 @@ class StreamStore:
                 "from this store: map the source again into a new output")
         if not keep:
             return None
-        return {a: (np.concatenate(v) if v else np.asarray(self[a][:0]))
-                for a, v in parts.items()}
+        return {a: np.concatenate(v) for a, v in parts.items()}
+
+    def _verified(self, a: str, n: int, sums: dict, problems: list[str],
+                  keep: bool) -> list[np.ndarray]:
+        """The committed rows of array ``a`` a block at a time, each compared with its
+        checksum in ``sums`` (none: unverified); what differs is appended to ``problems``.
+        Only with ``keep`` are the rows kept (a resuming writer verifies block by block)."""
+        try:
+            arr = self[a]
+        except KeyError:
+            problems.append(f"array {a} is gone")
+            return []
+        block = int(sums["block"])
+        recorded = None if sums["arrays"] is None else sums["arrays"].get(a, [])
+        open_rows = np.asarray(sums["open_rows"], dtype=np.int64)
+        parts = [np.asarray(arr[:0])]
+        for b, lo in enumerate(range(0, n, block)):
+            hi = min(n, lo + block)
+            where = f"{a} rows {lo}..{hi} (chunk {_chunk_key(arr, a, lo)})"
+            try:
+                values = np.asarray(arr[lo:hi])
+            except Exception as exc:  # noqa: BLE001  (a codec raises many types)
+                raise_if_transient(exc, self.location)
+                problems.append(f"{where} cannot be read ({type(exc).__name__}: {exc})")
+                continue
+            local = open_rows[(open_rows >= lo) & (open_rows < hi)] - lo
+            if recorded is not None and (b >= len(recorded)
+                                         or block_digest(a, values, local) != recorded[b]):
+                problems.append(f"{where} does not match its checksum (overwritten or "
+                                "truncated since it was committed)")
+            if keep:
+                parts.append(values)
+        return parts
 
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
