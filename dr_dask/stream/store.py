@@ -190,8 +190,9 @@ class StreamStore:
         self._checkpoint_version = got[1]
         state = json.loads(got[0])
         sums = state.get(CHECKSUMS)
+        # recorded in other blocks (or none): every block is hashed at this writer's commit
         self._sums = ({a: list(v) for a, v in sums["arrays"].items()}
-                      if isinstance(sums, dict) else None)
+                      if isinstance(sums, dict) and sums.get("block") == ROW_CHUNK else None)
         self._open = list(sums["open_rows"]) if isinstance(sums, dict) else []
         self._n, self._blocks, self._dirty = state["n_rows"], {}, set()
         self._buffer_rows = None
