@@ -120,11 +120,9 @@ def test_sigterm_checkpoints_and_exits_zero(model_path, source_dir, reference, s
     _assert_same(o, reference)
 
 
-def test_crash_during_publication_is_repaired(model, source_dir, reference, scenario, tmp_path,
-                                              monkeypatch):
-    """A crash after the re-mapped rows were written but before the checkpoint: restart
-    restores the buffered rows, redoes the refit and ends identical to the reference."""
-    out = str(tmp_path / "out")
+def tear_publication(model, source_dir, out, monkeypatch) -> int:
+    """Run a stream into ``out`` that crashes after its first publication remapped the
+    buffered rows, before that publication's checkpoint; returns the checkpoints written."""
     calls = {"n": 0}
     original = StreamStore.write_checkpoint
 
@@ -139,8 +137,17 @@ def test_crash_during_publication_is_repaired(model, source_dir, reference, scen
         StreamRunner(out, source_dir, model, n_s=N_S, strict_sequential=True,
                      handle_signals=False).run()
     monkeypatch.setattr(StreamStore, "write_checkpoint", original)
+    return calls["n"]
+
+
+def test_crash_during_publication_is_repaired(model, source_dir, reference, scenario, tmp_path,
+                                              monkeypatch):
+    """A crash after the re-mapped rows were written but before the checkpoint: restart
+    restores the buffered rows, redoes the refit and ends identical to the reference."""
+    out = str(tmp_path / "out")
+    assert tear_publication(model, source_dir, out, monkeypatch) > 0
     torn = StreamStore(out)
-    assert torn.read_checkpoint()["version"] == 0 and calls["n"] > 0
+    assert torn.read_checkpoint()["version"] == 0
     StreamRunner(out, source_dir, n_s=N_S, strict_sequential=True).run()
     o = read_output(out)
     _check_complete(o, len(scenario.stream))

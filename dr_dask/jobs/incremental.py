@@ -10,7 +10,9 @@ row of the source ends up exactly once in the output, row i of the output being 
 source.
 
 The state location holds the stream store (:mod:`dr_dask.stream.store`: ``embedding``,
-``variance``, ``manifold``, ``version``, ``status``, ``models/v{k}``, ``checkpoint.json``) and:
+``variance``, ``manifold``, ``version``, ``status``, ``models/v{k}``, ``checkpoint.json`` with
+the checksums of the committed rows, which each run verifies: a changed row block stops it,
+exit 2, naming the array, rows and chunk) and:
 
 ``job.json``
     The source it follows (another source is refused).
@@ -157,6 +159,7 @@ def _run(array, n_rows: int, n_features: int, loc, p: dict, client: Any, model: 
         records, updated = check_consumed(loc, array, ck["source"] + ck.get("skip", 0))
         refit_due = len(ck["pending"]) >= p["n_s"]
         if ck["source"] == n_rows and not refit_due and before == ck["n_rows"]:
+            store.verify(ck)  # the runner verifies a state it resumes; this run reads it only
             record_consumed(loc, array, ck["source"] + ck.get("skip", 0), records, lease.fence,
                             updated)
             logger.info("%s: no row beyond the watermark %d; nothing to do", array.url, before)

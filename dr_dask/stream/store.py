@@ -23,7 +23,17 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
     anything beyond it (rows past ``n_rows``, buffer entries past ``buffer_len``, models newer
     than ``version``, quarantine records from chunk ``n_chunks`` or row ``n_rows`` on) is
     discarded on restart.
-    It carries the lease it was written under (``lease``: fencing token and owner).
+    It carries the lease it was written under (``lease``: fencing token and owner), and the
+    content of the rows it commits (``checksums``): the SHA-256 of each output array's values
+    in every block of :data:`ROW_CHUNK` rows (one stored chunk) up to ``n_rows``, computed
+    from the values the writer holds when it commits. The rows still buffered at the
+    checkpoint (``open_rows``) enter it by ``first_variance`` only: a publication torn by a
+    kill may already have remapped their other values, and the resumed run rewrites them.
+    Every reader compares (:meth:`StreamStore.verify`, :func:`read_output`): a block that
+    differs, or a chunk that cannot be decoded, is :class:`dr_dask.runs.group.ResultCorrupted`
+    naming the array, rows and chunk (exit 2), and a resumed writer refuses it the same way
+    (``docs/decisions.md`` STREAM-CHECKSUMS). A checkpoint written before checkpoints carried
+    checksums is read unverified, with a warning; a writer resuming it records them.
 ``lease.json``
     One writer at a time (:class:`dr_dask.runs.lease.Lease`): every write of the store is fenced
     (:meth:`StreamStore.fence`), so a writer that paused past the lease's lifetime and lost it
@@ -32,6 +42,7 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import Any
@@ -39,8 +50,10 @@ from typing import Any
 import numpy as np
 import zarr
 
+from dr_dask.io.errors import raise_if_transient
 from dr_dask.io.storage import Location, location
 from dr_dask.methods.gp_isomap_io import load_gp_isomap, save_gp_isomap
+from dr_dask.runs.group import ResultCorrupted
 from dr_dask.runs.lease import FencedStore, Lease, LeaseLost
 
 logger = logging.getLogger(__name__)
@@ -49,6 +62,29 @@ logger = logging.getLogger(__name__)
 STATUS = {"confident": 1, "buffered": 2, "remapped": 3, "quarantined": 4}
 STATUS_NAMES = {v: k for k, v in STATUS.items()}
 ROW_CHUNK = 4096
+#: The output arrays, one row per input row.
+OUTPUT_ARRAYS = ("embedding", "variance", "first_variance", "manifold", "version", "status")
+#: What a publication rewrites, so not vouched for in the rows buffered at a checkpoint.
+REMAPPABLE = ("embedding", "variance", "manifold", "version", "status")
+#: The checkpoint's record of the committed rows' content (module docstring).
+CHECKSUMS = "checksums"
+
+
+def block_digest(name: str, values: np.ndarray, open_rows: np.ndarray) -> str:
+    """SHA-256 of one block of output array ``name`` (its rows' values in little-endian C
+    order, with its shape and dtype), the rows ``open_rows`` (block-relative) zeroed in the
+    arrays a publication may still rewrite (:data:`REMAPPABLE`)."""
+    v = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    if name in REMAPPABLE and open_rows.size:
+        v = v.copy()
+        v[open_rows] = 0
+    head = f"{name}:{v.dtype.str}:{v.shape}:".encode()
+    return hashlib.sha256(head + v.tobytes()).hexdigest()
+
+
+def _chunk_key(arr: zarr.Array, name: str, lo: int) -> str:
+    """The stored chunk holding row ``lo`` of ``arr`` (default Zarr v3 key encoding)."""
+    return "/".join([name, "c", str(lo // arr.chunks[0]), *(["0"] * (arr.ndim - 1))])
 
 
 class StreamStore:
@@ -70,6 +106,18 @@ class StreamStore:
         self.lease: Lease | None = None
         #: The checkpoint's version as this writer last read or wrote it (None: absent).
         self._checkpoint_version: str | None = None
+        #: Per output array, the checksum of each committed block as of the last checkpoint
+        #: read or written (None: none recorded, every block is hashed at the next commit).
+        self._sums: dict[str, list[str]] | None = None
+        #: Blocks written since the last checkpoint, and the values of those this writer holds
+        #: (block -> array -> values of its rows up to the row count written).
+        self._dirty: set[int] = set()
+        self._blocks: dict[int, dict[str, np.ndarray]] = {}
+        self._n = 0
+        self._open: list[int] = []
+        #: The output row of each buffer entry, as written (None: read from the store when
+        #: first needed).
+        self._buffer_rows: np.ndarray | None = None
 
     def fence(self) -> int | None:
         """Before a write: the lease's token if this writer still holds it, else LeaseLost."""
@@ -120,6 +168,9 @@ class StreamStore:
                            overwrite=True)
         g.attrs["status_codes"] = STATUS
         self.group = g
+        self._sums, self._blocks, self._dirty, self._n, self._open = (
+            {a: [] for a in OUTPUT_ARRAYS}, {}, set(), 0, [])
+        self._buffer_rows = np.zeros(0, dtype=np.int64)
 
     def open(self) -> zarr.Group:
         self.group = zarr.open_group(store=self._zarr_store(), mode="a",
@@ -137,17 +188,30 @@ class StreamStore:
         if got is None:
             raise FileNotFoundError(self.checkpoint_path.url)
         self._checkpoint_version = got[1]
-        return json.loads(got[0])
+        state = json.loads(got[0])
+        sums = state.get(CHECKSUMS)
+        # recorded in other blocks (or none): every block is hashed at this writer's commit
+        self._sums = ({a: list(v) for a, v in sums["arrays"].items()}
+                      if isinstance(sums, dict) and sums.get("block") == ROW_CHUNK else None)
+        self._open = list(sums["open_rows"]) if isinstance(sums, dict) else []
+        self._n, self._blocks, self._dirty = state["n_rows"], {}, set()
+        self._buffer_rows = None
+        return state
 
     def write_checkpoint(self, state: dict) -> None:
         """The commit mark of everything written before it, with the lease's stamp.
 
         Under a lease it is a compare-and-swap on the checkpoint this writer last read or
         wrote: a writer paused *after* its fence (the window a lease alone leaves open) finds
-        the checkpoint of the run that took over, writes nothing and raises LeaseLost."""
+        the checkpoint of the run that took over, writes nothing and raises LeaseLost.
+
+        It records the checksums of the committed rows (:data:`CHECKSUMS`), rehashing only
+        the blocks written since the last checkpoint, from the values this writer holds."""
+        state[CHECKSUMS] = self._checksums(state)
         if self.lease is None:
             state["lease"] = None
             self.checkpoint_path.write_json(state)
+            self._committed()
             return
         state["lease"] = self.lease.stamp()
         version = self.checkpoint_path.swap_bytes(json.dumps(state).encode(),
@@ -159,11 +223,127 @@ class StreamStore:
                 f"wrote it (this run, {self.lease.owner}, paused past its lease's lifetime): "
                 "it stopped writing and the other run's output stands")
         self._checkpoint_version = version
+        self._committed()
+
+    # ------------------------------------------------------------------ checksums
+    def _block(self, b: int) -> dict[str, np.ndarray]:
+        """The values of block ``b`` up to the rows written, read once from the store (rows
+        committed before this writer held them) and then kept up to date by its writes."""
+        if b not in self._blocks:
+            lo, hi = b * ROW_CHUNK, min(self._n, (b + 1) * ROW_CHUNK)
+            self._blocks[b] = {a: np.asarray(self[a][lo:max(lo, hi)]) for a in OUTPUT_ARRAYS}
+        return self._blocks[b]
+
+    def _hold(self, rows: np.ndarray, values: dict[str, Any]) -> None:
+        """Keep the values written to ``rows`` (sorted) in the blocks held."""
+        for b in np.unique(rows // ROW_CHUNK).tolist():
+            sel = (rows >= b * ROW_CHUNK) & (rows < (b + 1) * ROW_CHUNK)
+            local = rows[sel] - b * ROW_CHUNK
+            block = self._block(b)
+            for a, val in values.items():
+                arr = block[a]
+                if arr.shape[0] <= local[-1]:
+                    grown = np.empty((int(local[-1]) + 1, *arr.shape[1:]), arr.dtype)
+                    grown[:arr.shape[0]] = arr
+                    block[a] = arr = grown
+                arr[local] = np.broadcast_to(np.asarray(val), (rows.size, *arr.shape[1:]))[sel]
+            self._dirty.add(b)
+
+    def _checksums(self, state: dict) -> dict:
+        """The checksums of the rows ``state`` commits (see the module docstring)."""
+        n = state["n_rows"]
+        pending = list(state.get("pending") or [])
+        if pending and (self._buffer_rows is None
+                        or len(self._buffer_rows) < state["buffer_len"]):
+            self._buffer_rows = np.asarray(self["buffer_rows"][:state["buffer_len"]])
+        open_rows = (sorted(int(r) for r in self._buffer_rows[pending])
+                     if pending and self._buffer_rows is not None else [])
+        n_blocks = -(-n // ROW_CHUNK)
+        sums = self._sums if self._sums is not None else {a: [] for a in OUTPUT_ARRAYS}
+        redo = set(self._dirty) if self._sums is not None else set(range(n_blocks))
+        # a row that left or joined the buffered ones changes what its block vouches for
+        redo |= {r // ROW_CHUNK for r in set(open_rows) ^ set(self._open)}
+        redo |= {b for b in range(n_blocks) if b >= len(sums["status"])}
+        rows = np.asarray(open_rows, dtype=np.int64)
+        for b in sorted(x for x in redo if x < n_blocks):
+            lo, hi = b * ROW_CHUNK, min(n, (b + 1) * ROW_CHUNK)
+            block = self._block(b)
+            local = rows[(rows >= lo) & (rows < hi)] - lo
+            for a in OUTPUT_ARRAYS:
+                digest = block_digest(a, block[a][:hi - lo], local)
+                col = sums.setdefault(a, [])
+                col.extend([""] * (b + 1 - len(col)))
+                col[b] = digest
+        self._sums = {a: col[:n_blocks] for a, col in sums.items()}
+        self._open = open_rows
+        return {"block": ROW_CHUNK, "open_rows": open_rows, "arrays": self._sums}
+
+    def _committed(self) -> None:
+        """After a checkpoint: only the block rows are still appended to stays held."""
+        self._dirty.clear()
+        tail = (self._n - 1) // ROW_CHUNK if self._n else 0
+        self._blocks = {b: v for b, v in self._blocks.items() if b == tail}
+
+    def verify(self, state: dict, keep: bool = False) -> dict[str, np.ndarray] | None:
+        """Compare the committed rows of ``state`` (the checkpoint just read) with its
+        checksums, a block (one stored chunk) at a time; raise :class:`ResultCorrupted` naming
+        every array, rows and chunk that differs or cannot be read. A checkpoint without
+        checksums is read unverified, with a warning. With ``keep``, returns the rows read."""
+        n = state["n_rows"]
+        sums = state.get(CHECKSUMS)
+        if not isinstance(sums, dict):
+            logger.warning("%s was checkpointed before stream checkpoints carried checksums: "
+                           "its rows are read unverified (the next commit of a run that "
+                           "resumes it records them)", self.path)
+            sums = {"block": ROW_CHUNK, "open_rows": [], "arrays": None}
+        problems: list[str] = []
+        parts = {a: self._verified(a, n, sums, problems, keep) for a in OUTPUT_ARRAYS}
+        if problems:
+            raise ResultCorrupted(
+                f"stream output {self.path} is checkpointed at row {n} but its committed rows "
+                f"were changed since: {'; '.join(problems)}. The rows cannot be recomputed "
+                "from this store: map the source again into a new output")
+        if not keep:
+            return None
+        return {a: np.concatenate(v) for a, v in parts.items()}
+
+    def _verified(self, a: str, n: int, sums: dict, problems: list[str],
+                  keep: bool) -> list[np.ndarray]:
+        """The committed rows of array ``a`` a block at a time, each compared with its
+        checksum in ``sums`` (none: unverified); what differs is appended to ``problems``.
+        Only with ``keep`` are the rows kept (a resuming writer verifies block by block)."""
+        try:
+            arr = self[a]
+        except KeyError:
+            problems.append(f"array {a} is gone")
+            return []
+        block = int(sums["block"])
+        recorded = None if sums["arrays"] is None else sums["arrays"].get(a, [])
+        open_rows = np.asarray(sums["open_rows"], dtype=np.int64)
+        parts = [np.asarray(arr[:0])]
+        for b, lo in enumerate(range(0, n, block)):
+            hi = min(n, lo + block)
+            where = f"{a} rows {lo}..{hi} (chunk {_chunk_key(arr, a, lo)})"
+            try:
+                values = np.asarray(arr[lo:hi])
+            except Exception as exc:  # noqa: BLE001  (a codec raises many types)
+                raise_if_transient(exc, self.location)
+                problems.append(f"{where} cannot be read ({type(exc).__name__}: {exc})")
+                continue
+            local = open_rows[(open_rows >= lo) & (open_rows < hi)] - lo
+            if recorded is not None and (b >= len(recorded)
+                                         or block_digest(a, values, local) != recorded[b]):
+                problems.append(f"{where} does not match its checksum (overwritten or "
+                                "truncated since it was committed)")
+            if keep:
+                parts.append(values)
+        return parts
 
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
         n, b = state["n_rows"], state["buffer_len"]
         self.fence()
+        self._n, self._blocks, self._dirty, self._buffer_rows = n, {}, set(), None
         for name in ("embedding", "variance", "first_variance", "manifold", "version", "status"):
             arr = self[name]
             if arr.shape[0] != n:
@@ -195,6 +375,11 @@ class StreamStore:
         m = len(status)
         end = start + m
         self.fence()
+        if m:
+            self._hold(np.arange(start, end), {
+                "embedding": emb, "variance": var, "first_variance": var,
+                "manifold": manifold, "version": version, "status": status})
+        self._n = max(self._n, end)
         # first_variance keeps the variance under the model that first saw the row (detection
         # plots); variance is overwritten when a refit re-maps the row
         for name, val in (("embedding", emb), ("variance", var), ("first_variance", var),
@@ -218,6 +403,7 @@ class StreamStore:
                           ("status", status)):
             vals[name] = np.broadcast_to(np.asarray(val), rows.shape)[order]
         rows = rows[order]
+        self._hold(rows, vals)
         for name, val in vals.items():
             arr = self[name]
             arr.set_orthogonal_selection((rows,) if arr.ndim == 1 else (rows, slice(None)), val)
@@ -225,6 +411,9 @@ class StreamStore:
     def append_buffer(self, start: int, points: np.ndarray, rows: np.ndarray) -> int:
         end = start + len(rows)
         self.fence()
+        if self._buffer_rows is not None:
+            self._buffer_rows = np.concatenate(
+                [self._buffer_rows[:start], np.asarray(rows, dtype=np.int64)])
         for name, val in (("buffer_points", points), ("buffer_rows", rows)):
             arr = self[name]
             if arr.shape[0] < end:
@@ -275,20 +464,23 @@ class StreamStore:
 
 
 def read_output(path: Any, storage_options: dict | None = None) -> dict:
-    """The committed output of a stream store as NumPy arrays (rows up to the checkpoint).
+    """The committed output of a stream store as NumPy arrays (rows up to the checkpoint),
+    verified against the checkpoint's checksums (:meth:`StreamStore.verify`).
 
     Returns
     -------
     dict with ``embedding (N, d_g)``, ``variance``, ``first_variance``, ``manifold``,
     ``version``, ``status``
     (all (N,)), ``checkpoint`` (dict) and ``quarantine`` (list of records).
+
+    Raises
+    ------
+    ResultCorrupted
+        A committed row block no longer matches its checksum or cannot be decoded (named).
     """
     store = StreamStore(path, storage_options)
     state = store.read_checkpoint()
-    n = state["n_rows"]
-    out: dict[str, Any] = {name: np.asarray(store[name][:n])
-           for name in ("embedding", "variance", "first_variance", "manifold", "version",
-                        "status")}
+    out: dict[str, Any] = dict(store.verify(state, keep=True) or {})
     out["checkpoint"] = state
     out["quarantine"] = store.quarantine_records()
     return out
