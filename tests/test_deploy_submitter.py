@@ -327,15 +327,22 @@ def test_a_capacity_problem_is_reported_at_once_and_exits_1_after_the_wait(kube,
     assert kube.names(GROUP, "daskjobs") == []
 
 
-def test_a_worker_killed_at_its_memory_limit_makes_the_failed_job_exit_2(kube):
-    """The operator deletes the workers when the job fails: the kill is seen while it runs,
-    and the job's exit 1 becomes 2 (a retry at the same memory fails the same way)."""
-    kube.exit_code, kube.fault = 1, "worker-oom"
+def _oom_exit_2(kube) -> str:
+    """Run the submitter: exit 2, its last line naming the killed worker and the memory to
+    raise. Returns that line."""
     proc = _run(kube)
     assert proc.returncode == 2, proc.stderr
     last = _last_line(proc)
     assert "worker pod dr-dask-nightly-" in last and "memory limit 8Gi (OOMKilled" in last
     assert "spec.cluster.spec.worker.spec.containers[worker].resources.limits.memory" in last
+    return last
+
+
+def test_a_worker_killed_at_its_memory_limit_makes_the_failed_job_exit_2(kube):
+    """The operator deletes the workers when the job fails: the kill is seen while it runs,
+    and the job's exit 1 becomes 2 (a retry at the same memory fails the same way)."""
+    kube.exit_code, kube.fault = 1, "worker-oom"
+    last = _oom_exit_2(kube)
     assert "--memory-limit" in last
 
 
@@ -344,11 +351,7 @@ def test_a_worker_killed_just_before_the_job_fails_is_remembered(kube):
     one step of the stand-in: no poll ever sees the kill (with polls alone, exit 1 and a retry
     at the same memory); the watch of the pods does: exit 2 naming the memory to raise."""
     kube.exit_code, kube.fault = 1, "worker-oom-at-end"
-    proc = _run(kube)
-    assert proc.returncode == 2, proc.stderr
-    last = _last_line(proc)
-    assert "worker pod dr-dask-nightly-" in last and "memory limit 8Gi (OOMKilled" in last
-    assert "spec.cluster.spec.worker.spec.containers[worker].resources.limits.memory" in last
+    last = _oom_exit_2(kube)
     (name,) = kube.names(GROUP, "daskjobs")
     assert f"kubectl logs -n {NAMESPACE} {name}-runner" in last
     # the pods were gone at every poll: only the watch could have seen the kill

@@ -1,13 +1,16 @@
 """The model versions of a stream: the worker tasks that map a chunk and fit the next version
-(aligned to the last one's frame), and what a version is refitted from."""
+(aligned to the last one's frame), what a version is refitted from, and the executor that runs
+the tasks (on a cluster or this process's threads)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from dr_dask.methods.gp_isomap import GPIsomap
+from dr_dask.runtime.cluster import gather, share
 
 
 def map_chunk(model: Any, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,3 +52,39 @@ def batch_of(model: Any) -> np.ndarray:
         X[model.labels_ == i] = gp.points
     X[model.labels_ < 0] = model.outliers_
     return X
+
+
+class Executor:
+    """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode.
+
+    On a cluster each model version goes to the workers once through
+    :func:`dr_dask.runtime.cluster.share`: a recomputable future, so a worker killed while holding
+    it or mapping a chunk costs dask a recomputation, never rows; results come back through
+    :func:`dr_dask.runtime.cluster.gather`, which never waits forever on a cluster that is gone.
+    """
+
+    def __init__(self, client: Any, n_threads: int):
+        self.client = client
+        self.pool = ThreadPoolExecutor(n_threads) if client is None else None
+        self.handle: Any = None
+
+    def put_model(self, model: Any) -> None:
+        self.handle = share(model, self.client)
+
+    def submit(self, fn, *args):
+        if self.pool is not None:  # no client: this process's threads
+            return self.pool.submit(fn, *args)
+        return self.client.submit(fn, *args, pure=False)
+
+    def map(self, X: np.ndarray) -> Any:
+        """Submit ``map_chunk`` of X with the current model version."""
+        return self.submit(map_chunk, self.handle, X)
+
+    def result(self, future: Any) -> Any:
+        if self.client is None:
+            return future.result()
+        return gather([future], self.client)[0]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)

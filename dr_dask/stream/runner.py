@@ -50,7 +50,6 @@ import signal
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,50 +65,12 @@ from dr_dask.runtime.cluster import (
     active_client,
     cluster_gone,
     credentials_delivered,
-    gather,
-    share,
 )
-from dr_dask.stream.models import batch_of, map_chunk, refit_model, refit_params
+from dr_dask.stream.models import Executor, batch_of, refit_model, refit_params
 from dr_dask.stream.sources import Chunk, DirectorySource, open_source
 from dr_dask.stream.store import STATUS, StreamStore
 
 logger = logging.getLogger(__name__)
-
-
-class _Executor:
-    """``client.submit`` on a cluster, a thread pool for dask's threaded (client=None) mode.
-
-    On a cluster each model version goes to the workers once through
-    :func:`dr_dask.runtime.cluster.share`: a recomputable future, so a worker killed while holding
-    it or mapping a chunk costs dask a recomputation, never rows; results come back through
-    :func:`dr_dask.runtime.cluster.gather`, which never waits forever on a cluster that is gone.
-    """
-
-    def __init__(self, client: Any, n_threads: int):
-        self.client = client
-        self.pool = ThreadPoolExecutor(n_threads) if client is None else None
-        self.handle: Any = None
-
-    def put_model(self, model: Any) -> None:
-        self.handle = share(model, self.client)
-
-    def submit(self, fn, *args):
-        if self.pool is not None:  # no client: this process's threads
-            return self.pool.submit(fn, *args)
-        return self.client.submit(fn, *args, pure=False)
-
-    def map(self, X: np.ndarray) -> Any:
-        """Submit ``map_chunk`` of X with the current model version."""
-        return self.submit(map_chunk, self.handle, X)
-
-    def result(self, future: Any) -> Any:
-        if self.client is None:
-            return future.result()
-        return gather([future], self.client)[0]
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -284,7 +245,7 @@ class StreamRunner:
     def _run(self) -> dict:
         self._setup()
         self._check_width(self.model)
-        self.exec = _Executor(self.client, self.max_in_flight + 1)
+        self.exec = Executor(self.client, self.max_in_flight + 1)
         self.exec.put_model(self.model)
         self._resume_refit()
         old = {}
