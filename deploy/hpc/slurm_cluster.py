@@ -23,9 +23,10 @@ import contextlib
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dask_jobqueue import SLURMCluster
+if TYPE_CHECKING:
+    from dask_jobqueue import SLURMCluster
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,11 @@ def make_cluster(scheduler_file: str, *, cores: int = 8, memory: str = "32GiB",
                                          "dashboard_address": ":8787"}
     if scheduler_interface:
         scheduler_options["interface"] = scheduler_interface
+    # imported here, after main() has blocked SIGINT and SIGTERM: loading it loads numpy, whose
+    # BLAS starts its threads then, and a thread started before the mask would take the signal
+    # (SIGTERM's default action kills the process before the cluster is closed)
+    from dask_jobqueue import SLURMCluster
+
     return SLURMCluster(
         cores=cores, memory=memory, processes=processes, walltime=walltime,
         local_directory=local_directory, interface=interface,

@@ -80,10 +80,9 @@ def embed_ikd(ctx, source, out, name, overwrite, drop_cache, **params):
     from dr_dask.runs.group import run_attr, run_embedding
 
     try:
-        # the input's boundary first: a bad input is refused before a cluster starts or an
-        # estimator loads
-        inp = open_dataset(source, None, storage_options(ctx))
         with cluster(ctx) as client:
+            # the input's boundary before an estimator loads: a bad input is refused fast
+            inp = open_dataset(source, None, storage_options(ctx))
             est = make_ikd(**params, client=client, progress=True)
             run = run_embedding(est, inp, out, method="ikd", name=name, overwrite=overwrite,
                                 storage_options=storage_options(ctx), drop_cache=drop_cache)

@@ -58,10 +58,9 @@ def embed_isomap(ctx, source, out, name, overwrite, drop_cache, n_components, n_
     if geodesic_store is not None:
         geodesic_store = location(geodesic_store, storage_options(ctx))
     try:
-        # the input's boundary first: a bad input is refused before a cluster starts or an
-        # estimator loads
-        inp = open_dataset(source, None, storage_options(ctx))
         with cluster(ctx) as client:
+            # the input's boundary before an estimator loads: a bad input is refused fast
+            inp = open_dataset(source, None, storage_options(ctx))
             if n_landmarks is None:
                 from dr_dask.methods.isomap import Isomap
 
