@@ -38,7 +38,6 @@ from dr_dask.io.boundary import (
     _NpyRows,
     _ZarrRows,
     check_claimed,
-    read_values,  # noqa: F401  (a public path: report/ reads labels through it)
 )
 from dr_dask.io.storage import (
     Location,

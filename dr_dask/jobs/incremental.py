@@ -51,7 +51,8 @@ from dr_dask.jobs._consumed import check_consumed, record_consumed
 from dr_dask.methods.gp_isomap import GPIsomap
 from dr_dask.report.jobs import drift_report
 from dr_dask.runs.lease import Lease, LeaseLost
-from dr_dask.runtime.cluster import active_client, compute, credentials_delivered
+from dr_dask.runtime.cluster import active_client, compute
+from dr_dask.runtime.credential_delivery import credentials_delivered
 from dr_dask.stream.runner import StreamRunner
 from dr_dask.stream.store import STATUS, StreamStore
 

@@ -36,7 +36,8 @@ from dr_dask.runs.group import (
     run_name,
     run_params,
 )
-from dr_dask.runtime.cluster import active_client, compute, credentials_delivered
+from dr_dask.runtime.cluster import active_client, compute
+from dr_dask.runtime.credential_delivery import credentials_delivered
 from dr_dask.runtime.resources import PeakRSS, timed
 
 logger = logging.getLogger(__name__)

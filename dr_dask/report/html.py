@@ -64,7 +64,8 @@ from bokeh.plotting import figure
 from bokeh.resources import CDN, INLINE
 from bokeh.transform import factor_cmap, linear_cmap
 
-from dr_dask.io.inputs import InputError, read_values
+from dr_dask.io.boundary import read_values
+from dr_dask.io.inputs import InputError
 from dr_dask.io.storage import Location, location
 from dr_dask.report.plot import format_cell, running_mean, sample_rows
 from dr_dask.report.stream import threshold_in_force

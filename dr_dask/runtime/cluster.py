@@ -34,9 +34,6 @@ from distributed.worker import thread_state
 
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
-from dr_dask.runtime.credential_delivery import (  # noqa: F401  (its importers in jobs/, stream/)
-    credentials_delivered,
-)
 from dr_dask.runtime.progress import cluster_bar, local_bar
 
 logger = logging.getLogger(__name__)

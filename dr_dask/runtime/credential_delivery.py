@@ -26,6 +26,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from dr_dask.runtime import config, credentials
+from dr_dask.runtime.cluster import run_on_workers
 
 logger = logging.getLogger(__name__)
 
@@ -275,10 +276,7 @@ def withdraw_credentials(client: Client, ref: str) -> None:
         client.unregister_worker_plugin(ref)
     except (CommClosedError, OSError):
         # a worker died under the broadcast: the scheduler has dropped its copy already,
-        # the workers that remain forget theirs here (imported here: cluster re-exports
-        # credentials_delivered from this module)
-        from dr_dask.runtime.cluster import run_on_workers
-
+        # the workers that remain forget theirs here
         run_on_workers(client, credentials.unregister, [ref])
     except Exception as exc:  # noqa: BLE001  (a cluster already gone holds nothing any more)
         logger.warning("could not withdraw the storage credentials %s from the scheduler "

@@ -64,8 +64,8 @@ from dr_dask.runtime.cluster import (
     ClusterLost,
     active_client,
     cluster_gone,
-    credentials_delivered,
 )
+from dr_dask.runtime.credential_delivery import credentials_delivered
 from dr_dask.stream.models import Executor, batch_of, refit_model, refit_params
 from dr_dask.stream.sources import Chunk, DirectorySource, open_source
 from dr_dask.stream.store import STATUS, StreamStore
