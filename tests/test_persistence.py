@@ -139,3 +139,18 @@ def test_save_and_load_through_s3(s3_bucket):
     url = f"s3://{s3_bucket}/models/iso.model"
     est.save(url)
     np.testing.assert_array_equal(dr_dask.load(url).transform(Xq), est.transform(Xq))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("name", ["IKD-geodesic", "LandmarkIsomap"])
+def test_a_model_fitted_on_a_cluster_saves_and_maps_the_same_without_it(name, cluster_client,
+                                                                         tmp_path):
+    """Fitted on the multi-process cluster, saved without its client, loaded in this process
+    with none: the same transform, and the loaded model holds no client."""
+    X, Xq = _roll(300, 0), _roll(50, 1)
+    est = ESTIMATORS[name]().set_params(client=cluster_client).fit(X)
+    before = _transform(est, Xq)
+    est.save(tmp_path / "m.model")
+    loaded = dr_dask.load(tmp_path / "m.model")
+    assert loaded.get_params()["client"] is None
+    np.testing.assert_array_equal(_transform(loaded, Xq), before)

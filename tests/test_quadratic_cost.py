@@ -131,3 +131,14 @@ def test_public_names():
     assert dr_dask.QuadraticCostWarning is QuadraticCostWarning
     # the storage boundary's bad-configuration class: exit 2 wherever it escapes
     assert issubclass(ScratchSpaceError, StorageError)
+
+
+@pytest.mark.cluster
+def test_a_fit_on_a_cluster_says_its_tiles_go_to_worker_memory(rows, dr_config, caplog,
+                                                              cluster_client):
+    dr_config({"quadratic.warn-bytes": "1 KiB"})
+    with caplog.at_level(logging.INFO, logger="dr_dask.linalg.cost"), \
+            pytest.warns(QuadraticCostWarning, match="n_landmarks"):
+        IKD(n_components=2, random_state=0, client=cluster_client).fit(rows)
+    logged = [r.getMessage() for r in caplog.records if "T x T" in r.getMessage()]
+    assert logged and "worker memory" in logged[0], logged
