@@ -366,6 +366,7 @@ def _as_user_call(method: str, path: str, T: int, n_landmarks: int, n_workers: i
         row["peak_rss_gb_process_tree"] = mem.peak_gb
     row.update(stage_seconds=est.timings_, r2_vs_latent=r2_affine(latent, Y),
                knn_recall=getattr(est, "knn_recall_", None),
+               knn_distance_error=getattr(est, "knn_distance_error_", None),
                large_graph_warnings=[str(w.message)[:120] for w in caught
                                      if "large graph" in str(w.message)])
     return row
@@ -388,8 +389,9 @@ def run_scale_as_user(client_workers: int = 2, *, sizes: tuple[int, ...] = (1_00
                     row = _in_fresh_process(_as_user_call, method, path, T, n_landmarks,
                                             client_workers, workdir)
                     row["load_average"] = [load, os.getloadavg()]
-                    logger.info("as user: %s (%s) T=%d: %.1f s, recall %s, R^2 %.4f", method,
-                                path, T, row["seconds"], row["knn_recall"], row["r2_vs_latent"])
+                    logger.info("as user: %s (%s) T=%d: %.1f s, recall %s, distance error %s, "
+                                "R^2 %.4f", method, path, T, row["seconds"], row["knn_recall"],
+                                row["knn_distance_error"], row["r2_vs_latent"])
                     rows.append(row)
         return {"mode": "as_user", "dataset": "sinusoidal", "N": N_FEATURES, "dtype": "float32",
                 "n_landmarks": n_landmarks, "workers": client_workers, "rows": rows}
