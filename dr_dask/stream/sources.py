@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dr_dask.io.inputs import InputError, _NpyRows, _ZarrRows, check_claimed
+from dr_dask.io.boundary import NpyRows, ZarrRows
+from dr_dask.io.inputs import InputError, check_claimed
 from dr_dask.io.storage import Location, location, raise_if_transient
 from dr_dask.runtime import config
 
@@ -105,10 +106,10 @@ class ZarrSource(_RowsSource):
 
     Offset: number of rows consumed. ``follow=False`` ends the stream once every row present
     has been read; ``follow=True`` keeps polling for appended rows. Every chunk a read touches
-    is looked up and decoded whole (:meth:`dr_dask.io.inputs._ZarrRows.read_rows`).
+    is looked up and decoded whole (:meth:`dr_dask.io.boundary.ZarrRows.read_rows`).
     """
 
-    def _array(self) -> _ZarrRows:
+    def _array(self) -> ZarrRows:
         try:
             arr = zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
         except Exception as exc:  # noqa: BLE001  (zarr raises several types for "not an array")
@@ -119,7 +120,7 @@ class ZarrSource(_RowsSource):
         if arr.ndim != 2:
             raise InputError(f"stream source {self.path} must be 2-D (samples x features); "
                              f"it has shape {arr.shape}")
-        return _ZarrRows.of(arr, str(self.path), self.path)
+        return ZarrRows.of(arr, str(self.path), self.path)
 
     def _rows(self, arr: Any, start: int, stop: int) -> np.ndarray:
         return arr.read_rows(start, stop)
@@ -130,8 +131,8 @@ class NpySource(_RowsSource):
     (byte ranges of the file); offset: rows consumed. A file shorter or longer than its header
     says is refused at open."""
 
-    def _array(self) -> _NpyRows:
-        rows = _NpyRows(self.path)
+    def _array(self) -> NpyRows:
+        rows = NpyRows(self.path)
         if rows.ndim != 2:
             raise InputError(f"stream source {self.path} must be 2-D (samples x features); "
                              f"it has shape {rows.shape}")
