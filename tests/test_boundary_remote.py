@@ -23,7 +23,7 @@ import pytest
 import zarr
 from click.testing import CliRunner
 from conftest import S3_SECRET
-from test_data_boundary import JOB, ROWS, X, _copy, model_path, night1  # noqa: F401  (fixtures)
+from test_data_boundary import ROWS, X, model_path  # noqa: F401  (fixtures)
 
 from dr_dask.cli import main
 from dr_dask.io.storage import Location
@@ -31,7 +31,10 @@ from dr_dask.stream import read_output
 
 HOW = ["random", "truncated"]
 EMBED = ("embed", "ikd", "-n", "2")
-STREAM = ("stream", "run", "--n-s", "40", "--chunk-size", "30")  # reads straddle chunks
+# a read per stored chunk; no refit (every model version is several S3 objects: the refits'
+# stores are tested on local disk and in test_stream_resume)
+STREAM = ("stream", "run", "--n-s", "1000", "--chunk-size", "50")
+JOB = ("--n-batch", "200", "--n-s", "1000", "--chunk-size", "50", "--no-report")
 
 
 def _on(scheduler: str) -> list[str]:
@@ -123,44 +126,15 @@ def test_embed_on_the_cluster_stops_at_a_bad_s3_chunk_and_a_fixed_rerun_equals_c
     np.testing.assert_allclose(_embedding(out), clean_run[1], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.cluster
-def test_a_corrupted_s3_result_is_refused_by_readers_and_redone_on_the_cluster(
-        clean_run, cluster_client, s3_module_bucket, tmp_path, caplog):
-    out, emb = clean_run
-    addr = cluster_client.scheduler.address
-    chunk = f"{out}/r/embedding/c/0/0"
-    good = Location(chunk).read_bytes()
-    for how in HOW:
-        _damage(chunk, how)
-        damaged = Location(chunk).read_bytes()
-        page = str(tmp_path / "page.html")
-        for args, scheduler in (
-                (["report", f"{out}/r", "--html", page], "threads"),
-                (["evaluate", "--store", out, "--embedding", "r", "--out",
-                  str(tmp_path / "ev")], addr)):
-            res = CliRunner().invoke(main, [*_on(scheduler), *args])
-            assert res.exit_code == 2, (how, args, res.output)
-            errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-            assert len(errors) == 1 and "chunk embedding/c/0/0" in errors[0], res.stderr
-            assert "Traceback" not in res.output
-        assert not (tmp_path / "page.html").exists() and not (tmp_path / "ev").exists()
-        assert Location(chunk).read_bytes() == damaged  # a reader never repairs or deletes
-    src = f"s3://{s3_module_bucket}/in.zarr:X"
-    code, text = _cli(*EMBED, "--input", src, "--out", out, "--name", "r", scheduler=addr)
-    assert code == 0, text
-    np.testing.assert_allclose(_embedding(out), emb, rtol=1e-10, atol=1e-12)
-    assert Location(chunk).read_bytes() == good
-
-
 # ------------------------------------------------------------------- job incremental
 def test_job_incremental_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_clean(
-        X, night1, s3_module_bucket, tmp_path):  # noqa: F811
-    """Night one (250 rows) on S3; 150 rows land, chunk c/6/0 (rows 300..349) damaged."""
+        X, s3_module_bucket, tmp_path):  # noqa: F811
+    """Night one (250 rows) on S3; 100 rows land, chunk c/6/0 (rows 300..349) damaged."""
     src = _store(f"s3://{s3_module_bucket}/land.zarr", X[:250])
     state = f"s3://{s3_module_bucket}/state"
     assert _cli("job", "incremental", src, "--state", state, *JOB)[0] == 0
     arr = zarr.open_group(store=Location(src[:-2]).zarr_store(), mode="a")["X"]
-    arr.append(X[250:400])
+    arr.append(X[250:350])
     chunk = f"{src[:-2]}/X/c/6/0"
     good = b""
     for how in HOW:
@@ -176,12 +150,13 @@ def test_job_incremental_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_cle
         assert _digest(src[:-2]) == damaged
         Location(chunk).write_bytes(good)
     code, out = _cli("job", "incremental", src, "--state", state, *JOB)
-    assert code == 0 and json.loads(out)["watermark_after"] == 400, out
-    # the clean reference: the same two nights, local, undisturbed
-    (tmp_path / "clean").mkdir()
-    clean_src, clean_state = _copy(night1, tmp_path / "clean")
-    zarr.open_array(clean_src.replace(":X", "/X"), mode="a").append(X[250:400])
-    assert _cli("job", "incremental", clean_src, "--state", clean_state, *JOB)[0] == 0
+    assert code == 0 and json.loads(out)["watermark_after"] == 350, out
+    # the clean reference: the same two nights, on local disk, undisturbed
+    clean_src, clean_state = _store(str(tmp_path / "land.zarr"), X[:250]), str(tmp_path / "s")
+    for rows in (None, X[250:350]):
+        if rows is not None:
+            zarr.open_array(str(tmp_path / "land.zarr" / "X"), mode="a").append(rows)
+        assert _cli("job", "incremental", clean_src, "--state", clean_state, *JOB)[0] == 0
     _same(read_output(state), read_output(clean_state))
 
 
@@ -189,7 +164,7 @@ def test_job_incremental_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_cle
 @pytest.fixture(scope="module")
 def clean_stream(X, model_path, s3_module_bucket):  # noqa: F811
     """A stream over an S3 Zarr array into an S3 output, and its output as read."""
-    _store(f"s3://{s3_module_bucket}/sin.zarr", X[200:400])
+    _store(f"s3://{s3_module_bucket}/sin.zarr", X[200:350])
     out = f"s3://{s3_module_bucket}/stream-out"
     code, text = _cli(*STREAM, f"s3://{s3_module_bucket}/sin.zarr/X", "--out", out,
                       "--model", model_path)
@@ -200,21 +175,21 @@ def clean_stream(X, model_path, s3_module_bucket):  # noqa: F811
 def test_stream_run_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_clean(
         X, model_path, s3_module_bucket, clean_stream):  # noqa: F811
     root = f"s3://{s3_module_bucket}/sbad.zarr"
-    _store(root, X[200:400])
+    _store(root, X[200:350])
     out = f"s3://{s3_module_bucket}/sbad-out"
-    chunk = f"{root}/X/c/2/0"  # rows 100..149
+    chunk = f"{root}/X/c/1/0"  # rows 50..99
     for how in HOW:
         good = _damage(chunk, how)
         damaged = _digest(root)
         code, text = _cli(*STREAM, f"{root}/X", "--out", out, "--model", model_path)
         assert code == 2, (how, text)
-        assert "sbad.zarr/X: chunk c/2/0" in text and "Traceback" not in text, text
+        assert "sbad.zarr/X: chunk c/1/0" in text and "Traceback" not in text, text
         ck = read_output(out)["checkpoint"]
-        assert ck["source"] == ck["n_rows"] == 90  # rows 90..119 touch the chunk: not written
+        assert ck["source"] == ck["n_rows"] == 50  # the rows before the chunk, none after
         assert _digest(root) == damaged
         Location(chunk).write_bytes(good)
     code, text = _cli(*STREAM, f"{root}/X", "--out", out)
-    assert code == 0 and json.loads(text)["n_rows"] == 200, text
+    assert code == 0 and json.loads(text)["n_rows"] == 150, text
     _same(read_output(out), clean_stream[1])
 
 
@@ -222,7 +197,7 @@ def test_a_corrupted_s3_stream_block_is_refused_by_report_and_resume(
         s3_module_bucket, clean_stream, tmp_path):
     out = clean_stream[0]
     chunk = f"{out}/embedding/c/0/0"
-    named = "embedding rows 0..200 (chunk embedding/c/0/0)"
+    named = "embedding rows 0..150 (chunk embedding/c/0/0)"
     checkpoint = Location(out).child("checkpoint.json").read_bytes()
     for how in HOW:
         _damage(chunk, how)
@@ -238,3 +213,48 @@ def test_a_corrupted_s3_stream_block_is_refused_by_report_and_resume(
         assert Location(chunk).read_bytes() == damaged  # nobody repairs or deletes
         assert Location(out).child("checkpoint.json").read_bytes() == checkpoint
 
+
+
+@pytest.mark.cluster
+def test_a_corrupted_s3_result_is_refused_by_readers_and_latest_and_redone_on_the_cluster(
+        clean_run, cluster_client, s3_module_bucket, tmp_path, caplog):
+    """A refit job's run on S3, on the cluster, its embedding chunk corrupted: ``report`` of
+    the run and of the run store (what ``latest`` names) and ``evaluate`` exit 2 naming the
+    chunk; the job's rerun refits the run latest names, to the same embedding."""
+    addr = cluster_client.scheduler.address
+    runs = f"s3://{s3_module_bucket}/refit-runs.zarr"
+    refit = ("job", "refit", f"s3://{s3_module_bucket}/in.zarr:X", "--runs", runs,
+             "--eval-rows", "50", "--tci-candidates", "1")
+    res = CliRunner().invoke(main, [*_on(addr), *refit])
+    assert res.exit_code == 0, res.output
+    first = json.loads(res.stdout)
+    run = f"{runs}/{first['run']}"
+    emb = np.asarray(zarr.open_array(store=Location(run).child("embedding").zarr_store(),
+                                     mode="r")[:])
+    chunk = f"{run}/embedding/c/0/0"
+    good = Location(chunk).read_bytes()
+    page = str(tmp_path / "page.html")
+    for how in HOW:
+        _damage(chunk, how)
+        damaged = Location(chunk).read_bytes()
+        for args, scheduler in (
+                (["report", run, "--html", page], "threads"),
+                (["report", runs, "--html", page], "threads"),  # latest names the run
+                (["evaluate", "--store", runs, "--embedding", first["run"], "--out",
+                  str(tmp_path / "ev")], addr)):
+            res = CliRunner().invoke(main, [*_on(scheduler), *args])
+            assert res.exit_code == 2, (how, args, res.output)
+            errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "chunk embedding/c/0/0" in errors[0], res.stderr
+            assert "Traceback" not in res.output
+        assert not (tmp_path / "page.html").exists() and not (tmp_path / "ev").exists()
+        assert Location(chunk).read_bytes() == damaged  # a reader never repairs or deletes
+    res = CliRunner().invoke(main, [*_on(addr), *refit])
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.stdout)
+    assert again["status"] == "done" and again["run"] == first["run"]
+    assert "latest names" in caplog.text and "refitting it" in caplog.text
+    np.testing.assert_allclose(
+        zarr.open_array(store=Location(run).child("embedding").zarr_store(), mode="r")[:],
+        emb, rtol=1e-10, atol=1e-12)
+    assert len(Location(chunk).read_bytes()) == len(good)
