@@ -386,17 +386,23 @@ class StreamStore:
                 (rows,) if arr.ndim == 1 else (rows, slice(None))))
         nxt = int(state["version"]) + 1
         publishing: bool | None = None
+        bad: list[int] = []
         for i, r in enumerate(rows.tolist()):
             if row_digest({a: values[a][i] for a in REMAPPABLE}) == digests[i]:
                 continue
             if publishing is None:
                 publishing = self.location.child("models", f"v{nxt}", "zarr.json").exists()
-            if publishing and int(values["version"][i]) == nxt:
-                continue
-            chunks = ", ".join(_chunk_key(self[a], a, r) for a in REMAPPABLE)
-            problems.append(f"row {r}, buffered at the checkpoint (chunks {chunks}), does not "
-                            "match its checksum (changed since it was committed, and not by "
-                            "a publication of the next model version)")
+            if not (publishing and int(values["version"][i]) == nxt):
+                bad.append(r)
+        if bad:
+            shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more"
+                                                     if len(bad) > 10 else "")
+            chunks = ", ".join(_chunk_key(self[a], a, b * ROW_CHUNK) for b in
+                               sorted({r // ROW_CHUNK for r in bad}) for a in REMAPPABLE)
+            problems.append(f"row{'s' if len(bad) > 1 else ''} {shown}, buffered at the "
+                            f"checkpoint (chunks {chunks}), do{'' if len(bad) > 1 else 'es'} "
+                            "not match the checkpoint's checksums (changed since committed, "
+                            "and not by a publication of the next model version)")
 
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
