@@ -112,9 +112,9 @@ def moto_endpoint():
     server.stop()
 
 
-@pytest.fixture
-def s3_bucket(moto_endpoint, monkeypatch, request):
-    """A fresh bucket; AWS_* (incl. AWS_ENDPOINT_URL) set for this test and its subprocesses."""
+def _bucket(moto_endpoint: str, monkeypatch):
+    """A fresh bucket on the moto server, AWS_* (incl. AWS_ENDPOINT_URL) set through
+    ``monkeypatch`` for its scope and its subprocesses."""
     import uuid
 
     import boto3
@@ -130,6 +130,19 @@ def s3_bucket(moto_endpoint, monkeypatch, request):
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
     yield bucket
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint, monkeypatch, request):
+    """A fresh bucket; AWS_* (incl. AWS_ENDPOINT_URL) set for this test and its subprocesses."""
+    yield from _bucket(moto_endpoint, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def s3_module_bucket(moto_endpoint):
+    """:func:`s3_bucket` for a whole module (one clean run shared by its tests)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield from _bucket(moto_endpoint, monkeypatch)
 
 
 @pytest.fixture

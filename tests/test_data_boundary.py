@@ -269,6 +269,60 @@ def test_quarantine_keeps_the_rows_it_could_not_map(X, model_path, tmp_path):
     assert [q["n_rows"] for q in o["quarantine"]] == [40, 10]
 
 
+# ------------------------------------------------------------------------ iterator sources
+def _producer(rows: np.ndarray, fails_at: int | None = None):
+    """A callable giving a fresh generator of 20-row items (as a resumable iterator source
+    must be), whose item ``fails_at`` raises."""
+    def items():
+        for i, lo in enumerate(range(0, len(rows), 20)):
+            if i == fails_at:
+                raise RuntimeError("sensor 7 offline")
+            yield rows[lo : lo + 20]
+    return items
+
+
+def test_a_producer_that_raises_stops_the_stream_by_item_and_a_fixed_rerun_resumes_there(
+        X, model_path, tmp_path):
+    from dr_dask.methods.gp_isomap_io import load_gp_isomap
+
+    model = load_gp_isomap(model_path)[0]
+    out = str(tmp_path / "out")
+    with pytest.raises(InputError, match=r"raised RuntimeError\('sensor 7 offline'\) "
+                                         r"producing item 4; .* resume at item 4") as err:
+        StreamRunner(out, _producer(X[200:400], fails_at=4), model, n_s=40).run()
+    assert isinstance(err.value.__cause__, RuntimeError)  # the producer's own traceback
+    ck = read_output(out)["checkpoint"]
+    assert ck["source"] == 4 and ck["n_rows"] == 80 and ck["n_quarantined"] == 0
+    StreamRunner(out, _producer(X[200:400]), n_s=40).run()
+    StreamRunner(str(tmp_path / "ref"), _producer(X[200:400]), model, n_s=40).run()
+    _same_output(out, str(tmp_path / "ref"))
+    assert read_output(out)["checkpoint"]["n_rows"] == 200
+
+
+def test_a_produced_item_that_is_not_numeric_keeps_its_rows_or_stops_by_name(
+        X, model_path, tmp_path):
+    from dr_dask.methods.gp_isomap_io import load_gp_isomap
+
+    model = load_gp_isomap(model_path)[0]
+    words = [["a", "b", "c"]] * 7  # 7 rows a sensor sent as text
+    out = str(tmp_path / "out")
+    StreamRunner(out, [X[200:220], words, X[220:240]], model, n_s=40).run()
+    o = read_output(out)
+    assert o["checkpoint"]["n_rows"] == 47 == len(o["status"])  # output rows = source rows
+    assert (o["status"][20:27] == STATUS["quarantined"]).all()
+    assert not (o["status"][[*range(20), *range(27, 47)]] == STATUS["quarantined"]).any()
+    (record,) = o["quarantine"]
+    assert record["n_rows"] == 7 and record["first_row"] == 20
+    assert record["name"] == "chunk 1" and "not numeric" in record["reason"]
+    # no length: its rows cannot be counted, so it is refused, not quarantined as 0 rows
+    out = str(tmp_path / "out2")
+    with pytest.raises(InputError, match=r"item 1 of the stream's iterator \(object\) is not "
+                                         r"numeric .* has no length"):
+        StreamRunner(out, [X[200:220], object(), X[220:240]], model, n_s=40).run()
+    ck = read_output(out)["checkpoint"]
+    assert ck["source"] == 1 and ck["n_rows"] == 20 and ck["n_quarantined"] == 0
+
+
 # ------------------------------------------------------------- a file still being written
 class _Writer(DirectorySource):
     """A directory source whose file ``name`` is completed (as its writer would) the first

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -182,3 +183,42 @@ def test_a_removed_output_array_is_named(out):
     shutil.rmtree(os.path.join(out, "status"))
     with pytest.raises(ResultCorrupted, match="array status is gone"):
         read_output(out)
+
+
+@pytest.fixture(scope="module")
+def buffered(model, source_dir, tmp_path_factory):  # noqa: F811
+    """A stream of the first three chunks: it ends with a row buffered and no refit."""
+    root = tmp_path_factory.mktemp("buffered")
+    (root / "src").mkdir()
+    for name in sorted(os.listdir(source_dir))[:3]:
+        shutil.copy(os.path.join(source_dir, name), root / "src")
+    StreamRunner(str(root / "out"), str(root / "src"), model, n_s=N_S,
+                 strict_sequential=True).run()
+    return root
+
+
+def test_a_changed_row_still_buffered_at_the_checkpoint_is_named(buffered, tmp_path):
+    """The rows buffered at the checkpoint carry their content too: one changed through Zarr
+    (a chunk that decodes), even to claim the next model version, is refused by name by the
+    readers and a resuming run; only a stored next model makes it a publication in
+    progress."""
+    shutil.copytree(buffered, tmp_path / "b")
+    out, src = str(tmp_path / "b" / "out"), str(tmp_path / "b" / "src")
+    store = StreamStore(out)
+    ck = store.read_checkpoint()
+    open_rows = ck[CHECKSUMS]["open_rows"]
+    assert open_rows and len(ck[CHECKSUMS]["open_digests"]) == len(open_rows)
+    r = open_rows[len(open_rows) // 2]
+    named = f"row {r}, buffered at the checkpoint (chunks embedding/c/0/0, variance/c/0"
+    checkpoint = Path(out, "checkpoint.json").read_bytes()
+    store["embedding"][r] = store["embedding"][r] + 1e-9
+    with pytest.raises(ResultCorrupted, match=re.escape(named)):
+        read_output(out)
+    res = CliRunner().invoke(main, ["stream", "report", out, "--out", str(tmp_path / "r.png")])
+    assert res.exit_code == 2 and named in res.stderr and "Traceback" not in res.output
+    with pytest.raises(ResultCorrupted, match=re.escape(named)):
+        StreamRunner(out, src, n_s=N_S, strict_sequential=True, handle_signals=False).run()
+    store["version"][r] = ck["version"] + 1  # what a publication writes first, but none is
+    with pytest.raises(ResultCorrupted, match=re.escape(named)):
+        read_output(out)
+    assert Path(out, "checkpoint.json").read_bytes() == checkpoint

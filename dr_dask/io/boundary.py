@@ -5,7 +5,7 @@ An input's metadata (a ``zarr.json``, ``.zarray`` or ``.npy`` header) can claim 
 :func:`check_claimed` bounds it by the ``dr_dask.input.max-*`` limits before anything lists,
 enumerates or allocates by it. Chunk presence is counted from one listing
 (:func:`_check_chunks`: a missing chunk would read as the fill value), and the row readers
-(:class:`_NpyRows`, :class:`_ZarrRows`) turn a truncated file or a chunk that cannot be decoded
+(:class:`NpyRows`, :class:`ZarrRows`) turn a truncated file or a chunk that cannot be decoded
 into an :class:`InputError` naming the array and the chunk key. :func:`read_values` reads the
 arrays beside an input (labels, latents, colours) through the same checks.
 :mod:`dr_dask.io.inputs` opens inputs through this module.
@@ -30,7 +30,7 @@ class InputError(ValueError):
     """The input data or a path is unusable; the message says what and where."""
 
 
-class _NpyRows:
+class NpyRows:
     """Array-like over a ``.npy`` file at any location: reads only the byte range of the rows
     asked for, and pickles as its location (workers read it themselves)."""
 
@@ -77,7 +77,7 @@ class _NpyRows:
         return np.array(rows[(slice(None), *key[1:])])
 
 
-class _ZarrRows:
+class ZarrRows:
     """A Zarr array read so that a chunk that cannot be decoded is an :class:`InputError`
     naming the array and the chunk key (not a bare codec traceback from a worker).
 
@@ -90,7 +90,7 @@ class _ZarrRows:
         self.shape, self.dtype, self.ndim, self.chunks = meta
 
     @classmethod
-    def of(cls, arr: zarr.Array, where: str, loc: Location) -> _ZarrRows:
+    def of(cls, arr: zarr.Array, where: str, loc: Location) -> ZarrRows:
         return cls(arr, where, loc, (arr.shape, arr.dtype, arr.ndim, arr.chunks))
 
     @property
@@ -269,7 +269,7 @@ def read_values(loc: Location, variable: str | None = None) -> np.ndarray:
     present and decoded whole, else an :class:`InputError` naming the array and chunk key.
     """
     if loc.url.endswith(".npy"):
-        npy = _NpyRows(loc, numeric=False)
+        npy = NpyRows(loc, numeric=False)
         return npy[0:npy.shape[0]] if npy.ndim else np.load(io.BytesIO(loc.read_bytes()))
     arr = _current(loc, variable or "", numeric=False)
     array_loc = loc.child(*variable.split("/")) if variable else loc
@@ -277,4 +277,4 @@ def read_values(loc: Location, variable: str | None = None) -> np.ndarray:
     if not arr.ndim:
         return np.asarray(arr[...])
     _check_chunks(arr, where, array_loc.find())
-    return _ZarrRows.of(arr, where, array_loc)[0:arr.shape[0]]
+    return ZarrRows.of(arr, where, array_loc)[0:arr.shape[0]]

@@ -33,10 +33,10 @@ import zarr
 
 from dr_dask.io.boundary import (
     InputError,
+    NpyRows,
+    ZarrRows,
     _check_chunks,
     _current,
-    _NpyRows,
-    _ZarrRows,
     check_claimed,
 )
 from dr_dask.io.storage import (
@@ -202,7 +202,9 @@ _CONTENT_TAGS = ("ChecksumSHA256", "ChecksumSHA1", "ChecksumCRC32C", "ChecksumCR
                  "ChecksumCRC64NVME", "md5Hash", "crc32c", "ETag", "etag")
 
 
-def _content_tag(info: dict) -> str | None:
+def content_tag(info: dict) -> str | None:
+    """A tag of a stored object's content from its listing entry ``info`` (a checksum or
+    an ETag the store computed, :data:`_CONTENT_TAGS`); None when the store gives none."""
     for key in _CONTENT_TAGS:
         if info.get(key):
             return f"{key}:{info[key]}"
@@ -216,7 +218,7 @@ def _fingerprint(items: list) -> str:
 def listed_fingerprint(listing: dict[str, dict]) -> str | None:
     """The fingerprint of stored objects from their listing alone: (key, size, content tag)
     of each; None when one of them has no content tag (its bytes must be hashed)."""
-    items = [(key, int(listing[key].get("size") or 0), _content_tag(listing[key]))
+    items = [(key, int(listing[key].get("size") or 0), content_tag(listing[key]))
              for key in sorted(listing)]
     if any(tag is None for _, _, tag in items):
         return None
@@ -232,7 +234,7 @@ def stored_fingerprint(base: Location, listing: dict[str, dict], client: Any = N
     pieces: list[tuple[str, int, int]] = []
     for key in sorted(listing):
         size = int(listing[key].get("size") or 0)
-        tag = _content_tag(listing[key])
+        tag = content_tag(listing[key])
         items.append([key, size, tag])
         if tag is None:
             pieces += [(key, a, min(a + HASH_PIECE, size)) for a in range(0, size, HASH_PIECE)]
@@ -272,12 +274,14 @@ def values_fingerprint(data: da.Array, client: Any = None) -> str:
     """The fingerprint of an in-memory input: SHA-1 of each block's values (dtype, shape and
     bytes), computed where the blocks are."""
     blocks = data.to_delayed().ravel()
-    digests = compute(*[dask.delayed(_hash_block, pure=True)(b) for b in blocks],
+    digests = compute(*[dask.delayed(hash_block, pure=True)(b) for b in blocks],
                       client=client)
     return _fingerprint([str(data.dtype), list(data.shape), list(digests)])
 
 
-def _hash_block(block: np.ndarray) -> str:
+def hash_block(block: np.ndarray) -> str:
+    """SHA-1 of a block of rows: its dtype, shape and values (a fingerprint of what was read,
+    not a security measure)."""
     block = np.ascontiguousarray(block)
     h = hashlib.sha1(f"{block.dtype.str}{block.shape}".encode(), usedforsecurity=False)
     h.update(block.data)
@@ -348,7 +352,7 @@ def _open_zarr(
     if arr.ndim == 2:
         _check_chunks(arr, where, listing)
     content = {"chunks": [int(c) for c in arr.chunks], "stored": (array_loc, listing)}
-    return _ZarrRows.of(arr, where, array_loc), sample_ids, variable, content
+    return ZarrRows.of(arr, where, array_loc), sample_ids, variable, content
 
 
 def _open_xarray(obj: Any, variable: str | None, path: str | None) -> tuple[Any, Any, str | None]:
@@ -374,7 +378,7 @@ def _row_chunked(arr: Any) -> da.Array:
     chunked by ``input.chunk-bytes`` unless a dask array brings its own row chunks."""
     if isinstance(arr, da.Array):
         return arr if arr.numblocks[1] == 1 else arr.rechunk({0: arr.chunks[0][0], 1: -1})
-    native = arr.chunks[0] if isinstance(arr, (zarr.Array, _ZarrRows)) else None
+    native = arr.chunks[0] if isinstance(arr, (zarr.Array, ZarrRows)) else None
     rows = _row_chunks(arr.shape, np.dtype(arr.dtype).itemsize, native)
     if isinstance(arr, np.ndarray):
         return _memory_rows(arr, rows)
@@ -422,7 +426,7 @@ def open_dataset(
         if not loc.exists():
             raise InputError(f"input {loc} does not exist")
         if loc.url.endswith(".npy"):
-            arr: Any = _NpyRows(loc)
+            arr: Any = NpyRows(loc)
             content = {"stored": (loc, {"": loc.fs.info(loc.path)})}
         elif loc.url.endswith((".nc", ".nc4", ".netcdf", ".h5")):
             ds = open_netcdf(loc, chunks={})

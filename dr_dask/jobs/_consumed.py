@@ -29,7 +29,8 @@ from typing import Any
 
 import zarr
 
-from dr_dask.io.inputs import InputError, _content_tag, _hash_block, _ZarrRows
+from dr_dask.io.boundary import ZarrRows
+from dr_dask.io.inputs import InputError, content_tag, hash_block
 from dr_dask.io.storage import Location
 
 logger = logging.getLogger(__name__)
@@ -41,11 +42,11 @@ CONSUMED = "consumed.json"
 def _tag(info: dict | None) -> str | None:
     if info is None:
         return None
-    return _content_tag(info) or (f"stat:{info.get('size')}:{info.get('mtime')}:"
+    return content_tag(info) or (f"stat:{info.get('size')}:{info.get('mtime')}:"
                                   f"{info.get('ino')}")
 
 
-def _blocks(rows: _ZarrRows, watermark: int) -> dict[int, tuple[int, int, list[str]]]:
+def _blocks(rows: ZarrRows, watermark: int) -> dict[int, tuple[int, int, list[str]]]:
     """Row block -> (start, stop) of its consumed rows and its chunk keys."""
     arr = rows.arr
     grid = arr.shards or arr.chunks
@@ -55,8 +56,8 @@ def _blocks(rows: _ZarrRows, watermark: int) -> dict[int, tuple[int, int, list[s
             for i in range(-(-watermark // grid[0]))}
 
 
-def _sha1(rows: _ZarrRows, start: int, stop: int) -> str:
-    return _hash_block(rows.read_rows(start, stop))
+def _sha1(rows: ZarrRows, start: int, stop: int) -> str:
+    return hash_block(rows.read_rows(start, stop))
 
 
 def check_consumed(state: Location, array: Location, watermark: int) -> tuple[dict, bool]:
@@ -68,7 +69,7 @@ def check_consumed(state: Location, array: Location, watermark: int) -> tuple[di
     updated = False
     if not blocks:
         return records, updated
-    rows = _ZarrRows.of(zarr.open_array(array.zarr_store(read_only=True), mode="r"),
+    rows = ZarrRows.of(zarr.open_array(array.zarr_store(read_only=True), mode="r"),
                         array.url, array)
     listing = array.find()
     for name in sorted(blocks, key=int):
@@ -100,7 +101,7 @@ def record_consumed(state: Location, array: Location, watermark: int, records: d
     blocks = records.setdefault("blocks", {})
     todo: dict[int, tuple[int, int, list[str]]] = {}
     if watermark:
-        rows = _ZarrRows.of(zarr.open_array(array.zarr_store(read_only=True), mode="r"),
+        rows = ZarrRows.of(zarr.open_array(array.zarr_store(read_only=True), mode="r"),
                             array.url, array)
         todo = {i: b for i, b in _blocks(rows, watermark).items()
                 if str(i) not in blocks or blocks[str(i)]["rows"][1] < b[1]}

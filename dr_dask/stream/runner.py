@@ -443,7 +443,7 @@ class StreamRunner:
         st = self.state
         data = job.data
         # every row read is kept (output rows = source rows); samples are along the first axis
-        m = 0 if data is None else (data.shape[0] if data.ndim else 1)
+        m = job.chunk.n_rows if data is None else (data.shape[0] if data.ndim else 1)
         record = dict(seq=job.seq, name=job.chunk.name, reason=job.reason,
                       first_row=st["n_rows"], n_rows=m)
         logger.warning("quarantined chunk %s: %s", job.chunk.name, job.reason)

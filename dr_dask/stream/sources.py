@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dr_dask.io.inputs import InputError, _NpyRows, _ZarrRows, check_claimed
+from dr_dask.io.boundary import NpyRows, ZarrRows
+from dr_dask.io.inputs import InputError, check_claimed
 from dr_dask.io.storage import Location, location, raise_if_transient
 from dr_dask.runtime import config
 
@@ -57,12 +58,16 @@ class Chunk:
         Where it came from (file name, row range, iterator position), for quarantine records.
     error : str or None
         Why the chunk could not be read.
+    n_rows : int
+        The rows of a chunk with ``error`` and no data (an item of an iterator that is not
+        numeric but has a length): the runner quarantines that many rows.
     """
 
     data: np.ndarray | None
     offset: Any
     name: str
     error: str | None = None
+    n_rows: int = 0
 
 
 class _RowsSource:
@@ -101,10 +106,10 @@ class ZarrSource(_RowsSource):
 
     Offset: number of rows consumed. ``follow=False`` ends the stream once every row present
     has been read; ``follow=True`` keeps polling for appended rows. Every chunk a read touches
-    is looked up and decoded whole (:meth:`dr_dask.io.inputs._ZarrRows.read_rows`).
+    is looked up and decoded whole (:meth:`dr_dask.io.boundary.ZarrRows.read_rows`).
     """
 
-    def _array(self) -> _ZarrRows:
+    def _array(self) -> ZarrRows:
         try:
             arr = zarr.open_array(self.path.zarr_store(read_only=True), mode="r")
         except Exception as exc:  # noqa: BLE001  (zarr raises several types for "not an array")
@@ -115,7 +120,7 @@ class ZarrSource(_RowsSource):
         if arr.ndim != 2:
             raise InputError(f"stream source {self.path} must be 2-D (samples x features); "
                              f"it has shape {arr.shape}")
-        return _ZarrRows.of(arr, str(self.path), self.path)
+        return ZarrRows.of(arr, str(self.path), self.path)
 
     def _rows(self, arr: Any, start: int, stop: int) -> np.ndarray:
         return arr.read_rows(start, stop)
@@ -126,8 +131,8 @@ class NpySource(_RowsSource):
     (byte ranges of the file); offset: rows consumed. A file shorter or longer than its header
     says is refused at open."""
 
-    def _array(self) -> _NpyRows:
-        rows = _NpyRows(self.path)
+    def _array(self) -> NpyRows:
+        rows = NpyRows(self.path)
         if rows.ndim != 2:
             raise InputError(f"stream source {self.path} must be 2-D (samples x features); "
                              f"it has shape {rows.shape}")
@@ -315,6 +320,14 @@ class IteratorSource:
     same chunks: pass a callable returning a fresh iterator (or a re-iterable such as a list);
     the runner skips the chunks already consumed. A one-shot iterator resumes correctly only
     in the same process.
+
+    Nothing is lost silently. An exception raised by the producer stops the stream with an
+    :class:`~dr_dask.io.inputs.InputError` naming the item's position and the exception (a
+    generator cannot continue after raising, and skipping the item would lose its rows
+    uncounted): the checkpoint stays before it, so a rerun with a fixed producer resumes
+    there. An item produced but not numeric is quarantined with its rows when it has a
+    length (``len(item)`` rows), and stops the stream the same way when it has none (its
+    rows cannot be counted).
     """
 
     def __init__(self, chunks: Iterable | Callable[[], Iterable]):
@@ -339,14 +352,25 @@ class IteratorSource:
         except StopIteration:
             self._done = True
             return None
-        except Exception as exc:  # noqa: BLE001  (the producer failed on this item: skip it)
-            self._pos += 1
-            return Chunk(None, offset + 1, f"chunk {offset}", f"iterator raised: {exc!r}")
+        except Exception as exc:  # whatever the producer raised stops the stream, by name
+            failed, self._it = self._pos, None  # a generator that raised is finished
+            raise InputError(
+                f"the stream's iterator raised {exc!r} producing item {failed}; the stream "
+                f"is checkpointed before it: fix the producer and rerun to resume at item "
+                f"{failed}") from exc
         self._pos += 1
         try:
             data = np.asarray(item, dtype=np.float64)
         except (TypeError, ValueError) as exc:
-            return Chunk(None, offset + 1, f"chunk {offset}", f"not numeric: {exc!r}")
+            try:
+                n = len(item)
+            except TypeError:
+                raise InputError(
+                    f"item {offset} of the stream's iterator ({type(item).__name__}) is not "
+                    f"numeric ({exc}) and has no length, so its rows cannot be counted nor "
+                    f"quarantined; the stream is checkpointed before it: produce arrays of "
+                    "rows and rerun to resume there") from None
+            return Chunk(None, offset + 1, f"chunk {offset}", f"not numeric: {exc!r}", n)
         return Chunk(data, offset + 1, f"chunk {offset}")
 
     def exhausted(self, offset: int) -> bool:

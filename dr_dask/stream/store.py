@@ -27,11 +27,15 @@ Layout of the output location, a local path or URL (a Zarr v3 group plus plain o
     content of the rows it commits (``checksums``): the SHA-256 of each output array's values
     in every block of :data:`ROW_CHUNK` rows (one stored chunk) up to ``n_rows``, computed
     from the values the writer holds when it commits. The rows still buffered at the
-    checkpoint (``open_rows``) enter it by ``first_variance`` only: a publication torn by a
-    kill may already have remapped their other values, and the resumed run rewrites them.
-    Every reader compares (:meth:`StreamStore.verify`, :func:`read_output`): a block that
-    differs, or a chunk that cannot be decoded, is :class:`dr_dask.runs.group.ResultCorrupted`
-    naming the array, rows and chunk (exit 2), and a resumed writer refuses it the same way
+    checkpoint (``open_rows``) enter the block checksums by ``first_variance`` only (a
+    publication torn by a kill may already have remapped their other values, and the resumed
+    run rewrites them), and each carries its own (``open_digests``): the values the checkpoint
+    committed in :data:`REMAPPABLE`. A reader accepts an open row that differs from it only as
+    a publication in progress: the next model version is stored and the row's ``version`` is
+    that version (a publication writes ``version`` first). Every reader compares
+    (:meth:`StreamStore.verify`, :func:`read_output`): a block or open row that differs, or a
+    chunk that cannot be decoded, is :class:`dr_dask.runs.group.ResultCorrupted` naming the
+    array, rows and chunk (exit 2), and a resumed writer refuses it the same way
     (``docs/decisions.md`` STREAM-CHECKSUMS). A checkpoint written before checkpoints carried
     checksums is read unverified, with a warning; a writer resuming it records them.
 ``lease.json``
@@ -82,6 +86,19 @@ def block_digest(name: str, values: np.ndarray, open_rows: np.ndarray) -> str:
     return hashlib.sha256(head + v.tobytes()).hexdigest()
 
 
+def row_digest(values: dict[str, np.ndarray]) -> str:
+    """The first 64 bits of the SHA-256 of one output row's values in the arrays a publication
+    rewrites (``values``: array name -> that row's value), as the checkpoint records a row
+    still buffered at it (a change detector, not a signature: the checkpoint is beside the
+    rows it vouches for)."""
+    h = hashlib.sha256()
+    for a in REMAPPABLE:
+        v = np.asarray(values[a])
+        h.update(f"{a}:".encode() + np.ascontiguousarray(
+            v, dtype=v.dtype.newbyteorder("<")).tobytes())
+    return h.hexdigest()[:16]
+
+
 def _chunk_key(arr: zarr.Array, name: str, lo: int) -> str:
     """The stored chunk holding row ``lo`` of ``arr`` (default Zarr v3 key encoding)."""
     return "/".join([name, "c", str(lo // arr.chunks[0]), *(["0"] * (arr.ndim - 1))])
@@ -114,7 +131,9 @@ class StreamStore:
         self._dirty: set[int] = set()
         self._blocks: dict[int, dict[str, np.ndarray]] = {}
         self._n = 0
-        self._open: list[int] = []
+        #: The rows buffered at the last checkpoint, each with the digest of its values there
+        #: ("": not known yet, computed at the next commit).
+        self._open: dict[int, str] = {}
         #: The output row of each buffer entry, as written (None: read from the store when
         #: first needed).
         self._buffer_rows: np.ndarray | None = None
@@ -169,7 +188,7 @@ class StreamStore:
         g.attrs["status_codes"] = STATUS
         self.group = g
         self._sums, self._blocks, self._dirty, self._n, self._open = (
-            {a: [] for a in OUTPUT_ARRAYS}, {}, set(), 0, [])
+            {a: [] for a in OUTPUT_ARRAYS}, {}, set(), 0, {})
         self._buffer_rows = np.zeros(0, dtype=np.int64)
 
     def open(self) -> zarr.Group:
@@ -193,7 +212,10 @@ class StreamStore:
         # recorded in other blocks (or none): every block is hashed at this writer's commit
         self._sums = ({a: list(v) for a, v in sums["arrays"].items()}
                       if isinstance(sums, dict) and sums.get("block") == ROW_CHUNK else None)
-        self._open = list(sums["open_rows"]) if isinstance(sums, dict) else []
+        self._open = {}
+        if isinstance(sums, dict):
+            digests = sums.get("open_digests") or [""] * len(sums["open_rows"])
+            self._open = dict(zip((int(r) for r in sums["open_rows"]), digests))
         self._n, self._blocks, self._dirty = state["n_rows"], {}, set()
         self._buffer_rows = None
         return state
@@ -265,6 +287,13 @@ class StreamStore:
         redo |= {r // ROW_CHUNK for r in set(open_rows) ^ set(self._open)}
         redo |= {b for b in range(n_blocks) if b >= len(sums["status"])}
         rows = np.asarray(open_rows, dtype=np.int64)
+        digests = {}
+        for r in open_rows:
+            held = self._open.get(r, "")
+            if not held or r // ROW_CHUNK in self._dirty:  # rows written since: their values
+                block = self._block(r // ROW_CHUNK)
+                held = row_digest({a: block[a][r % ROW_CHUNK] for a in REMAPPABLE})
+            digests[r] = held
         for b in sorted(x for x in redo if x < n_blocks):
             lo, hi = b * ROW_CHUNK, min(n, (b + 1) * ROW_CHUNK)
             block = self._block(b)
@@ -275,8 +304,9 @@ class StreamStore:
                 col.extend([""] * (b + 1 - len(col)))
                 col[b] = digest
         self._sums = {a: col[:n_blocks] for a, col in sums.items()}
-        self._open = open_rows
-        return {"block": ROW_CHUNK, "open_rows": open_rows, "arrays": self._sums}
+        self._open = digests
+        return {"block": ROW_CHUNK, "open_rows": open_rows,
+                "open_digests": [digests[r] for r in open_rows], "arrays": self._sums}
 
     def _committed(self) -> None:
         """After a checkpoint: only the block rows are still appended to stays held."""
@@ -298,6 +328,8 @@ class StreamStore:
             sums = {"block": ROW_CHUNK, "open_rows": [], "arrays": None}
         problems: list[str] = []
         parts = {a: self._verified(a, n, sums, problems, keep) for a in OUTPUT_ARRAYS}
+        if not problems:  # a chunk that cannot be read is named once, by its block
+            self._verify_open(state, sums, problems)
         if problems:
             raise ResultCorrupted(
                 f"stream output {self.path} is checkpointed at row {n} but its committed rows "
@@ -339,11 +371,47 @@ class StreamStore:
                 parts.append(values)
         return parts
 
+    def _verify_open(self, state: dict, sums: dict, problems: list[str]) -> None:
+        """Compare each row buffered at the checkpoint ``state`` with its digest; a row that
+        differs is appended to ``problems`` unless a publication in progress rewrote it: the
+        next model version is stored and the row already carries it (module docstring)."""
+        digests = sums.get("open_digests")
+        if not digests:  # recorded before open rows carried digests: their blocks did
+            return
+        rows = np.asarray(sums["open_rows"], dtype=np.int64)
+        values = {}
+        for a in REMAPPABLE:
+            arr = self[a]
+            values[a] = np.asarray(arr.get_orthogonal_selection(
+                (rows,) if arr.ndim == 1 else (rows, slice(None))))
+        nxt = int(state["version"]) + 1
+        publishing: bool | None = None
+        bad: list[int] = []
+        for i, r in enumerate(rows.tolist()):
+            if row_digest({a: values[a][i] for a in REMAPPABLE}) == digests[i]:
+                continue
+            if publishing is None:
+                publishing = self.location.child("models", f"v{nxt}", "zarr.json").exists()
+            if not (publishing and int(values["version"][i]) == nxt):
+                bad.append(r)
+        if bad:
+            shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more"
+                                                     if len(bad) > 10 else "")
+            chunks = ", ".join(_chunk_key(self[a], a, b * ROW_CHUNK) for b in
+                               sorted({r // ROW_CHUNK for r in bad}) for a in REMAPPABLE)
+            problems.append(f"row{'s' if len(bad) > 1 else ''} {shown}, buffered at the "
+                            f"checkpoint (chunks {chunks}), do{'' if len(bad) > 1 else 'es'} "
+                            "not match the checkpoint's checksums (changed since committed, "
+                            "and not by a publication of the next model version)")
+
     def truncate(self, state: dict) -> None:
         """Drop everything written after the checkpoint ``state`` (restart after a crash)."""
         n, b = state["n_rows"], state["buffer_len"]
         self.fence()
         self._n, self._blocks, self._dirty, self._buffer_rows = n, {}, set(), None
+        # a torn publication may have rewritten the buffered rows since their digests: the
+        # next commit takes them as they are now (the resumed run rewrites them anyway)
+        self._open = dict.fromkeys(self._open, "")
         for name in ("embedding", "variance", "first_variance", "manifold", "version", "status"):
             arr = self[name]
             if arr.shape[0] != n:
@@ -398,9 +466,11 @@ class StreamStore:
             return
         self.fence()
         order = np.argsort(rows)
-        vals = {"embedding": np.asarray(emb)[order]}
-        for name, val in (("variance", var), ("manifold", manifold), ("version", version),
-                          ("status", status)):
+        # version first: a row a torn publication changed already says so, which is how a
+        # reader tells it from a corrupted one (module docstring)
+        vals = {"version": np.broadcast_to(np.asarray(version), rows.shape)[order],
+                "embedding": np.asarray(emb)[order]}
+        for name, val in (("variance", var), ("manifold", manifold), ("status", status)):
             vals[name] = np.broadcast_to(np.asarray(val), rows.shape)[order]
         rows = rows[order]
         self._hold(rows, vals)
