@@ -92,7 +92,7 @@ def _same(o: dict, ref: dict) -> None:
 
 # --------------------------------------------------------------- embed, on the cluster
 @pytest.fixture(scope="module")
-def clean_run(X, s3_module_bucket, cluster_client):  # noqa: F811
+def clean_run(X, s3_module_bucket, cluster_client):  # noqa: F811  (pytest fixtures imported from test_data_boundary)
     """A finished embed run on the cluster, input and output on S3, and its embedding."""
     src = _store(f"s3://{s3_module_bucket}/in.zarr", X[:200])
     out = f"s3://{s3_module_bucket}/runs.zarr"
@@ -104,7 +104,7 @@ def clean_run(X, s3_module_bucket, cluster_client):  # noqa: F811
 
 @pytest.mark.cluster
 def test_embed_on_the_cluster_stops_at_a_bad_s3_chunk_and_a_fixed_rerun_equals_clean(
-        X, s3_module_bucket, cluster_client, clean_run):  # noqa: F811
+        X, s3_module_bucket, cluster_client, clean_run):  # noqa: F811  (pytest fixtures imported from test_data_boundary)
     addr = cluster_client.scheduler.address
     src = _store(f"s3://{s3_module_bucket}/bad.zarr", X[:200])
     before = _digest(f"s3://{s3_module_bucket}/bad.zarr")
@@ -128,7 +128,7 @@ def test_embed_on_the_cluster_stops_at_a_bad_s3_chunk_and_a_fixed_rerun_equals_c
 
 # ------------------------------------------------------------------- job incremental
 def test_job_incremental_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_clean(
-        X, s3_module_bucket, tmp_path):  # noqa: F811
+        X, s3_module_bucket, tmp_path):  # noqa: F811  (pytest fixtures imported from test_data_boundary)
     """Night one (250 rows) on S3; 100 rows land, chunk c/6/0 (rows 300..349) damaged."""
     src = _store(f"s3://{s3_module_bucket}/land.zarr", X[:250])
     state = f"s3://{s3_module_bucket}/state"
@@ -162,7 +162,7 @@ def test_job_incremental_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_cle
 
 # ------------------------------------------------------------------------ stream run
 @pytest.fixture(scope="module")
-def clean_stream(X, model_path, s3_module_bucket):  # noqa: F811
+def clean_stream(X, model_path, s3_module_bucket):  # noqa: F811  (pytest fixtures imported from test_data_boundary)
     """A stream over an S3 Zarr array into an S3 output, and its output as read."""
     _store(f"s3://{s3_module_bucket}/sin.zarr", X[200:350])
     out = f"s3://{s3_module_bucket}/stream-out"
@@ -173,7 +173,7 @@ def clean_stream(X, model_path, s3_module_bucket):  # noqa: F811
 
 
 def test_stream_run_on_s3_stops_before_a_bad_chunk_and_resumes_equal_to_clean(
-        X, model_path, s3_module_bucket, clean_stream):  # noqa: F811
+        X, model_path, s3_module_bucket, clean_stream):  # noqa: F811  (pytest fixtures imported from test_data_boundary)
     root = f"s3://{s3_module_bucket}/sbad.zarr"
     _store(root, X[200:350])
     out = f"s3://{s3_module_bucket}/sbad-out"

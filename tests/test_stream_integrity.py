@@ -41,7 +41,7 @@ CHUNK = "chunk embedding/c/0/0"
 
 
 @pytest.fixture(scope="module")
-def finished(model, source_dir, tmp_path_factory):  # noqa: F811
+def finished(model, source_dir, tmp_path_factory):  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
     """A finished strict-sequential stream (with a refit, so remapped and buffered rows)."""
     out = tmp_path_factory.mktemp("finished") / "out"
     StreamRunner(str(out), source_dir, model, n_s=N_S, strict_sequential=True).run()
@@ -59,7 +59,7 @@ def _embedding_chunk(out: str) -> str:
     return os.path.join(out, "embedding", "c", "0", "0")
 
 
-def test_a_clean_stream_records_and_passes_its_checksums(out, reference):  # noqa: F811
+def test_a_clean_stream_records_and_passes_its_checksums(out, reference):  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
     ck = StreamStore(out).read_checkpoint()
     sums = ck[CHECKSUMS]
     assert set(sums["arrays"]) == set(OUTPUT_ARRAYS)
@@ -70,7 +70,7 @@ def test_a_clean_stream_records_and_passes_its_checksums(out, reference):  # noq
 
 
 @pytest.mark.parametrize("how", ["random", "truncated"])
-def test_readers_refuse_a_corrupted_chunk_naming_it(out, source_dir, tmp_path, how):  # noqa: F811
+def test_readers_refuse_a_corrupted_chunk_naming_it(out, source_dir, tmp_path, how):  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
     chunk = _embedding_chunk(out)
     _corrupt(chunk, how)
     before = Path(chunk).read_bytes()
@@ -104,8 +104,8 @@ def test_changed_values_in_a_decodable_chunk_are_named(out):
         read_output(out)
 
 
-def test_a_torn_publication_still_reads_and_resumes_identical(model, source_dir, reference,  # noqa: F811
-                                                              scenario, tmp_path,  # noqa: F811
+def test_a_torn_publication_still_reads_and_resumes_identical(model, source_dir, reference,  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
+                                                              scenario, tmp_path,  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
                                                               monkeypatch):
     """Killed after remapping the buffered rows, before the checkpoint: the rows the
     checkpoint left buffered differ from what it committed, which is no corruption."""
@@ -120,7 +120,7 @@ def test_a_torn_publication_still_reads_and_resumes_identical(model, source_dir,
 
 
 def test_a_checkpoint_without_checksums_reads_unverified_and_resuming_records_them(
-        out, source_dir, scenario, caplog):  # noqa: F811
+        out, source_dir, scenario, caplog):  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
     store = StreamStore(out)
     ck = store.read_checkpoint()
     del ck[CHECKSUMS]
@@ -140,7 +140,7 @@ def test_a_checkpoint_without_checksums_reads_unverified_and_resuming_records_th
         read_output(out)
 
 
-def test_the_incremental_jobs_next_run_refuses_a_corrupted_state(night1, X, tmp_path):  # noqa: F811
+def test_the_incremental_jobs_next_run_refuses_a_corrupted_state(night1, X, tmp_path):  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
     src, state, _ = _copy_night1(night1, tmp_path)
     _corrupt(_embedding_chunk(state), "random")
 
@@ -158,8 +158,8 @@ def test_the_incremental_jobs_next_run_refuses_a_corrupted_state(night1, X, tmp_
     assert StreamStore(state).read_checkpoint()["n_rows"] == NIGHT1
 
 
-def test_many_blocks_torn_and_resumed_verify_block_by_block(model, source_dir, reference,  # noqa: F811
-                                                             scenario, tmp_path,  # noqa: F811
+def test_many_blocks_torn_and_resumed_verify_block_by_block(model, source_dir, reference,  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
+                                                             scenario, tmp_path,  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
                                                              monkeypatch):
     """Blocks of 50 rows: refits remap rows of blocks committed long before (read back once,
     rehashed), a torn publication is resumed, and a changed block is named by its rows."""
@@ -186,7 +186,7 @@ def test_a_removed_output_array_is_named(out):
 
 
 @pytest.fixture(scope="module")
-def buffered(model, source_dir, tmp_path_factory):  # noqa: F811
+def buffered(model, source_dir, tmp_path_factory):  # noqa: F811  (pytest fixtures imported from test_stream and test_jobs)
     """A stream of the first three chunks: it ends with a row buffered and no refit."""
     root = tmp_path_factory.mktemp("buffered")
     (root / "src").mkdir()
