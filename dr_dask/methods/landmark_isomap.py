@@ -120,11 +120,14 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     n_landmarks : int, default=1000
         L. More than the samples uses every sample, with a warning (as scikit-learn's
         ``Nystroem`` clamps its ``n_components``).
-    landmark_method : {"maxmin", "random"}, default="maxmin"
-        Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data;
-        for CSR input, ``metric="precomputed"`` or a non-Euclidean metric by geodesic
-        farthest-point order on the graph, one Dijkstra per landmark); random is a seeded
-        uniform choice.
+    landmark_method : {"random", "maxmin"}, default="random"
+        Random is a seeded uniform choice; max-min picks landmarks by Euclidean farthest-point
+        order (spreads them over the data; for CSR input, ``metric="precomputed"`` or a
+        non-Euclidean metric by geodesic farthest-point order on the graph, one Dijkstra per
+        landmark). Random is the default: landmark MDS is a Nystrom approximation of
+        :class:`Isomap` (Platt, 2005), whose axes and centre are the landmarks', so they
+        match Isomap's when the landmarks sample the data's distribution; max-min's even
+        spread, outliers first, tilts them (docs/scaling.md, "Landmark choice").
     eigen_solver : {"auto", "dense", "arpack", "lanczos"}, default="auto"
         Of the L x L landmark MDS, as :class:`Isomap`'s (``"auto"`` is dense up to
         ``dr_dask.eigen.dense-max`` landmarks).
@@ -229,7 +232,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
 
     def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, n_landmarks: int = 1000,
-                 landmark_method: str = "maxmin", eigen_solver: str = "auto",
+                 landmark_method: str = "random", eigen_solver: str = "auto",
                  tol: float = 1e-10, max_iter: int | None = None, path_method: str = "auto",
                  neighbors_algorithm: str = "auto", n_jobs: int | None = None,
                  metric: str | Any = "minkowski", p: float = 2,
