@@ -133,9 +133,10 @@ def _label_accuracy(Y: np.ndarray, labels: np.ndarray) -> float:
     return float(cross_val_score(KNeighborsClassifier(10), Y, labels, cv=5).mean())
 
 
-def test_default_landmarks_separate_digits_as_well_as_geodesic_ikd():
+def test_landmark_ikd_separates_digits_as_well_as_geodesic_ikd():
     """The 2-D landmark embedding of an image manifold keeps the geodesic solver's 10-NN label
-    accuracy (within 0.03) at the default landmark choice; max-min landmarks lost 0.08 here."""
+    accuracy (within 0.03) with the default max-min landmarks: on the landmarks' own axes it
+    lost 0.08 here (0.427 against 0.511), on the principal axes of every point it does not."""
     from dr_dask.datasets import augmented_digits
 
     X, labels, _ = augmented_digits(5000, 0)

@@ -51,10 +51,7 @@ IKD_VARIANTS = {
     "geodesic": lambda T: {"solver": "geodesic", "n_neighbors": min(3, T - 1)},
     "blockwise": lambda T: {"solver": "blockwise"},
     "landmark": lambda T: {"n_landmarks": min(T, 6)},
-    # six landmarks on a curve: max-min takes its ends, which the order check below needs (a
-    # uniform draw, the default, is for hundreds of landmarks sampling the data's distribution)
     "landmark_geodesic": lambda T: {"solver": "geodesic", "n_landmarks": min(T, 6),
-                                    "landmark_method": "maxmin",
                                     "n_neighbors": min(3, T - 1)},
 }
 

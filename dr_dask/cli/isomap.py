@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
               help="Epsilon rule instead of k (full only).")
 @click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=None,
               help="Landmark Isomap with this many landmarks (large T).")
-@click.option("--landmark-method", type=click.Choice(["random", "maxmin"]), default="random",
+@click.option("--landmark-method", type=click.Choice(["maxmin", "random"]), default="maxmin",
               show_default=True, help="How landmarks are chosen.")
 @click.option("--on-disconnected", type=click.Choice(["bridge", "raise", "ignore"]),
               default="bridge", show_default=True,

@@ -178,14 +178,9 @@ default="se"
         Landmark IKD (with ``solver="full"`` or ``"geodesic"``): L landmarks, L x T rows instead
         of T x T (docs/decisions.md IKD-LANDMARK). More than the samples uses every sample,
         with a warning. ``None``: no landmarks.
-    landmark_method : {"random", "maxmin"}, default="random"
-        Landmark IKD: a seeded uniform choice, or max-min (farthest-point order over a seeded
-        subset). Random is the default because landmark MDS is a Nystrom approximation
-        (Platt, 2005): its axes and centre are those of the landmarks, which match the
-        geodesic solver's only when the landmarks are a sample of the data's distribution.
-        Max-min spreads them evenly over the data's extent, the outlying images first, and its
-        2-D embeddings of image data separate the classes less well (docs/scaling.md,
-        "Landmark choice").
+    landmark_method : {"maxmin", "random"}, default="maxmin"
+        Landmark IKD: max-min (farthest-point order over a seeded subset) or a seeded uniform
+        choice.
     random_state : int, RandomState instance or None, default=None
         Seeds the eigensolver and every randomized step of the solvers (landmarks).
     client : distributed.Client or None, default=None
@@ -341,7 +336,7 @@ default="se"
         min_overlap: int | None = None,
         shared_points: str = "keep_larger",
         n_landmarks: int | None = None,
-        landmark_method: str = "random",
+        landmark_method: str = "maxmin",
         random_state: Any = None,
         client: Any = None,
         progress: bool = False,

@@ -27,7 +27,11 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
-from dr_dask.graph.landmarks import triangulate_block
+from dr_dask.graph.landmarks import (
+    TRIANGULATED_PER_COMPONENT,
+    principal_axes,
+    triangulate_block,
+)
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
@@ -120,14 +124,11 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     n_landmarks : int, default=1000
         L. More than the samples uses every sample, with a warning (as scikit-learn's
         ``Nystroem`` clamps its ``n_components``).
-    landmark_method : {"random", "maxmin"}, default="random"
-        Random is a seeded uniform choice; max-min picks landmarks by Euclidean farthest-point
-        order (spreads them over the data; for CSR input, ``metric="precomputed"`` or a
-        non-Euclidean metric by geodesic farthest-point order on the graph, one Dijkstra per
-        landmark). Random is the default: landmark MDS is a Nystrom approximation of
-        :class:`Isomap` (Platt, 2005), whose axes and centre are the landmarks', so they
-        match Isomap's when the landmarks sample the data's distribution; max-min's even
-        spread, outliers first, tilts them (docs/scaling.md, "Landmark choice").
+    landmark_method : {"maxmin", "random"}, default="maxmin"
+        Max-min picks landmarks by Euclidean farthest-point order (spreads them over the data;
+        for CSR input, ``metric="precomputed"`` or a non-Euclidean metric by geodesic
+        farthest-point order on the graph, one Dijkstra per landmark); random is a seeded
+        uniform choice.
     eigen_solver : {"auto", "dense", "arpack", "lanczos"}, default="auto"
         Of the L x L landmark MDS, as :class:`Isomap`'s (``"auto"`` is dense up to
         ``dr_dask.eigen.dense-max`` landmarks).
@@ -188,8 +189,12 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     landmarks_ : ndarray of shape (L,)
         Landmark row indices.
     landmark_embedding_ : ndarray of shape (L, d)
-        Landmark MDS coordinates (equal to ``embedding_[landmarks_]``).
+        Landmark MDS coordinates on the embedding's axes (equal to
+        ``embedding_[landmarks_]``): landmark MDS keeps 2d dimensions, every point is
+        triangulated into them and the embedding takes the top d principal axes of all T
+        (de Silva & Tenenbaum, 2004, PCA normalisation), not the landmarks' own axes.
     eigenvalues_ : ndarray of shape (d,)
+        The top d of the landmarks' centred matrix.
     n_iter_ : int
         Products of the eigensolver with the landmarks' centred matrix (1 for the dense one).
     landmark_pinv_ : ndarray of shape (d, L)
@@ -232,7 +237,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
 
     def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
                  n_components: int = 2, n_landmarks: int = 1000,
-                 landmark_method: str = "random", eigen_solver: str = "auto",
+                 landmark_method: str = "maxmin", eigen_solver: str = "auto",
                  tol: float = 1e-10, max_iter: int | None = None, path_method: str = "auto",
                  neighbors_algorithm: str = "auto", n_jobs: int | None = None,
                  metric: str | Any = "minkowski", p: float = 2,
@@ -325,11 +330,15 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                 mds = landmark_mds(D_LL * D_LL, d, method=eigen_method(self, L),
                                    tol=self.tol or TOL_DEFAULT,
                                    max_passes=self.max_iter or 100,
-                                   random_state=check_random_state(self.random_state))
+                                   random_state=check_random_state(self.random_state),
+                                   n_spare=(TRIANGULATED_PER_COMPONENT - 1) * d)
 
             with timed(timings, "triangulation"):
-                self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv,
-                                               mds.sq_mean).astype(self._out_dtype, copy=False)
+                # into the spare dimensions too: the embedding keeps the principal axes of
+                # every point, not the landmarks' (principal_axes)
+                Y = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
+                axes = principal_axes(Y, d)
+                self.embedding_ = (Y @ axes).astype(self._out_dtype, copy=False)
 
             with timed(timings, "gather"):
                 self.landmark_geodesics_ = (rows.stored() if rows.store is not None
@@ -337,10 +346,10 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                 rows.release()
                 if kept is not None:
                     delete_with(self.landmark_geodesics_, kept)
-        self.landmark_embedding_ = mds.coords
-        self.landmark_pinv_ = mds.pinv
+        self.landmark_embedding_ = mds.coords @ axes
+        self.landmark_pinv_ = axes.T @ mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean
-        self.eigenvalues_ = mds.eigenvalues
+        self.eigenvalues_ = mds.eigenvalues[:d]
         self.n_iter_ = int(mds.n_passes)
         self.training_data_ = X
         self.timings_ = timings
