@@ -27,9 +27,11 @@ from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
 
-#: Landmark MDS dimensions triangulated per embedding dimension, of which
-#: :func:`principal_axes` keeps the embedding's.
-TRIANGULATED_PER_COMPONENT = 2
+#: Spare landmark MDS dimensions triangulated beyond the embedding's M (M of them, at most
+#: this many), among which :func:`principal_axes` finds the data's axes: a 2-D or 3-D view's
+#: lie within a few more, and further ones, of small eigenvalues, only add their
+#: triangulation's error (scaled by 1 / sqrt(lambda)).
+MAX_SPARE_DIMENSIONS = 4
 #: Spare landmark MDS dimensions need an eigenvalue above this share of the largest.
 SPARE_RTOL = 1e-8
 
@@ -197,6 +199,11 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int, *, method: str = "dense",
     root = np.sqrt(lam)
     return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals[:keep],
                        res.n_passes)
+
+
+def spare_dimensions(n_components: int) -> int:
+    """Spare landmark MDS dimensions for an M-dimensional embedding: ``min(M, 4)``."""
+    return min(int(n_components), MAX_SPARE_DIMENSIONS)
 
 
 def principal_axes(Y: np.ndarray, n_components: int) -> np.ndarray:

@@ -29,7 +29,7 @@ in worker memory or on disk. The eigensolver only sees ``D @ V`` through
 Landmark IKD (not in the papers; docs/decisions.md IKD-LANDMARK): L landmarks, the L x T geodesic
 (or, with ``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
 triangulation of every point from its L distances, summed over landmark row blocks where they live,
-into 2M dimensions of which the embedding keeps the top M principal axes of all T points
+into M + min(M, 4) dimensions of which the embedding keeps the top M principal axes of all T points
 (:func:`~dr_dask.graph.landmarks.principal_axes`: the landmarks' own axes follow where they are,
 not where the data are).
 Memory and time are O(L T), which is how IKD reaches 10^6 rows.
@@ -62,10 +62,10 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import search_neighbours
 from dr_dask.graph.landmarks import (
-    TRIANGULATED_PER_COMPONENT,
     landmark_mds,
     principal_axes,
     select_landmarks,
+    spare_dimensions,
     triangulate,
     triangulate_block,
 )
@@ -426,7 +426,7 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
 
     # landmark MDS's axes are the landmarks': every point is triangulated into more
     # dimensions and the embedding keeps the principal axes of all of them (principal_axes)
-    spare = (TRIANGULATED_PER_COMPONENT - 1) * M
+    spare = spare_dimensions(M)
     info: dict = {}
     if cfg.solver == "geodesic":
         # the graph is built on the workers into the scratch location when the partitioned

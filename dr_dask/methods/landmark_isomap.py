@@ -28,8 +28,8 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.graph.landmarks import (
-    TRIANGULATED_PER_COMPONENT,
     principal_axes,
+    spare_dimensions,
     triangulate_block,
 )
 from dr_dask.graph.stored import StoredGraph
@@ -190,7 +190,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         Landmark row indices.
     landmark_embedding_ : ndarray of shape (L, d)
         Landmark MDS coordinates on the embedding's axes (equal to
-        ``embedding_[landmarks_]``): landmark MDS keeps 2d dimensions, every point is
+        ``embedding_[landmarks_]``): landmark MDS keeps d + min(d, 4) dimensions, every point is
         triangulated into them and the embedding takes the top d principal axes of all T
         (de Silva & Tenenbaum, 2004, PCA normalisation), not the landmarks' own axes.
     eigenvalues_ : ndarray of shape (d,)
@@ -331,7 +331,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                                    tol=self.tol or TOL_DEFAULT,
                                    max_passes=self.max_iter or 100,
                                    random_state=check_random_state(self.random_state),
-                                   n_spare=(TRIANGULATED_PER_COMPONENT - 1) * d)
+                                   n_spare=spare_dimensions(d))
 
             with timed(timings, "triangulation"):
                 # into the spare dimensions too: the embedding keeps the principal axes of
