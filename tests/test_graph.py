@@ -27,6 +27,7 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
+from dr_dask.graph.landmarks import principal_axes
 from dr_dask.graph.paths import geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
@@ -475,6 +476,30 @@ def test_landmark_mds_and_triangulation_recover_euclidean_points(monkeypatch):
         triangulate(pinv, D_LX ** 2, sq_mean))
     with pytest.raises(ValueError, match="n_components=20 must be in"):
         landmark_mds(D2, 20)
+
+
+def test_principal_axes_of_all_points_not_of_the_landmarks():
+    """Landmarks at the data's extremes along its third axis: landmark MDS's own top two axes
+    follow them, the principal axes of every triangulated point are the data's."""
+    rng = np.random.RandomState(0)
+    P = rng.normal(size=(2000, 3)) * [3.0, 2.0, 1.0]
+    L = P[np.argsort(-np.abs(P[:, 2]))[:30]]  # |z| largest: spread mostly along z
+    D2 = ((L[:, None] - L[None]) ** 2).sum(-1)
+    D2_LX = ((L[:, None] - P[None]) ** 2).sum(-1)
+    Pc = P - P.mean(axis=0)
+    pca = Pc @ np.linalg.svd(Pc, full_matrices=False)[2][:2].T
+    own = landmark_mds(D2, 2)
+    assert procrustes_disparity(pca, triangulate(own.pinv, D2_LX, own.sq_mean)) > 0.1
+    # three spare dimensions asked, the one with variance kept (rank 3: no zero dimension)
+    mds = landmark_mds(D2, 2, n_spare=3)
+    assert mds.pinv.shape == (3, 30) and mds.eigenvalues.shape == (3,)
+    Y = triangulate(mds.pinv, D2_LX, mds.sq_mean)
+    R = principal_axes(Y, 2)
+    np.testing.assert_allclose(R.T @ R, np.eye(2), atol=1e-12)
+    assert procrustes_disparity(pca, Y @ R) < 1e-20
+    # the map stays one linear triangulation: new points land on the same axes
+    np.testing.assert_allclose(triangulate(R.T @ mds.pinv, D2_LX, mds.sq_mean), Y @ R,
+                               atol=1e-9)
 
 
 @pytest.mark.cluster

@@ -27,6 +27,14 @@ from dr_dask.runtime.cluster import compute
 
 logger = logging.getLogger(__name__)
 
+#: Spare landmark MDS dimensions triangulated beyond the embedding's M (M of them, at most
+#: this many), among which :func:`principal_axes` finds the data's axes: a 2-D or 3-D view's
+#: lie within a few more, and further ones, of small eigenvalues, only add their
+#: triangulation's error (scaled by 1 / sqrt(lambda)).
+MAX_SPARE_DIMENSIONS = 4
+#: Spare landmark MDS dimensions need an eigenvalue above this share of the largest.
+SPARE_RTOL = 1e-8
+
 #: Max-min on points runs over a seeded random subset of this many rows per landmark (at
 #: least ``MAXMIN_MIN_CANDIDATES``): L passes over L * 20 rows instead of over all T rows.
 MAXMIN_CANDIDATES_PER_LANDMARK = 20
@@ -142,7 +150,7 @@ def _maxmin(data: Any, L: int, rng: np.random.RandomState, is_graph: bool) -> np
 
 def landmark_mds(D2_LL: np.ndarray, n_components: int, *, method: str = "dense",
                  tol: float = 1e-10, max_passes: int = 100,
-                 random_state: Any = None) -> LandmarkMDS:
+                 random_state: Any = None, n_spare: int = 0) -> LandmarkMDS:
     """Classical MDS of landmarks from their squared distances.
 
     Parameters
@@ -153,11 +161,16 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int, *, method: str = "dense",
         d < L.
     method, tol, max_passes, random_state
         The eigensolver's (:func:`dr_dask.linalg.classical_mds`): dense LAPACK by default.
+    n_spare : int, default=0
+        Up to this many further eigenpairs (at most L - 1 in all), kept while their
+        eigenvalues exceed ``SPARE_RTOL`` times the largest: dimensions to triangulate before
+        :func:`principal_axes`.
 
     Returns
     -------
     LandmarkMDS
-        Unpacks as ``coords, pinv, sq_mean, eigenvalues, residuals, n_passes``.
+        Unpacks as ``coords, pinv, sq_mean, eigenvalues, residuals, n_passes``; d plus the
+        spare dimensions kept.
 
     Raises
     ------
@@ -171,17 +184,57 @@ def landmark_mds(D2_LL: np.ndarray, n_components: int, *, method: str = "dense",
     if not 1 <= n_components < L:
         raise ValueError(f"n_components={n_components} must be in [1, {L - 1}] for {L} landmarks")
     D2 = (D2 + D2.T) / 2
-    res = classical_mds(D2, n_components, method=method, tol=tol, max_passes=max_passes,
+    n = min(L - 1, n_components + max(int(n_spare), 0))
+    res = classical_mds(D2, n, method=method, tol=tol, max_passes=max_passes,
                         random_state=random_state)
-    lam, V = res.values, res.vectors
-    if np.any(lam <= 0):
+    # a spare dimension of (numerically) zero variance would only scale rounding by 1/sqrt
+    spare_ok = res.values[n_components:] > SPARE_RTOL * max(res.values[0], 0.0)
+    keep = n_components + int(np.cumprod(spare_ok).sum())
+    lam, V = res.values[:keep], res.vectors[:, :keep]
+    if np.any(lam[:n_components] <= 0):
         raise ValueError(
             f"only {int((lam > 0).sum())} of the top {n_components} landmark MDS eigenvalues "
             f"are positive ({lam}); use fewer components or more landmarks"
         )
     root = np.sqrt(lam)
-    return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals,
+    return LandmarkMDS(V * root, (V / root).T, D2.mean(axis=1), lam, res.residuals[:keep],
                        res.n_passes)
+
+
+def spare_dimensions(n_components: int) -> int:
+    """Spare landmark MDS dimensions for an M-dimensional embedding: ``min(M, 4)``."""
+    return min(int(n_components), MAX_SPARE_DIMENSIONS)
+
+
+def principal_axes(Y: np.ndarray, n_components: int) -> np.ndarray:
+    """The top principal axes of every point's triangulated coordinates.
+
+    Landmark MDS takes its axes from the landmarks alone: their centred Gram matrix, whose
+    leading eigenvectors follow the landmarks' distribution (max-min spreads them evenly,
+    outliers first), not the data's. Triangulating every point into a few more dimensions and
+    keeping the top principal axes of all T of them is de Silva & Tenenbaum's (2004) optional
+    last step of landmark MDS (PCA normalisation), run on more dimensions than are kept: the
+    axes then come from the whole data set, as the exact solver's do (within that subspace,
+    the orthogonalised Nystrom approximation of Fowlkes, Belongie, Chung & Malik, 2004).
+
+    Parameters
+    ----------
+    Y : ndarray of shape (T, m)
+        Triangulated coordinates, m >= n_components.
+    n_components : int
+
+    Returns
+    -------
+    ndarray of shape (m, n_components)
+        Orthonormal axes ``R``, largest variance first, each signed so that its largest entry
+        is positive: the embedding is ``Y @ R``, and ``R.T @ pinv`` triangulates new points
+        onto it (the map stays linear; no centring is added).
+    """
+    Yc = Y - Y.mean(axis=0)
+    w, V = np.linalg.eigh(Yc.T @ Yc)
+    R = V[:, np.argsort(w)[::-1][:n_components]]
+    pivot = np.abs(R).argmax(axis=0)
+    return R * np.where(R[pivot, np.arange(R.shape[1])] < 0, -1.0, 1.0)
 
 
 def triangulate(pinv: np.ndarray, D2_LX: np.ndarray, D2_mean: np.ndarray, *,

@@ -28,7 +28,10 @@ in worker memory or on disk. The eigensolver only sees ``D @ V`` through
 
 Landmark IKD (not in the papers; docs/decisions.md IKD-LANDMARK): L landmarks, the L x T geodesic
 (or, with ``solver="full"``, similarity) rows, landmark MDS of ``D_LL`` and the de Silva–Tenenbaum
-triangulation of every point from its L distances, summed over landmark row blocks where they live.
+triangulation of every point from its L distances, summed over landmark row blocks where they live,
+into M + min(M, 4) dimensions of which the embedding keeps the top M principal axes of all T points
+(:func:`~dr_dask.graph.landmarks.principal_axes`: the landmarks' own axes follow where they are,
+not where the data are).
 Memory and time are O(L T), which is how IKD reaches 10^6 rows.
 
 Both solvers are functions ``(config, data, run) -> IKDResult``. A run keeps the geodesic
@@ -60,7 +63,9 @@ from dr_dask.graph import (
 from dr_dask.graph.knn import search_neighbours
 from dr_dask.graph.landmarks import (
     landmark_mds,
+    principal_axes,
     select_landmarks,
+    spare_dimensions,
     triangulate,
     triangulate_block,
 )
@@ -419,6 +424,9 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
                                      method=cfg.landmark_method, random_state=cfg.random_state,
                                      client=client)
 
+    # landmark MDS's axes are the landmarks': every point is triangulated into more
+    # dimensions and the embedding keeps the principal axes of all of them (principal_axes)
+    spare = spare_dimensions(M)
     info: dict = {}
     if cfg.solver == "geodesic":
         # the graph is built on the workers into the scratch location when the partitioned
@@ -449,15 +457,18 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
                 P_LL = rows.columns(landmarks)
                 D_LL = kernel(P_LL)
                 np.fill_diagonal(D_LL, 0.0)
-                mds = landmark_mds(D_LL, M)
+                mds = landmark_mds(D_LL, M, n_spare=spare)
             with timed(seconds, "triangulate"):
                 embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv,
                                          mds.sq_mean)
+                axes = principal_axes(embedding, M)
+                embedding, pinv = embedding @ axes, axes.T @ mds.pinv
                 # the out-of-sample map keeps the rows: in memory within the budget,
                 # else the store they were written to
                 paths = rows.stored() if on_disk else rows.gather()
                 rows.release()
-                oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths, P_LL)
+                oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths, P_LL,
+                                        pinv=pinv)
                 if rows_loc is not None and oos is not None:
                     delete_with(oos, rows_loc, run)
     else:
@@ -466,21 +477,23 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
             (XL,) = compute(Xn[landmarks[order]], client=client)
             XL = np.asarray(XL, np.float64)[np.argsort(order)]
             D_LL = inverse(XL @ XL.T, diagonal=True)
-            mds = landmark_mds(D_LL, M)
+            mds = landmark_mds(D_LL, M, n_spare=spare)
         with timed(seconds, "triangulate"):
             XL_d = dask.delayed(XL, traverse=False)
             task = dask.delayed(_similarity_triangulate, pure=True)
             parts = compute(*[task(b, XL_d, inverse, mds.pinv, mds.sq_mean)
                               for b in Xn.to_delayed().ravel()], client=client)
             embedding = np.vstack(parts)
-            oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, None)
+            axes = principal_axes(embedding, M)
+            embedding, pinv = embedding @ axes, axes.T @ mds.pinv
+            oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, None, pinv=pinv)
     B = double_centre((D_LL + D_LL.T) / 2)
     return IKDResult(
         embedding=embedding,
-        eigenvalues=mds.eigenvalues,
-        eigen_residuals=mds.residuals,
+        eigenvalues=mds.eigenvalues[:M],
+        eigen_residuals=mds.residuals[:M],
         eigen_passes=1,  # landmark MDS is one dense L x L eigenproblem
-        explained_variance_ratio=float(np.sum(mds.eigenvalues**2) / np.sum(B * B)),
+        explained_variance_ratio=float(np.sum(mds.eigenvalues[:M]**2) / np.sum(B * B)),
         reference_index=None,
         sigma2=sigma2,
         timings=seconds,

@@ -294,12 +294,15 @@ def _paths_over_budget(L: int, T: int) -> bool:
 
 def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: np.ndarray,
                       landmarks: np.ndarray, paths: Any,
-                      landmark_paths: np.ndarray | None = None) -> TriangulationMap | None:
+                      landmark_paths: np.ndarray | None = None, *,
+                      pinv: np.ndarray | None = None) -> TriangulationMap | None:
     """The triangulation map from the fit's landmarks and, for a graph map, their (L, T)
     path lengths: in memory (None when they exceed the tile budget), or a Zarr array the map
     reads the columns it needs from. ``landmark_paths``, the (L, L) columns of the landmarks
     when the caller has them: else read from ``paths`` (from a store, scattered columns read
-    every chunk: 4 GB at T=10^6)."""
+    every chunk: 4 GB at T=10^6). ``pinv``: landmark IKD's own triangulation (M, L), which
+    made ``embedding`` (no centre added); else the pseudo-inverse of the landmarks' centred
+    coordinates in ``embedding``."""
     if isinstance(paths, np.ndarray) and _paths_over_budget(*paths.shape):
         return None
 
@@ -317,11 +320,15 @@ def triangulation_map(cfg: IKDConfig, inp: InputData, sigma2: float, embedding: 
         D_LL = GeodesicKernel(inverse, threshold)(landmark_paths, S_LL)
         D_LL = (D_LL + D_LL.T) / 2
         np.fill_diagonal(D_LL, 0.0)
-    Y = embedding[landmarks]
-    centre = Y.mean(axis=0)
+    if pinv is None:
+        Y = embedding[landmarks]
+        centre = Y.mean(axis=0)
+        pinv = np.linalg.pinv(Y - centre)
+    else:
+        centre = np.zeros(embedding.shape[1])
     return TriangulationMap(
         training_rows(inp), cfg.similarity, inverse, cfg.variance, cfg.n_neighbors, threshold,
-        XL, paths, np.linalg.pinv(Y - centre), D_LL.mean(axis=1), centre)
+        XL, paths, pinv, D_LL.mean(axis=1), centre)
 
 
 class DeferredTriangulation:

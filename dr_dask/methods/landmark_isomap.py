@@ -27,7 +27,11 @@ from dr_dask.graph import (
     triangulate,
 )
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
-from dr_dask.graph.landmarks import triangulate_block
+from dr_dask.graph.landmarks import (
+    principal_axes,
+    spare_dimensions,
+    triangulate_block,
+)
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
 from dr_dask.io.inputs import InputData
@@ -185,8 +189,12 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     landmarks_ : ndarray of shape (L,)
         Landmark row indices.
     landmark_embedding_ : ndarray of shape (L, d)
-        Landmark MDS coordinates (equal to ``embedding_[landmarks_]``).
+        Landmark MDS coordinates on the embedding's axes (equal to
+        ``embedding_[landmarks_]``): landmark MDS keeps d + min(d, 4) dimensions, every point is
+        triangulated into them and the embedding takes the top d principal axes of all T
+        (de Silva & Tenenbaum, 2004, PCA normalisation), not the landmarks' own axes.
     eigenvalues_ : ndarray of shape (d,)
+        The top d of the landmarks' centred matrix.
     n_iter_ : int
         Products of the eigensolver with the landmarks' centred matrix (1 for the dense one).
     landmark_pinv_ : ndarray of shape (d, L)
@@ -322,11 +330,15 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                 mds = landmark_mds(D_LL * D_LL, d, method=eigen_method(self, L),
                                    tol=self.tol or TOL_DEFAULT,
                                    max_passes=self.max_iter or 100,
-                                   random_state=check_random_state(self.random_state))
+                                   random_state=check_random_state(self.random_state),
+                                   n_spare=spare_dimensions(d))
 
             with timed(timings, "triangulation"):
-                self.embedding_ = rows.map_sum(_block_triangulate, mds.pinv,
-                                               mds.sq_mean).astype(self._out_dtype, copy=False)
+                # into the spare dimensions too: the embedding keeps the principal axes of
+                # every point, not the landmarks' (principal_axes)
+                Y = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
+                axes = principal_axes(Y, d)
+                self.embedding_ = (Y @ axes).astype(self._out_dtype, copy=False)
 
             with timed(timings, "gather"):
                 self.landmark_geodesics_ = (rows.stored() if rows.store is not None
@@ -334,10 +346,10 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
                 rows.release()
                 if kept is not None:
                     delete_with(self.landmark_geodesics_, kept)
-        self.landmark_embedding_ = mds.coords
-        self.landmark_pinv_ = mds.pinv
+        self.landmark_embedding_ = mds.coords @ axes
+        self.landmark_pinv_ = axes.T @ mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean
-        self.eigenvalues_ = mds.eigenvalues
+        self.eigenvalues_ = mds.eigenvalues[:d]
         self.n_iter_ = int(mds.n_passes)
         self.training_data_ = X
         self.timings_ = timings
