@@ -147,9 +147,9 @@ def test_landmarks_beyond_the_samples_are_clamped_with_a_warning(roll2000):
     """n_landmarks above T uses every sample (as scikit-learn's Nystroem clamps n_components):
     the same fit as n_landmarks=T, and a warning that says so."""
     X = roll2000[0][:120]
-    with pytest.warns(UserWarning, match="n_landmarks=1000 is more than the 120 samples of X: "
+    with pytest.warns(UserWarning, match="n_landmarks=500 is more than the 120 samples of X: "
                       "LandmarkIsomap uses n_landmarks=120"):
-        clamped = LandmarkIsomap(random_state=0).fit(X)  # the default, 1000
+        clamped = LandmarkIsomap(random_state=0).fit(X)  # the default, 500
     every = LandmarkIsomap(n_landmarks=120, random_state=0).fit(X)
     np.testing.assert_array_equal(clamped.landmarks_, every.landmarks_)
     np.testing.assert_allclose(clamped.embedding_, every.embedding_, atol=1e-10)

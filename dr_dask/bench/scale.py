@@ -164,7 +164,7 @@ def _ladders(methods: tuple[str, ...], peer: str | None, quick: bool, min_T: int
 
 
 def run_scale(client: Any, *, quick: bool = False, min_T: int | None = None,
-              max_T: int | None = None, n_landmarks: int = 1000, methods: tuple[str, ...] = METHODS,
+              max_T: int | None = None, n_landmarks: int = 500, methods: tuple[str, ...] = METHODS,
               workdir: str | None = None, knn: str = "exact",
               n_probe: int | None = None, peer: str | None = None,
               sizes: tuple[int, ...] = (), search_alone: bool = True,
@@ -373,7 +373,7 @@ def _as_user_call(method: str, path: str, T: int, n_landmarks: int, n_workers: i
 
 
 def run_scale_as_user(client_workers: int = 2, *, sizes: tuple[int, ...] = (1_000_000,),
-                      n_landmarks: int = 1000, methods: tuple[str, ...] = AS_USER_METHODS,
+                      n_landmarks: int = 500, methods: tuple[str, ...] = AS_USER_METHODS,
                       workdir: str | None = None) -> dict:
     """The scaling targets' calls exactly as a user makes them (see :func:`_as_user_call`),
     each in a fresh process: seconds, peak RSS of the process tree, R^2 to the latent, the

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 @click.option("--T", "sizes", type=click.IntRange(min=100), multiple=True,
               help="Exactly these sizes for every method (repeatable), instead of the ladders "
                    "(e.g. --T 2000000 for the client's peak at T = 2 x 10^6).")
-@click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=1000,
+@click.option("--landmarks", "n_landmarks", type=click.IntRange(min=2), default=500,
               show_default=True, help="L (capped at T/10).")
 @click.option("--method", "methods",
               type=click.Choice(["landmark_ikd", "landmark_isomap", "full_ikd", "geodesic_ikd",

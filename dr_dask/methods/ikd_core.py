@@ -117,7 +117,7 @@ class IKDConfig:
 
 #: The way out of IKD's T x T stages, named by their cost warning.
 LANDMARK_WAY_OUT = ("landmark IKD: IKD(n_landmarks=L), an L x T matrix instead of T x T "
-                    "(e.g. n_landmarks=1000), or LandmarkIsomap(n_landmarks=L) for Isomap's "
+                    "(e.g. n_landmarks=500), or LandmarkIsomap(n_landmarks=L) for Isomap's "
                     "geodesics")
 
 

@@ -106,7 +106,7 @@ def _block_row_means(block: np.ndarray, start: int) -> np.ndarray:
 
 #: The way out of exact Isomap's T x T geodesics, named by their cost warning.
 ISOMAP_WAY_OUT = ("LandmarkIsomap(n_landmarks=L), L x T geodesics instead of T x T (e.g. "
-                  "n_landmarks=1000); Isomap itself stays exact")
+                  "n_landmarks=500); Isomap itself stays exact")
 
 
 @dataclass

@@ -121,7 +121,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         Epsilon rule instead of the k rule (give exactly one of the two).
     n_components : int, default=2
         Embedding dimension d (less than the number of landmarks).
-    n_landmarks : int, default=1000
+    n_landmarks : int, default=500
         L. More than the samples uses every sample, with a warning (as scikit-learn's
         ``Nystroem`` clamps its ``n_components``).
     landmark_method : {"maxmin", "random"}, default="maxmin"
@@ -236,7 +236,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
     }
 
     def __init__(self, *, n_neighbors: int | None = 5, radius: float | None = None,
-                 n_components: int = 2, n_landmarks: int = 1000,
+                 n_components: int = 2, n_landmarks: int = 500,
                  landmark_method: str = "maxmin", eigen_solver: str = "auto",
                  tol: float = 1e-10, max_iter: int | None = None, path_method: str = "auto",
                  neighbors_algorithm: str = "auto", n_jobs: int | None = None,
