@@ -142,8 +142,9 @@ def test_peak_rss_each_tells_processes_apart():
 @pytest.mark.cluster
 def test_bench_search_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(search_memory, "WORKERS", (1, 2))
+    monkeypatch.setattr(search_memory, "WARM_ROWS", 1000)  # imports and kernels, at any size
     out = tmp_path / "search.json"
-    result = CliRunner().invoke(main, ["bench", "search-memory", "--T", "20000",
+    result = CliRunner().invoke(main, ["bench", "search-memory", "--T", "10000",
                                        "--workdir", str(tmp_path), "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())

@@ -28,8 +28,9 @@ ROWS = ("embedding", "variance", "first_variance", "status", "version", "manifol
 
 @pytest.fixture(scope="module")
 def drift(tmp_path_factory):
-    """A drifting stream of 30 chunks of 20 rows and its model (saved as a file)."""
-    sc = drift_scenario(200, 600, random_state=3)
+    """A drifting stream of 25 chunks of 20 rows and its model (saved as a file): it ends one
+    chunk after the second refit's publication (row 480), the last point a kill needs."""
+    sc = drift_scenario(200, 500, random_state=3)
     root = tmp_path_factory.mktemp("resume")
     write_scenario(sc, str(root), kind="npy-dir", chunk_size=20)
     model = str(root / "model.zarr")
@@ -71,7 +72,7 @@ def _same_output(o1: dict, o0: dict) -> None:
 
 def test_undisturbed_run_refits_twice(undisturbed):
     summary, o = undisturbed
-    assert summary["n_refits"] == 2 and summary["n_rows"] == 600 == len(o["status"])
+    assert summary["n_refits"] == 2 and summary["n_rows"] == 500 == len(o["status"])
     refits = o["checkpoint"]["refits"]
     # each published refit-lag (4) chunks of 20 rows after the commit that started it
     assert [(r["trigger_row"], r["publish_row"]) for r in refits] == [(40, 120), (400, 480)]
@@ -91,7 +92,7 @@ KILLS = [
     Rows(200),                           # between the refits
     Written(r"/buffer_rows/c/", 12),     # buffer written, not checkpointed, before refit 2
     Written(r"/models/v2/", 3),          # publication 2: model written
-    Rows(600),                           # the last commit, before the stream's end
+    Rows(500),                           # the last commit, before the stream's end
 ]
 
 
@@ -140,7 +141,7 @@ def test_holder_paused_inside_its_final_write_ends_as_undisturbed(drift, undistu
     out = Location(str(tmp_path / "out"))
     final = dict(module="dr_dask.io.storage", cls="Location", method="swap_bytes", before=True,
                  when="self.url.endswith('checkpoint.json') "
-                      "and json.loads(args[0]).get('n_rows') == 600")
+                      "and json.loads(args[0]).get('n_rows') == 500")
     _take_over(("stream", "run", source, "--out", out.url, "--model", model, "--n-s",
                 str(N_S)), final, out)
     o = read_output(out.url)

@@ -18,24 +18,25 @@ from dr_dask.io.storage import location
 
 @pytest.mark.cluster
 def test_specs_small_and_reads_sized_to_their_use(cluster_client, dr_config, tmp_path):
-    T, N, k = 6000, 20, 8
-    # many blocks, groups, lists and chunks at small T (the stored graph's chunks small beside
-    # the path blocks, as at scale)
+    T, N, k = 2000, 20, 8
+    # several blocks, groups, lists and chunks at small T (the stored graph's chunks small
+    # beside the path blocks, as at scale); few of each, since every task costs the scheduler
+    # a round trip and the property is per task
     dr_config({"knn.ivf-task-rows": 300, "knn.ivf-chunk-rows": 64, "knn.ivf-block-rows": 512,
                "graph.block-edges": 8000, "graph.stored-chunk": 256, "graph.edge-chunk": 256,
                "graph.paths-block-nodes": 512, "graph.paths-graph-share": 0})
     X = noisy_curve(T, N, seed=7).astype(np.float32)
     zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("X", data=X,
-                                                                       chunks=(500, N))
+                                                                       chunks=(400, N))
     Xd = da.from_zarr(str(tmp_path / "in.zarr"), component="X")
     cluster_client.register_plugin(SpecBytes())
     spec_bytes(cluster_client)
     with count_reads(cluster_client) as reads:
         pg = partitioned_graph(Xd, k, location(str(tmp_path / "g")), client=cluster_client,
-                               n_lists=80, n_probe=4)
+                               n_lists=30, n_probe=4)
         graph_specs = spec_bytes(cluster_client)
     with count_reads(cluster_client) as path_reads:
-        sources = np.arange(0, T, 200)
+        sources = np.arange(0, T, 100)
         rows = GeodesicRows.compute(pg.graph, sources, client=cluster_client, dtype=np.float32)
         paths_specs = spec_bytes(cluster_client)
     assert rows.report["rounds"]  # by blocks

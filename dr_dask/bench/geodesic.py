@@ -13,7 +13,7 @@ ratio to scikit-learn's median measured in the same run, and the stage seconds o
 (where the time goes). Every method runs in a fresh process tree, as one job would: a spawned
 process that starts its own LocalCluster (``n_workers`` processes, sized as ``dr-dask
 --workers`` sizes them) or uses dask's threads, reads the data, loads its imports and compiled
-kernels by an untimed fit of 600 rows, then runs the timed fits. Its peak is that process and
+kernels by an untimed fit of 300 rows, then runs the timed fits. Its peak is that process and
 its workers, and nothing an earlier method left behind; scikit-learn's is its own process.
 The data are read into memory before the clock starts: the methods are timed, not the reads.
 
@@ -27,7 +27,8 @@ same way in each repeat, so every ratio compares runs under the same load. Befor
 repeats, each method's first call after install is timed (no client): a fresh process whose
 ``NUMBA_CACHE_DIR`` is empty compiles the kernels, as on a new machine, against the later
 calls' median; and once more after the README's set-up command, whose last step
-(:func:`~dr_dask.jobs.quickstart.warm_kernels`) compiles them into a cache of its own.
+(:func:`~dr_dask.jobs.quickstart.warm_kernels`) compiles them into a cache of its own, which
+the later calls (and their LocalClusters' workers) then read.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def _fits(method: str, T: int, N: int, n_neighbors: int, repeats: int, workdir: 
 
             cluster = stack.enter_context(LocalCluster(**local_cluster_kwargs(n_workers)))
             client = stack.enter_context(Client(cluster))
-        _estimator(method, n_neighbors, client).fit(X[:600].copy())
+        # imports and compiled kernels: the kernels are typed, not sized, so few rows warm them
+        _estimator(method, n_neighbors, client).fit(X[:300].copy())
         release_memory(client)
         idle_gb = tree_rss() / 1e9
         m = timed_fits(lambda: _estimator(method, n_neighbors, client), X, repeats, client)
@@ -258,6 +260,7 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
         later ones' (from an empty cache and after the set-up's warm step, whose seconds are
         ``setup_warm_seconds``); the settings and the load averages.
     """
+    import contextlib
     import statistics
 
     from dr_dask.bench.isomap import _sklearn_isomap
@@ -265,7 +268,7 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
     from dr_dask.linalg.align import procrustes_disparity
     from dr_dask.metrics import r2_affine
 
-    with bench_workdir(workdir, "as_user") as workdir:
+    with bench_workdir(workdir, "as_user") as workdir, contextlib.ExitStack() as stack:
         X, latent = dataset_arrays(workdir, "sinusoidal", T, N)
         out: dict[str, Any] = {
             "T": T, "N": N, "n_neighbors": n_neighbors, "repeats": repeats, "workers": n_workers,
@@ -285,20 +288,16 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
                 first[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
                                                   n_neighbors, n_workers, workdir)
         # and after the README's set-up command, whose last step (the quickstart's
-        # warm_kernels) compiles the kernels of such calls into the cache
+        # warm_kernels) compiles the kernels of such calls into the cache; the "later" calls
+        # read that cache too, as do the LocalCluster's workers (the environment is theirs):
+        # on a new install a timed repeat would otherwise compile them
         after_setup: dict[str, dict] = {}
-        with tempfile.TemporaryDirectory() as cache, \
-                mock.patch.dict(os.environ, {"NUMBA_CACHE_DIR": cache}):
-            out["setup_warm_seconds"] = _in_fresh_process(warm_kernels)
-            for method in AS_USER_TARGETS:
-                after_setup[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
-                                                        n_neighbors, n_workers, workdir)
-        # "later" calls come after one that put the kernels into this machine's cache, which
-        # the LocalCluster's workers read too (on a new install the first timed repeat would
-        # otherwise compile them): one untimed call of each method
+        cache = stack.enter_context(tempfile.TemporaryDirectory())
+        stack.enter_context(mock.patch.dict(os.environ, {"NUMBA_CACHE_DIR": cache}))
+        out["setup_warm_seconds"] = _in_fresh_process(warm_kernels)
         for method in AS_USER_TARGETS:
-            _in_fresh_process(_as_user_call, method, "threads", T, N, n_neighbors, n_workers,
-                              workdir)
+            after_setup[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
+                                                    n_neighbors, n_workers, workdir)
         for rep in range(repeats):
             sk_emb, seconds, peak = _in_fresh_process(_sklearn_isomap, X, n_neighbors, 1)
             sk_times.append(seconds)

@@ -112,14 +112,16 @@ def warm_kernels(seed: int = 0) -> float:
     such call after install otherwise compiles them: about 5 of the 8 seconds of an Isomap
     of 10,000 rows. Worker processes on this machine read the same cache. Returns the
     seconds taken."""
-    T = min(int(config.get("knn.cells-min-rows")), 20_000) + 1_000
+    cells_min = min(int(config.get("knn.cells-min-rows")), 20_000)
+    # below the cell search's rows (the exact search) and above it: the kernels, not the sizes,
+    # are what is warmed, so a smaller threshold warms on fewer rows
+    small, T = min(1_000, cells_min // 2), cells_min + 1_000
     gen = Sinusoidal(T, 50, seed)
     latent = gen.latents()
     X = gen.block(gen.mapping(latent), latent, 0)
     with timed() as took, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a small graph's repairs are not the user's concern
-        # below the cell search's rows (the exact search) and above
-        for rows in (X[:1_000], X, X[:1_000].astype(np.float32), X.astype(np.float32)):
+        for rows in (X[:small], X, X[:small].astype(np.float32), X.astype(np.float32)):
             Isomap(n_neighbors=5, n_components=1).fit_transform(rows)
             IKD(n_components=1, solver="geodesic", n_neighbors=5,
                 random_state=seed).fit_transform(rows)
