@@ -169,10 +169,11 @@ def test_bench_geodesic_as_user(tmp_path, monkeypatch):
             assert set(row["stage_seconds"]) >= {"graph", "shortest_paths", "eigen"}
             assert ("cluster_start_seconds_median" in row) == (path == "local_cluster")
             if path == "threads":
-                # the first call compiled the kernels into an empty cache: slower than the
-                # later ones, which load them (at T=600 the compilation is most of it)
-                assert row["first_call_ratio"] > 1.5 and row["first_call_target"] == 1.5
-                # after the set-up command's warm step the first call compiles nothing
+                # the first call compiled the kernels into an empty cache (its time against
+                # the later calls' is the bench's figure, not a test's: a timing depends on
+                # the machine's load); after the set-up command's warm step it compiles nothing
+                assert finite_positive(row["first_call_ratio"])
+                assert row["first_call_target"] == 1.5
                 assert row["first_call_kernels_compiled"], method
                 assert row["first_call_after_setup_kernels_compiled"] == [], method
             if method == "isomap":
