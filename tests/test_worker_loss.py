@@ -37,8 +37,9 @@ RECORD: list[tuple[str, float, str, float]] = []
 @pytest.fixture(scope="module")
 def clusters():
     """``clusters()``: the client of the module's 2-process cluster once both its workers are
-    up (the nanny restarts a killed worker's process); a fresh cluster if that takes over two
-    minutes (a restart that failed on a loaded machine)."""
+    up (the nanny restarts a killed worker's process); a fresh cluster if that takes over 30 s
+    (a restart that failed: waiting longer for it cost two minutes a test, where a fresh
+    cluster starts in seconds)."""
     from distributed import Client, LocalCluster
 
     opened: list = []
@@ -52,7 +53,7 @@ def clusters():
     def ready() -> Client:
         if opened:
             try:
-                opened[0].wait_for_workers(2, timeout=120)
+                opened[0].wait_for_workers(2, timeout=30)
                 return opened[0]
             except TimeoutError:
                 close()
