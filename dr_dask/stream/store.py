@@ -78,7 +78,7 @@ def block_digest(name: str, values: np.ndarray, open_rows: np.ndarray) -> str:
     """SHA-256 of one block of output array ``name`` (its rows' values in little-endian C
     order, with its shape and dtype), the rows ``open_rows`` (block-relative) zeroed in the
     arrays a publication may still rewrite (:data:`REMAPPABLE`)."""
-    v = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    v = _little_endian(values)
     if name in REMAPPABLE and open_rows.size:
         v = v.copy()
         v[open_rows] = 0
@@ -93,10 +93,14 @@ def row_digest(values: dict[str, np.ndarray]) -> str:
     rows it vouches for)."""
     h = hashlib.sha256()
     for a in REMAPPABLE:
-        v = np.asarray(values[a])
-        h.update(f"{a}:".encode() + np.ascontiguousarray(
-            v, dtype=v.dtype.newbyteorder("<")).tobytes())
+        h.update(f"{a}:".encode() + _little_endian(values[a]).tobytes())
     return h.hexdigest()[:16]
+
+
+def _little_endian(values: Any) -> np.ndarray:
+    """``values`` as a C-ordered little-endian array: the bytes every digest here hashes."""
+    v = np.asarray(values)
+    return np.ascontiguousarray(v, dtype=v.dtype.newbyteorder("<"))
 
 
 def _chunk_key(arr: zarr.Array, name: str, lo: int) -> str:
