@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import _spawn
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import key_split
 
@@ -245,8 +246,8 @@ def cli(*args: str, fault: Fault | None = None, env: dict | None = None,
     if fault is not None:
         env = fault.env(env)
         code = "import _faults; _faults.arm(); " + code
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, text=text,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return _spawn.Popen([sys.executable, "-c", code, *args], env=env, text=text,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 # --------------------------------------------------------------------- inside an armed process

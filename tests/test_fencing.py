@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+import _spawn
 import dask
 import numpy as np
 import psutil
@@ -82,9 +83,9 @@ def _cli(*args: str, pause: dict | None = None, wait: bool = False,
     code = (_PAUSING_CLI.format(**{"before": False, **pause}) if pause else
             _WAITING_CLI if wait else
             "import sys; from dr_dask.cli import main; sys.exit(main())")
-    return subprocess.Popen([sys.executable, "-c", code, "--scheduler", "threads", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.PIPE if wait else None)
+    return _spawn.Popen([sys.executable, "-c", code, "--scheduler", "threads", *args],
+                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        stdin=subprocess.PIPE if wait else None)
 
 
 def _snapshot(where: Location, stamps: bool = False) -> dict[str, Any]:

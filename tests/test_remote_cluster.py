@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import _spawn
 import numpy as np
 import pytest
 import zarr
@@ -21,14 +22,14 @@ def remote_cluster(tmp_path_factory):
     where = tmp_path_factory.mktemp("worker_cwd")
     sched_file = str(where / "scheduler.json")
     env = dict(os.environ, PYTHONPATH=os.getcwd(), OPENBLAS_NUM_THREADS="1")
-    procs = [subprocess.Popen(
+    procs = [_spawn.Popen(
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file", sched_file,
          "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"],
         cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     t0 = time.time()
     while not os.path.exists(sched_file) and time.time() - t0 < 60:
         time.sleep(0.1)
-    procs.append(subprocess.Popen(
+    procs.append(_spawn.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", sched_file,
          "--nworkers", "2", "--nthreads", "1", "--no-dashboard", "--memory-limit", "2GB"],
         cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -54,11 +55,11 @@ def test_relative_paths_reach_workers_in_another_directory(remote_cluster, tmp_p
     env.pop("DASK_SCHEDULER_ADDRESS", None)
     cmd = [sys.executable, "-m", "dr_dask.cli", "embed", "isomap", "-n", "2",
            "--n-neighbors", "8", "--input", "data.zarr:X", "--out", "out.zarr", "--name", "r"]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    res = _spawn.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    ref = subprocess.run([*cmd[:3], "--scheduler", "threads", *cmd[3:-4], "--out", "ref.zarr",
-                          "--name", "r"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    ref = _spawn.run([*cmd[:3], "--scheduler", "threads", *cmd[3:-4], "--out", "ref.zarr",
+                      "--name", "r"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                     timeout=300)
     assert ref.returncode == 0, ref.stderr
     np.testing.assert_allclose(
         np.asarray(open_run(str(tmp_path / "out.zarr"), "r")["embedding"][...]),

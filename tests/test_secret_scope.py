@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 
+import _spawn
 import numpy as np
 import pytest
 import zarr
@@ -53,9 +54,9 @@ def _args(address: str, src: str, state: str) -> list[str]:
 def _job(address: str, src: str, state: str, *extra: str) -> subprocess.CompletedProcess:
     """The command in its own process: its whole stderr, every logger's output included."""
     env = dict(os.environ, PYTHONPATH=os.getcwd(), OPENBLAS_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "dr_dask.cli", *extra,
-                           *_args(address, src, state)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    return _spawn.run([sys.executable, "-m", "dr_dask.cli", *extra,
+                       *_args(address, src, state)],
+                      env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.cluster
@@ -124,9 +125,9 @@ def test_no_secret_outlives_a_client_killed_or_hung(cluster_client, signum):
     lifetime = 2.0
     env = dict(os.environ, PYTHONPATH=os.getcwd(),
                DASK_DR_DASK__CREDENTIALS__LIFETIME=f"{lifetime}s")
-    proc = subprocess.Popen([sys.executable, "-c", _DELIVERING_CLIENT,
-                             cluster_client.scheduler.address, KEY_ID, SECRET],
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = _spawn.Popen([sys.executable, "-c", _DELIVERING_CLIENT,
+                         cluster_client.scheduler.address, KEY_ID, SECRET],
+                        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "delivered\n"
         held = _held_anywhere(cluster_client)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import _spawn
 import numpy as np
 import pytest
 from _faults import Fault, RefitInFlight, Rows, Written
@@ -151,8 +152,8 @@ def test_holder_paused_inside_its_final_write_ends_as_undisturbed(drift, undistu
 
 def _dask(*args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.getcwd(), OPENBLAS_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "dask", *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _spawn.Popen([sys.executable, "-m", "dask", *args],
+                        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _cluster(port: int) -> list[subprocess.Popen]:
@@ -189,10 +190,10 @@ def test_scheduler_killed_under_a_running_stream(drift, undisturbed, tmp_path):
             p.kill()
             p.wait()
         procs = _cluster(port)  # the scheduler restarted (same address), a worker joins it
-        rerun = subprocess.run([sys.executable, "-m", "dr_dask.cli", *args], text=True,
-                               capture_output=True, timeout=300,
-                               env=dict(os.environ, PYTHONPATH=os.getcwd(),
-                                        OPENBLAS_NUM_THREADS="1"))
+        rerun = _spawn.run([sys.executable, "-m", "dr_dask.cli", *args], text=True,
+                           capture_output=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=os.getcwd(),
+                                    OPENBLAS_NUM_THREADS="1"))
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         _same((json.loads(rerun.stdout), read_output(out)), undisturbed)
     finally:

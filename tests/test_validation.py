@@ -153,12 +153,13 @@ def test_a_bad_knob_fails_the_fit_before_any_work_naming_it(key, value, expected
 
 
 def test_a_bad_knob_from_the_environment_exits_2_naming_it(tmp_path):
-    import subprocess
     import sys
 
+    import _spawn
+
     env = {**os.environ, "DASK_DR_DASK__GRAPH__PATHS_GRAPH_SHARE": "lots"}
-    out = subprocess.run([sys.executable, "-m", "dr_dask.cli", "evaluate",
-                          str(tmp_path / "absent.zarr")], env=env, capture_output=True, text=True)
+    out = _spawn.run([sys.executable, "-m", "dr_dask.cli", "evaluate",
+                      str(tmp_path / "absent.zarr")], env=env, capture_output=True, text=True)
     assert out.returncode == 2, out.stderr
     assert "dr_dask.graph.paths-graph-share = 'lots'" in out.stderr
     assert "Traceback" not in out.stderr

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+import _spawn
 import numpy as np
 import psutil
 import pytest
@@ -37,9 +38,9 @@ RECORD: list[tuple[str, float, str, float]] = []
 @pytest.fixture(scope="module")
 def clusters():
     """``clusters()``: the client of the module's 2-process cluster once both its workers are
-    up (the nanny restarts a killed worker's process); a fresh cluster if that takes over 30 s
-    (a restart that failed: waiting longer for it cost two minutes a test, where a fresh
-    cluster starts in seconds)."""
+    up (the nanny restarts a killed worker's process); a fresh cluster if that takes over 10 s
+    (a restart that failed, as it does once or twice a suite under load: a restart takes under
+    a second here, a fresh cluster a few)."""
     from distributed import Client, LocalCluster
 
     opened: list = []
@@ -53,7 +54,7 @@ def clusters():
     def ready() -> Client:
         if opened:
             try:
-                opened[0].wait_for_workers(2, timeout=30)
+                opened[0].wait_for_workers(2, timeout=10)
                 return opened[0]
             except TimeoutError:
                 close()
@@ -268,22 +269,21 @@ def test_cluster_lost_in_the_first_seconds_exits_1_naming_where(tmp_path, data):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
            "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"}
-    bindir = os.path.dirname(sys.executable)
-    scheduler = subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host",
-                                  "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler = _spawn.Popen([sys.executable, "-m", "dask", "scheduler", "--host",
+                              "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = None
     try:
         wait_port(port)
-        worker = subprocess.Popen([os.path.join(bindir, "dask"), "worker",
-                                   f"tcp://127.0.0.1:{port}", "--nthreads", "1",
-                                   "--no-dashboard", "--memory-limit", "1GB"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        worker = _spawn.Popen([sys.executable, "-m", "dask", "worker",
+                               f"tcp://127.0.0.1:{port}", "--nthreads", "1",
+                               "--no-dashboard", "--memory-limit", "1GB"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         from distributed import Client
 
         with Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:  # the worker has joined
             c.wait_for_workers(1, timeout=120)
-        proc = subprocess.Popen(
+        proc = _spawn.Popen(
             [sys.executable, "-m", "dr_dask.cli", "--scheduler", f"tcp://127.0.0.1:{port}",
              "embed", "ikd", "--input", str(tmp_path / "x.npy"), "--out",
              str(tmp_path / "o.zarr"), "-n", "2"],
@@ -344,7 +344,7 @@ def test_cli_worker_killed_for_memory_exits_2(tmp_path):
                           "distributed.worker.memory.pause": False}), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                          dashboard_address=None, memory_limit="230MB") as lc:
-        res = subprocess.run(
+        res = _spawn.run(
             [sys.executable, "-m", "dr_dask.cli", "--scheduler", lc.scheduler_address, "embed",
              "ikd", "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "o.zarr"),
              "-n", "2", "--tile-size", "4000", "--tile-cache", "memory"],

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import _spawn
 import numpy as np
 import psutil
 import pytest
@@ -340,7 +341,7 @@ def test_run_prints_only_its_json_summary_on_stdout(tmp_path):
             "--param", f"source={root}/landing.zarr:X",
             *[f"--param={k}={v}" for k, v in SMALL["nightly-gp-isomap.toml"].items()
               if k != "source"]]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    proc = _spawn.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)  # the whole of stdout
     assert (summary["workflow"], summary["status"], summary["exit_code"]) == (
@@ -355,7 +356,7 @@ def test_run_prints_only_its_json_summary_on_stdout(tmp_path):
 
     # a failing job prints its summary too, with the code it exits with
     argv[argv.index(f"source={root}/landing.zarr:X")] = f"source={root}/missing.zarr:X"
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    proc = _spawn.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["status"], summary["exit_code"]) == ("bad input", 2)
