@@ -23,6 +23,16 @@ from dr_dask.runtime.resources import tree_rss
 CLUSTER_FIXTURES = {"cluster_client"}
 
 
+def pytest_configure(config):
+    # The workers of the clusters a test process starts fork from a server that imported
+    # distributed, NumPy and pandas once (as distributed's own test suite does), instead of
+    # each importing them: 2-3 s of CPU a worker, and a killed worker back in well under a
+    # second. They are still processes of their own, started clean (our modules are imported
+    # by what a task unpickles); the clusters of `dr-dask` processes and the remote clusters'
+    # workers start as users' do (spawned).
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+
+
 def pytest_collection_modifyitems(config, items):
     unmarked = [item.nodeid for item in items
                 if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
