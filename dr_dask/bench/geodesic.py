@@ -62,6 +62,8 @@ AS_USER_TARGETS = {"isomap": 0.3, "geodesic_ikd": 0.35}
 FIRST_CALL_TARGET = 1.5
 #: The two paths of ``--as-user``: no client (dask's threads), and a LocalCluster.
 AS_USER_PATHS = ("threads", "local_cluster")
+#: The methods timed against scikit-learn's Isomap (``--only`` picks some).
+METHODS = ("isomap", "geodesic_ikd")
 
 
 def _estimator(method: str, n_neighbors: int, client: Any) -> Any:
@@ -127,7 +129,7 @@ def _fits_in_fresh_tree(method: str, T: int, **kwargs: Any) -> dict:
 def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, N: int = 1000,
                  n_neighbors: int = 5, repeats: int = 3,
                  full_sizes: tuple[int, ...] | None = None, skip_sklearn: bool = False,
-                 workdir: str | None = None) -> dict:
+                 methods: tuple[str, ...] = METHODS, workdir: str | None = None) -> dict:
     """scikit-learn Isomap, our Isomap and geodesic IKD at ``T``; full IKD at ``full_sizes``.
 
     Parameters
@@ -147,6 +149,8 @@ def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, 
         Sizes of the full-IKD rows (default ``(T, 2 T)``).
     skip_sklearn : bool
         Leave out the baseline (then no ratios).
+    methods : tuple of str
+        Which of :data:`METHODS` to time (default both).
     workdir : str, optional
         Where the generated data are kept (default a temporary directory).
 
@@ -172,7 +176,7 @@ def run_geodesic(n_workers: int = 2, *, threads: bool = False, T: int = 10_000, 
             sk, sk_gb, sk_emb = _sklearn_in_child(X, n_neighbors, repeats, n_components=1)
             del X
             out["sklearn_isomap"] = {"seconds_median": sk, "peak_rss_gb_process_tree": sk_gb}
-        for method in ("isomap", "geodesic_ikd"):
+        for method in methods:
             row = out[method] = _fits_in_fresh_tree(method, T, **kwargs)
             emb = row.pop("embedding")
             if sk:
@@ -230,7 +234,8 @@ def _as_user_call(method: str, path: str, T: int, N: int, n_neighbors: int, n_wo
 
 
 def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbors: int = 5,
-                repeats: int = 3, workdir: str | None = None) -> dict:
+                repeats: int = 3, methods: tuple[str, ...] = METHODS,
+                workdir: str | None = None) -> dict:
     """The user's calls of Isomap and geodesic IKD, no client and on a LocalCluster, against
     scikit-learn's Isomap, each repeat of each in a fresh process (see the module).
 
@@ -247,6 +252,8 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
         k of every method's graph.
     repeats : int
         Fresh-process calls per method and path (the median is reported).
+    methods : tuple of str
+        Which of :data:`METHODS` to time (default both).
     workdir : str, optional
         Where the generated data are kept (default a temporary directory).
 
@@ -278,11 +285,11 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
         sk_times: list[float] = []
         sk_peak, sk_emb = 0.0, None
         runs: dict[tuple[str, str], list[dict]] = {
-            (m, p): [] for m in AS_USER_TARGETS for p in AS_USER_PATHS}
+            (m, p): [] for m in methods for p in AS_USER_PATHS}
         # the first call after install: numba compiles the kernels into an empty cache (a
         # fresh NUMBA_CACHE_DIR, which the spawned process reads), as on a new machine
         first: dict[str, dict] = {}
-        for method in AS_USER_TARGETS:
+        for method in methods:
             with tempfile.TemporaryDirectory() as cache, \
                     mock.patch.dict(os.environ, {"NUMBA_CACHE_DIR": cache}):
                 first[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
@@ -295,7 +302,7 @@ def run_as_user(n_workers: int = 2, *, T: int = 10_000, N: int = 1000, n_neighbo
         cache = stack.enter_context(tempfile.TemporaryDirectory())
         stack.enter_context(mock.patch.dict(os.environ, {"NUMBA_CACHE_DIR": cache}))
         out["setup_warm_seconds"] = _in_fresh_process(warm_kernels)
-        for method in AS_USER_TARGETS:
+        for method in methods:
             after_setup[method] = _in_fresh_process(_as_user_call, method, "threads", T, N,
                                                     n_neighbors, n_workers, workdir)
         for rep in range(repeats):

@@ -116,6 +116,9 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
 @click.option("--full-T", "full_T", type=click.IntRange(min=600), multiple=True,
               help="Sizes of the full-IKD rows (default: T and 2T).")
 @click.option("--skip-sklearn", is_flag=True, help="Leave out the scikit-learn baseline.")
+@click.option("--only", multiple=True,
+              help="Time only these methods (default: all of dr_dask.bench.geodesic.METHODS; "
+                   "full IKD's rows are kept).")
 @click.option("--workdir", default=None, help="Where the data go (default: a temp dir).")
 @click.option("--as-user", "as_user", is_flag=True,
               help="Time exactly a user's calls instead: Isomap and geodesic IKD "
@@ -126,7 +129,8 @@ def bench_isomap(ctx, quick, only, workdir, json_path):
                    "--skip-sklearn do not apply).")
 @json_option
 @click.pass_context
-def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json_path):
+def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, only, as_user, workdir,
+                   json_path):
     """scikit-learn's Isomap, our Isomap and geodesic IKD on the same sinusoid (k=5), with
     time ratios to scikit-learn and peak RSS of the process tree; full IKD at T and 2T.
 
@@ -134,7 +138,7 @@ def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json
     processes, or dask's threads with --scheduler threads): it measures this machine, so it
     joins no other scheduler."""
     from dr_dask.bench._common import write_report
-    from dr_dask.bench.geodesic import run_as_user, run_geodesic
+    from dr_dask.bench.geodesic import METHODS, run_as_user, run_geodesic
     from dr_dask.runtime.cluster import local_cluster_kwargs
 
     obj = ctx.find_root().obj or {}
@@ -143,14 +147,18 @@ def bench_geodesic(ctx, T, repeats, full_T, skip_sklearn, as_user, workdir, json
         fail("bench geodesic starts a LocalCluster per method (it measures this machine's "
              "process trees): size it with --workers, not --scheduler")
     n_workers = obj.get("workers") or local_cluster_kwargs()["n_workers"]
+    unknown = set(only) - set(METHODS)
+    if unknown:
+        fail(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
+    methods = tuple(m for m in METHODS if not only or m in only)
     if as_user:
         if full_T or skip_sklearn:
             fail("--as-user times the user's calls against scikit-learn: --full-T and "
                  "--skip-sklearn do not apply")
-        click.echo(write_report(run_as_user(n_workers, T=T, repeats=repeats, workdir=workdir),
-                                json_path))
+        click.echo(write_report(run_as_user(n_workers, T=T, repeats=repeats, methods=methods,
+                                            workdir=workdir), json_path))
         return
     results = run_geodesic(n_workers, threads=threads, T=T, repeats=repeats,
                            full_sizes=tuple(full_T) or None, skip_sklearn=skip_sklearn,
-                           workdir=workdir)
+                           methods=methods, workdir=workdir)
     click.echo(write_report(results, json_path))
