@@ -41,6 +41,9 @@ PRELOAD = ("numpy", "scipy.sparse.csgraph", "scipy.linalg", "sklearn.neighbors",
 PRELOAD_PACKAGES = ("dr_dask.cli", "dr_dask.datasets", "dr_dask.graph", "dr_dask.io",
                     "dr_dask.jobs", "dr_dask.linalg", "dr_dask.methods", "dr_dask.runs",
                     "dr_dask.runtime", "dr_dask.stream")
+#: Prefect's flows: an optional extra, which configures logging as it is imported (a command
+#: never imports it, and then logs as configured, not as Prefect would have it).
+PRELOAD_SKIP = ("dr_dask.jobs.flows",)
 
 _HEADER = struct.Struct("!Q")
 
@@ -259,6 +262,7 @@ def _read_environment_again() -> None:
 
 def _main(address: str) -> None:
     import importlib
+    import logging
     import pkgutil
 
     # the interpreter's own part of sys.path: past the directory of -m and PYTHONPATH
@@ -269,10 +273,11 @@ def _main(address: str) -> None:
     for name in PRELOAD_PACKAGES:
         package = importlib.import_module(name)
         for module in pkgutil.walk_packages(package.__path__, f"{name}."):
-            if module.name.endswith(".__main__"):  # which would run the command
-                continue
-            with contextlib.suppress(ModuleNotFoundError):  # an optional extra's (Prefect's)
+            if not module.name.endswith(".__main__") and module.name not in PRELOAD_SKIP:
                 importlib.import_module(module.name)
+    if logging.getLogger().handlers:
+        raise RuntimeError("a preloaded module configured logging: a child would log as it "
+                           "does, not as its command sets up")
     tasks = os.listdir("/proc/self/task")
     if threading.active_count() != 1 or len(tasks) != 1:
         raise RuntimeError(f"a preloaded module started a thread ({len(tasks)} in all): "
