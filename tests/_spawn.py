@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -152,6 +153,7 @@ class _Zygote:
     def close(self) -> None:
         self.proc.stdin.close()  # the zygote ends at the end of its stdin
         self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _started: list[_Zygote] = []
