@@ -137,7 +137,7 @@ def _landmark_isomap(**kw):
     from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     return LandmarkIsomap(**{"n_neighbors": 8, "n_components": 1, "n_landmarks": 60,
-                             "knn": "ivf", "n_probe": 2, "random_state": 0, **kw})
+                             "knn": "ivf", "n_probe": 1, "random_state": 0, **kw})
 
 
 @pytest.mark.cluster
@@ -206,7 +206,7 @@ def test_landmark_ikd_reads_a_stored_input_again_above_the_budget(small_blocks, 
 
     def fit():
         return IKD(n_components=1, solver="geodesic", n_landmarks=60, n_neighbors=8,
-                   knn="ivf", n_probe=2, random_state=0, client=cluster_client,
+                   knn="ivf", n_probe=1, random_state=0, client=cluster_client,
                    scratch=str(tmp_path / "scratch")).fit(f"{tmp_path}/in.zarr:X")
 
     held = fit()

@@ -105,7 +105,7 @@ knn_options = options(
     click.option("--knn", type=click.Choice(knn_backends.MODES), default="auto",
                  show_default=True, help=knn_backends.modes_help()),
     click.option("--n-probe", type=POSITIVE, default=None,
-                 help="Lists each row searches with the ivf search (of about sqrt(T); default: "
+                 help="Lists each row searches with the ivf search (of about sqrt(T) / 2; default: "
                  "adaptive, as many as hold --knn-tol; at least the number of lists: exact)."),
     click.option("--knn-tol", type=click.FloatRange(0, 1, max_open=True),
                  default=knn_backends.DEFAULT_KNN_TOL,

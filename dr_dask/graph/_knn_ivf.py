@@ -524,7 +524,7 @@ def ivf_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any,
     client : distributed.Client or None
     n_lists : int, optional
         Lists of the coarse quantizer (default
-        :func:`~dr_dask.graph._ivf_quantizer.default_n_lists`, about sqrt(T)).
+        :func:`~dr_dask.graph._ivf_quantizer.default_n_lists`, about sqrt(T) / 2).
     n_probe : int, optional
         Lists each row searches; ``>= n_lists``: all, exact. Default: as many as the adaptive
         rule asks (:func:`calibrated`, at most ``dr_dask.knn.max-probe``; ``knn_tol``).

@@ -301,7 +301,7 @@ def kneighbors(
         search).
     n_probe, n_lists : int, optional
         ``"ivf"``: lists each row searches (``>= n_lists``: all, the exact result) and lists
-        of the coarse quantizer (default about sqrt(T)); see
+        of the coarse quantizer (default about sqrt(T) / 2); see
         :func:`dr_dask.graph._knn_ivf.ivf_kneighbors`.
     scratch : str or Location, optional
         ``"ivf"``: where the lists are written, reachable by every worker (default a local

@@ -191,7 +191,8 @@ default="se"
     knn : {"auto", "exact", "ivf"}, default="auto"
         The kNN rule's neighbour search (``solver="geodesic"``, also landmark IKD): the exact
         search, the partitioned approximate search (each row probing its ``n_probe`` nearest
-        of about sqrt(T) lists), or ``"auto"`` (see :func:`dr_dask.graph.knn.search_neighbours`).
+        of about sqrt(T) / 2 lists), or ``"auto"`` (see
+        :func:`dr_dask.graph.knn.search_neighbours`).
     n_probe : int or None, default=None
         Lists each row probes with the IVF search; ``None``: adaptive (as
         :class:`~dr_dask.methods.isomap.Isomap`'s).

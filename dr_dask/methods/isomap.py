@@ -224,7 +224,7 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         directory); ``"auto"`` takes IVF from ``dr_dask.knn.ivf-min-rows`` rows (one search,
         its estimated recall in ``knn_recall_``), else the exact search.
     n_probe : int or None, default=None
-        Lists (of about sqrt(T)) each row searches with IVF; ``None``: adaptive, as many as
+        Lists (of about sqrt(T) / 2) each row searches with IVF; ``None``: adaptive, as many as
         hold the k-th neighbour's distance within ``knn_tol`` of the true one (measured on the
         fit's own lists, at most ``dr_dask.knn.max-probe``); at least the number of lists:
         exact.
