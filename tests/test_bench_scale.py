@@ -58,7 +58,7 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, [
         "--scheduler", "threads", "bench", "scale", "--quick", "--min-T", "800", "--max-T", "1000",
         "--method", "landmark_isomap", "--landmarks", "40", "--workdir", str(tmp_path / "data"),
-        "--json", str(out), "--png", str(png), "--knn", "ivf", "--n-probe", "2"])
+        "--json", str(out), "--png", str(png), "--knn", "ivf", "--n-probe", "1"])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert [r["T"] for r in report["rows"]] == [800]
@@ -67,7 +67,7 @@ def test_bench_scale_table_and_plot(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, [
         "--scheduler", "threads", "bench", "scale", "--T", "800", "--method", "landmark_isomap",
         "--landmarks", "40", "--workdir", str(tmp_path / "data"), "--json", str(out),
-        "--png", str(png), "--knn", "ivf", "--n-probe", "2", "--no-search-alone"])
+        "--png", str(png), "--knn", "ivf", "--n-probe", "1", "--no-search-alone"])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["knn"] == [] and 0 < report["rows"][0]["knn_recall"] < 1

@@ -40,14 +40,40 @@ def test_the_distance_error_is_the_exact_computation_on_the_sampled_rows(noise):
     X += noise * rng.normal(size=(T, 20))
     _, found = kneighbors(X, 10, algorithm="ivf", n_lists=40, n_probe=1)
     rows = np.sort(np.random.RandomState(0).choice(T, 150, replace=False))
-    recall, error = sampled_quality(X, rows, found[rows])
+    recall, error, _ = sampled_quality(X, rows, found[rows])
     ref_recall, ref_error = _brute(X, rows, found[rows])
     assert recall == pytest.approx(ref_recall, abs=1e-12)
     assert error == pytest.approx(ref_error, rel=1e-9, abs=1e-12)
     assert recall < 1 and error > 0
     # the exact neighbours: recall 1, error 0
     _, exact = kneighbors(X, 10, algorithm="exact")
-    assert sampled_quality(X, rows, exact[rows]) == (1.0, 0.0)
+    assert sampled_quality(X, rows, exact[rows]) == (1.0, 0.0, 0.0)
+
+
+def test_an_estimate_within_its_sampling_error_of_the_tolerance_is_not_warned():
+    """The adaptive probe holds the error within knn_tol on its calibration rows; the fit's
+    estimate is another sample of rows: beyond the tolerance by less than twice its standard
+    error it is the two samples differing, not the search stopped short."""
+    import warnings
+
+    from dr_dask.graph import LowRecallWarning
+    from dr_dask.graph.knn import check_recall
+    from dr_dask.graph.knn_tol import distance_error
+
+    # four rows, k = 1: errors 0, 0.002, 0.004 and 0.006 (mean 0.003, standard error 0.0013)
+    q = np.zeros((4, 1))
+    exact = np.ones(4)
+    error, se = distance_error(q, np.array([[[1.0]], [[1.002]], [[1.004]], [[1.006]]]), exact)
+    assert error == pytest.approx(0.003)
+    assert se == pytest.approx(np.std([0, 0.002, 0.004, 0.006], ddof=1) / 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LowRecallWarning)
+        check_recall(0.9, "kNN", 0.0031, 0.003, 0.0002)  # within 2 standard errors
+        check_recall(0.9, "kNN", 0.0029, 0.003)
+    with pytest.warns(LowRecallWarning, match=r"0\.35% \(± 0\.02%\).*knn_tol=0\.003"):
+        check_recall(0.9, "kNN", 0.0035, 0.003, 0.0002)
+    with pytest.warns(LowRecallWarning):
+        check_recall(0.9, "kNN", 0.0031, 0.003)  # no spread given: the estimate itself
 
 
 def test_the_share_is_the_smallest_that_holds_the_tolerance():

@@ -130,7 +130,7 @@ def _index(peer: str, X: np.ndarray) -> Callable[[int, int], np.ndarray]:
 
 def _judged(idx: np.ndarray, X: np.ndarray, sample: np.ndarray) -> dict:
     """The recall and distance error on the sampled rows, as each fit estimates its own."""
-    recall, error = sampled_quality(X, sample, idx[sample])
+    recall, error, _ = sampled_quality(X, sample, idx[sample])
     return {"recall": recall, "distance_error": error}
 
 

@@ -18,7 +18,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask
 import dask.array as da
@@ -432,7 +432,7 @@ def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
 
 
 def estimate_quality(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
-                     random_state: Any = 0, client: Any = None) -> tuple[float, float]:
+                     random_state: Any = 0, client: Any = None) -> Quality:
     """:func:`estimate_recall`'s rows, their recall and distance error
     (:func:`sampled_quality`)."""
     rows = recall_rows(count_rows(X), n_rows, random_state)
@@ -460,8 +460,16 @@ def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
     return sampled_quality(X, rows, found, client=client)[0]
 
 
+class Quality(NamedTuple):
+    """A search's quality estimated on sampled rows (:func:`sampled_quality`)."""
+
+    recall: float
+    distance_error: float
+    distance_error_se: float
+
+
 def sampled_quality(X: Any, rows: np.ndarray, found: np.ndarray, *,
-                    client: Any = None) -> tuple[float, float]:
+                    client: Any = None) -> Quality:
     """The recall and the distance error of a search on ``rows`` (S,), whose neighbours it
     found as ``found`` (S, k) (without themselves), from one exact search of the rows
     (S x T distances, X read block by block).
@@ -470,9 +478,10 @@ def sampled_quality(X: Any, rows: np.ndarray, found: np.ndarray, *,
     -------
     recall : float
         Share of the true k nearest neighbours among the found ones (compared as sets).
-    distance_error : float
+    distance_error, distance_error_se : float
         The mean relative excess of the k-th found neighbour's distance over the exact k-th
-        distance, both in float64 (:func:`dr_dask.graph.knn_tol.distance_error`).
+        distance, both in float64, and its standard error over the rows
+        (:func:`dr_dask.graph.knn_tol.distance_error`).
     """
     X = check_2d(X, "X")
     T, k = count_rows(X), found.shape[1]
@@ -495,23 +504,25 @@ def sampled_quality(X: Any, rows: np.ndarray, found: np.ndarray, *,
     found_rows = np.full((*found.shape, X.shape[1]), np.inf)
     ok = found >= 0
     found_rows[ok] = got[at[len(rows):]]
-    return recall, distance_error(Xq, found_rows, kth)
+    return Quality(recall, *distance_error(Xq, found_rows, kth))
 
 
 def check_recall(recall: float, what: str, distance_error: float | None = None,
-                 knn_tol: float = DEFAULT_KNN_TOL) -> None:
+                 knn_tol: float = DEFAULT_KNN_TOL, distance_error_se: float = 0.0) -> None:
     """Warn (and log) when an approximate search's neighbours are estimated too far: a
-    distance error (:mod:`dr_dask.graph.knn_tol`) above ``knn_tol`` (the adaptive probe holds
-    it below on its calibration rows, so an estimate past it says the probe's cap, or a fixed
-    ``n_probe``, stopped the search short), or, without a distance error, a recall below
-    ``RECALL_WARN``."""
+    distance error (:mod:`dr_dask.graph.knn_tol`) above ``knn_tol`` by more than twice its
+    standard error (the adaptive probe holds it below on its calibration rows, and the
+    estimate's rows are another sample of about as many: within that, the two samples differ;
+    beyond it, the probe's cap, or a fixed ``n_probe``, stopped the search short), or,
+    without a distance error, a recall below ``RECALL_WARN``."""
     if distance_error is None:
         low = recall < RECALL_WARN
         found = f"found an estimated {recall:.3f} of the true neighbours (below {RECALL_WARN})"
     else:
-        low = distance_error > knn_tol
-        found = (f"found neighbours an estimated {distance_error:.2%} farther than the true "
-                 f"ones at the k-th (above knn_tol={knn_tol:g}; recall {recall:.3f})")
+        low = distance_error - 2 * distance_error_se > knn_tol
+        found = (f"found neighbours an estimated {distance_error:.2%} (± "
+                 f"{distance_error_se:.2%}) farther than the true ones at the k-th (above "
+                 f"knn_tol={knn_tol:g}; recall {recall:.3f})")
     if low:
         msg = (f"{what}: the approximate neighbour search {found}; leave n_probe unset (the "
                "adaptive probe) or raise it, lower knn_tol, or use knn='exact'")
@@ -547,8 +558,8 @@ def search_neighbours(X: Any, n_neighbors: int, *, knn: str = "auto",
     if algorithm == "auto" or not knn_backends.backend(algorithm).approximate:
         logger.info("knn=%r: exact search of %d rows", knn, count_rows(X))
         return dist, idx, 1.0, 0.0
-    recall, error = estimate_quality(X, idx, random_state=seed, client=client)
-    report_recall(knn, n_probe, recall, error, knn_tol)
+    recall, error, error_se = estimate_quality(X, idx, random_state=seed, client=client)
+    report_recall(knn, n_probe, recall, error, knn_tol, error_se)
     return dist, idx, recall, error
 
 
@@ -561,15 +572,15 @@ def search_seed(random_state: Any) -> int:
 
 
 def report_recall(knn: str, n_probe: int | None, recall: float,
-                  distance_error: float | None = None,
-                  knn_tol: float = DEFAULT_KNN_TOL) -> None:
+                  distance_error: float | None = None, knn_tol: float = DEFAULT_KNN_TOL,
+                  distance_error_se: float = 0.0) -> None:
     """Log the IVF search an estimator's mode ``knn`` took, its estimated recall and distance
     error, and warn when its neighbours are too far (:func:`check_recall`)."""
     logger.info("knn=%r: the IVF search (%s), estimated recall %.3f, k-th distance error %s",
                 knn, f"adaptive probe, knn_tol={knn_tol:g}" if n_probe is None
                 else f"n_probe={n_probe}", recall,
                 "-" if distance_error is None else f"{distance_error:.3%}")
-    check_recall(recall, "kNN", distance_error, knn_tol)
+    check_recall(recall, "kNN", distance_error, knn_tol, distance_error_se)
 
 
 def estimator_neighbours(X: Any, n_neighbors: int, search: dict | None, *, client: Any = None,

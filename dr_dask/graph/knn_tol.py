@@ -51,8 +51,10 @@ def kth_errors(found_kth: np.ndarray, exact_kth: np.ndarray) -> np.ndarray:
     return np.where(err > ROUNDING, err, 0.0)
 
 
-def distance_error(query: np.ndarray, found_rows: np.ndarray, exact_kth: np.ndarray) -> float:
-    """The mean relative excess of the k-th found neighbour's distance over the exact one.
+def distance_error(query: np.ndarray, found_rows: np.ndarray,
+                   exact_kth: np.ndarray) -> tuple[float, float]:
+    """The mean relative excess of the k-th found neighbour's distance over the exact one, and
+    that mean's standard error.
 
     Parameters
     ----------
@@ -66,13 +68,20 @@ def distance_error(query: np.ndarray, found_rows: np.ndarray, exact_kth: np.ndar
 
     Returns
     -------
-    float
+    error : float
         ``mean(max_j ||q - x_j|| / exact_kth - 1)``: 0 when every row's found neighbours are
         as near as its true ones.
+    standard_error : float
+        The rows' standard deviation of it over sqrt(S): how far another sample of rows may
+        put the estimate (0 with fewer than two rows).
     """
     q = np.asarray(query, dtype=np.float64)[:, None, :]
     d = np.sqrt(((np.asarray(found_rows, dtype=np.float64) - q) ** 2).sum(axis=2))
-    return float(kth_errors(d.max(axis=1), exact_kth).mean()) if len(d) else 0.0
+    if not len(d):
+        return 0.0, 0.0
+    err = kth_errors(d.max(axis=1), exact_kth)
+    se = float(err.std(ddof=1) / np.sqrt(len(err))) if len(err) > 1 else 0.0
+    return float(err.mean()), se
 
 
 def distance_share(dist_sq: np.ndarray, ratio: np.ndarray, k: int, tol: float) -> float:

@@ -387,7 +387,7 @@ def stored_neighbour_graph(X: Any, k: int, where: Location, *, knn: str,
     pg = partitioned_graph(X, k, where, client=client, weight=weight, n_probe=n_probe,
                            on_disconnected=on_disconnected, sample_rows=RECALL_ROWS,
                            random_state=search_seed(random_state), knn_tol=knn_tol)
-    pg.recall, pg.distance_error = sampled_quality(X, pg.sample, pg.sample_neighbours,
-                                                   client=client)
-    report_recall(knn, n_probe, pg.recall, pg.distance_error, knn_tol)
+    pg.recall, pg.distance_error, error_se = sampled_quality(X, pg.sample,
+                                                             pg.sample_neighbours, client=client)
+    report_recall(knn, n_probe, pg.recall, pg.distance_error, knn_tol, error_se)
     return pg
