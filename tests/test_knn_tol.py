@@ -151,20 +151,24 @@ def test_a_bad_tolerance_on_the_command_line_exits_2(tmp_path):
 
 def test_the_default_tolerance_embeds_as_the_exact_search():
     """At the default knn_tol, Landmark Isomap's embeddings are within 0.003 of the exact
-    search's on the mean of three seeds: R^2 to the latent on the sinusoid at noise 0.1 and
-    0.01, trustworthiness and 10-NN label accuracy on augmented digits (the measurement behind
-    the default, small)."""
+    search's: R^2 to the latent on the sinusoid at noise 0.1 and 0.01, trustworthiness and
+    10-NN label accuracy on augmented digits on the mean of three seeds (one seed's accuracy
+    on 3,000 digits moves by about 0.005 either way) (the measurement behind the default,
+    small)."""
     from dr_dask.bench.knn_tol import QUALITY_MARGIN, run_knn_tol
 
-    report = run_knn_tol(None, T=3000, tolerances=(DEFAULT_KNN_TOL,))
-    assert report["largest_passing"] == dict.fromkeys(
-        ("sinusoid-0.1", "sinusoid-0.01", "digits"), DEFAULT_KNN_TOL), report["rows"]
-    approx = [r for r in report["rows"] if r["search"] != "exact"]
-    assert len(approx) == 9 and all(r["knn_recall"] < 1 or r["knn_distance_error"] == 0
+    reports = [run_knn_tol(None, T=3000, tolerances=(DEFAULT_KNN_TOL,), datasets=datasets,
+                           seeds=seeds)
+               for datasets, seeds in ((("sinusoid-0.1", "sinusoid-0.01"), (0,)),
+                                       (("digits",), (0, 1, 2)))]
+    approx = [r for report in reports for r in report["rows"] if r["search"] != "exact"]
+    assert len(approx) == 5 and all(r["knn_recall"] < 1 or r["knn_distance_error"] == 0
                                     for r in approx)
     assert any(r["knn_recall"] < 1 for r in approx)  # the search was approximate somewhere
-    for gaps in report["mean_vs_exact"].values():
-        assert all(abs(g) <= QUALITY_MARGIN for g in gaps[DEFAULT_KNN_TOL].values())
+    for report in reports:
+        assert set(report["largest_passing"].values()) == {DEFAULT_KNN_TOL}, report["rows"]
+        for gaps in report["mean_vs_exact"].values():
+            assert all(abs(g) <= QUALITY_MARGIN for g in gaps[DEFAULT_KNN_TOL].values())
 
 
 def test_augmented_digits_are_seeded_transformed_digits():
