@@ -151,11 +151,11 @@ def test_a_bad_tolerance_on_the_command_line_exits_2(tmp_path):
 
 def test_the_default_tolerance_embeds_as_the_exact_search():
     """At the default knn_tol, Landmark Isomap's embeddings are within 0.003 of the exact
-    search's: R^2 to the latent on the sinusoid at noise 0.1 and 0.01, trustworthiness and
-    10-NN label accuracy on augmented digits on the mean of three seeds (one seed's accuracy
-    on 3,000 digits moves by about 0.005 either way) (the measurement behind the default,
-    small)."""
-    from dr_dask.bench.knn_tol import QUALITY_MARGIN, run_knn_tol
+    search's (the measurement behind the default, small): R^2 to the latent on the sinusoid
+    at noise 0.1 and 0.01, trustworthiness and 10-NN label accuracy on augmented digits on the
+    mean of three seeds (one seed's accuracy on 3,000 digits moves by about 0.005 either
+    way)."""
+    from dr_dask.bench.knn_tol import run_knn_tol
 
     reports = [run_knn_tol(None, T=3000, tolerances=(DEFAULT_KNN_TOL,), datasets=datasets,
                            seeds=seeds)
@@ -165,10 +165,8 @@ def test_the_default_tolerance_embeds_as_the_exact_search():
     assert len(approx) == 5 and all(r["knn_recall"] < 1 or r["knn_distance_error"] == 0
                                     for r in approx)
     assert any(r["knn_recall"] < 1 for r in approx)  # the search was approximate somewhere
-    for report in reports:
-        assert set(report["largest_passing"].values()) == {DEFAULT_KNN_TOL}, report["rows"]
-        for gaps in report["mean_vs_exact"].values():
-            assert all(abs(g) <= QUALITY_MARGIN for g in gaps[DEFAULT_KNN_TOL].values())
+    for report in reports:  # every mean difference within the margin
+        assert set(report["largest_passing"].values()) == {DEFAULT_KNN_TOL}, report
 
 
 def test_augmented_digits_are_seeded_transformed_digits():

@@ -142,7 +142,7 @@ def knn_recall(X: Any, k: int, n_queries: int, client: Any, knn: str = "exact",
         _, idx = kneighbors(X, k, client=client, algorithm=algorithm, n_probe=n_probe,
                             random_state=seed, knn_tol=knn_tol)
     recall, error, _ = estimate_quality(X, idx, n_rows=n_queries, random_state=seed,
-                                     client=client)
+                                        client=client)
     return {"seconds": t["seconds"], "recall": recall, "distance_error": error,
             "n_queries": n_queries, "k": k, "algorithm": algorithm}
 

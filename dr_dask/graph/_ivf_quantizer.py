@@ -35,7 +35,7 @@ def default_n_lists(T: int) -> int:
     one-off queries; a self-join of T queries scans T n_probe T / n_lists rows, so fewer,
     larger lists cost little more to scan and lose less at the list boundaries, while the
     quantizer's k-means++ seeding (lists squared) and the assignment (T lists) shrink. Against
-    sqrt(T) lists, measured: the search 48 s against 56 s at T = 10^6 on the noisy sinusoid,
+    sqrt(T) lists, measured: lists and search 48 s against 56 s at T = 10^6 on the noisy sinusoid,
     2.8 s against 3.9 s on augmented digits at 10^5, each at a lower distance error
     (docs/scaling.md, "Measurements behind the code's thresholds").
     """
