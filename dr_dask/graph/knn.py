@@ -428,7 +428,7 @@ def estimate_recall(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
     sets. Exact duplicates make the comparison ambiguous only at equal distances.
     """
     return estimate_quality(X, indices, n_rows=n_rows, random_state=random_state,
-                            client=client)[0]
+                            client=client).recall
 
 
 def estimate_quality(X: Any, indices: np.ndarray, *, n_rows: int = RECALL_ROWS,
@@ -450,14 +450,6 @@ def recall_rows(T: int, n_rows: int, random_state: Any = 0) -> np.ndarray:
 
     rng = np.random.RandomState(check_random_state(random_state).randint(2**31 - 1))
     return np.sort(rng.choice(T, min(int(n_rows), T), replace=False))
-
-
-def sampled_recall(X: Any, rows: np.ndarray, found: np.ndarray, *,
-                   client: Any = None) -> float:
-    """Share of the true k nearest neighbours of ``rows`` (S,) among ``found`` (S, k), the
-    neighbours a search found for them (without themselves): :func:`sampled_quality`'s
-    recall."""
-    return sampled_quality(X, rows, found, client=client)[0]
 
 
 class Quality(NamedTuple):
