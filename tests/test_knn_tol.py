@@ -50,6 +50,14 @@ def test_the_distance_error_is_the_exact_computation_on_the_sampled_rows(noise):
     assert sampled_quality(X, rows, exact[rows]) == (1.0, 0.0, 0.0)
 
 
+def test_bench_knn_tol_refuses_no_seeds():
+    from dr_dask.cli import main
+
+    res = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "knn-tol", "--seeds", "0"])
+    assert res.exit_code == 2 and "--seeds" in res.output, res.output
+    assert "Traceback" not in res.output
+
+
 def test_an_estimate_within_its_sampling_error_of_the_tolerance_is_not_warned():
     """The adaptive probe holds the error within knn_tol on its calibration rows; the fit's
     estimate is another sample of rows: beyond the tolerance by less than twice its standard
