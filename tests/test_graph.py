@@ -28,7 +28,7 @@ from dr_dask.graph import (
 )
 from dr_dask.graph.knn import NeighbourIndex, kneighbors_local
 from dr_dask.graph.landmarks import principal_axes
-from dr_dask.graph.paths import geodesic_tiles
+from dr_dask.graph.paths import all_pairs, geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.linalg.align import procrustes_disparity
@@ -525,6 +525,22 @@ def test_graph_on_cluster_equals_threaded(roll, cluster_client, tmp_path, monkey
     src = np.arange(0, 1500, 7)
     np.testing.assert_array_equal(shortest_paths(G, src, client=cluster_client, block_size=50),
                                   shortest_paths(G, src))
+    # all pairs: each task sends its block's columns from the block on, mirrored here into
+    # the later rows; scipy's matrix, and each entry from one of its two sources' searches
+    D = shortest_paths(G, client=cluster_client, block_size=128)
+    np.testing.assert_allclose(D, shortest_path(G, directed=False), rtol=1e-13)
+    own = shortest_paths(G)  # in this process: every row from its own search
+    D2, bounds = all_pairs(G, client=cluster_client, square=True, block_size=128)
+    assert bounds[:3] == [0, 128, 256] and bounds[-1] == 1500
+    sizes = np.diff(bounds)
+    col = np.arange(1500)[None, :]
+    upper = col >= np.repeat(bounds[:-1], sizes)[:, None]  # the block's own columns
+    later = col >= np.repeat(bounds[1:], sizes)[:, None]  # the later blocks' columns
+    np.testing.assert_array_equal(D[upper], own[upper])
+    np.testing.assert_array_equal(D.T[later], own[later])
+    np.testing.assert_array_equal(D2, D * D)
+    with pytest.raises(ValueError, match=r"disconnected.*cannot reach"):
+        all_pairs(kneighbors_graph(_two_blobs(), 4), client=cluster_client)
     assert sp.issparse(G)
     # the graph opened by the tasks from a store (memory-mapped here) gives the same rows
     store = tmp_path / "graph"

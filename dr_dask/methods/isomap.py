@@ -19,6 +19,7 @@ Isomap is :mod:`dr_dask.methods.landmark_isomap`; what both share,
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from dr_dask.graph import (
     shortest_paths,
 )
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
-from dr_dask.graph.paths import geodesic_tiles
+from dr_dask.graph.paths import all_pairs, geodesic_tiles
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.io.storage import Location, location
 from dr_dask.linalg.cost import memory_of, quadratic_cost
@@ -356,24 +357,17 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
             parts.append((T * (T + min(T, int(config.get("tiles.strip-max-rows")))) / 2 * 4,
                           memory_of(client)))
         quadratic_cost("exact Isomap geodesics", T, parts, way_out=ISOMAP_WAY_OUT)
-        if self.geodesic_store is not None or dist_max >= T:
-            # the workers write the rows to the store, or (wait=False) this process copies
-            # them as they finish: the copies overlap the later blocks' Dijkstra and the
-            # workers never hold them all
+        if self.geodesic_store is not None:
+            # the workers write the rows to the store; this process reads them back for
+            # dist_matrix_ within isomap.dist-matrix-max
             rows = GeodesicRows.compute(self.graph_, client=client, block_size=self.block_size,
-                                        square=True, out=self.geodesic_store, wait=False)
-            store = rows.store
+                                        square=True, out=self.geodesic_store)
+            store, bounds = rows.store, rows.bounds
             if dist_max >= T:
-                # kept anyway for dist_matrix_: products on it here cost no round trips
-                D2 = rows.gather(np.float64, release=True)
-                sq_mean = D2.mean(axis=1)
-                # row blocks of D2 (views): the products run on this process's threads
-                rows = GeodesicRows((T, T), rows.bounds,
-                                    [D2[s:e] for s, e in zip(rows.bounds, rows.bounds[1:])],
-                                    None, store, D2.dtype)
-            else:
-                sq_mean = np.concatenate(rows.map(_block_row_means))
-            op: Any = _SquaredGeodesics(rows, D2)
+                D2 = rows.gather(np.float64)
+        elif dist_max >= T:
+            D2, bounds = all_pairs(self.graph_, client=client, square=True,
+                                   block_size=self.block_size)
         else:
             # the upper tiles straight from Dijkstra in worker memory, float32 (a quarter of
             # the full float64 rows; their rounding is far below the embedding's accuracy),
@@ -382,8 +376,16 @@ class Isomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
             op, stats = geodesic_tiles(self.graph_, grid, _unchanged, stats_fn=tile_stats,
                                        square=True, dtype=np.float32, precision=np.float64,
                                        client=client)
-            sq_mean = row_stats(grid, stats)[1] / T
-        return op, D2, store, sq_mean
+            return op, None, None, row_stats(grid, stats)[1] / T
+        if D2 is None:
+            sq_mean = np.concatenate(rows.map(_block_row_means))
+        else:
+            # kept anyway for dist_matrix_: products over its row blocks (views) run on this
+            # process's threads, with no round trips
+            sq_mean = D2.mean(axis=1)
+            blocks = [D2[s:e] for s, e in itertools.pairwise(bounds)]
+            rows = GeodesicRows((T, T), bounds, blocks, None, store, D2.dtype)
+        return _SquaredGeodesics(rows, D2), D2, store, sq_mean
 
     # one BLAS thread in this process for the whole fit (see dr_dask.runtime.blas): its BLAS calls
     # (the cell search's principal axes, the products over D2's row blocks on dask's threads, the
