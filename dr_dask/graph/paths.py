@@ -226,7 +226,6 @@ class GeodesicRows:
         dtype: Any = np.float64,
         square: bool = False,
         out: Any = None,
-        wait: bool = True,
         graph_store: Any = None,
         columns: np.ndarray | None = None,
         blocks: bool | None = None,
@@ -254,10 +253,6 @@ class GeodesicRows:
         out : zarr.Array, str or Location, optional
             Zarr array, or local path / URL (a :class:`~dr_dask.io.storage.Location` carries
             storage options) of a new array, that the workers write the rows into.
-        wait : bool
-            Wait for every block (a failure such as a disconnected graph surfaces here).
-            ``False`` (held blocks only) returns at once, so that :meth:`gather` copies blocks
-            while later ones are computed; a failure then surfaces there.
         graph_store : str or Location, optional
             With a client: where the prepared graph is written once (:class:`StoredGraph`)
             for the tasks to open, memory-mapped when local, instead of being sent from this
@@ -305,8 +300,6 @@ class GeodesicRows:
                  else StoredGraph.write(search, graph_store) if graph_store is not None
                  else share(search, client))
             futures = [client.submit(fn, g, *args) for fn, *args in tasks]
-            if not wait and store is None:
-                return cls((len(sources), T), bounds, futures, client, store, dtype)
             # surface a disconnected graph (or any failure) now, not at first use; waits for all.
             # Row blocks held on the workers stay futures: recomputed from the graph if lost
             wait_for(futures, client)
@@ -393,12 +386,9 @@ class GeodesicRows:
         return total if order is None else total[order]
 
     def gather(self, dtype: Any = None, release: bool = False) -> np.ndarray:
-        """All rows as one in-memory array (only for moderate sizes).
-
-        Blocks are copied one at a time, in order (tasks run roughly in submission order, so
-        with ``compute(wait=False)`` the copies overlap the later blocks' Dijkstra);
-        ``release`` drops each block once copied (the workers never hold all rows).
-        """
+        """All rows as one in-memory array (only for moderate sizes), the blocks copied one
+        at a time; ``release`` drops them after (rows computed in this process are then
+        handed over without a copy)."""
         if release and self._whole is not None and self._whole.dtype == np.dtype(
                 dtype or self.dtype):
             out, self._whole, self.blocks = self._whole, None, []
@@ -410,10 +400,8 @@ class GeodesicRows:
             # never waiting forever on a cluster that is gone
             block = _materialise(gather([b], self.client)[0] if isinstance(b, Future) else b)
             out[s:e] = block if order is None else block[:, order]
-            if release:
-                self.blocks[n] = None
         if release:
-            self.blocks = []
+            self.release()
         return out
 
     def release(self) -> None:
