@@ -31,11 +31,12 @@ def pytest_configure(config):
     # by what a task unpickles); the clusters of `dr-dask` processes and the remote clusters'
     # workers start as users' do (spawned).
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
-    if not hasattr(config, "workerinput") and not config.option.collectonly:
-        # Once, in the controller, before any test process starts: numba's cache gets the
-        # kernels of the common fits (the README's set-up step does the same), so that the
+    if (getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+            and not config.option.collectonly):
+        # Once, in xdist's controller, before the test processes start: numba's cache gets
+        # the kernels of the common fits (the README's set-up step does the same), so that the
         # test processes and the clusters' workers read them instead of each compiling them
-        # (on a clean clone the suite's processes otherwise compile them over and over)
+        # (on a clean clone they otherwise compile them side by side)
         from dr_dask.jobs.quickstart import warm_kernels
 
         warm_kernels()
