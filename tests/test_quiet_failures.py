@@ -103,3 +103,35 @@ def test_what_python_can_only_ignore_goes_to_the_debug_log(monkeypatch, capsys, 
         Leaky()  # collected at once: its __del__ raises where nothing can catch it
     assert "the store went away" in caplog.text and "Traceback" in caplog.text
     assert capsys.readouterr().err == ""
+
+
+#: A task of a store's client whose exception nobody awaits (aiohttp writing a request body to
+#: a connection the killed server closed), collected as the process ends: asyncio logs it at
+#: ERROR with its traceback.
+_NEVER_RETRIEVED = """
+import asyncio, logging, sys
+logging.basicConfig(level=logging.WARNING)
+if sys.argv[1] == "quiet":
+    from dr_dask.cli._app import quiet_unraisable
+    quiet_unraisable()
+async def write_bytes():
+    raise ConnectionResetError("Cannot write to closing transport")
+async def main():
+    asyncio.get_running_loop().create_task(write_bytes())
+    await asyncio.sleep(0.05)
+    logging.getLogger("asyncio").error("an asyncio error of another kind")
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "verbose"])
+def test_a_task_exception_nobody_awaits_goes_to_the_debug_log(mode):
+    """Without -v asyncio's "Task exception was never retrieved" (seen once in a loaded suite
+    after the store went away) leaves no traceback on the terminal; asyncio's other errors,
+    and with -v that one too, still reach it."""
+    done = subprocess.run([sys.executable, "-c", _NEVER_RETRIEVED, mode], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "an asyncio error of another kind" in done.stderr
+    never = "Task exception was never retrieved" in done.stderr
+    assert never == (mode == "verbose") and ("Traceback" in done.stderr) == never, done.stderr

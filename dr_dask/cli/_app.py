@@ -393,14 +393,30 @@ def _unraisable_to_debug(unraisable: Any) -> None:
                  exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
 
 
+class _NeverRetrievedToDebug(logging.Filter):
+    """asyncio's "Task exception was never retrieved" (its loop's default handler, at ERROR
+    with the traceback) moved to this module's debug log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).partition("\n")[0].endswith("exception was never retrieved"):
+            return True
+        logger.debug("%s", record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
 def quiet_unraisable() -> None:
     """Without -v, what Python can only ignore goes to the debug log, not the terminal: a
     coroutine of the store's client (zarr's ``FsspecStore.get``, an aiohttp session) collected
-    after the event loop that ran it stopped, as a command ends on a store that went away;
-    the command's own error line says what happened. With -v Python prints them, tracebacks
-    and all. A hook someone else installed (a test runner's) is left alone."""
+    after the event loop that ran it stopped, or a task of it whose exception nobody awaits
+    (aiohttp's request body written to a connection the server closed), as a command ends on
+    a store that went away; the command's own error line says what happened. With -v Python
+    and asyncio print them, tracebacks and all. A hook someone else installed (a test
+    runner's) is left alone."""
     if sys.unraisablehook is sys.__unraisablehook__:
         sys.unraisablehook = _unraisable_to_debug
+    asyncio_logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _NeverRetrievedToDebug) for f in asyncio_logger.filters):
+        asyncio_logger.addFilter(_NeverRetrievedToDebug())
 
 
 def quiet_distributed() -> None:
