@@ -411,14 +411,18 @@ class GeodesicRows:
 
 
 def _upper_rows(graph: SearchGraph | StoredGraph, start: int, stop: int, square: bool,
-                dtype: Any) -> np.ndarray:
-    """Rows ``start:stop`` of the all-pairs matrix, columns ``start:`` only (a task's work):
-    its earlier columns are the earlier blocks' rows, transposed."""
+                dtype: Any, first: int | None = None, out: np.ndarray | None = None
+                ) -> np.ndarray:
+    """Rows ``start:stop`` of the all-pairs matrix, columns from ``first`` (default ``start``)
+    on, into ``out`` if given: the earlier columns are earlier rows, transposed, in a
+    symmetric matrix (:func:`all_pairs`' tasks, :func:`_upper_strip`'s slices)."""
     graph = opened(graph)
+    first = start if first is None else first
+    if out is None:
+        out = np.empty((stop - start, graph.n_nodes - first), dtype)
     batches = lane_batches(graph, np.arange(start, stop, dtype=np.int64),
-                           lanes_dtype(graph.weights.dtype, dtype), kept=True)
-    return batches_to_rows(batches, graph.rank[start:],
-                           np.empty((stop - start, graph.n_nodes - start), dtype), square)
+                           lanes_dtype(graph.weights.dtype, out.dtype), kept=True)
+    return batches_to_rows(batches, graph.rank[first:], out, square)
 
 
 def all_pairs(graph: sp.spmatrix, *, client: Any = None, square: bool = False,
@@ -471,11 +475,11 @@ def _upper_strip(graph: SearchGraph, bounds: tuple[int, ...], i: int, square: bo
     start, stop = bounds[i], bounds[i + 1]
     strip = np.empty((stop - start, graph.n_nodes - start), dtype=dtype)
     sub = int(config.get("tiles.strip-sub-rows"))
-    buffer = np.empty((min(sub, stop - start), graph.n_nodes))
+    buffer = np.empty((min(sub, stop - start), graph.n_nodes - start))
     for s in range(start, stop, sub):
         e = min(s + sub, stop)
-        P = _rows(graph, np.arange(s, e), square, np.float64, out=buffer[: e - s])
-        strip[s - start : e - start] = transform(P[:, start:], *args)
+        P = _upper_rows(graph, s, e, square, np.float64, first=start, out=buffer[: e - s])
+        strip[s - start : e - start] = transform(P, *args)
     diag = strip[:, : stop - start]
     diag[...] = 0.5 * (diag + diag.T)  # a new array on the right: no aliasing
     np.fill_diagonal(diag, 0.0)  # a point's distance to itself, whatever the transform
