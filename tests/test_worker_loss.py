@@ -1,13 +1,13 @@
 """Worker loss: a fit survives a SIGKILLed worker with the same result as an undisturbed run.
 
 Each fit runs undisturbed once on a 2-process LocalCluster (the reference result, and the start
-time of each of its tasks), then once for each moment, 1 s and 3 s into the fit, on the same
-cluster (its nanny has brought back the worker the last kill took): the worker that starts the
-task the reference run started at that moment (or its last) holds it until the moment, then
-SIGKILLs itself (``_faults.Task(n, at=...)``): the kill lands inside the fit at that moment
-whatever the machine's load, and the fit cannot have ended before it. In-memory inputs are
-staged for the workers (``dr_dask.input.stage-bytes`` low), so every fit also asks every worker
-with a broadcast, which a killed worker must not fail.
+time of each of its tasks), then once for each moment, a quarter and three quarters of the way
+through the reference run's task starts, on the same cluster (its nanny has brought back the
+worker the last kill took): the worker that starts the task the reference run started at that
+moment holds it until the moment, then SIGKILLs itself (``_faults.Task(n, at=...)``): the kill
+lands early and late inside the fit whatever the machine's speed and load, and the fit cannot
+have ended before it. In-memory inputs are staged for the workers (``dr_dask.input.stage-bytes``
+low), so every fit also asks every worker with a broadcast, which a killed worker must not fail.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from conftest import free_port, wait_port
 
 pytestmark = pytest.mark.cluster
 
-#: Seconds into the fit at which a worker is killed.
-MOMENTS = (1.0, 3.0)
+#: How far through the undisturbed fit's task starts a worker is killed (shares of the time
+#: from the fit's start to its last task's start: early and late, however fast the machine).
+MOMENTS = (0.25, 0.75)
 #: Every fit that lost a worker: the moment, the task it was starting and the largest
 #: difference from the undisturbed result (printed when the module ends, with ``-s``).
 RECORD: list[tuple[str, float, str, float]] = []
@@ -68,7 +69,7 @@ def clusters():
     yield ready
     close()
     for name, at, key, diff in RECORD:
-        print(f"{name}: worker killed at {at:.1f} s ({key}): largest difference {diff:.1e}")
+        print(f"{name}: worker killed at {at:.2f} s ({key}): largest difference {diff:.1e}")
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +99,12 @@ def _survives(clusters, fit, tmp_path, name: str, atol: float = 1e-10) -> None:
     expected = np.asarray(fit(client))
     starts = [t - (counter.started or 0.0) for t in counter.times]
     assert starts, "the fit ran no task on the cluster"
-    for at in MOMENTS:
-        # the task the undisturbed fit started at the moment (else its last), held until then
-        n = next((i for i, t in enumerate(starts, 1) if t >= at), len(starts))
+    for share in MOMENTS:
+        # the first task the undisturbed fit started at the moment, held until then
+        at = share * starts[-1]
+        n = next(i for i, t in enumerate(starts, 1) if t >= at)
         client = clusters()
-        fault = Fault(tmp_path / f"kill-{at}", Task(n, at=at))
+        fault = Fault(tmp_path / f"kill-{share}", Task(n, at=at))
         fault.register(client)
         fault.start()
         got = np.asarray(fit(client))
@@ -114,7 +116,7 @@ def _survives(clusters, fit, tmp_path, name: str, atol: float = 1e-10) -> None:
         RECORD.append((name, at, str(fired["key"]), diff))
         # the same result: to rounding, since a recomputed task may sum in another order
         np.testing.assert_allclose(got, expected, atol=atol, rtol=0.0,
-                                   err_msg=f"worker killed at {at} s, {fired['key']}")
+                                   err_msg=f"worker killed at {at:.2f} s, {fired['key']}")
 
 
 def _alive(pid: int) -> bool:
