@@ -330,6 +330,12 @@ def seeded_sweeps(graph: SearchGraph, lanes: np.ndarray, seeded: np.ndarray,
 #: 16 they beat the heap on the sinusoid by 1.7x, at 8 they lose).
 LANES = 64
 MIN_LANES = 16
+#: The clock of that comparison: this thread's CPU time, so that the time the OS gives to other
+#: threads and processes (dask's other thread, a LocalCluster's other worker, the client) is
+#: charged to neither side. On wall-clock time a preempted pass lost to the heap at random and
+#: left the rest of its graph's searches on the heap: in 2 of 8 all-pairs calls at T = 10^4 on
+#: the sinusoid (2 threads on 2 cores), in none of 8 on CPU time.
+_clock = time.thread_time
 #: The sweeps are abandoned for the heap once they have cost as much as the heap searches they
 #: replace (then, for the rest of that graph's searches in this process). Not less: on large
 #: graphs they cost a large share of the heap's time and converge in passes whose last ones
@@ -345,7 +351,7 @@ def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, firs
     nodes in their reverse Cuthill-McKee order until a pair of passes changes nothing. Exact,
     and bit for bit Dijkstra's distances (both give the least rounded path sum). Lanes before
     ``first`` hold final distances already. Returns False, with ``lanes`` incomplete, when
-    past ``deadline`` (``time.perf_counter``). Appends each pass's nodes recomputed and
+    past ``deadline`` (on :data:`_clock`). Appends each pass's nodes recomputed and
     seconds to ``passes``: what tells a slower machine from more passes
     (``dr-dask bench dijkstra --graph``)."""
     T = graph.n_nodes
@@ -364,7 +370,7 @@ def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, firs
             passes.append((int(nodes), time.perf_counter() - started))
         if not work:
             return True
-        if time.perf_counter() > deadline:
+        if _clock() > deadline:
             return False
 
 
@@ -393,8 +399,8 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any, kept: bool
     label order. With ``kept``, every batch's lanes are this thread's kept buffer
     (:mod:`dr_dask.runtime.buffers`), valid until the next batch: for a caller that is done
     with a batch before it takes the next. With ``record``, each batch appends what it cost:
-    ``{"sources", "heap_seconds" (the first source's, None after), "passes"}`` (each sweep
-    pass's nodes recomputed and seconds).
+    ``{"sources", "heap_seconds" (the first source's, on :data:`_clock`, None after),
+    "passes"}`` (each sweep pass's nodes recomputed and seconds).
 
     The first source runs Dijkstra's heap search, which also proves the graph connected and
     times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
@@ -418,16 +424,16 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any, kept: bool
         done = 0
         passes: list[tuple[int, float]] = []
         if first:
-            started = time.perf_counter()
+            started = _clock()
             _heap(graph, sources[:1], batch[:1], lanes, 0)
-            per_source, done = time.perf_counter() - started, 1
+            per_source, done = _clock() - started, 1
         if record is not None:
             record.append({"sources": m, "heap_seconds": per_source if first else None,
                            "passes": passes})
         if sweeps:
             # the padding lanes repeat the last source
             padded = np.concatenate([batch, np.repeat(batch[-1], lanes.shape[1] - m)])
-            deadline = time.perf_counter() + SWEEP_BUDGET * per_source * (m - done)
+            deadline = _clock() + SWEEP_BUDGET * per_source * (m - done)
             if _sweep_lanes(graph, padded, lanes, done, deadline, passes):
                 done = m
             else:
