@@ -1,13 +1,21 @@
 """A NumPy input on a cluster reaches the workers outside the task graph (staged in a local
-Zarr store the workers read), and the fit equals the threaded one."""
+Zarr store the workers read), or in it for workers that do not see that store, and the fit
+equals the threaded one."""
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import noisy_curve
+from conftest import free_port, noisy_curve, wait_port
 
 
 @pytest.mark.cluster
@@ -80,3 +88,51 @@ def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, dr_conf
         made.clear()
         est.fit(X)
         assert sum(m.staged is not None for m in made) == 1, type(est).__name__
+
+
+def _own_tmp(*command: str) -> list[str]:
+    """``command`` in a mount namespace of its own whose temporary directory is an empty tmpfs:
+    a process that does not see this machine's temporary files, as on another machine."""
+    tmp = shlex.quote(tempfile.gettempdir())
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f"mount -t tmpfs none {tmp} && exec {shlex.join(command)}"]
+
+
+@pytest.mark.cluster
+def test_workers_that_do_not_see_this_disk_get_the_rows_in_the_graph(dr_config, caplog):
+    """A worker that does not see this machine's temporary directory (its own tmpfs there,
+    in a mount namespace of its own): the staged store is not where it looks, so the rows
+    travel in the task graph instead, the store is removed, and the fit equals the threaded
+    one."""
+    from distributed import Client
+
+    from dr_dask import Isomap
+
+    if subprocess.run(_own_tmp("true"), capture_output=True).returncode != 0:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
+    dr_config({"input.stage-bytes": 1 << 14})
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), OPENBLAS_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
+                               "--port", str(port), "--no-dashboard"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        wait_port(port)
+        procs.append(subprocess.Popen(
+            _own_tmp(sys.executable, "-m", "dask", "worker", f"tcp://127.0.0.1:{port}",
+                     "--nthreads", "1", "--no-dashboard", "--memory-limit", "1GB"),
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        X = noisy_curve(3000, 20, seed=9)
+        before = set(Path(tempfile.gettempdir()).glob("dr_dask_input_*"))
+        with Client(f"tcp://127.0.0.1:{port}", timeout=60) as client, \
+                caplog.at_level(logging.INFO, logger="dr_dask.io.inputs"):
+            client.wait_for_workers(1, timeout=120)
+            est = Isomap(n_neighbors=8, n_components=1, client=client).fit(X)
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait()
+    assert "the workers do not share this disk" in caplog.text, caplog.text
+    assert not set(Path(tempfile.gettempdir()).glob("dr_dask_input_*")) - before  # removed
+    threads = Isomap(n_neighbors=8, n_components=1).fit(X)
+    np.testing.assert_allclose(est.embedding_, threads.embedding_, rtol=1e-6, atol=1e-9)
