@@ -90,26 +90,28 @@ def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, dr_conf
         assert sum(m.staged is not None for m in made) == 1, type(est).__name__
 
 
-def _own_tmp(*command: str) -> list[str]:
-    """``command`` in a mount namespace of its own whose temporary directory is an empty tmpfs:
-    a process that does not see this machine's temporary files, as on another machine."""
-    tmp = shlex.quote(tempfile.gettempdir())
+def _hiding(path: Path, *command: str) -> list[str]:
+    """``command`` in a mount namespace of its own in which ``path`` is an empty tmpfs: a
+    process that does not see what this one writes there, as on another machine."""
     return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            f"mount -t tmpfs none {tmp} && exec {shlex.join(command)}"]
+            f"mount -t tmpfs none {shlex.quote(str(path))} && exec {shlex.join(command)}"]
 
 
 @pytest.mark.cluster
-def test_workers_that_do_not_see_this_disk_get_the_rows_in_the_graph(dr_config, caplog):
-    """A worker that does not see this machine's temporary directory (its own tmpfs there,
-    in a mount namespace of its own): the staged store is not where it looks, so the rows
-    travel in the task graph instead, the store is removed, and the fit equals the threaded
-    one."""
+def test_workers_that_do_not_see_this_disk_get_the_rows_in_the_graph(dr_config, caplog,
+                                                                     tmp_path, monkeypatch):
+    """A worker that does not see the directory this process stages its input in (an empty
+    tmpfs there, in a mount namespace of its own): the rows travel in the task graph instead,
+    the staged store is removed, and the fit equals the threaded one."""
     from distributed import Client
 
     from dr_dask import Isomap
 
-    if subprocess.run(_own_tmp("true"), capture_output=True).returncode != 0:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    if subprocess.run(_hiding(staging, "true"), capture_output=True).returncode != 0:
         pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))  # where this process stages
     dr_config({"input.stage-bytes": 1 << 14})
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.getcwd(), OPENBLAS_NUM_THREADS="1")
@@ -119,11 +121,10 @@ def test_workers_that_do_not_see_this_disk_get_the_rows_in_the_graph(dr_config, 
     try:
         wait_port(port)
         procs.append(subprocess.Popen(
-            _own_tmp(sys.executable, "-m", "dask", "worker", f"tcp://127.0.0.1:{port}",
-                     "--nthreads", "1", "--no-dashboard", "--memory-limit", "1GB"),
+            _hiding(staging, sys.executable, "-m", "dask", "worker", f"tcp://127.0.0.1:{port}",
+                    "--nthreads", "1", "--no-dashboard", "--memory-limit", "1GB"),
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         X = noisy_curve(3000, 20, seed=9)
-        before = set(Path(tempfile.gettempdir()).glob("dr_dask_input_*"))
         with Client(f"tcp://127.0.0.1:{port}", timeout=60) as client, \
                 caplog.at_level(logging.INFO, logger="dr_dask.io.inputs"):
             client.wait_for_workers(1, timeout=120)
@@ -133,6 +134,6 @@ def test_workers_that_do_not_see_this_disk_get_the_rows_in_the_graph(dr_config, 
             p.kill()
             p.wait()
     assert "the workers do not share this disk" in caplog.text, caplog.text
-    assert not set(Path(tempfile.gettempdir()).glob("dr_dask_input_*")) - before  # removed
+    assert not list(staging.iterdir())  # the store written while the worker looked is gone
     threads = Isomap(n_neighbors=8, n_components=1).fit(X)
     np.testing.assert_allclose(est.embedding_, threads.embedding_, rtol=1e-6, atol=1e-9)
