@@ -351,9 +351,9 @@ def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, firs
     nodes in their reverse Cuthill-McKee order until a pair of passes changes nothing. Exact,
     and bit for bit Dijkstra's distances (both give the least rounded path sum). Lanes before
     ``first`` hold final distances already. Returns False, with ``lanes`` incomplete, when
-    past ``deadline`` (on :data:`_clock`). Appends each pass's nodes recomputed and
-    seconds to ``passes``: what tells a slower machine from more passes
-    (``dr-dask bench dijkstra --graph``)."""
+    past ``deadline``. Appends each pass's nodes recomputed and seconds to ``passes`` (on
+    :data:`_clock`, as the heap's time they are weighed against): what tells a slower machine
+    from more passes (``dr-dask bench dijkstra --graph``)."""
     T = graph.n_nodes
     lanes[:, first:] = np.inf
     lanes[labels[first:], np.arange(first, len(labels))] = 0.0
@@ -363,11 +363,11 @@ def _sweep_lanes(graph: SearchGraph, labels: np.ndarray, lanes: np.ndarray, firs
     while True:
         work = 0
         for backward in (False, True):
-            started = time.perf_counter()
+            started = _clock()
             nodes, now = _sweep(graph.indptr, graph.indices, graph.weights, lanes, stamp, seen,
                                 now, backward)
             work += nodes
-            passes.append((int(nodes), time.perf_counter() - started))
+            passes.append((int(nodes), _clock() - started))
         if not work:
             return True
         if _clock() > deadline:
@@ -399,8 +399,8 @@ def lane_batches(graph: SearchGraph, sources: np.ndarray, dtype: Any, kept: bool
     label order. With ``kept``, every batch's lanes are this thread's kept buffer
     (:mod:`dr_dask.runtime.buffers`), valid until the next batch: for a caller that is done
     with a batch before it takes the next. With ``record``, each batch appends what it cost:
-    ``{"sources", "heap_seconds" (the first source's, on :data:`_clock`, None after),
-    "passes"}`` (each sweep pass's nodes recomputed and seconds).
+    ``{"sources", "heap_seconds" (the first source's, None after), "passes"}`` (each sweep
+    pass's nodes recomputed and seconds), all on :data:`_clock`.
 
     The first source runs Dijkstra's heap search, which also proves the graph connected and
     times a search; the rest run as :func:`_sweep_lanes`, which on kNN graphs whose node order
