@@ -169,3 +169,31 @@ def test_a_worker_forgets_credentials_the_scheduler_does_not_hold(cluster_client
         assert time.monotonic() - registered <= lifetime + 1.0
     finally:
         cluster_client.unregister_worker_plugin(ref)
+
+
+@pytest.mark.cluster
+def test_a_claim_whose_registration_is_still_on_its_way_is_kept(cluster_client):
+    """A client claims its set on the scheduler, then registers the plugin (a second
+    message): the scheduler's check, which runs every 0.25 s, must not take a claim whose
+    plugin has not arrived yet for a withdrawn one, or every worker forgets the credentials
+    the run is about to need (under load that window is wide)."""
+    import time
+
+    from dr_dask.runtime.credential_delivery import (
+        CredentialsLifetime,
+        CredentialsPlugin,
+        _renew_on_scheduler,
+    )
+
+    lifetime, ref = 1.0, "dr_dask-credentials-claimed-early"
+    cluster_client.register_plugin(CredentialsLifetime())
+    cluster_client.run_on_scheduler(_renew_on_scheduler, [ref], str(cluster_client.id), 60.0)
+    time.sleep(0.6)  # the scheduler's check runs twice before the plugin arrives
+    cluster_client.register_plugin(CredentialsPlugin({ref: {"secret": SECRET}}, lifetime),
+                                   name=ref)
+    try:
+        time.sleep(2 * lifetime)  # each worker asks the scheduler every quarter of it
+        assert len(_held_anywhere(cluster_client)) == 3  # the scheduler's copy and both workers'
+    finally:
+        cluster_client.unregister_worker_plugin(ref)
+    assert _held_anywhere(cluster_client) == []

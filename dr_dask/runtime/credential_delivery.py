@@ -60,8 +60,9 @@ class CredentialsPlugin(WorkerPlugin):
         if held:
             self._confirmed = time.monotonic()
         if held is False or time.monotonic() - self._confirmed > (self.lifetime or 0):
-            logger.info("storage credentials %s no longer held by the scheduler: forgotten",
-                        list(self.sets))
+            logger.info("storage credentials %s forgotten: %s", list(self.sets),
+                        "the scheduler no longer holds them" if held is False else
+                        f"no answer from the scheduler for {self.lifetime} s")
             self.teardown(worker)
 
     def teardown(self, worker: Any) -> None:
@@ -91,6 +92,9 @@ class CredentialsLifetime(SchedulerPlugin):
     def __init__(self) -> None:
         #: reference -> (client id, deadline on the scheduler's monotonic clock)
         self.held: dict[str, tuple[str, float]] = {}
+        #: references whose plugin the scheduler has held: one missing from its registry
+        #: after that was withdrawn; before, it is claimed and its registration on the way
+        self.registered: set[str] = set()
         self.scheduler: Any = None
 
     async def start(self, scheduler: Any) -> None:
@@ -127,15 +131,20 @@ class CredentialsLifetime(SchedulerPlugin):
     def expire(self) -> None:
         now = time.monotonic()
         for ref, (owner, deadline) in list(self.held.items()):
-            if ref not in self.scheduler.worker_plugins:  # withdrawn by its run
+            if ref in self.scheduler.worker_plugins:
+                self.registered.add(ref)
+            elif ref in self.registered:  # withdrawn by its run
                 self.held.pop(ref, None)
-            elif deadline < now or owner not in self.scheduler.clients:
+                self.registered.discard(ref)
+                continue
+            if deadline < now or owner not in self.scheduler.clients:
                 logger.info("storage credentials %s expired (client %s): removing them", ref,
                             owner)
                 self.drop(ref)
 
     def drop(self, ref: str) -> None:
         self.held.pop(ref, None)
+        self.registered.discard(ref)
         if self.scheduler.worker_plugins.pop(ref, None) is not None:
             # a worker that died meanwhile answers with an error: nothing left there to remove
             self.scheduler._ongoing_background_tasks.call_soon(
