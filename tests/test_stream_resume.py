@@ -131,6 +131,32 @@ def test_killed_on_s3_resumes_to_the_undisturbed_output(drift, undisturbed, s3_b
     assert not os.path.exists("s3:")  # nothing went to a local directory named like the URL
 
 
+def test_an_object_store_output_opens_each_array_once(drift, undisturbed, s3_bucket,
+                                                      monkeypatch):
+    """On an object store every request is a round trip: the writer opens each output array
+    once (it made them, and holds the lease), not once per chunk written (the run reread
+    every array's metadata 30 times, 480 of its 2,400 requests); the output is the same."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    source, model = drift
+    reads: dict[str, int] = {}
+    serve = DomainDispatcherApplication.__call__
+
+    def counted(self, environ, start_response):  # the moto server's own requests
+        path = environ.get("PATH_INFO", "")
+        if environ["REQUEST_METHOD"] in ("GET", "HEAD") and path.endswith("/zarr.json"):
+            reads[path] = reads.get(path, 0) + 1
+        return serve(self, environ, start_response)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", counted)
+    out = f"s3://{s3_bucket}/out"
+    summary = _run(out, source, model)
+    monkeypatch.undo()
+    arrays = {name: reads.get(f"/{s3_bucket}/out/{name}/zarr.json", 0) for name in ROWS}
+    assert max(arrays.values()) <= 2, arrays  # an existence check and one read at most
+    _same((summary, read_output(out)), undisturbed)
+
+
 def test_holder_paused_inside_its_final_write_ends_as_undisturbed(drift, undisturbed, tmp_path):
     """A holder paused (SIGSTOP) inside its final checkpoint write, after that write's fence,
     past its lease's lifetime: the run that takes over ends with the undisturbed output, bit
