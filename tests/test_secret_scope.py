@@ -185,14 +185,14 @@ def test_a_claim_whose_registration_is_still_on_its_way_is_kept(cluster_client):
         _renew_on_scheduler,
     )
 
-    lifetime, ref = 1.0, "dr_dask-credentials-claimed-early"
+    lifetime, ref = 2.0, "dr_dask-credentials-claimed-early"
     cluster_client.register_plugin(CredentialsLifetime())
     cluster_client.run_on_scheduler(_renew_on_scheduler, [ref], str(cluster_client.id), 60.0)
     time.sleep(0.6)  # the scheduler's check runs twice before the plugin arrives
     cluster_client.register_plugin(CredentialsPlugin({ref: {"secret": SECRET}}, lifetime),
                                    name=ref)
     try:
-        time.sleep(2 * lifetime)  # each worker asks the scheduler every quarter of it
+        time.sleep(lifetime)  # each worker asks the scheduler every quarter of it
         assert len(_held_anywhere(cluster_client)) == 3  # the scheduler's copy and both workers'
     finally:
         cluster_client.unregister_worker_plugin(ref)
