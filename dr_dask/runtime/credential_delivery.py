@@ -133,9 +133,8 @@ class CredentialsLifetime(SchedulerPlugin):
         for ref, (owner, deadline) in list(self.held.items()):
             if ref in self.scheduler.worker_plugins:
                 self.registered.add(ref)
-            elif ref in self.registered:  # withdrawn by its run
-                self.held.pop(ref, None)
-                self.registered.discard(ref)
+            elif ref in self.registered:  # withdrawn by its run: forget the claim
+                self.drop(ref)
                 continue
             if deadline < now or owner not in self.scheduler.clients:
                 logger.info("storage credentials %s expired (client %s): removing them", ref,
