@@ -657,6 +657,8 @@ def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeyp
     import s3fs
     from distributed import Client, LocalCluster
 
+    from dr_dask.methods.ikd import IKD
+
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE",
                 "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(var, raising=False)
@@ -703,9 +705,15 @@ def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeyp
             time.sleep(0.05)
         th.join()
         after = observer.run_on_scheduler(_graph_scan, S3_SECRET, bucket)
+        # the Python API on the same workers: an estimator's stored input brings them its
+        # credentials as the CLI's runs do (they failed on "Unable to locate credentials")
+        fitted = IKD(n_components=2, tile_size=80, client=observer).fit(
+            open_dataset(Location(s3_in, opts), "X")).embedding_
     res = result["res"]
     assert res.exit_code == 0, res.output
-    assert open_run(out, "r", storage_options=opts)["embedding"].shape == (T, 2)
+    cli_embedding = open_run(out, "r", storage_options=opts)["embedding"]
+    assert cli_embedding.shape == (T, 2)
+    np.testing.assert_allclose(fitted, cli_embedding, atol=1e-6)  # to the eigensolver's tol
     assert sum(s["tasks"] for s in scans) > 0, "no task was ever seen in flight"
     assert sum(s["bucket"] for s in scans) > 0  # Locations of the bucket were in the graph
     assert not [k for s in scans for k in s["leaks"]]

@@ -99,14 +99,15 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         # explicit options, not the environment: they travel to workers started before this
-        options = {"key": "bench", "secret": "bench-secret",
+        options = {"key": "dr-dask-bench-key", "secret": "dr-dask-bench-secret",
                    "endpoint_url": f"http://127.0.0.1:{port}"}
         bucket = f"dr-dask-bench-{uuid.uuid4().hex[:8]}"
         Location(f"s3://{bucket}", options).fs.mkdir(bucket)
     werkzeug = logging.getLogger("werkzeug")
     werkzeug.addHandler(counter)
-    old_level = werkzeug.level
+    old_level, old_propagate = werkzeug.level, werkzeug.propagate
     werkzeug.setLevel(logging.INFO)
+    werkzeug.propagate = False  # counted, not printed: a line per request on stderr
     X = tanh_lowrank(T, N, random_state=0)
     chunk_rows = max(1, min(T, 2_000))
     try:
@@ -131,6 +132,7 @@ def run_bench(client, *, T: int = 20_000, N: int = 1_000, repeats: int = 1,
     finally:
         werkzeug.removeHandler(counter)
         werkzeug.setLevel(old_level)
+        werkzeug.propagate = old_propagate
         if server is not None:
             server.stop()
     return {

@@ -42,6 +42,7 @@ from dr_dask.io.inputs import InputData, InputError, memory_input, open_dataset
 from dr_dask.io.storage import Location
 from dr_dask.runtime import config
 from dr_dask.runtime.cluster import active_client, compute
+from dr_dask.runtime.credential_delivery import deliver_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,11 @@ def check_input(
         return inp
     if is_stored(X):
         inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
+        if inp.location is not None:
+            # the workers read the store's chunks themselves, with its credentials (given as
+            # storage options): those reach them once, never in the graph
+            deliver_credentials(active_client(getattr(estimator, "client", None)),
+                                inp.location.storage_options)
         if not in_memory:
             from sklearn.utils.validation import validate_data  # lazy: not on workers (__init__)
 
