@@ -68,7 +68,12 @@ _PACKAGES = {
 #: each call again (``dr_dask.storage.s3-call-retries``), and idempotent reads are retried once
 #: more here (``read-attempts``, ``read-backoff``; writes are left to the clients). Users may
 #: override the botocore settings.
-_S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
+#: ``max_concurrency=1``: s3fs otherwise asks every whole object's size (a HEAD) before its GET,
+#: to split objects over its block size (50 MiB) into concurrent ranged reads; a chunk or a
+#: metadata document is far smaller, and the workers already read many chunks at once, so the
+#: HEAD was a wasted round trip on every read (a third of a nightly job's requests).
+_S3_DEFAULTS = {"max_concurrency": 1,
+                "config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
                                   "retries": {"max_attempts": 2, "mode": "standard"}}}
 
 _MEMORY_LOCK = threading.Lock()
