@@ -72,9 +72,11 @@ _PACKAGES = {
 #: to split objects over its block size (50 MiB) into concurrent ranged reads; a chunk or a
 #: metadata document is far smaller, and the workers already read many chunks at once, so the
 #: HEAD was a wasted round trip on every read (a third of a nightly job's requests).
-_S3_DEFAULTS = {"max_concurrency": 1,
-                "config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+_S3_DEFAULTS: dict[str, Any] = {
+    "max_concurrency": 1,
+    "config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
+                      "retries": {"max_attempts": 2, "mode": "standard"}},
+}
 
 _MEMORY_LOCK = threading.Lock()
 
