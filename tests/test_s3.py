@@ -658,6 +658,7 @@ def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeyp
     from distributed import Client, LocalCluster
 
     from dr_dask.methods.ikd import IKD
+    from dr_dask.methods.landmark_isomap import LandmarkIsomap
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE",
                 "AWS_SESSION_TOKEN"):
@@ -705,10 +706,18 @@ def test_credentials_never_travel_in_the_task_graph(moto_endpoint, data, monkeyp
             time.sleep(0.05)
         th.join()
         after = observer.run_on_scheduler(_graph_scan, S3_SECRET, bucket)
-        # the Python API on the same workers: an estimator's stored input brings them its
-        # credentials as the CLI's runs do (they failed on "Unable to locate credentials")
+        # the Python API on the same workers: an estimator's stored input, and a store given
+        # as its parameter, bring them their credentials as the CLI's runs do (they failed
+        # on "Unable to locate credentials")
         fitted = IKD(n_components=2, tile_size=80, client=observer).fit(
             open_dataset(Location(s3_in, opts), "X")).embedding_
+        landmark = dict(n_neighbors=8, n_landmarks=30, knn="ivf", random_state=0)
+        scratch_opts = {**opts, "key": "scratch-key-id"}  # a credential set of its own
+        on_s3 = LandmarkIsomap(**landmark, client=observer,
+                               scratch=Location(f"s3://{bucket}/scratch", scratch_opts)).fit(data)
+    assert on_s3.graph_ is None  # the graph was built and kept on S3 by the workers
+    np.testing.assert_allclose(on_s3.embedding_, LandmarkIsomap(**landmark).fit(data).embedding_,
+                               atol=1e-8)
     res = result["res"]
     assert res.exit_code == 0, res.output
     cli_embedding = open_run(out, "r", storage_options=opts)["embedding"]

@@ -158,11 +158,7 @@ def check_input(
         return inp
     if is_stored(X):
         inp = X if isinstance(X, InputData) else open_dataset(X, variable, storage_options)
-        if inp.location is not None:
-            # the workers read the store's chunks themselves, with its credentials (given as
-            # storage options): those reach them once, never in the graph
-            deliver_credentials(active_client(getattr(estimator, "client", None)),
-                                inp.location.storage_options)
+        _deliver_store_credentials(estimator, inp.location)
         if not in_memory:
             from sklearn.utils.validation import validate_data  # lazy: not on workers (__init__)
 
@@ -182,10 +178,24 @@ def check_input(
                            dtype=dtype, ensure_min_samples=min_samples,
                            ensure_min_features=min_features)
         return replace(inp, values=values)
+    _deliver_store_credentials(estimator, None)
     values = _validate(estimator, X, None, reset=reset, dtype=dtype,
                        ensure_min_samples=min_samples, ensure_min_features=min_features)
     return memory_input(values, active_client(getattr(estimator, "client", None))
                         if stage else None)
+
+
+def _deliver_store_credentials(estimator: Any, input_location: Location | None) -> None:
+    """The workers read and write the stores themselves: the credentials (storage options) of
+    the input's store and of every store given as a parameter (``scratch``,
+    ``geodesic_store``) reach the estimator's workers once, never in a task graph."""
+    client = active_client(getattr(estimator, "client", None))
+    if client is None:
+        return
+    params = estimator.get_params(deep=False) if hasattr(estimator, "get_params") else {}
+    for store in (input_location, *params.values()):
+        if isinstance(store, Location):
+            deliver_credentials(client, store.storage_options)
 
 
 def _validate(estimator: Any, X: Any, sample_ids: np.ndarray | None, **params: Any) -> np.ndarray:
