@@ -100,6 +100,10 @@ def check_input(
 ) -> InputData:
     """Validate the samples x features input of an estimator's ``fit`` or ``transform``.
 
+    On a cluster the workers read and write the stores themselves: the credentials of the
+    input's store and of any store given as the estimator's parameter are delivered to them
+    here, once (:func:`~dr_dask.runtime.credential_delivery.deliver_credentials`).
+
     Parameters
     ----------
     estimator : estimator instance
