@@ -113,7 +113,7 @@ def test_killed_anywhere_resumes_to_the_undisturbed_output(mark, drift, undistur
 @pytest.mark.slow
 # the one kill point on S3 (about 20 s; the local kills cover the others)
 def test_killed_on_s3_resumes_to_the_undisturbed_output(drift, undisturbed, s3_bucket,
-                                                        tmp_path, monkeypatch):
+                                                        tmp_path):
     """Source and output on S3 (moto server): killed with a refit in flight, resumed.
 
     On an object store every request is a round trip: each run opens each output array once
@@ -136,15 +136,16 @@ def test_killed_on_s3_resumes_to_the_undisturbed_output(drift, undisturbed, s3_b
             reads[path] = reads.get(path, 0) + 1
         return serve(self, environ, start_response)
 
-    monkeypatch.setattr(DomainDispatcherApplication, "__call__", counted)
     out = f"s3://{s3_bucket}/out"
-    fault = Fault(tmp_path / "fault", RefitInFlight(3))
-    proc = fault.cli("--scheduler", "threads", "stream", "run", src.url, "--out", out,
-                     "--model", model, "--n-s", str(N_S))
-    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
-    assert fault.fired is not None
-    resumed = _run(out, src.url)
-    monkeypatch.undo()
+    # counted for the two runs only (not the bucket fixture's settings, which stay)
+    with pytest.MonkeyPatch.context() as counting:
+        counting.setattr(DomainDispatcherApplication, "__call__", counted)
+        fault = Fault(tmp_path / "fault", RefitInFlight(3))
+        proc = fault.cli("--scheduler", "threads", "stream", "run", src.url, "--out", out,
+                         "--model", model, "--n-s", str(N_S))
+        assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+        assert fault.fired is not None
+        resumed = _run(out, src.url)
     arrays = {name: reads.get(f"/{s3_bucket}/out/{name}/zarr.json", 0) for name in ROWS}
     # an existence check and a read by the resumed run; none by the run that made them
     assert max(arrays.values()) <= 2, arrays

@@ -182,9 +182,9 @@ def check_input(
                            dtype=dtype, ensure_min_samples=min_samples,
                            ensure_min_features=min_features)
         return replace(inp, values=values)
-    _deliver_store_credentials(estimator, None)
     values = _validate(estimator, X, None, reset=reset, dtype=dtype,
                        ensure_min_samples=min_samples, ensure_min_features=min_features)
+    _deliver_store_credentials(estimator, None)
     return memory_input(values, active_client(getattr(estimator, "client", None))
                         if stage else None)
 
@@ -196,8 +196,7 @@ def _deliver_store_credentials(estimator: Any, input_location: Location | None) 
     client = active_client(getattr(estimator, "client", None))
     if client is None:
         return
-    params = estimator.get_params(deep=False) if hasattr(estimator, "get_params") else {}
-    for store in (input_location, *params.values()):
+    for store in (input_location, *estimator.get_params(deep=False).values()):
         if isinstance(store, Location):
             deliver_credentials(client, store.storage_options)
 
