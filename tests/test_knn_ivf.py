@@ -37,6 +37,43 @@ def test_all_lists_probed_equals_exact(small_lists, tmp_path):
     np.testing.assert_allclose(d, d0, rtol=1e-4)
 
 
+def test_a_groups_own_lists_give_each_pair_of_rows_once_in_any_order(dr_config, tmp_path):
+    """Among a group's own lists the search multiplies each pair of rows once and folds it
+    both ways: whatever order and pieces the rows probe the lists in (a list against itself
+    whole or in parts, a pair of lists from either side first), every row ends with its exact
+    nearest rows of those lists, none twice."""
+    import dr_dask.graph._knn_ivf as ivf
+    from dr_dask.graph.topk import brute_knn
+    from dr_dask.io.storage import location
+
+    dr_config({"knn.ivf-task-rows": 10**6, "knn.ivf-chunk-rows": 64})  # one group
+    X = noisy_curve(1500, 10, seed=3)
+    lists = ivf.build_lists(X, location(str(tmp_path)), client=None, n_lists=8, n_probe=8)
+    first, last = lists.groups[0]
+    q = np.asarray(lists.rows[:lists.n_rows])
+    sq = np.einsum("ij,ij->i", q, q, dtype=np.float64)
+    kk = 9
+    cands = ivf._Candidates(lists, 0, q, sq, kk)
+    best, idx = np.full((len(q), kk), np.inf), np.full((len(q), kk), -1)
+    rng = np.random.default_rng(0)
+    requests = []
+    for x in range(first, last):
+        rows = np.arange(cands.at[x - first], cands.at[x - first + 1])
+        for y in range(first, last):
+            if x == y and x % 2:  # odd lists meet themselves whole, even ones in two parts
+                requests.append((x, y, rows))
+            else:
+                part = rng.random(len(rows)) < 0.5
+                requests += [(x, y, rows[part]), (x, y, rows[~part])]
+    for j in rng.permutation(len(requests)):
+        x, y, rows = requests[j]
+        if len(rows):
+            cands.fold(x, y, rows, best, idx)
+    keys, ref = brute_knn(q, q, kk)  # own lists first: a candidate is its row's position
+    np.testing.assert_array_equal(np.sort(idx, axis=1), np.sort(ref, axis=1))
+    np.testing.assert_allclose(best, keys, rtol=1e-5, atol=1e-4)
+
+
 def test_each_list_holds_the_rows_nearest_its_centroid(small_lists, tmp_path):
     """A probe reads a list's rows by its span: every row there is nearest that list's centroid
     (rows arrive from many assignment blocks), and every row is in exactly one list."""

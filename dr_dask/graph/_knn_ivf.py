@@ -54,7 +54,15 @@ from dr_dask.graph._ivf_quantizer import (
 )
 from dr_dask.graph._knn_cells import _centred
 from dr_dask.graph.knn_tol import CALIBRATION_WIDTH, DEFAULT_KNN_TOL, distance_share
-from dr_dask.graph.topk import EXTRA, brute_knn, check_finite, fold_knn, rerank_labelled
+from dr_dask.graph.topk import (
+    EXTRA,
+    Mirror,
+    brute_knn,
+    check_finite,
+    fold_knn,
+    fold_knn_self,
+    rerank_labelled,
+)
 from dr_dask.io.storage import Location, location, read_spans
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
@@ -223,6 +231,115 @@ def _wider_order(q: np.ndarray, cent32: np.ndarray, nearest: np.ndarray, gaps: n
     return wide_gaps, wide_probes
 
 
+class _Candidates:
+    """The rows a group's search folds into its running lists: each probed list read once,
+    candidate c of list u being ``col0[u]`` plus its position, and the group's own lists its
+    query rows.
+
+    Among its own lists each pair of rows is multiplied once. When rows of list x probe list
+    y of the group, the products that give them y's rows also give y's rows those rows as
+    candidates: which rows of x have probed y is kept (``asked[x, y]``), a row of y that has
+    not probed x holds exactly those, and the rows of y that probe x later need only x's
+    others. On the noisy sinusoid at T = 10^6 that is a fifth fewer products, and rows hold
+    candidates they would not have probed (docs/scaling.md, "Each pair of rows once"). Those
+    only lower a row's running k-th distance toward its final one, so the adaptive probe's
+    stopping rule still holds.
+    """
+
+    def __init__(self, lists: InvertedLists, g: int, q: np.ndarray, sq: np.ndarray,
+                 kk: int) -> None:
+        self.lists, self.q, self.sq = lists, q, sq
+        self.first, last = lists.groups[g]
+        self.col0 = np.full(len(lists.cent32), -1, dtype=np.int64)
+        self.read: list[int] = []
+        self.parts: list[np.ndarray] = []
+        self.sqs: list[np.ndarray] = []
+        self.n = 0
+        self.at = np.concatenate([[0], np.cumsum(lists.sizes[self.first:last])])
+        for u in range(self.first, last):
+            self._take(u, q[self.at[u - self.first]:self.at[u - self.first + 1]],
+                       sq[self.at[u - self.first]:self.at[u - self.first + 1]])
+        self.asked: dict[tuple[int, int], np.ndarray] = {}
+        # gathered queries, lists and rows, in buffers kept for the group: a fresh copy per
+        # list was a third of a worker's page faults
+        self.q_buf = np.empty_like(q)
+        self.rows_buf = np.empty((int(np.diff(self.at).max(initial=0)), q.shape[1]), q.dtype)
+        self.best_buf = np.empty((2, len(q), kk))
+        self.idx_buf = np.empty((2, len(q), kk), dtype=np.int64)
+
+    def _take(self, u: int, rows: np.ndarray, sq: np.ndarray) -> None:
+        self.col0[u] = self.n
+        self.n += len(rows)
+        self.read.append(u)
+        self.parts.append(rows)
+        self.sqs.append(sq)
+
+    def read_lists(self, us: np.ndarray) -> None:
+        """Read the lists ``us`` not read yet."""
+        for u in us[self.col0[us] < 0]:
+            a = int(self.lists.list_start[u])
+            rows = np.asarray(self.lists.rows[a:a + int(self.lists.sizes[u])])
+            self._take(int(u), rows, np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+
+    def own(self, u: int) -> bool:
+        return 0 <= u - self.first < len(self.at) - 1
+
+    def fold(self, x: int, y: int, rows_q: np.ndarray, best: np.ndarray,
+             idx: np.ndarray) -> None:
+        """Fold list y's rows into the running lists of the group rows ``rows_q`` (sorted;
+        all of list x when y is the group's own)."""
+        if self.own(y):
+            self._fold_own(x, y, rows_q, best, idx)
+            return
+        j = self.read.index(y)
+        if not len(self.parts[j]):
+            return
+        q_best, q_idx = self._gather(0, rows_q, best, idx)
+        q = np.take(self.q, rows_q, axis=0, out=self.q_buf[:len(rows_q)], mode="clip")
+        fold_knn(q, self.parts[j], self.sqs[j], int(self.col0[y]), q_best, q_idx)
+        best[rows_q], idx[rows_q] = q_best, q_idx
+
+    def _gather(self, slot: int, rows: np.ndarray, best: np.ndarray,
+                idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # "clip": the indices are valid, and numpy buffers ``out`` under the default "raise"
+        return (np.take(best, rows, axis=0, out=self.best_buf[slot, :len(rows)], mode="clip"),
+                np.take(idx, rows, axis=0, out=self.idx_buf[slot, :len(rows)], mode="clip"))
+
+    def _asked(self, x: int, y: int) -> np.ndarray:
+        if (x, y) not in self.asked:
+            n = self.at[x - self.first + 1] - self.at[x - self.first]
+            self.asked[x, y] = np.zeros(n, dtype=bool)
+        return self.asked[x, y]
+
+    def _fold_own(self, x: int, y: int, rows_q: np.ndarray, best: np.ndarray,
+                  idx: np.ndarray) -> None:
+        ox, oy = int(self.at[x - self.first]), int(self.at[y - self.first])
+        mine, theirs = self._asked(x, y), self._asked(y, x)
+        p = rows_q - ox
+        if x == y and len(p) == len(mine) and not mine.any():  # a whole list against itself
+            end = oy + len(mine)
+            fold_knn_self(self.q[oy:end], self.sq[oy:end], self.col0[y] + np.arange(len(p)),
+                          best[oy:end], idx[oy:end])
+            mine[:] = True
+            return
+        # y's rows not holding these rows' products with them; those that are not these rows
+        # (all, for another list) take these rows as candidates: they come first
+        cols = np.flatnonzero(~theirs)
+        if x == y:
+            cols = np.concatenate([cols[~np.isin(cols, p)], cols[np.isin(cols, p)]])
+        back = oy + cols[:len(cols) - len(p)] if x == y else oy + cols
+        q_best, q_idx = self._gather(0, rows_q, best, idx)
+        m_best, m_idx = self._gather(1, back, best, idx)
+        q = np.take(self.q, rows_q, axis=0, out=self.q_buf[:len(rows_q)], mode="clip")
+        data = (self.q[oy:oy + len(cols)] if len(cols) == len(theirs) and x != y else
+                np.take(self.q, oy + cols, axis=0, out=self.rows_buf[:len(cols)], mode="clip"))
+        fold_knn(q, data, self.sq[oy + cols], self.col0[y] + cols, q_best, q_idx,
+                 mirror=Mirror(0, m_best, m_idx, self.sq[rows_q], self.col0[x] + p))
+        best[rows_q], idx[rows_q] = q_best, q_idx
+        best[back], idx[back] = m_best, m_idx
+        mine[p] = True
+
+
 def _search_group(lists: InvertedLists, g: int, k: int,
                   exclude_self: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The k nearest neighbours of the rows of group ``g``, each searched in its nearest
@@ -256,13 +373,8 @@ def _search_group(lists: InvertedLists, g: int, k: int,
     kth = min(k + exclude_self, kk) - 1  # the running list's k-th neighbour (self counted)
     best = np.full((m, kk), np.inf)
     idx = np.full((m, kk), -1, dtype=np.int64)
-    q_buf, best_buf, idx_buf = np.empty_like(q), np.empty_like(best), np.empty_like(idx)
-    # the probed lists' rows, read once each: candidate c of list u is col0[u] + its position
-    col0 = np.full(n_lists, -1, dtype=np.int64)
-    read: list[int] = []
-    parts: list[np.ndarray] = []
-    sqs: list[np.ndarray] = []
-    n_cand = 0
+    cands = _Candidates(lists, g, q, sq_q, kk)
+    src = np.repeat(np.arange(first, last), list_size[first:last])  # each row's own list
     done = np.zeros(m, dtype=np.int64)  # positions of each row's order probed so far
     active = np.arange(m)
     while len(active):
@@ -277,34 +389,17 @@ def _search_group(lists: InvertedLists, g: int, k: int,
         pos = np.arange(int(n_pairs.sum())) - np.repeat(np.cumsum(n_pairs) - n_pairs, n_pairs)
         pair_list = probes[pair_query, np.repeat(lo, n_pairs) + pos]
         done[active] = hi
-        for u in np.unique(pair_list):
-            if col0[u] < 0:
-                a = int(list_start[u])
-                rows = np.asarray(lists.rows[a:a + int(list_size[u])])
-                col0[u] = n_cand
-                n_cand += len(rows)
-                read.append(int(u))
-                parts.append(rows)
-                sqs.append(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
-        order = np.argsort(pair_list, kind="stable")
-        sorted_lists = pair_list[order]
-        bounds = np.flatnonzero(np.r_[True, sorted_lists[1:] != sorted_lists[:-1], True])
-        where = {u: j for j, u in enumerate(read)}
-        for lo_b, hi_b in itertools.pairwise(bounds):
-            u = int(sorted_lists[lo_b])
-            rows_q = pair_query[order[lo_b:hi_b]]
-            j = where[u]
-            if not len(parts[j]):
-                continue
-            # the list's queries and their lists gathered into buffers kept for the group:
-            # a fresh copy per list was a third of a worker's page faults ("clip": the indices
-            # are valid, and numpy buffers ``out`` under the default "raise")
-            n_q = len(rows_q)
-            part_q = np.take(q, rows_q, axis=0, out=q_buf[:n_q], mode="clip")
-            part_best = np.take(best, rows_q, axis=0, out=best_buf[:n_q], mode="clip")
-            part_idx = np.take(idx, rows_q, axis=0, out=idx_buf[:n_q], mode="clip")
-            fold_knn(part_q, parts[j], sqs[j], int(col0[u]), part_best, part_idx)
-            best[rows_q], idx[rows_q] = part_best, part_idx
+        cands.read_lists(np.unique(pair_list))
+        # the pairs by probed list, so that each list meets the rows that probe it in one
+        # GEMM; a list of the group's own by the probing rows' list too
+        own_list = (pair_list >= first) & (pair_list < last)
+        key = pair_list * n_lists + np.where(own_list, src[pair_query], 0)
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        for lo_b, hi_b in itertools.pairwise(np.flatnonzero(np.r_[True, key[1:] != key[:-1],
+                                                                   True])):
+            y, x = divmod(int(key[lo_b]), n_lists)
+            cands.fold(x, y, pair_query[order[lo_b:hi_b]], best, idx)
         if not adaptive:
             break
         if gaps.shape[1] < width:  # after the first round: only rows whose next list may be
@@ -319,8 +414,8 @@ def _search_group(lists: InvertedLists, g: int, k: int,
             more[more] = nxt < share * kth_sq
         active = active[more]
         step *= 2
-    read_arr = np.array(read, dtype=np.int64)
-    cand = np.concatenate(parts) if parts else np.empty((0, q.shape[1]), np.float32)
+    read_arr = np.array(cands.read, dtype=np.int64)
+    cand = np.concatenate(cands.parts) if cands.parts else np.empty((0, q.shape[1]), np.float32)
     spans = [(int(list_start[u]), int(list_start[u] + list_size[u])) for u in read_arr]
     cand_ids = read_spans(lists.ids, spans)
     labels = np.concatenate([np.arange(a, b) for a, b in spans] + [np.empty(0, np.int64)]) + (
@@ -333,7 +428,7 @@ def _search_group(lists: InvertedLists, g: int, k: int,
     at = by_label[np.searchsorted(labels[by_label], np.maximum(lab, 0))] if len(labels) else lab
     ids = np.where(lab >= 0, cand_ids[at] if len(cand_ids) else -1, -1)
     logger.debug("IVF group %d: %d rows probed %.1f lists on average (%d read)", g, m,
-                 done.mean() if m else 0.0, len(read))
+                 done.mean() if m else 0.0, len(cands.read))
     return own, d, lab, ids
 
 
