@@ -210,6 +210,24 @@ def test_bench_knn_raises_a_peers_knob_until_it_reaches_ours(monkeypatch):
     assert equal["at_equal_recall"]["ratio_to_ours"] == rows[1]["seconds"] / 2.0
 
 
+@pytest.mark.cluster
+def test_the_faiss_peers_search_on_every_core(cluster_client):
+    """A LocalCluster started in the bench's process leaves ``OMP_NUM_THREADS=1`` in its
+    environment; faiss's indexes are still built and searched on every core, as hnswlib's
+    are: a peer on one core would flatter our search."""
+    faiss = pytest.importorskip("faiss")
+    from dr_dask.bench import knn
+
+    assert os.environ.get("OMP_NUM_THREADS") == "1"  # what the cluster's nannies left here
+    faiss.omp_set_num_threads(1)  # as a faiss first loaded after the cluster started has
+    X = np.random.RandomState(0).standard_normal((2000, 8)).astype(np.float32)
+    for peer in ("faiss-ivf", "faiss-hnsw"):
+        search = knn._index(peer, X)
+        assert faiss.omp_get_max_threads() == (os.cpu_count() or 1)
+        assert search(4, 5).shape == (2000, 5)
+        faiss.omp_set_num_threads(1)
+
+
 def test_bench_knn_and_as_user_bad_input():
     for args, name in ((["knn", "--k", "0"], "--k"), (["knn", "--T", "10"], "--T"),
                        (["knn", "--peer", "annoy"], "--peer"),

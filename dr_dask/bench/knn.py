@@ -85,13 +85,23 @@ def _pynndescent(width: int) -> Callable:
     return search
 
 
+def _faiss() -> Any:
+    """faiss, searching on every core as the other peers do. A LocalCluster's nannies set
+    ``OMP_NUM_THREADS=1`` in this process's environment (distributed's
+    ``nanny.pre-spawn-environ``, meant for the workers they start), so a faiss loaded after
+    the cluster started would build and search on one thread."""
+    import faiss
+
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    return faiss
+
+
 def _index(peer: str, X: np.ndarray) -> Callable[[int, int], np.ndarray]:
     """A peer's index of X, built here; returns ``search(knob, k)``: the self-join's (T, k)
     neighbours at that knob."""
     T, N = X.shape
     if peer == "faiss-ivf":
-        import faiss
-
+        faiss = _faiss()
         n_lists = max(1, round(math.sqrt(T)))
         ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(N), N, n_lists)
         ivf.train(X[np.random.RandomState(0).choice(T, min(T, 64 * n_lists), replace=False)])
@@ -102,8 +112,7 @@ def _index(peer: str, X: np.ndarray) -> Callable[[int, int], np.ndarray]:
             return _drop_self(ivf.search(X, k + 1)[1])
         return search_ivf
     if peer == "faiss-hnsw":
-        import faiss
-
+        faiss = _faiss()
         hnsw = faiss.IndexHNSWFlat(N, HNSW_M)
         hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
         hnsw.add(X)
