@@ -286,8 +286,8 @@ class _Candidates:
 
     def fold(self, x: int, y: int, rows_q: np.ndarray, best: np.ndarray,
              idx: np.ndarray) -> None:
-        """Fold list y's rows into the running lists of the group rows ``rows_q`` (sorted;
-        all of list x when y is the group's own)."""
+        """Fold list y's rows into the running lists of the group rows ``rows_q`` (sorted),
+        rows of list x (which matters when y is one of the group's own lists)."""
         if self.own(y):
             self._fold_own(x, y, rows_q, best, idx)
             return
