@@ -185,9 +185,10 @@ def _sweep(peer: str, X: np.ndarray, k: int, sample: np.ndarray, recall: float,
                                                  ("distance_error",
                                                   row["distance_error"] <= error)) if ok]}
         rows.append(row)
-        logger.info("bench knn T=%d: %s at %s %d: %.1f s, recall %.3f, distance error %s",
-                    X.shape[0], peer, KNOB_NAMES[peer], knob, row["seconds"], row["recall"],
-                    row["distance_error"])
+        if index is not None:  # pynndescent's search is logged by _timed
+            logger.info("bench knn T=%d: %s at %s %d: %.1f s, recall %.3f, distance error %s",
+                        X.shape[0], peer, KNOB_NAMES[peer], knob, row["seconds"],
+                        row["recall"], row["distance_error"])
         if len(row["reaches"]) == 2:
             break
     return rows
