@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 
 import dask
 import numpy as np
@@ -139,12 +140,32 @@ def moto_endpoint():
     # the same list every time (about 20 s of the suite's CPU), so listed once
     modules = tuple(backends.list_of_moto_modules())
     listing, backends.list_of_moto_modules = backends.list_of_moto_modules, lambda: modules
+    # werkzeug logs every request at INFO (through pytest's capture): only its warnings
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
     backends.list_of_moto_modules = listing
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_botocore_loader():
+    """One botocore data loader for every botocore session of a test process. A session
+    parses botocore's endpoints, S3 model and rules (3.6 MB of JSON) for its first client,
+    and each fresh s3fs filesystem makes a new session: after every bucket's cleared instance
+    cache, the S3 module's tests parsed them hundreds of times (13 s of its 51 s of CPU). The
+    clients of one session already share the parsed files, read-only; here every session
+    does."""
+    import functools
+
+    import botocore.session
+
+    create = botocore.session.create_loader
+    botocore.session.create_loader = functools.lru_cache(maxsize=None)(create)
+    yield
+    botocore.session.create_loader = create
 
 
 def _bucket(moto_endpoint: str, monkeypatch):

@@ -252,7 +252,8 @@ def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog, dr_confi
 
     from dr_dask.io import storage
     from dr_dask.runtime import config
-    dr_config({"storage.read-backoff": 0.2})
+    # s3fs's own call retries once, as below: botocore's attempts then the storage layer's
+    dr_config({"storage.read-backoff": 0.2, "storage.s3-call-retries": 1})
     for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
