@@ -246,7 +246,7 @@ def test_storage_failures_are_classed_clear_and_fast(s3_bucket, tmp_path, data, 
 
 def test_idempotent_reads_are_retried_with_backoff(monkeypatch, caplog, dr_config):
     """A store that answers 503 three times, then recovers: a read succeeds (the client's own
-    retries alone would have given up), a few seconds late; with no recovery it is a bounded
+    retries alone would have given up), a backoff later; with no recovery it is a bounded
     number of attempts, then StorageUnavailable."""
     import s3fs
 
