@@ -219,13 +219,12 @@ def test_the_faiss_peers_search_on_every_core(cluster_client):
     from dr_dask.bench import knn
 
     assert os.environ.get("OMP_NUM_THREADS") == "1"  # what the cluster's nannies left here
-    faiss.omp_set_num_threads(1)  # as a faiss first loaded after the cluster started has
     X = np.random.RandomState(0).standard_normal((2000, 8)).astype(np.float32)
     for peer in ("faiss-ivf", "faiss-hnsw"):
+        faiss.omp_set_num_threads(1)  # as a faiss first loaded after the cluster started has
         search = knn._index(peer, X)
         assert faiss.omp_get_max_threads() == (os.cpu_count() or 1)
         assert search(4, 5).shape == (2000, 5)
-        faiss.omp_set_num_threads(1)
 
 
 def test_bench_knn_and_as_user_bad_input():
