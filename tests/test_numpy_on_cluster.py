@@ -43,7 +43,9 @@ def test_numpy_input_on_a_cluster_travels_outside_the_graph(cluster_client, dr_c
 def test_the_neighbour_search_of_a_numpy_array_stages_it_too(cluster_client, dr_config,
                                                                monkeypatch):
     """``kneighbors`` of a NumPy array among itself on a cluster sends its rows outside the
-    graph, as a fit does, finds what the threads find, and leaves no staged store behind."""
+    graph, as a fit does, finds what the threads find (the cell search exactly so: it projects
+    the rows in this process, as the threads do), names a non-finite row, and leaves no staged
+    store behind."""
     import os
     import tempfile
 
@@ -55,12 +57,16 @@ def test_the_neighbour_search_of_a_numpy_array_stages_it_too(cluster_client, dr_
     real = knn._rows_for_workers
     monkeypatch.setattr(knn, "_rows_for_workers",
                         lambda *a: made.append(real(*a)) or made[-1])  # counted
-    for algorithm in ("exact", "ivf"):
+    for algorithm in ("exact", "ivf", "cells"):
         d, i = knn.kneighbors(X, 6, client=cluster_client, algorithm=algorithm, n_probe=64)
         d0, i0 = knn.kneighbors(X, 6, algorithm=algorithm, n_probe=64)
         np.testing.assert_array_equal(i, i0)
-        np.testing.assert_allclose(d, d0, rtol=1e-12)
-    assert [m[1] is None for m in made] == [False, True, False, True]  # threads: as it is
+        np.testing.assert_allclose(d, d0, rtol=0 if algorithm == "cells" else 1e-12)
+    assert [m[1] is None for m in made] == [False, True] * 3  # threads: as it is
+    bad = X.copy()
+    bad[2345, 7] = np.inf
+    with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[2345\]"):
+        knn.kneighbors(bad, 6, client=cluster_client, algorithm="cells")
     staged = [m[1].staged.url for m in made if m[1] is not None]
     del made[:]
     assert not any(os.path.exists(p) for p in staged), staged

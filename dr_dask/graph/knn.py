@@ -352,7 +352,8 @@ def kneighbors(
                         and X.shape[1] > config.get("knn.kd-tree-max-dim")) else "exact")
     given = {"query": None if exclude_self else query, "block_size": block_size,
              "metric": metric if other else None, "n_lists": n_lists, "n_probe": n_probe,
-             "scratch": scratch, "random_state": random_state, "knn_tol": knn_tol}
+             "scratch": scratch, "random_state": random_state, "knn_tol": knn_tol,
+             "in_memory": None if _staged is None else _staged.values}
     return chosen.load()(X, k, exclude_self, client=client,
                          **{key: v for key, v in given.items() if key in chosen.options})
 

@@ -20,9 +20,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 #: The options :func:`~dr_dask.graph.knn.kneighbors` can hand a search, beyond the rows, k,
-#: whether a row is excluded from its own neighbours and the client.
+#: whether a row is excluded from its own neighbours and the client. ``in_memory``: the rows
+#: as the NumPy array in this process that X (staged for the workers) was made from.
 OPTIONS = frozenset({"query", "block_size", "metric", "n_lists", "n_probe", "scratch",
-                     "random_state", "knn_tol"})
+                     "random_state", "knn_tol", "in_memory"})
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("exact", "dr_dask.graph.knn:exact_kneighbors",
             frozenset({"query", "block_size", "metric"}), mode="exact", mode_algorithm="auto",
             help="exact"),
-    Backend("cells", "dr_dask.graph._knn_cells:cell_kneighbors"),
+    Backend("cells", "dr_dask.graph._knn_cells:cell_kneighbors", frozenset({"in_memory"})),
     Backend("ivf", "dr_dask.graph._knn_ivf:ivf_kneighbors",
             frozenset({"n_lists", "n_probe", "scratch", "random_state", "knn_tol"}),
             approximate=True, mode="ivf", mode_algorithm="ivf",

@@ -38,6 +38,7 @@ from dr_dask.io.storage import Location, location
 from dr_dask.linalg.tiles import strip_tiles
 from dr_dask.runtime import config
 from dr_dask.runtime.blas import single_blas_thread
+from dr_dask.runtime.buffers import populated
 from dr_dask.runtime.cluster import active_client, gather, map_local, share, thread_memory, wait_for
 
 logger = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ class GeodesicRows:
         written in place into one array, which ``gather(release=True)`` hands over without a
         second T x S copy."""
         T = search.n_nodes
-        whole = np.empty((len(sources), T), dtype=dtype)
+        whole = populated((len(sources), T), dtype)
         map_local(lambda se: _rows(search, sources[se[0]:se[1]], square, dtype,
                                    out=whole[se[0]:se[1]]), list(itertools.pairwise(bounds)))
         rows = cls((len(sources), T), bounds,
@@ -449,7 +450,7 @@ def all_pairs(graph: sp.spmatrix, *, client: Any = None, square: bool = False,
     g = share(search, client)
     futures = [client.submit(_upper_rows, g, s, e, square, dtype)
                for s, e in itertools.pairwise(bounds)]
-    out = np.empty((T, T), dtype)
+    out = populated((T, T), dtype)
     for n, (s, e) in enumerate(itertools.pairwise(bounds)):
         # in submission order, roughly the order they finish; never waiting forever on a
         # cluster that is gone
