@@ -65,11 +65,12 @@ def test_the_neighbour_search_of_a_numpy_array_stages_it_too(cluster_client, dr_
     assert [m[1] is None for m in made] == [False, True] * 3  # threads: as it is
     bad = X.copy()
     bad[2345, 7] = np.inf
-    with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[2345\]"):
-        knn.kneighbors(bad, 6, client=cluster_client, algorithm="cells")
+    for algorithm in ("cells", "ivf"):  # refused here, and on the workers
+        with pytest.raises(ValueError, match=r"NaN or infinite values in rows \[2345\]"):
+            knn.kneighbors(bad, 6, client=cluster_client, algorithm=algorithm, n_probe=64)
+    # gone when each search ended, though their inputs (and an error's traceback) live on
     staged = [m[1].staged.url for m in made if m[1] is not None]
-    del made[:]
-    assert not any(os.path.exists(p) for p in staged), staged
+    assert len(staged) == 5 and not any(os.path.exists(p) for p in staged), staged
     assert all(p.startswith(tempfile.gettempdir()) for p in staged)
 
 
@@ -94,6 +95,47 @@ def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, dr_conf
         made.clear()
         est.fit(X)
         assert sum(m.staged is not None for m in made) == 1, type(est).__name__
+
+
+@pytest.mark.cluster
+def test_a_failed_or_interrupted_fit_leaves_no_staged_rows(cluster_client, dr_config,
+                                                           monkeypatch):
+    """A fit that fails after staging its NumPy input (a parameter that only the input's size
+    refutes), or is interrupted mid-stage (Ctrl-C in a notebook), deletes the staged rows at
+    once, while its error is still held (IPython keeps the last one); a fit that succeeds
+    keeps them for as long as the estimator may read them."""
+    import dr_dask.methods.ikd as ikd_module
+    from dr_dask import IKD, LandmarkIsomap
+    from dr_dask.io import inputs
+
+    dr_config({"input.stage-bytes": 1 << 14})
+    X = noisy_curve(3000, 20, seed=9)
+    made = []
+    real = inputs.rows_for_workers
+    monkeypatch.setattr(inputs, "rows_for_workers",
+                        lambda inp, client: made.append(real(inp, client)) or made[-1])
+
+    def staged() -> list[bool]:
+        return [os.path.exists(m.staged.url) for m in made if m.staged is not None]
+
+    with pytest.raises(ValueError, match="landmarks") as failed:
+        LandmarkIsomap(n_neighbors=8, n_components=30, n_landmarks=20,
+                       client=cluster_client).fit(X)
+    assert staged() == [False] and failed.value is not None
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    est = IKD(n_components=1, solver="geodesic", n_neighbors=8, random_state=0,
+              client=cluster_client)
+    with monkeypatch.context() as m:
+        m.setattr(ikd_module, "fit_geodesic", interrupted)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            est.fit(X)
+    assert staged() == [False, False] and stopped.value is not None
+    est.fit(X)  # its out-of-sample map, built at the first transform, reads the rows
+    assert staged() == [False, False, True]
+    est.transform(X[:5])
 
 
 def _hiding(path: Path, *command: str) -> list[str]:

@@ -344,7 +344,7 @@ def kneighbors(
         assert metric is not None  # other implies it
         metric.refuse(algorithm)
     client = active_client(client)
-    X, _staged = _rows_for_workers(X, client, exclude_self)  # held: its store goes with it
+    X, staged = _rows_for_workers(X, client, exclude_self)
     if chosen is None:  # auto: the cell search where it pays, else the exact one
         chosen = knn_backends.backend(
             "cells" if (exclude_self and not other and not sp.issparse(X)
@@ -353,9 +353,13 @@ def kneighbors(
     given = {"query": None if exclude_self else query, "block_size": block_size,
              "metric": metric if other else None, "n_lists": n_lists, "n_probe": n_probe,
              "scratch": scratch, "random_state": random_state, "knn_tol": knn_tol,
-             "in_memory": None if _staged is None else _staged.values}
-    return chosen.load()(X, k, exclude_self, client=client,
-                         **{key: v for key, v in given.items() if key in chosen.options})
+             "in_memory": None if staged is None else staged.values}
+    try:
+        return chosen.load()(X, k, exclude_self, client=client,
+                             **{key: v for key, v in given.items() if key in chosen.options})
+    finally:
+        if staged is not None:
+            staged.discard()
 
 
 def exact_kneighbors(X: Any, k: int, exclude_self: bool, *, client: Any, query: Any = None,
@@ -391,7 +395,7 @@ def _rows_for_workers(X: Any, client: Any, among_itself: bool) -> tuple[Any, Any
     """``X`` and None, or, for the search of a NumPy ``X`` among itself on a cluster, X
     staged where the workers read it, as the estimators' inputs are
     (:func:`dr_dask.io.inputs.rows_for_workers`), rather than sent in the search's task
-    graph, and the staged input, whose store lives as long as it does."""
+    graph, and the staged input, whose store the search discards when it ends."""
     from dr_dask.io.inputs import memory_input
 
     if client is None or not among_itself or not isinstance(X, np.ndarray):

@@ -18,11 +18,13 @@ read of every stored object without a tag, in pieces of ``HASH_PIECE`` bytes).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -85,6 +87,8 @@ class InputData:
     #: Where an in-memory array's rows were written for a cluster's workers
     #: (:func:`rows_for_workers`); ``data`` reads them there.
     staged: Location | None = field(default=None, repr=False)
+    #: Deletes ``staged`` (once): when this object is collected, or at :meth:`discard`.
+    _delete_staged: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     def identify(self, client: Any = None) -> dict:
         """:attr:`identity` with its content ``fingerprint``, hashing the content now when
@@ -95,6 +99,16 @@ class InputData:
                 stored_fingerprint(*self.stored, client=client) if self.stored is not None
                 else values_fingerprint(self.data, client=client))
         return self.identity
+
+    def discard(self) -> None:
+        """Delete the rows staged for the workers now, not when this object is collected.
+
+        For a search that used them, and for a fit that failed or was interrupted: its
+        traceback holds this object for as long as the session keeps the error (IPython keeps
+        the last one), and with it a temporary store the size of the input.
+        """
+        if self._delete_staged is not None:
+            self._delete_staged()
 
     @property
     def path(self) -> str | None:
@@ -184,9 +198,22 @@ def rows_for_workers(inp: InputData, client: Any) -> InputData:
         return inp
     staged = InputData(da.from_array(z, chunks=(rows, -1), asarray=True, inline_array=True),
                        inp.sample_ids, inp.identity, None, arr, inp.stored, loc)
-    weakref.finalize(staged, loc.delete)
+    staged._delete_staged = weakref.finalize(staged, loc.delete)
     logger.info("input rows (%.0f MB) staged at %s for the workers", arr.nbytes / 1e6, loc)
     return staged
+
+
+@contextlib.contextmanager
+def discarded_on_failure(inp: InputData | None) -> Iterator[None]:
+    """A fit's block: if it raises (a KeyboardInterrupt too), the rows staged for its workers
+    are deleted at once (:meth:`InputData.discard`); if it returns, they live on with ``inp``
+    (a fitted estimator may read them later)."""
+    try:
+        yield
+    except BaseException:
+        if inp is not None:
+            inp.discard()
+        raise
 
 
 def _input_identity(loc: Location | None, variable: str | None, arr: Any,

@@ -50,6 +50,7 @@ from sklearn.utils.validation import check_is_fitted
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
 from dr_dask.io.checkpoint import Checkpoint
+from dr_dask.io.inputs import discarded_on_failure
 from dr_dask.io.storage import Location
 from dr_dask.io.validation import (
     Interval,
@@ -436,21 +437,22 @@ default="se"
         # a correlation needs 2 features; Algorithm 1 needs M + 2 samples
         inp = check_input(self, X, reset=True, min_samples=int(self.n_components) + 2,
                           min_features=2, stage=True)
-        T, N = (int(n) for n in inp.data.shape)
-        cfg = self._config(T, N)
-        run_stage("validate", lambda: check_values(
-            inp,
-            min_samples=cfg.n_components + 2,
-            constant_rows=cfg.similarity == "correlation",
-            client=cfg.client,
-        ))
-        if cfg.landmark:
-            result = run_stage("landmark", lambda: fit_landmarks(cfg, inp, run))
-        elif cfg.solver == "full":  # its distance and eigen stages are retried one by one
-            result = fit_full(cfg, inp, run)
-        else:
-            solve = fit_geodesic if cfg.solver == "geodesic" else fit_blockwise
-            result = run_stage(cfg.solver, lambda: solve(cfg, inp, run))
+        with discarded_on_failure(inp):
+            T, N = (int(n) for n in inp.data.shape)
+            cfg = self._config(T, N)
+            run_stage("validate", lambda: check_values(
+                inp,
+                min_samples=cfg.n_components + 2,
+                constant_rows=cfg.similarity == "correlation",
+                client=cfg.client,
+            ))
+            if cfg.landmark:
+                result = run_stage("landmark", lambda: fit_landmarks(cfg, inp, run))
+            elif cfg.solver == "full":  # its distance and eigen stages are retried one by one
+                result = fit_full(cfg, inp, run)
+            else:
+                solve = fit_geodesic if cfg.solver == "geodesic" else fit_blockwise
+                result = run_stage(cfg.solver, lambda: solve(cfg, inp, run))
         for f in fields(result):
             setattr(self, f"{f.name}_", getattr(result, f.name))
         self._out_dtype = output_dtype(inp.data)

@@ -34,7 +34,7 @@ from dr_dask.graph.landmarks import (
 )
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
-from dr_dask.io.inputs import InputData
+from dr_dask.io.inputs import InputData, discarded_on_failure
 from dr_dask.io.validation import (
     Options,
     clamp_to_samples,
@@ -280,12 +280,13 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         """
         values, inp, self._out_dtype = training_input(self, X, in_memory=not is_stored(X),
                                                       stage=True)
-        self._nbrs: NearestNeighbors | None = None
-        X = values if values is not None else inp.data
-        T = X.shape[0]
-        L = clamp_to_samples(self, "n_landmarks", T)
-        d = checked_components(self.n_components, L, "landmarks")
-        return run_stage("landmark_isomap", lambda: self._fit(X, L, d, inp))
+        with discarded_on_failure(inp):
+            self._nbrs: NearestNeighbors | None = None
+            X = values if values is not None else inp.data
+            T = X.shape[0]
+            L = clamp_to_samples(self, "n_landmarks", T)
+            d = checked_components(self.n_components, L, "landmarks")
+            return run_stage("landmark_isomap", lambda: self._fit(X, L, d, inp))
 
     def _fit(self, X: Any, L: int, d: int, inp: InputData | None) -> LandmarkIsomap:
         T = X.shape[0]
