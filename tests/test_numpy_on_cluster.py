@@ -74,21 +74,29 @@ def test_the_neighbour_search_of_a_numpy_array_stages_it_too(cluster_client, dr_
     assert all(p.startswith(tempfile.gettempdir()) for p in staged)
 
 
+@pytest.fixture
+def staging(dr_config, monkeypatch) -> list:
+    """Every in-memory input of a fit on a cluster staged (above 16 KiB, not 4 MiB), and the
+    inputs the staging returned, in order."""
+    from dr_dask.io import inputs
+
+    dr_config({"input.stage-bytes": 1 << 14})
+    made: list = []
+    real = inputs.rows_for_workers
+    monkeypatch.setattr(inputs, "rows_for_workers",
+                        lambda inp, client: made.append(real(inp, client)) or made[-1])
+    return made
+
+
 @pytest.mark.cluster
-def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, dr_config,
-                                                         monkeypatch):
+def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, staging):
     """Isomap hands its rows to the workers only through its neighbour search (which stages
     them), geodesic IKD through its staged input: either fit of a NumPy array on a cluster
     writes the rows once, not once for the input check and again for the search."""
     from dr_dask import IKD, Isomap
-    from dr_dask.io import inputs
 
-    dr_config({"input.stage-bytes": 1 << 14})
     X = noisy_curve(3000, 20, seed=9)
-    made = []
-    real = inputs.rows_for_workers
-    monkeypatch.setattr(inputs, "rows_for_workers",
-                        lambda inp, client: made.append(real(inp, client)) or made[-1])
+    made = staging
     for est in (Isomap(n_neighbors=8, n_components=1, client=cluster_client),
                 IKD(n_components=1, solver="geodesic", n_neighbors=8, random_state=0,
                     client=cluster_client)):
@@ -98,7 +106,7 @@ def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, dr_conf
 
 
 @pytest.mark.cluster
-def test_a_failed_or_interrupted_fit_leaves_no_staged_rows(cluster_client, dr_config,
+def test_a_failed_or_interrupted_fit_leaves_no_staged_rows(cluster_client, staging,
                                                            monkeypatch):
     """A fit that fails after staging its NumPy input (a parameter that only the input's size
     refutes), or is interrupted mid-stage (Ctrl-C in a notebook), deletes the staged rows at
@@ -106,17 +114,11 @@ def test_a_failed_or_interrupted_fit_leaves_no_staged_rows(cluster_client, dr_co
     keeps them for as long as the estimator may read them."""
     import dr_dask.methods.ikd as ikd_module
     from dr_dask import IKD, LandmarkIsomap
-    from dr_dask.io import inputs
 
-    dr_config({"input.stage-bytes": 1 << 14})
     X = noisy_curve(3000, 20, seed=9)
-    made = []
-    real = inputs.rows_for_workers
-    monkeypatch.setattr(inputs, "rows_for_workers",
-                        lambda inp, client: made.append(real(inp, client)) or made[-1])
 
     def staged() -> list[bool]:
-        return [os.path.exists(m.staged.url) for m in made if m.staged is not None]
+        return [os.path.exists(m.staged.url) for m in staging if m.staged is not None]
 
     with pytest.raises(ValueError, match="landmarks") as failed:
         LandmarkIsomap(n_neighbors=8, n_components=30, n_landmarks=20,
