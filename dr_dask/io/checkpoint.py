@@ -13,7 +13,7 @@ import logging
 import tempfile
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -91,6 +91,24 @@ def kept_scratch(name: str, run: Checkpoint | None = None, where: Any = None,
     loc = _scratch_location(name, run, where, inp, keep=True)
     logger.info("%s kept at %s for transform", name, loc)
     return loc
+
+
+@contextlib.contextmanager
+def deleted_on_failure(*deletes: Callable[[], Any] | None) -> Iterator[None]:
+    """A fit's block after it made something of its own outside this process's memory (rows
+    staged for its workers, an array its estimator will read): if the block raises (a
+    KeyboardInterrupt too), each of ``deletes`` (None: nothing) runs at once; if it returns,
+    what they would delete is kept. A failed fit's traceback holds its frames for as long as
+    the session keeps the error (IPython keeps the last one), and with them, before this, a
+    temporary store up to the input's size, or 4 GB of landmark rows at T=10^6 that nothing
+    would ever delete."""
+    try:
+        yield
+    except BaseException:
+        for delete in deletes:
+            if delete is not None:
+                delete()
+        raise
 
 
 def delete_with(owner: Any, loc: Location, run: Checkpoint | None = None) -> None:

@@ -18,13 +18,12 @@ read of every stored object without a tag, in pieces of ``HASH_PIECE`` bytes).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -201,19 +200,6 @@ def rows_for_workers(inp: InputData, client: Any) -> InputData:
     staged._delete_staged = weakref.finalize(staged, loc.delete)
     logger.info("input rows (%.0f MB) staged at %s for the workers", arr.nbytes / 1e6, loc)
     return staged
-
-
-@contextlib.contextmanager
-def discarded_on_failure(inp: InputData | None) -> Iterator[None]:
-    """A fit's block: if it raises (a KeyboardInterrupt too), the rows staged for its workers
-    are deleted at once (:meth:`InputData.discard`); if it returns, they live on with ``inp``
-    (a fitted estimator may read them later)."""
-    try:
-        yield
-    except BaseException:
-        if inp is not None:
-            inp.discard()
-        raise
 
 
 def _input_identity(loc: Location | None, variable: str | None, arr: Any,

@@ -74,7 +74,13 @@ from dr_dask.graph.paths import geodesic_tiles, path_rows_array
 from dr_dask.graph.sssp import dijkstra_rows
 from dr_dask.graph.stored import StoredGraph
 from dr_dask.graph.stored_rows import read_stored
-from dr_dask.io.checkpoint import Checkpoint, delete_with, kept_scratch, scratch
+from dr_dask.io.checkpoint import (
+    Checkpoint,
+    delete_with,
+    deleted_on_failure,
+    kept_scratch,
+    scratch,
+)
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location
 from dr_dask.linalg.cost import memory_of, quadratic_cost
@@ -445,32 +451,36 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
             # above the budget the rows stay in a store the out-of-sample map reads from
             rows_loc = (kept_scratch("landmark_geodesics", run, cfg.scratch, inp) if on_disk
                         else None)
-            with timed(seconds, "shortest_paths"):
-                rows = GeodesicRows.compute(graph, landmarks, client=client,
-                                            dtype=np.float32,
-                                            out=rows_loc,
-                                            graph_store=graph_loc.child("prepared"),
-                                            columns=landmarks)
-                del graph  # the store holds it as long as the rows need it
-            kernel = GeodesicKernel(inverse, None)
-            with timed(seconds, "landmark_mds"):
-                P_LL = rows.columns(landmarks)
-                D_LL = kernel(P_LL)
-                np.fill_diagonal(D_LL, 0.0)
-                mds = landmark_mds(D_LL, M, n_spare=spare)
-            with timed(seconds, "triangulate"):
-                embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv,
-                                         mds.sq_mean)
-                axes = principal_axes(embedding, M)
-                embedding, pinv = embedding @ axes, axes.T @ mds.pinv
-                # the out-of-sample map keeps the rows: in memory within the budget,
-                # else the store they were written to
-                paths = rows.stored() if on_disk else rows.gather()
-                rows.release()
-                oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths, P_LL,
-                                        pinv=pinv)
-                if rows_loc is not None and oos is not None:
-                    delete_with(oos, rows_loc, run)
+            # a failed or interrupted fit deletes them (none of its objects would); a run
+            # keeps its own
+            with deleted_on_failure(None if rows_loc is None or run is not None
+                                    else rows_loc.delete):
+                with timed(seconds, "shortest_paths"):
+                    rows = GeodesicRows.compute(graph, landmarks, client=client,
+                                                dtype=np.float32,
+                                                out=rows_loc,
+                                                graph_store=graph_loc.child("prepared"),
+                                                columns=landmarks)
+                    del graph  # the store holds it as long as the rows need it
+                kernel = GeodesicKernel(inverse, None)
+                with timed(seconds, "landmark_mds"):
+                    P_LL = rows.columns(landmarks)
+                    D_LL = kernel(P_LL)
+                    np.fill_diagonal(D_LL, 0.0)
+                    mds = landmark_mds(D_LL, M, n_spare=spare)
+                with timed(seconds, "triangulate"):
+                    embedding = rows.map_sum(_landmark_triangulate, kernel, mds.pinv,
+                                             mds.sq_mean)
+                    axes = principal_axes(embedding, M)
+                    embedding, pinv = embedding @ axes, axes.T @ mds.pinv
+                    # the out-of-sample map keeps the rows: in memory within the budget,
+                    # else the store they were written to
+                    paths = rows.stored() if on_disk else rows.gather()
+                    rows.release()
+                    oos = triangulation_map(cfg, inp, sigma2, embedding, landmarks, paths, P_LL,
+                                            pinv=pinv)
+                    if rows_loc is not None and oos is not None:
+                        delete_with(oos, rows_loc, run)
     else:
         with timed(seconds, "landmark_mds"):
             order = np.argsort(landmarks)

@@ -49,8 +49,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dr_dask.graph.knn import KNN_CONSTRAINTS
 from dr_dask.graph.knn_tol import DEFAULT_KNN_TOL
-from dr_dask.io.checkpoint import Checkpoint
-from dr_dask.io.inputs import discarded_on_failure
+from dr_dask.io.checkpoint import Checkpoint, deleted_on_failure
 from dr_dask.io.storage import Location
 from dr_dask.io.validation import (
     Interval,
@@ -437,7 +436,7 @@ default="se"
         # a correlation needs 2 features; Algorithm 1 needs M + 2 samples
         inp = check_input(self, X, reset=True, min_samples=int(self.n_components) + 2,
                           min_features=2, stage=True)
-        with discarded_on_failure(inp):
+        with deleted_on_failure(inp.discard):
             T, N = (int(n) for n in inp.data.shape)
             cfg = self._config(T, N)
             run_stage("validate", lambda: check_values(

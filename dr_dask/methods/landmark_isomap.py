@@ -33,8 +33,8 @@ from dr_dask.graph.landmarks import (
     triangulate_block,
 )
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.checkpoint import delete_with, kept_scratch, scratch
-from dr_dask.io.inputs import InputData, discarded_on_failure
+from dr_dask.io.checkpoint import delete_with, deleted_on_failure, kept_scratch, scratch
+from dr_dask.io.inputs import InputData
 from dr_dask.io.validation import (
     Options,
     clamp_to_samples,
@@ -280,7 +280,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
         """
         values, inp, self._out_dtype = training_input(self, X, in_memory=not is_stored(X),
                                                       stage=True)
-        with discarded_on_failure(inp):
+        with deleted_on_failure(None if inp is None else inp.discard):
             self._nbrs: NearestNeighbors | None = None
             X = values if values is not None else inp.data
             T = X.shape[0]
@@ -316,37 +316,39 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
             out, kept = self.geodesic_store, None
             if out is None and over_memory_budget(4 * L * T):
                 out = kept = kept_scratch("landmark_geodesics", None, self.scratch, inp)
-            with timed(timings, "shortest_paths"):
-                # by blocks over a large stored graph (no worker holds it), unless the rows
-                # go to the user's store, which keeps the rows' own column order
-                rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
-                                            block_size=self.block_size, dtype=np.float32,
-                                            out=out, columns=self.landmarks_,
-                                            blocks=False if self.geodesic_store is not None
-                                            else None)
-            del graph
+            # a failed or interrupted fit deletes them (none of its objects would)
+            with deleted_on_failure(None if kept is None else kept.delete):
+                with timed(timings, "shortest_paths"):
+                    # by blocks over a large stored graph (no worker holds it), unless the rows
+                    # go to the user's store, which keeps the rows' own column order
+                    rows = GeodesicRows.compute(graph, self.landmarks_, client=client,
+                                                block_size=self.block_size, dtype=np.float32,
+                                                out=out, columns=self.landmarks_,
+                                                blocks=False if self.geodesic_store is not None
+                                                else None)
+                del graph
 
-            with timed(timings, "landmark_mds"):
-                D_LL = rows.columns(self.landmarks_).astype(np.float64)
-                mds = landmark_mds(D_LL * D_LL, d, method=eigen_method(self, L),
-                                   tol=self.tol or TOL_DEFAULT,
-                                   max_passes=self.max_iter or 100,
-                                   random_state=check_random_state(self.random_state),
-                                   n_spare=spare_dimensions(d))
+                with timed(timings, "landmark_mds"):
+                    D_LL = rows.columns(self.landmarks_).astype(np.float64)
+                    mds = landmark_mds(D_LL * D_LL, d, method=eigen_method(self, L),
+                                       tol=self.tol or TOL_DEFAULT,
+                                       max_passes=self.max_iter or 100,
+                                       random_state=check_random_state(self.random_state),
+                                       n_spare=spare_dimensions(d))
 
-            with timed(timings, "triangulation"):
-                # into the spare dimensions too: the embedding keeps the principal axes of
-                # every point, not the landmarks' (principal_axes)
-                Y = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
-                axes = principal_axes(Y, d)
-                self.embedding_ = (Y @ axes).astype(self._out_dtype, copy=False)
+                with timed(timings, "triangulation"):
+                    # into the spare dimensions too: the embedding keeps the principal axes of
+                    # every point, not the landmarks' (principal_axes)
+                    Y = rows.map_sum(_block_triangulate, mds.pinv, mds.sq_mean)
+                    axes = principal_axes(Y, d)
+                    self.embedding_ = (Y @ axes).astype(self._out_dtype, copy=False)
 
-            with timed(timings, "gather"):
-                self.landmark_geodesics_ = (rows.stored() if rows.store is not None
-                                            else rows.gather())
-                rows.release()
-                if kept is not None:
-                    delete_with(self.landmark_geodesics_, kept)
+                with timed(timings, "gather"):
+                    self.landmark_geodesics_ = (rows.stored() if rows.store is not None
+                                                else rows.gather())
+                    rows.release()
+                    if kept is not None:
+                        delete_with(self.landmark_geodesics_, kept)
         self.landmark_embedding_ = mds.coords @ axes
         self.landmark_pinv_ = axes.T @ mds.pinv
         self.landmark_sq_mean_ = mds.sq_mean
