@@ -94,20 +94,19 @@ def kept_scratch(name: str, run: Checkpoint | None = None, where: Any = None,
 
 
 @contextlib.contextmanager
-def deleted_on_failure(*deletes: Callable[[], Any] | None) -> Iterator[None]:
+def deleted_on_failure(delete: Callable[[], Any] | None) -> Iterator[None]:
     """A fit's block after it made something of its own outside this process's memory (rows
     staged for its workers, an array its estimator will read): if the block raises (a
-    KeyboardInterrupt too), each of ``deletes`` (None: nothing) runs at once; if it returns,
-    what they would delete is kept. A failed fit's traceback holds its frames for as long as
-    the session keeps the error (IPython keeps the last one), and with them, before this, a
-    temporary store up to the input's size, or 4 GB of landmark rows at T=10^6 that nothing
-    would ever delete."""
+    KeyboardInterrupt too), ``delete`` (None: nothing) runs at once; if it returns, what it
+    would delete is kept. A failed fit's traceback holds its frames for as long as the session
+    keeps the error (IPython keeps the last one), and with them what the fit made: a temporary
+    store up to the input's size, or 4 GB of landmark rows at T=10^6, which nothing else
+    would delete."""
     try:
         yield
     except BaseException:
-        for delete in deletes:
-            if delete is not None:
-                delete()
+        if delete is not None:
+            delete()
         raise
 
 
