@@ -107,13 +107,14 @@ def test_a_fit_writes_a_numpy_input_for_the_workers_once(cluster_client, staging
 
 @pytest.mark.cluster
 def test_a_failed_or_interrupted_fit_leaves_no_staged_rows(cluster_client, staging,
-                                                           monkeypatch):
+                                                           monkeypatch, tmp_path):
     """A fit that fails after staging its NumPy input (a parameter that only the input's size
-    refutes), or is interrupted mid-stage (Ctrl-C in a notebook), deletes the staged rows at
-    once, while its error is still held (IPython keeps the last one); a fit that succeeds
-    keeps them for as long as the estimator may read them."""
+    refutes), or is interrupted mid-stage (Ctrl-C in a notebook) or while it writes the rows,
+    deletes the staged rows at once, while its error is still held (IPython keeps the last
+    one); a fit that succeeds keeps them for as long as the estimator may read them."""
     import dr_dask.methods.ikd as ikd_module
     from dr_dask import IKD, LandmarkIsomap
+    from dr_dask.io import inputs
 
     X = noisy_curve(3000, 20, seed=9)
 
@@ -135,6 +136,12 @@ def test_a_failed_or_interrupted_fit_leaves_no_staged_rows(cluster_client, stagi
         with pytest.raises(KeyboardInterrupt) as stopped:
             est.fit(X)
     assert staged() == [False, False] and stopped.value is not None
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(tmp_path))  # where this process stages
+        m.setattr(inputs, "run_on_workers", interrupted)  # asked while the rows are written
+        with pytest.raises(KeyboardInterrupt):
+            est.fit(X)
+    assert os.listdir(tmp_path) == []
     est.fit(X)  # its out-of-sample map, built at the first transform, reads the rows
     assert staged() == [False, False, True]
     est.transform(X[:5])

@@ -42,6 +42,7 @@ from dr_dask.io.boundary import (
     _current,
     check_claimed,
 )
+from dr_dask.io.checkpoint import deleted_on_failure
 from dr_dask.io.storage import (
     Location,
     StorageError,
@@ -180,12 +181,12 @@ def rows_for_workers(inp: InputData, client: Any) -> InputData:
         return inp
     loc = location(tempfile.mkdtemp(prefix="dr_dask_input_"))
     rows = inp.data.chunks[0][0]
-    z = zarr.create_array(loc.zarr_store(), shape=arr.shape, chunks=(rows, arr.shape[1]),
-                          dtype=arr.dtype, compressors=None)
     # the workers look for the store while this process fills it: on a fresh cluster the
     # question is their first task, which imports the modules (0.5 s at T = 10^4, N = 1,000,
-    # as long as writing the 80 MB)
-    with ThreadPoolExecutor(1) as pool:
+    # as long as writing the 80 MB); interrupted (seconds at T = 10^6), it leaves nothing
+    with deleted_on_failure(loc.delete), ThreadPoolExecutor(1) as pool:
+        z = zarr.create_array(loc.zarr_store(), shape=arr.shape, chunks=(rows, arr.shape[1]),
+                              dtype=arr.dtype, compressors=None)
         asked = pool.submit(contextvars.copy_context().run, run_on_workers, client, _can_read,
                             loc)
         for s in range(0, len(arr), rows):
