@@ -110,6 +110,13 @@ def deleted_on_failure(delete: Callable[[], Any] | None) -> Iterator[None]:
         raise
 
 
+def unkept(loc: Location | None, run: Checkpoint | None = None) -> Callable[[], Any] | None:
+    """What deletes a :func:`kept_scratch` location that a failed fit never handed to
+    :func:`delete_with` (for :func:`deleted_on_failure`): nothing for no location or a run's
+    array (the run keeps it, as there)."""
+    return None if loc is None or run is not None else loc.delete
+
+
 def delete_with(owner: Any, loc: Location, run: Checkpoint | None = None) -> None:
     """Delete ``loc`` once ``owner`` is garbage-collected (not a run's array: the run keeps
     it)."""

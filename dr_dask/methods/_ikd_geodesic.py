@@ -80,6 +80,7 @@ from dr_dask.io.checkpoint import (
     deleted_on_failure,
     kept_scratch,
     scratch,
+    unkept,
 )
 from dr_dask.io.inputs import InputData
 from dr_dask.io.storage import Location
@@ -451,10 +452,8 @@ def fit_landmarks(cfg: IKDConfig, inp: InputData, run: Checkpoint | None = None)
             # above the budget the rows stay in a store the out-of-sample map reads from
             rows_loc = (kept_scratch("landmark_geodesics", run, cfg.scratch, inp) if on_disk
                         else None)
-            # a failed or interrupted fit deletes them (none of its objects would); a run
-            # keeps its own
-            with deleted_on_failure(None if rows_loc is None or run is not None
-                                    else rows_loc.delete):
+            # a failed or interrupted fit deletes them (none of its objects would)
+            with deleted_on_failure(unkept(rows_loc, run)):
                 with timed(seconds, "shortest_paths"):
                     rows = GeodesicRows.compute(graph, landmarks, client=client,
                                                 dtype=np.float32,

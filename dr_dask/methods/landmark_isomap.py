@@ -33,7 +33,13 @@ from dr_dask.graph.landmarks import (
     triangulate_block,
 )
 from dr_dask.graph.stored import StoredGraph
-from dr_dask.io.checkpoint import delete_with, deleted_on_failure, kept_scratch, scratch
+from dr_dask.io.checkpoint import (
+    delete_with,
+    deleted_on_failure,
+    kept_scratch,
+    scratch,
+    unkept,
+)
 from dr_dask.io.inputs import InputData
 from dr_dask.io.validation import (
     Options,
@@ -317,7 +323,7 @@ class LandmarkIsomap(SklearnIsomapTags, ClientParam, SavedModel, LabelledOutput,
             if out is None and over_memory_budget(4 * L * T):
                 out = kept = kept_scratch("landmark_geodesics", None, self.scratch, inp)
             # a failed or interrupted fit deletes them (none of its objects would)
-            with deleted_on_failure(None if kept is None else kept.delete):
+            with deleted_on_failure(unkept(kept)):
                 with timed(timings, "shortest_paths"):
                     # by blocks over a large stored graph (no worker holds it), unless the rows
                     # go to the user's store, which keeps the rows' own column order
