@@ -242,3 +242,44 @@ def test_bench_knn_and_as_user_bad_input():
     result = CliRunner().invoke(main, ["--scheduler", "threads", "bench", "scale", "--as-user",
                                        "--method", "isomap"])
     assert result.exit_code == 2 and "--as-user runs" in result.output
+
+
+def test_knn_floor_scans_in_latent_order_and_allocates_by_error():
+    """The oracle's error after m rows is that of the k nearest among the first m in latent
+    order; the allocated scan meets the tolerance on the mean with no more rows than a common
+    share, and both reach exactly the true neighbours at tolerance 0."""
+    from dr_dask.bench.knn_floor import _allocated_share, _error_curve, _uniform_share
+
+    d = np.array([np.inf, 5.0, 1.0, 4.0, 2.0, 3.0])  # row 0 is the query
+    order = np.array([1, 3, 5, 4, 2, 0])  # latent order: the nearest rows come late
+    np.testing.assert_allclose(_error_curve(d, order, 2, np.array([2, 3, 4, 5])),
+                               [5 / 2 - 1, 4 / 2 - 1, 3 / 2 - 1, 0.0])
+    # one row exact after 10 rows, the other after 100, each half as far off before
+    grid = np.array([10, 50, 100])
+    errors = np.array([[0.0, 0.0, 0.0], [0.4, 0.2, 0.0]])
+    assert _uniform_share(errors, grid, 0.0, 1000) == pytest.approx(0.1)
+    assert _allocated_share(errors, grid, 0.0, 1000) == pytest.approx(0.055)
+    assert _allocated_share(errors, grid, 0.1, 1000) == pytest.approx(0.03)
+    assert _uniform_share(errors, grid, 0.1, 1000) == pytest.approx(0.05)
+
+
+def test_bench_knn_floor(tmp_path):
+    out = tmp_path / "floor.json"
+    result = CliRunner().invoke(main, ["bench", "knn-floor", "--T", "3000", "--queries", "40",
+                                       "--tol", "0.003", "--tol", "0.03", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    r = json.loads(out.read_text())
+    assert r["T"] == 3000 and r["N"] == 100 and r["gemm_gflops_float32"] > 0
+    # the true neighbours lie in a latent window of a few percent of the rows
+    assert 0.002 < r["window_share"] < 0.2
+    tight, loose = r["tol_0.003"], r["tol_0.03"]
+    for row in (tight, loose):
+        assert 0 < row["allocated_share"] <= row["uniform_share"] <= 0.15
+        assert row["floor_flops"] == pytest.approx(row["allocated_share"] * 3000**2 * 200)
+    assert loose["allocated_share"] < tight["allocated_share"]
+    for args, name in ((["--T", "3000", "--queries", "3000"], "--queries"),
+                       (["--tol", "0"], "--tol"),
+                       (["--T", "10"], "--T")):
+        result = CliRunner().invoke(main, ["bench", "knn-floor", *args])
+        assert result.exit_code == 2 and name in result.output, result.output
+        assert "Traceback" not in result.output

@@ -194,6 +194,35 @@ def bench_knn(ctx, sizes, k, peers, datasets, workdir, json_path):
     click.echo(write_report(results, json_path))
 
 
+@bench.command("knn-floor")
+@click.option("--T", "T", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+              help="Rows of the sinusoid (N=100).")
+@click.option("--queries", type=click.IntRange(min=10), default=150, show_default=True,
+              help="Rows whose error curves are measured (each a pass over all T rows).")
+@click.option("--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Neighbours per row.")
+@click.option("--tol", "tolerances", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              multiple=True, help="Distance errors (repeatable; default 0.001, 0.003, 0.01).")
+@click.option("--noise", type=click.FloatRange(0, min_open=True), default=0.1,
+              show_default=True, help="The sinusoid's noise in every feature.")
+@click.option("--workdir", default=None, help="Where the dataset goes (default: a temp dir).")
+@json_option
+def bench_knn_floor(T, queries, k, tolerances, noise, workdir, json_path):
+    """The least a neighbour search must scan to hold the k-th neighbour's distance error:
+    an oracle index that knows every row's latent coordinate scans rows in order of latent
+    distance; per tolerance, the share of T it scans per row (the same for all, and allocated
+    row by row) and the whole search's flops and seconds at this machine's float32 GEMM rate.
+    Runs in this process (--scheduler and --workers do not apply)."""
+    from dr_dask.bench._common import write_report
+    from dr_dask.bench.knn_floor import TOLERANCES, run_knn_floor
+
+    if queries >= T:
+        fail(f"--queries ({queries}) must be fewer than --T ({T})")
+    click.echo(write_report(run_knn_floor(T, queries=queries, k=k,
+                                          tolerances=tuple(sorted(tolerances)) or TOLERANCES,
+                                          noise=noise, workdir=workdir), json_path))
+
+
 @bench.command("knn-tol")
 @click.option("--T", "T", type=click.IntRange(min=1000, max=100_000), default=20_000,
               show_default=True, help="Rows of each dataset.")
