@@ -278,6 +278,7 @@ def test_bench_knn_floor(tmp_path):
         assert row["floor_flops"] == pytest.approx(row["allocated_share"] * 3000**2 * 200)
     assert loose["allocated_share"] < tight["allocated_share"]
     for args, name in ((["--T", "3000", "--queries", "3000"], "--queries"),
+                       (["--T", "3000", "--k", "450"], "--k"),
                        (["--tol", "0"], "--tol"),
                        (["--T", "10"], "--T")):
         result = CliRunner().invoke(main, ["bench", "knn-floor", *args])

@@ -214,10 +214,12 @@ def bench_knn_floor(T, queries, k, tolerances, noise, workdir, json_path):
     row by row) and the whole search's flops and seconds at this machine's float32 GEMM rate.
     Runs in this process (--scheduler and --workers do not apply)."""
     from dr_dask.bench._common import write_report
-    from dr_dask.bench.knn_floor import TOLERANCES, run_knn_floor
+    from dr_dask.bench.knn_floor import MAX_SHARE, TOLERANCES, run_knn_floor
 
     if queries >= T:
         fail(f"--queries ({queries}) must be fewer than --T ({T})")
+    if k >= MAX_SHARE * T:
+        fail(f"--k ({k}) must be under {MAX_SHARE:.0%} of --T ({T}), the most the oracle scans")
     click.echo(write_report(run_knn_floor(T, queries=queries, k=k,
                                           tolerances=tuple(sorted(tolerances)) or TOLERANCES,
                                           noise=noise, workdir=workdir), json_path))
